@@ -1,0 +1,76 @@
+"""Errors every layer raises; the API turns them into ``{code, title, detail}`` JSON.
+
+Each error carries a machine-readable ``code`` (stable, dotted, like Placement's
+``placement.concurrent_update``), the ``field`` it is about when there is one, and a
+human sentence. HTTP status lives here too so the web layer needs no mapping table.
+"""
+
+from __future__ import annotations
+
+
+class LoadmasterError(Exception):
+    code = "loadmaster.error"
+    title = "Error"
+    status = 400
+
+    def __init__(self, detail: str, *, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.field = field
+
+    def to_dict(self) -> dict[str, object]:
+        body: dict[str, object] = {"code": self.code, "title": self.title, "detail": self.detail}
+        if self.field is not None:
+            body["field"] = self.field
+        return body
+
+
+class ValidationError(LoadmasterError):
+    code = "loadmaster.invalid"
+    title = "Invalid input"
+    status = 400
+
+
+class NotFound(LoadmasterError):
+    code = "loadmaster.not_found"
+    title = "Not found"
+    status = 404
+
+
+class Conflict(LoadmasterError):
+    """The request is well formed but the current state forbids it (in use, duplicate, ...)."""
+
+    code = "loadmaster.conflict"
+    title = "Conflict"
+    status = 409
+
+
+class ConcurrentUpdate(Conflict):
+    """A generation compare-and-swap lost against another writer; retrying may succeed."""
+
+    code = "loadmaster.concurrent_update"
+    title = "Concurrent update"
+
+
+class InsufficientCapacity(Conflict):
+    code = "loadmaster.insufficient_capacity"
+    title = "Insufficient capacity"
+
+
+class InvalidTransition(Conflict):
+    code = "loadmaster.invalid_transition"
+    title = "Invalid state transition"
+
+
+class NoValidHost(LoadmasterError):
+    code = "loadmaster.no_valid_host"
+    title = "No valid host"
+    status = 409
+
+
+class StoreUnavailable(LoadmasterError):
+    """The database cannot be reached; nothing was written."""
+
+    code = "loadmaster.store_unavailable"
+    title = "Store unavailable"
+    status = 503
