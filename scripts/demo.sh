@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The main job: install, then run the demo on the embedded SQLite default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh minimal
+exec .venv/bin/loadmaster demo "$@"

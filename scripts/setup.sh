@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what loadmaster needs on a fresh Debian machine: system packages (libvirt for the
+# binding, PostgreSQL for the multi-process tests, Chromium for the report check) and a
+# virtual environment in .venv with the pinned Python dependencies. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_system="${1:-full}"   # "full" for tests, "minimal" for the demo
+
+need=()
+command -v pkg-config >/dev/null || need+=(pkg-config)
+pkg-config --exists libvirt 2>/dev/null || need+=(libvirt-dev)
+if [ "$want_system" = full ]; then
+  ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
+  command -v chromium >/dev/null || need+=(chromium)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "setup: missing system packages (${need[*]}); run as root or install them" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.loadmaster-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v WARNING || true
+  .venv/bin/pip install -q -e ".[dev,libvirt]" 2>&1 | grep -v WARNING || true
+  .venv/bin/python -c "import loadmaster, libvirt, sqlalchemy, fastapi" 
+  touch "$stamp"
+fi

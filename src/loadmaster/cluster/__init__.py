@@ -1,0 +1,34 @@
+"""Hosts, flavors, VMs and the vocabulary describing them (classes, traits)."""
+
+from loadmaster.cluster.catalog import (
+    FlavorService,
+    ResourceClassService,
+    TraitService,
+    sync_standard_vocabulary,
+)
+from loadmaster.cluster.hosts import HostService
+from loadmaster.cluster.records import (
+    AllocationRecord,
+    ClassUsage,
+    FlavorRecord,
+    HostRecord,
+    VmRecord,
+)
+from loadmaster.cluster.vms import SLA_TIERS, VM_STATES, VmService, VmSpec
+
+__all__ = [
+    "SLA_TIERS",
+    "VM_STATES",
+    "AllocationRecord",
+    "ClassUsage",
+    "FlavorRecord",
+    "FlavorService",
+    "HostRecord",
+    "HostService",
+    "ResourceClassService",
+    "TraitService",
+    "VmRecord",
+    "VmService",
+    "VmSpec",
+    "sync_standard_vocabulary",
+]

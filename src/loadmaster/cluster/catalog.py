@@ -1,0 +1,208 @@
+"""Resource classes, traits and flavors: the vocabulary hosts and VMs are described in."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.records import FlavorRecord
+from loadmaster.errors import Conflict, NotFound
+from loadmaster.resources import (
+    STANDARD_BY_NAME,
+    STANDARD_CLASSES,
+    STANDARD_TRAITS,
+    ResourceClass,
+    parse_flavor,
+    validate_custom_name,
+    validate_custom_trait,
+)
+from loadmaster.resources.classes import validate_descriptor
+from loadmaster.store import Store
+from loadmaster.store.schema import (
+    AllocationRow,
+    FlavorRow,
+    HostTraitRow,
+    InventoryRow,
+    ResourceClassRow,
+    TraitRow,
+    VmRow,
+)
+
+
+def sync_standard_vocabulary(store: Store) -> None:
+    """Insert standard classes and traits this database does not have yet (new release, new names)."""
+    for _attempt in range(3):
+        try:
+            with store.write() as session:
+                have = set(session.scalars(select(ResourceClassRow.name)))
+                session.add_all(
+                    ResourceClassRow(
+                        name=rc.name, kind=rc.kind, unit=rc.unit, description=rc.description
+                    )
+                    for rc in STANDARD_CLASSES
+                    if rc.name not in have
+                )
+                have_traits = set(session.scalars(select(TraitRow.name)))
+                session.add_all(TraitRow(name=t) for t in sorted(STANDARD_TRAITS - have_traits))
+            return
+        except IntegrityError:
+            continue  # another process synced the same names at the same moment
+
+
+class ResourceClassService:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def list(self) -> list[ResourceClass]:
+        with self._store.read() as session:
+            rows = session.scalars(select(ResourceClassRow).order_by(ResourceClassRow.name))
+            return [ResourceClass(r.name, r.kind, r.unit, r.description) for r in rows]
+
+    def get(self, name: str) -> ResourceClass:
+        with self._store.read() as session:
+            row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
+            if row is None:
+                raise NotFound(f"resource class {name!r} does not exist", field="name")
+            return ResourceClass(row.name, row.kind, row.unit, row.description)
+
+    def create(
+        self, name: str, *, kind: str = "custom", unit: str = "unit", description: str = ""
+    ) -> ResourceClass:
+        """Create a custom class; creating one that exists with the same fields is a no-op (PUT)."""
+        validate_custom_name(name)
+        validate_descriptor(kind, "kind")
+        validate_descriptor(unit, "unit")
+        validate_descriptor(description, "description", allow_empty=True)
+        wanted = ResourceClass(name, kind, unit, description)
+        with self._store.write() as session:
+            row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
+            if row is not None:
+                existing = ResourceClass(row.name, row.kind, row.unit, row.description)
+                if existing != wanted:
+                    raise Conflict(
+                        f"resource class {name} already exists with other fields", field="name"
+                    )
+                return existing
+            session.add(ResourceClassRow(name=name, kind=kind, unit=unit, description=description))
+        return wanted
+
+    def delete(self, name: str) -> None:
+        if name in STANDARD_BY_NAME:
+            raise Conflict(f"resource class {name} is standard and cannot be deleted", field="name")
+        with self._store.write() as session:
+            row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
+            if row is None:
+                raise NotFound(f"resource class {name!r} does not exist", field="name")
+            for table, what in ((InventoryRow, "inventories"), (AllocationRow, "allocations")):
+                count = session.scalar(
+                    select(func.count()).select_from(table).where(table.resource_class_id == row.id)
+                )
+                if count:
+                    raise Conflict(
+                        f"resource class {name} is in use by {count} {what}", field="name"
+                    )
+            flavors = _flavors_using_class(session, name)
+            if flavors:
+                raise Conflict(
+                    f"resource class {name} is in use by flavor {flavors[0]}", field="name"
+                )
+            session.delete(row)
+
+
+def _flavors_using_class(session: Session, name: str) -> list[str]:
+    return [
+        f.name
+        for f in session.scalars(select(FlavorRow).order_by(FlavorRow.name))
+        if name in f.resources
+    ]
+
+
+class TraitService:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def list(self) -> list[str]:
+        with self._store.read() as session:
+            return list(session.scalars(select(TraitRow.name).order_by(TraitRow.name)))
+
+    def create(self, name: str) -> str:
+        """Idempotent, like Placement's PUT /traits/{name}."""
+        validate_custom_trait(name, "name")
+        with self._store.write() as session:
+            if session.scalar(select(TraitRow.id).where(TraitRow.name == name)) is None:
+                session.add(TraitRow(name=name))
+        return name
+
+    def delete(self, name: str) -> None:
+        if name in STANDARD_TRAITS:
+            raise Conflict(f"trait {name} is standard and cannot be deleted", field="name")
+        with self._store.write() as session:
+            row = session.scalar(select(TraitRow).where(TraitRow.name == name))
+            if row is None:
+                raise NotFound(f"trait {name!r} does not exist", field="name")
+            if session.scalar(
+                select(func.count())
+                .select_from(HostTraitRow)
+                .where(HostTraitRow.trait_id == row.id)
+            ):
+                raise Conflict(f"trait {name} is set on hosts", field="name")
+            session.delete(row)
+
+
+class FlavorService:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def create(self, definition: dict[str, object]) -> FlavorRecord:
+        spec = parse_flavor(definition)
+        with self._store.write() as session:
+            lookup.require_classes(session, spec.resources, "resources")
+            lookup.require_traits(session, spec.required_traits, "required_traits")
+            lookup.require_traits(session, spec.forbidden_traits, "forbidden_traits")
+            if session.scalar(select(FlavorRow.id).where(FlavorRow.name == spec.name)) is not None:
+                raise Conflict(f"flavor {spec.name} already exists", field="name")
+            row = FlavorRow(
+                name=spec.name,
+                resources=dict(spec.resources),
+                required_traits=sorted(spec.required_traits),
+                forbidden_traits=sorted(spec.forbidden_traits),
+                extra_specs=dict(spec.extra_specs),
+            )
+            session.add(row)
+            return flavor_record(row)
+
+    def get(self, name: str) -> FlavorRecord:
+        with self._store.read() as session:
+            return flavor_record(lookup.flavor_row(session, name))
+
+    def list(self) -> list[FlavorRecord]:
+        with self._store.read() as session:
+            return [
+                flavor_record(r)
+                for r in session.scalars(select(FlavorRow).order_by(FlavorRow.name))
+            ]
+
+    def delete(self, name: str) -> None:
+        with self._store.write() as session:
+            row = lookup.flavor_row(session, name)
+            users = session.scalar(
+                select(func.count())
+                .select_from(VmRow)
+                .where(VmRow.flavor_id == row.id, VmRow.state != "deleted")
+            )
+            if users:
+                raise Conflict(f"flavor {name} is used by {users} VMs", field="name")
+            session.execute(delete(VmRow).where(VmRow.flavor_id == row.id))
+            session.delete(row)
+
+
+def flavor_record(row: FlavorRow) -> FlavorRecord:
+    return FlavorRecord(
+        name=row.name,
+        resources=dict(row.resources),
+        required_traits=tuple(row.required_traits),
+        forbidden_traits=tuple(row.forbidden_traits),
+        extra_specs=dict(row.extra_specs),
+    )

@@ -1,0 +1,384 @@
+"""Hosts (resource providers): inventories, traits, aggregates, state, generation."""
+
+from __future__ import annotations
+
+import builtins
+import uuid as uuidlib
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.records import HOST_STATES, ClassUsage, HostRecord
+from loadmaster.errors import ConcurrentUpdate, Conflict, ValidationError
+from loadmaster.resources import Inventory, validate_trait_name
+from loadmaster.store import Store
+from loadmaster.store.schema import (
+    AllocationRow,
+    HostAggregateRow,
+    HostRow,
+    HostTraitRow,
+    InventoryRow,
+    TraitRow,
+)
+
+
+def now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _validate_name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        raise ValidationError(
+            "name must be a non-empty string of at most 255 characters", field="name"
+        )
+    return name
+
+
+def _validate_state(state: object) -> str:
+    if state not in HOST_STATES:
+        raise ValidationError(
+            f"state must be one of {', '.join(HOST_STATES)}, got {state!r}", field="state"
+        )
+    assert isinstance(state, str)
+    return state
+
+
+def _validate_aggregates(aggregates: Iterable[object]) -> list[str]:
+    result = []
+    for i, agg in enumerate(aggregates):
+        if not isinstance(agg, str) or not agg or len(agg) > 255:
+            raise ValidationError(
+                f"aggregates[{i}] must be a non-empty string", field=f"aggregates[{i}]"
+            )
+        result.append(agg)
+    return sorted(set(result))
+
+
+def parse_inventories(data: object, field: str = "inventories") -> dict[str, Inventory]:
+    if not isinstance(data, Mapping):
+        raise ValidationError(f"{field} must be an object of class: inventory", field=field)
+    parsed = {}
+    for name, inv in data.items():
+        if not isinstance(inv, Mapping):
+            raise ValidationError(f"{field}.{name} must be an object", field=f"{field}.{name}")
+        parsed[str(name)] = Inventory.parse(inv, f"{field}.{name}")
+    return parsed
+
+
+class HostService:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    # -- reading -----------------------------------------------------------------------
+    def get(self, ident: str) -> HostRecord:
+        with self._store.read() as session:
+            return self._record(session, lookup.host_row(session, ident))
+
+    def list(
+        self, *, state: str | None = None, roots_only: bool = False, aggregate: str | None = None
+    ) -> list[HostRecord]:
+        with self._store.read() as session:
+            query = select(HostRow).order_by(HostRow.name)
+            if state is not None:
+                query = query.where(HostRow.state == _validate_state(state))
+            if roots_only:
+                query = query.where(HostRow.parent_id.is_(None))
+            if aggregate is not None:
+                query = query.join(HostAggregateRow).where(HostAggregateRow.aggregate == aggregate)
+            return self._records(session, list(session.scalars(query)))
+
+    def usage(self, ident: str) -> dict[str, ClassUsage]:
+        """Capacity, active and pending per class for one provider, summed from the records."""
+        with self._store.read() as session:
+            row = lookup.host_row(session, ident)
+            names = lookup.class_names(session)
+            sums = lookup.used_by_provider(session, [row.id])
+            usage = {}
+            for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id == row.id)):
+                used = sums.get((row.id, inv.resource_class_id), {})
+                usage[names[inv.resource_class_id]] = ClassUsage(
+                    _inventory(inv).capacity, used.get("active", 0), used.get("pending", 0)
+                )
+            return usage
+
+    # -- writing -----------------------------------------------------------------------
+    def create(
+        self,
+        name: str,
+        *,
+        uuid: str | None = None,
+        state: str = "up",
+        parent: str | None = None,
+        traits: Iterable[str] = (),
+        aggregates: Iterable[str] = (),
+        inventories: Mapping[str, Mapping[str, object]] | None = None,
+    ) -> HostRecord:
+        _validate_name(name)
+        host_uuid = _validate_uuid(uuid) if uuid is not None else str(uuidlib.uuid4())
+        _validate_state(state)
+        parsed = parse_inventories(inventories or {})
+        trait_names = [validate_trait_name(t, f"traits[{i}]") for i, t in enumerate(traits)]
+        aggs = _validate_aggregates(aggregates)
+        with self._store.write() as session:
+            taken = session.scalar(
+                select(HostRow.name).where((HostRow.name == name) | (HostRow.uuid == host_uuid))
+            )
+            if taken is not None:
+                raise Conflict(
+                    f"name {name!r} or uuid {host_uuid} is already used by a host", field="name"
+                )
+            parent_row = lookup.host_row(session, parent, "parent") if parent is not None else None
+            stamp = now()
+            row = HostRow(
+                uuid=host_uuid,
+                name=name,
+                state=state,
+                generation=0,
+                created_at=stamp,
+                updated_at=stamp,
+            )
+            row.parent_id = parent_row.id if parent_row else None
+            session.add(row)
+            session.flush()
+            row.root_id = parent_row.root_id if parent_row else row.id
+            self._write_inventories(session, row, parsed)
+            self._write_traits(session, row, trait_names)
+            session.add_all(HostAggregateRow(host_id=row.id, aggregate=a) for a in aggs)
+            session.flush()
+            return self._record(session, row)
+
+    def delete(self, ident: str) -> None:
+        with self._store.write() as session:
+            row = lookup.host_row(session, ident)
+            if session.scalar(
+                select(func.count()).select_from(HostRow).where(HostRow.parent_id == row.id)
+            ):
+                raise Conflict(
+                    f"host {row.name} has child providers; delete them first", field="host"
+                )
+            if session.scalar(
+                select(func.count())
+                .select_from(AllocationRow)
+                .where(AllocationRow.host_id == row.id)
+            ):
+                raise Conflict(f"host {row.name} has allocations; release them first", field="host")
+            session.delete(row)
+
+    def set_state(self, ident: str, state: str, *, generation: int | None = None) -> HostRecord:
+        _validate_state(state)
+        with self._store.write() as session:
+            row = self._locked(session, ident, generation)
+            row.state = state
+            return self._bump(session, row)
+
+    def set_inventories(
+        self,
+        ident: str,
+        inventories: Mapping[str, Mapping[str, object]],
+        *,
+        generation: int | None = None,
+    ) -> HostRecord:
+        """Replace the whole inventory set, as Placement's PUT does."""
+        parsed = parse_inventories(inventories)
+        with self._store.write() as session:
+            row = self._locked(session, ident, generation)
+            self._write_inventories(session, row, parsed)
+            return self._bump(session, row)
+
+    def set_inventory(
+        self,
+        ident: str,
+        resource_class: str,
+        inventory: Mapping[str, object],
+        *,
+        generation: int | None = None,
+    ) -> HostRecord:
+        parsed = Inventory.parse(inventory, f"inventories.{resource_class}")
+        with self._store.write() as session:
+            row = self._locked(session, ident, generation)
+            current = self._inventories(session, row)
+            current[resource_class] = parsed
+            self._write_inventories(session, row, current)
+            return self._bump(session, row)
+
+    def delete_inventory(
+        self, ident: str, resource_class: str, *, generation: int | None = None
+    ) -> HostRecord:
+        with self._store.write() as session:
+            row = self._locked(session, ident, generation)
+            current = self._inventories(session, row)
+            if current.pop(resource_class, None) is None:
+                raise ValidationError(
+                    f"inventories.{resource_class}: host {row.name} has no such inventory",
+                    field=f"inventories.{resource_class}",
+                )
+            self._write_inventories(session, row, current)
+            return self._bump(session, row)
+
+    def set_traits(
+        self, ident: str, traits: Iterable[str], *, generation: int | None = None
+    ) -> HostRecord:
+        names = [validate_trait_name(t, f"traits[{i}]") for i, t in enumerate(traits)]
+        with self._store.write() as session:
+            row = self._locked(session, ident, generation)
+            self._write_traits(session, row, names)
+            return self._bump(session, row)
+
+    def set_aggregates(
+        self, ident: str, aggregates: Iterable[str], *, generation: int | None = None
+    ) -> HostRecord:
+        aggs = _validate_aggregates(aggregates)
+        with self._store.write() as session:
+            row = self._locked(session, ident, generation)
+            session.execute(delete(HostAggregateRow).where(HostAggregateRow.host_id == row.id))
+            session.add_all(HostAggregateRow(host_id=row.id, aggregate=a) for a in aggs)
+            return self._bump(session, row)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _locked(self, session: Session, ident: str, generation: int | None) -> HostRow:
+        row = lookup.host_row(session, ident)
+        if generation is not None and row.generation != generation:
+            raise ConcurrentUpdate(
+                f"host {row.name} changed: generation is {row.generation}, request had {generation}",
+                field="generation",
+            )
+        return row
+
+    def _bump(self, session: Session, row: HostRow) -> HostRecord:
+        bump_generations(session, {row.id: row.generation})
+        row.updated_at = now()
+        session.flush()
+        session.refresh(row)
+        return self._record(session, row)
+
+    def _write_inventories(
+        self, session: Session, row: HostRow, wanted: Mapping[str, Inventory]
+    ) -> None:
+        ids = lookup.require_classes(session, wanted, "inventories")
+        names = {v: k for k, v in ids.items()}
+        sums = lookup.used_by_provider(session, [row.id])
+        in_use = {names[class_id]: used for (_, class_id), used in sums.items()}
+        for name, used in sorted(in_use.items()):
+            total_used = used.get("active", 0) + used.get("pending", 0)
+            if name not in wanted:
+                raise Conflict(
+                    f"inventories.{name}: cannot remove, {total_used} is allocated on host {row.name}",
+                    field=f"inventories.{name}",
+                )
+            capacity = wanted[name].capacity
+            if capacity < total_used:
+                raise Conflict(
+                    f"inventories.{name}: new capacity {capacity} is below the {total_used} allocated "
+                    f"({used.get('active', 0)} active, {used.get('pending', 0)} pending) on host {row.name}",
+                    field=f"inventories.{name}",
+                )
+        session.execute(delete(InventoryRow).where(InventoryRow.host_id == row.id))
+        session.add_all(
+            InventoryRow(host_id=row.id, resource_class_id=ids[name], **inv.as_dict())
+            for name, inv in wanted.items()
+        )
+
+    def _write_traits(self, session: Session, row: HostRow, names: builtins.list[str]) -> None:
+        trait_ids = lookup.require_traits(session, names, "traits")
+        session.execute(delete(HostTraitRow).where(HostTraitRow.host_id == row.id))
+        session.add_all(
+            HostTraitRow(host_id=row.id, trait_id=t) for t in sorted(set(trait_ids.values()))
+        )
+
+    def _inventories(self, session: Session, row: HostRow) -> dict[str, Inventory]:
+        names = lookup.class_names(session)
+        return {
+            names[inv.resource_class_id]: _inventory(inv)
+            for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id == row.id))
+        }
+
+    def _record(self, session: Session, row: HostRow) -> HostRecord:
+        return self._records(session, [row])[0]
+
+    def _records(self, session: Session, rows: builtins.list[HostRow]) -> builtins.list[HostRecord]:
+        return host_records(session, rows)
+
+
+def host_records(session: Session, rows: list[HostRow]) -> list[HostRecord]:
+    """Records for many hosts with four queries, not four per host."""
+    if not rows:
+        return []
+    ids = [r.id for r in rows]
+    names = lookup.class_names(session)
+    invs: dict[int, dict[str, Inventory]] = {i: {} for i in ids}
+    traits: dict[int, list[str]] = {i: [] for i in ids}
+    aggs: dict[int, list[str]] = {i: [] for i in ids}
+    for chunk in _chunks(ids):
+        for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(chunk))):
+            invs[inv.host_id][names[inv.resource_class_id]] = _inventory(inv)
+        for host_id, trait in session.execute(
+            select(HostTraitRow.host_id, TraitRow.name)
+            .join(TraitRow)
+            .where(HostTraitRow.host_id.in_(chunk))
+        ):
+            traits[host_id].append(trait)
+        for host_id, agg in session.execute(
+            select(HostAggregateRow.host_id, HostAggregateRow.aggregate).where(
+                HostAggregateRow.host_id.in_(chunk)
+            )
+        ):
+            aggs[host_id].append(agg)
+    related = {r.parent_id for r in rows if r.parent_id} | {r.root_id for r in rows if r.root_id}
+    uuids = (
+        dict(session.execute(select(HostRow.id, HostRow.uuid).where(HostRow.id.in_(related))).all())
+        if related
+        else {}
+    )
+    return [
+        HostRecord(
+            uuid=r.uuid,
+            name=r.name,
+            state=r.state,
+            generation=r.generation,
+            parent=uuids.get(r.parent_id) if r.parent_id else None,
+            root=uuids.get(r.root_id, r.uuid) if r.root_id else r.uuid,
+            traits=tuple(sorted(traits[r.id])),
+            aggregates=tuple(sorted(aggs[r.id])),
+            inventories=invs[r.id],
+        )
+        for r in rows
+    ]
+
+
+def bump_generations(session: Session, expected: Mapping[int, int]) -> None:
+    """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
+
+    Sorted ids give every transaction the same lock order, so PostgreSQL never deadlocks here.
+    """
+    for host_id in sorted(expected):
+        result = session.execute(
+            update(HostRow)
+            .where(HostRow.id == host_id, HostRow.generation == expected[host_id])
+            .values(generation=HostRow.generation + 1)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            raise ConcurrentUpdate(
+                f"host id {host_id} was changed by another writer; retry", field="generation"
+            )
+
+
+def _inventory(row: InventoryRow) -> Inventory:
+    return Inventory(
+        row.total, row.reserved, row.min_unit, row.max_unit, row.step_size, row.allocation_ratio
+    )
+
+
+def _validate_uuid(value: object, field: str = "uuid") -> str:
+    try:
+        return str(uuidlib.UUID(str(value)))
+    except ValueError:
+        raise ValidationError(f"{field} {value!r} is not a UUID", field=field) from None
+
+
+def _chunks(ids: list[int], size: int = 500) -> Iterable[list[int]]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]

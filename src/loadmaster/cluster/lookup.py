@@ -1,0 +1,122 @@
+"""Finding rows by the names users type; every miss is a NotFound naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from loadmaster.errors import NotFound, ValidationError
+from loadmaster.store.schema import (
+    AllocationRow,
+    FlavorRow,
+    HostRow,
+    ResourceClassRow,
+    ServerGroupRow,
+    TraitRow,
+    VmRow,
+)
+
+
+def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
+    """A host by uuid or name."""
+    if not isinstance(ident, str) or not ident:
+        raise ValidationError(f"{field} must be a host uuid or name", field=field)
+    row = session.scalar(select(HostRow).where((HostRow.uuid == ident) | (HostRow.name == ident)))
+    if row is None:
+        raise NotFound(f"{field} {ident!r}: no such host", field=field)
+    return row
+
+
+def vm_row(session: Session, ident: str, field: str = "vm") -> VmRow:
+    if not isinstance(ident, str) or not ident:
+        raise ValidationError(f"{field} must be a VM uuid", field=field)
+    row = session.scalar(select(VmRow).where(VmRow.uuid == ident))
+    if row is None:
+        raise NotFound(f"{field} {ident!r}: no such VM", field=field)
+    return row
+
+
+def flavor_row(session: Session, name: str, field: str = "flavor") -> FlavorRow:
+    row = session.scalar(select(FlavorRow).where(FlavorRow.name == name))
+    if row is None:
+        raise NotFound(f"{field} {name!r}: no such flavor", field=field)
+    return row
+
+
+def group_row(session: Session, ident: str, field: str = "group") -> ServerGroupRow:
+    row = session.scalar(
+        select(ServerGroupRow).where(
+            (ServerGroupRow.uuid == ident) | (ServerGroupRow.name == ident)
+        )
+    )
+    if row is None:
+        raise NotFound(f"{field} {ident!r}: no such server group", field=field)
+    return row
+
+
+def class_ids(session: Session) -> dict[str, int]:
+    return {
+        name: id_
+        for id_, name in session.execute(select(ResourceClassRow.id, ResourceClassRow.name))
+    }
+
+
+def class_names(session: Session) -> dict[int, str]:
+    return {id_: name for name, id_ in class_ids(session).items()}
+
+
+def require_classes(session: Session, names: Iterable[str], field: str) -> dict[str, int]:
+    """Ids of the named classes; an unknown one is an error naming ``field.<class>``."""
+    known = class_ids(session)
+    for name in names:
+        if name not in known:
+            raise NotFound(f"{field}.{name}: no such resource class", field=f"{field}.{name}")
+    return known
+
+
+def require_traits(session: Session, names: Iterable[str], field: str) -> dict[str, int]:
+    wanted = set(names)
+    if not wanted:
+        return {}
+    found = {
+        name: id_
+        for id_, name in session.execute(
+            select(TraitRow.id, TraitRow.name).where(TraitRow.name.in_(wanted))
+        )
+    }
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise NotFound(f"{field}: no such trait {missing[0]}", field=field)
+    return found
+
+
+def used_by_provider(
+    session: Session, host_ids: Iterable[int]
+) -> dict[tuple[int, int], dict[str, int]]:
+    """``(host_id, class_id) -> {'active': n, 'pending': m}`` summed from the records."""
+    ids = list(host_ids)
+    sums: dict[tuple[int, int], dict[str, int]] = {}
+    if not ids:
+        return sums
+    query = (
+        select(
+            AllocationRow.host_id,
+            AllocationRow.resource_class_id,
+            AllocationRow.state,
+            func.sum(AllocationRow.amount),
+        )
+        .where(AllocationRow.host_id.in_(ids))
+        .group_by(AllocationRow.host_id, AllocationRow.resource_class_id, AllocationRow.state)
+    )
+    for host_id, class_id, state, total in session.execute(query):
+        sums.setdefault((host_id, class_id), {"active": 0, "pending": 0})[state] = int(total)
+    return sums
+
+
+def effective_resources(
+    flavor_resources: Mapping[str, int], overrides: Mapping[str, int]
+) -> dict[str, int]:
+    merged = {**flavor_resources, **overrides}
+    return {name: amount for name, amount in merged.items() if amount > 0}

@@ -1,0 +1,80 @@
+"""Read-only records the services hand out; rows never leave a session."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from loadmaster.resources import Inventory
+
+HOST_STATES = ("up", "maintenance", "down")
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    uuid: str
+    name: str
+    state: str
+    generation: int
+    parent: str | None
+    root: str
+    traits: tuple[str, ...]
+    aggregates: tuple[str, ...]
+    inventories: Mapping[str, Inventory]
+
+
+@dataclass(frozen=True)
+class FlavorRecord:
+    name: str
+    resources: Mapping[str, int]
+    required_traits: tuple[str, ...]
+    forbidden_traits: tuple[str, ...]
+    extra_specs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VmRecord:
+    uuid: str
+    name: str
+    project_id: str
+    user_id: str
+    flavor: str
+    overrides: Mapping[str, int]
+    tags: tuple[str, ...]
+    state: str
+    host: str | None
+    target_host: str | None
+    group: str | None
+    resources: Mapping[str, int]
+    required_traits: tuple[str, ...]
+    forbidden_traits: tuple[str, ...]
+    generation: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    vm: str
+    host: str
+    resource_class: str
+    amount: int
+    state: str
+
+
+@dataclass(frozen=True)
+class ClassUsage:
+    """One host's view of one class; ``free`` already counts pending as used."""
+
+    capacity: int
+    active: int
+    pending: int
+
+    @property
+    def used(self) -> int:
+        return self.active + self.pending
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.used

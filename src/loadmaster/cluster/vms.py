@@ -1,0 +1,258 @@
+"""VMs (consumers): what they need, their tags, and the lifecycle they may follow."""
+
+from __future__ import annotations
+
+import builtins
+import uuid as uuidlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.hosts import now
+from loadmaster.cluster.records import VmRecord
+from loadmaster.errors import Conflict, InvalidTransition, ValidationError
+from loadmaster.resources import parse_amounts
+from loadmaster.store import Store
+from loadmaster.store.schema import FlavorRow, HostRow, ServerGroupRow, VmRow
+
+# requested -> pending on a host -> running -> stopped/deleted; migrating = active on the
+# source plus pending on the destination. A pending VM that fails to start goes back to
+# requested, so it can be scheduled again.
+TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "requested": frozenset({"pending", "deleted"}),
+    "pending": frozenset({"running", "requested", "stopped", "deleted"}),
+    "running": frozenset({"migrating", "stopped", "deleted"}),
+    "migrating": frozenset({"running", "stopped", "deleted"}),
+    "stopped": frozenset({"pending", "deleted"}),
+    "deleted": frozenset(),
+}
+VM_STATES = tuple(TRANSITIONS)
+SLA_TIERS = ("platinum", "gold", "silver", "best-effort")
+
+
+def move(row: VmRow, target: str) -> None:
+    """Apply a lifecycle transition or refuse it, naming both states."""
+    if target not in TRANSITIONS[row.state]:
+        raise InvalidTransition(
+            f"VM {row.uuid} cannot go from {row.state} to {target}", field="state"
+        )
+    row.state = target
+    row.generation += 1
+    row.updated_at = now()
+
+
+def _tags(tags: Iterable[object]) -> list[str]:
+    if isinstance(tags, str):
+        raise ValidationError("tags must be a list of strings", field="tags")
+    result = []
+    for i, tag in enumerate(tags):
+        if not isinstance(tag, str) or not tag or len(tag) > 64:
+            raise ValidationError(
+                f"tags[{i}] must be a non-empty string of at most 64 characters", field=f"tags[{i}]"
+            )
+        result.append(tag)
+    tiers = [t for t in result if t in SLA_TIERS]
+    if len(tiers) > 1:
+        raise ValidationError(f"tags name more than one SLA tier: {', '.join(tiers)}", field="tags")
+    return sorted(set(result))
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """A VM to create; validated before any row is written."""
+
+    name: str
+    flavor: str
+    project_id: str = "default"
+    user_id: str = "default"
+    overrides: Mapping[str, int] = field(default_factory=dict)
+    tags: Sequence[str] = ()
+    group: str | None = None
+    uuid: str | None = None
+
+
+class VmService:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def create(self, name: str, flavor: str, **kwargs: object) -> VmRecord:
+        return self.create_many([VmSpec(name, flavor, **kwargs)])[0]  # type: ignore[arg-type]
+
+    def create_many(self, specs: Sequence[VmSpec]) -> list[VmRecord]:
+        """Create VMs in one transaction: all of them or, on any bad spec, none."""
+        checked = [
+            self._check(spec, f"vms[{i}]" if len(specs) > 1 else "") for i, spec in enumerate(specs)
+        ]
+        with self._store.write() as session:
+            flavors: dict[str, FlavorRow] = {}
+            groups: dict[str, ServerGroupRow] = {}
+            stamp = now()
+            rows = []
+            for (spec, overrides, tags, vm_uuid), prefix in zip(
+                checked, _prefixes(len(specs)), strict=True
+            ):
+                if spec.flavor not in flavors:
+                    flavors[spec.flavor] = lookup.flavor_row(
+                        session, spec.flavor, prefix + "flavor"
+                    )
+                lookup.require_classes(session, overrides, prefix + "overrides")
+                group_id = None
+                if spec.group is not None:
+                    if spec.group not in groups:
+                        groups[spec.group] = lookup.group_row(session, spec.group, prefix + "group")
+                    group_id = groups[spec.group].id
+                rows.append(
+                    VmRow(
+                        uuid=vm_uuid,
+                        name=spec.name,
+                        project_id=spec.project_id,
+                        user_id=spec.user_id,
+                        flavor_id=flavors[spec.flavor].id,
+                        overrides=overrides,
+                        tags=tags,
+                        state="requested",
+                        group_id=group_id,
+                        generation=0,
+                        created_at=stamp,
+                        updated_at=stamp,
+                    )
+                )
+            uuids = [r.uuid for r in rows]
+            if len(set(uuids)) != len(uuids):
+                raise Conflict("the same VM uuid appears twice in one request", field="uuid")
+            for chunk_start in range(0, len(uuids), 500):
+                chunk = uuids[chunk_start : chunk_start + 500]
+                taken = session.scalar(select(VmRow.uuid).where(VmRow.uuid.in_(chunk)))
+                if taken is not None:
+                    raise Conflict(f"uuid {taken} is already used by a VM", field="uuid")
+            session.add_all(rows)
+            session.flush()
+            return vm_records(session, rows)
+
+    def get(self, ident: str) -> VmRecord:
+        with self._store.read() as session:
+            return vm_records(session, [lookup.vm_row(session, ident)])[0]
+
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        host: str | None = None,
+        project_id: str | None = None,
+        group: str | None = None,
+        include_deleted: bool = False,
+    ) -> list[VmRecord]:
+        with self._store.read() as session:
+            query = select(VmRow).order_by(VmRow.id)
+            if state is not None:
+                if state not in VM_STATES:
+                    raise ValidationError(
+                        f"state must be one of {', '.join(VM_STATES)}", field="state"
+                    )
+                query = query.where(VmRow.state == state)
+            elif not include_deleted:
+                query = query.where(VmRow.state != "deleted")
+            if host is not None:
+                query = query.where(VmRow.host_id == lookup.host_row(session, host).id)
+            if project_id is not None:
+                query = query.where(VmRow.project_id == project_id)
+            if group is not None:
+                query = query.where(VmRow.group_id == lookup.group_row(session, group).id)
+            return vm_records(session, list(session.scalars(query)))
+
+    def set_tags(self, ident: str, tags: Iterable[str]) -> VmRecord:
+        clean = _tags(tags)
+        with self._store.write() as session:
+            row = lookup.vm_row(session, ident)
+            row.tags = clean
+            row.generation += 1
+            row.updated_at = now()
+            session.flush()
+            return vm_records(session, [row])[0]
+
+    def _check(
+        self, spec: VmSpec, prefix: str
+    ) -> tuple[VmSpec, dict[str, int], builtins.list[str], str]:
+        dot = prefix + "." if prefix else ""
+        if not isinstance(spec.name, str) or not spec.name.strip() or len(spec.name) > 255:
+            raise ValidationError(f"{dot}name must be a non-empty string", field=f"{dot}name")
+        for attr in ("project_id", "user_id"):
+            value = getattr(spec, attr)
+            if not isinstance(value, str) or not value or len(value) > 255:
+                raise ValidationError(
+                    f"{dot}{attr} must be a non-empty string", field=f"{dot}{attr}"
+                )
+        overrides = parse_amounts(spec.overrides, f"{dot}overrides")
+        try:
+            tags = _tags(spec.tags)
+        except ValidationError as exc:
+            raise ValidationError(exc.detail, field=f"{dot}{exc.field}") from None
+        vm_uuid = spec.uuid or str(uuidlib.uuid4())
+        try:
+            vm_uuid = str(uuidlib.UUID(vm_uuid))
+        except ValueError:
+            raise ValidationError(
+                f"{dot}uuid {spec.uuid!r} is not a UUID", field=f"{dot}uuid"
+            ) from None
+        return spec, overrides, tags, vm_uuid
+
+
+def _prefixes(count: int) -> list[str]:
+    return [f"vms[{i}]." if count > 1 else "" for i in range(count)]
+
+
+def vm_records(session: Session, rows: list[VmRow]) -> list[VmRecord]:
+    flavor_ids = {r.flavor_id for r in rows}
+    flavors = {
+        f.id: f for f in session.scalars(select(FlavorRow).where(FlavorRow.id.in_(flavor_ids)))
+    }
+    host_ids = {r.host_id for r in rows if r.host_id} | {
+        r.target_host_id for r in rows if r.target_host_id
+    }
+    hosts = (
+        dict(
+            session.execute(select(HostRow.id, HostRow.name).where(HostRow.id.in_(host_ids))).all()
+        )
+        if host_ids
+        else {}
+    )
+    group_ids = {r.group_id for r in rows if r.group_id}
+    groups = (
+        dict(
+            session.execute(
+                select(ServerGroupRow.id, ServerGroupRow.name).where(
+                    ServerGroupRow.id.in_(group_ids)
+                )
+            ).all()
+        )
+        if group_ids
+        else {}
+    )
+    records = []
+    for r in rows:
+        flavor = flavors[r.flavor_id]
+        records.append(
+            VmRecord(
+                uuid=r.uuid,
+                name=r.name,
+                project_id=r.project_id,
+                user_id=r.user_id,
+                flavor=flavor.name,
+                overrides=dict(r.overrides),
+                tags=tuple(r.tags),
+                state=r.state,
+                host=hosts.get(r.host_id) if r.host_id else None,
+                target_host=hosts.get(r.target_host_id) if r.target_host_id else None,
+                group=groups.get(r.group_id) if r.group_id else None,
+                resources=lookup.effective_resources(flavor.resources, r.overrides),
+                required_traits=tuple(flavor.required_traits),
+                forbidden_traits=tuple(flavor.forbidden_traits),
+                generation=r.generation,
+                created_at=r.created_at,
+                updated_at=r.updated_at,
+            )
+        )
+    return records

@@ -1,0 +1,5 @@
+"""Pending and active allocations: claims, activation, release and reconciliation."""
+
+from loadmaster.pending.ledger import Claim, ClaimOutcome, Ledger, ReconcileResult
+
+__all__ = ["Claim", "ClaimOutcome", "Ledger", "ReconcileResult"]

@@ -1,0 +1,556 @@
+"""The allocation ledger: pending and active records, claimed, activated and released.
+
+One record per (VM, provider, class). Totals are never stored: every capacity check sums
+the records inside the claiming transaction, and every change bumps the host's
+generation with a compare-and-swap, so two processes claiming on one host can never
+both win (the loser re-reads and retries, or is told why not).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.hosts import bump_generations, now
+from loadmaster.cluster.records import AllocationRecord, ClassUsage, VmRecord
+from loadmaster.cluster.vms import TRANSITIONS, move, vm_records
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    Conflict,
+    InsufficientCapacity,
+    InvalidTransition,
+    LoadmasterError,
+    NotFound,
+    ValidationError,
+)
+from loadmaster.resources import Inventory
+from loadmaster.store import Store
+from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, InventoryRow, VmRow
+
+DEFAULT_CONFLICT_RETRIES = 10
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Put ``vm`` on ``host``. With ``expected_generation`` the claim only lands if the host
+    is still as the caller saw it (a scheduler's snapshot); without, the ledger re-reads and
+    retries by itself on a race, as Placement does."""
+
+    vm: str
+    host: str
+    expected_generation: int | None = None
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    vm: str
+    host: str
+    allocations: tuple[AllocationRecord, ...] = ()
+    error: LoadmasterError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    activated: tuple[str, ...] = ()
+    released: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+
+
+@dataclass
+class _Tree:
+    """One root host and its child providers, as read inside the claiming transaction."""
+
+    root: HostRow
+    providers: list[HostRow]
+    inventories: dict[tuple[int, int], Inventory] = field(default_factory=dict)
+    used: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
+
+
+class Ledger:
+    def __init__(self, store: Store, *, conflict_retries: int = DEFAULT_CONFLICT_RETRIES) -> None:
+        self._store = store
+        self._retries = conflict_retries
+
+    # -- claiming ----------------------------------------------------------------------
+    def claim(
+        self, vm: str, host: str, *, expected_generation: int | None = None
+    ) -> list[AllocationRecord]:
+        outcome = self.claim_many([Claim(vm, host, expected_generation)])[0]
+        return list(outcome.allocations)
+
+    def claim_many(
+        self, claims: Sequence[Claim], *, all_or_nothing: bool = True
+    ) -> list[ClaimOutcome]:
+        """Claim many VMs in one transaction, each seeing the claims before it.
+
+        ``all_or_nothing``: the first failure raises and nothing is written (a gang).
+        Otherwise every claim gets its own outcome and the good ones land together.
+        """
+        if not claims:
+            return []
+        for attempt in range(self._retries + 1):
+            try:
+                with self._store.write() as session:
+                    return self._claim(session, claims, all_or_nothing)
+            except ConcurrentUpdate:
+                if attempt == self._retries:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _claim(
+        self, session: Session, claims: Sequence[Claim], all_or_nothing: bool
+    ) -> list[ClaimOutcome]:
+        many = len(claims) > 1
+        prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
+        vms = _rows_by(session, VmRow, VmRow.uuid, {c.vm for c in claims})
+        hosts = _hosts_by_ident(session, {c.host for c in claims})
+        trees = _load_trees(session, {h.root_id or h.id for h in hosts.values()})
+        flavors = {
+            f.id: f
+            for f in session.scalars(
+                select(FlavorRow).where(FlavorRow.id.in_({v.flavor_id for v in vms.values()}))
+            )
+        }
+        class_ids = lookup.class_ids(session)
+        class_names = {v: k for k, v in class_ids.items()}
+        outcomes: list[ClaimOutcome] = []
+        new_rows: list[AllocationRow] = []
+        touched: dict[int, int] = {}
+        seen_vms: set[str] = set()
+        stamp = now()
+        for i, claim in enumerate(claims):
+            try:
+                vm = vms.get(claim.vm)
+                if vm is None:
+                    raise NotFound(
+                        f"{prefix[i]}vm {claim.vm!r}: no such VM", field=f"{prefix[i]}vm"
+                    )
+                host = hosts.get(claim.host)
+                if host is None:
+                    raise NotFound(
+                        f"{prefix[i]}host {claim.host!r}: no such host", field=f"{prefix[i]}host"
+                    )
+                if claim.vm in seen_vms:
+                    raise ValidationError(
+                        f"{prefix[i]}vm {claim.vm} is claimed twice in one batch",
+                        field=f"{prefix[i]}vm",
+                    )
+                tree = trees[host.root_id or host.id]
+                planned = self._plan(
+                    vm, host, tree, flavors[vm.flavor_id], class_ids, claim, prefix[i]
+                )
+            except LoadmasterError as exc:
+                if all_or_nothing:
+                    raise
+                outcomes.append(ClaimOutcome(claim.vm, claim.host, error=exc))
+                continue
+            seen_vms.add(claim.vm)
+            records = []
+            for provider, class_id, amount in planned:
+                tree.used.setdefault((provider.id, class_id), {"active": 0, "pending": 0})[
+                    "pending"
+                ] += amount
+                touched.setdefault(provider.id, provider.generation)
+                new_rows.append(
+                    AllocationRow(
+                        vm_id=vm.id,
+                        host_id=provider.id,
+                        resource_class_id=class_id,
+                        amount=amount,
+                        state="pending",
+                        created_at=stamp,
+                    )
+                )
+                records.append(
+                    AllocationRecord(
+                        vm.uuid, provider.name, class_names[class_id], amount, "pending"
+                    )
+                )
+            touched.setdefault(tree.root.id, tree.root.generation)
+            if vm.state == "running":
+                vm.target_host_id = tree.root.id
+                move(vm, "migrating")
+            else:
+                vm.host_id = tree.root.id
+                move(vm, "pending")
+            outcomes.append(ClaimOutcome(vm.uuid, host.name, tuple(records)))
+        session.add_all(new_rows)
+        session.flush()
+        bump_generations(session, touched)
+        return outcomes
+
+    def _plan(
+        self,
+        vm: VmRow,
+        host: HostRow,
+        tree: _Tree,
+        flavor: FlavorRow,
+        class_ids: Mapping[str, int],
+        claim: Claim,
+        prefix: str,
+    ) -> list[tuple[HostRow, int, int]]:
+        if host.parent_id is not None:
+            raise ValidationError(
+                f"{prefix}host {host.name} is a child provider; claim on its root host",
+                field=f"{prefix}host",
+            )
+        if claim.expected_generation is not None and host.generation != claim.expected_generation:
+            raise ConcurrentUpdate(
+                f"{prefix}host {host.name} changed since it was read (generation {host.generation}, "
+                f"expected {claim.expected_generation})",
+                field=f"{prefix}host",
+            )
+        if host.state != "up":
+            raise Conflict(
+                f"{prefix}host {host.name} is {host.state}, not up", field=f"{prefix}host"
+            )
+        if vm.state not in ("requested", "stopped", "running"):
+            raise InvalidTransition(
+                f"{prefix}vm {vm.uuid} is {vm.state}; it already holds a claim", field=f"{prefix}vm"
+            )
+        if vm.state == "running" and vm.host_id == host.id:
+            raise ValidationError(
+                f"{prefix}vm {vm.uuid} already runs on {host.name}", field=f"{prefix}host"
+            )
+        wanted = lookup.effective_resources(flavor.resources, vm.overrides)
+        plan: list[tuple[HostRow, int, int]] = []
+        for name, amount in sorted(wanted.items()):
+            where = f"{prefix}resources.{name}"
+            class_id = class_ids.get(name)
+            offering = [
+                p
+                for p in tree.providers
+                if class_id is not None and (p.id, class_id) in tree.inventories
+            ]
+            if not offering:
+                raise InsufficientCapacity(f"host {host.name} has no {name} inventory", field=where)
+            problem = ""
+            for provider in offering:
+                assert class_id is not None
+                inventory = tree.inventories[(provider.id, class_id)]
+                unit_problem = inventory.unit_problem(amount)
+                if unit_problem:
+                    problem = f"{name} on {provider.name}: {unit_problem}"
+                    continue
+                used = tree.used.get((provider.id, class_id), {})
+                active, pending = used.get("active", 0), used.get("pending", 0)
+                if active + pending + amount <= inventory.capacity:
+                    plan.append((provider, class_id, amount))
+                    break
+                problem = (
+                    f"{name} on {provider.name}: needs {amount}, "
+                    f"{inventory.capacity - active - pending} free of capacity {inventory.capacity} "
+                    f"({active} active, {pending} pending)"
+                )
+            else:
+                raise InsufficientCapacity(
+                    f"{prefix}host {host.name} cannot fit VM {vm.uuid}: {problem}", field=where
+                )
+        return plan
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def activate(self, vm: str) -> VmRecord:
+        """The VM reported up: its pending records become active (a migration completes)."""
+        with self._store.write() as session:
+            row = lookup.vm_row(session, vm)
+            if row.state == "running":
+                return vm_records(session, [row])[0]
+            if row.state not in ("pending", "migrating"):
+                raise InvalidTransition(
+                    f"VM {vm} is {row.state}; only a pending or migrating VM can start", field="vm"
+                )
+            self._activate(session, row)
+            return vm_records(session, [row])[0]
+
+    def _activate(self, session: Session, row: VmRow) -> None:
+        rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == row.id)))
+        touched = _generations(session, {r.host_id for r in rows})
+        if row.state == "migrating":
+            target_tree = _tree_ids(session, row.target_host_id)
+            for r in rows:
+                if r.host_id not in target_tree:
+                    session.delete(r)
+            row.host_id, row.target_host_id = row.target_host_id, None
+        session.execute(
+            update(AllocationRow)
+            .where(AllocationRow.vm_id == row.id, AllocationRow.state == "pending")
+            .values(state="active")
+            .execution_options(synchronize_session=False)
+        )
+        move(row, "running")
+        session.flush()
+        bump_generations(session, touched)
+
+    def release(self, vm: str, host: str | None = None) -> int:
+        """Remove the VM's records (on ``host`` only, if given). Releasing again is a no-op.
+
+        Returns how many records were removed. The VM's state follows: a pending VM goes back
+        to requested, an aborted migration back to running, a running VM with nothing left
+        to stopped.
+        """
+        with self._store.write() as session:
+            row = lookup.vm_row(session, vm)
+            host_row = lookup.host_row(session, host) if host is not None else None
+            return self._release(session, row, host_row)
+
+    def _release(self, session: Session, row: VmRow, host_row: HostRow | None) -> int:
+        query = select(AllocationRow).where(AllocationRow.vm_id == row.id)
+        if host_row is not None:
+            query = query.where(
+                AllocationRow.host_id.in_(_tree_ids(session, host_row.root_id or host_row.id))
+            )
+        doomed = list(session.scalars(query))
+        if not doomed:
+            return 0
+        left = list(
+            session.scalars(
+                select(AllocationRow).where(
+                    AllocationRow.vm_id == row.id, AllocationRow.id.notin_([r.id for r in doomed])
+                )
+            )
+        )
+        if row.state == "migrating" and left and all(r.state == "pending" for r in left):
+            raise InvalidTransition(
+                f"VM {row.uuid} is migrating; finish (activate) or abort (release the destination) first",
+                field="host",
+            )
+        touched = _generations(session, {r.host_id for r in doomed})
+        for r in doomed:
+            session.delete(r)
+        if not left:
+            move(row, "requested" if row.state == "pending" else "stopped")
+            row.host_id = row.target_host_id = None
+        elif row.state == "migrating":
+            row.target_host_id = None
+            move(row, "running")
+        session.flush()
+        bump_generations(session, touched)
+        return len(doomed)
+
+    def stop(self, vm: str) -> VmRecord:
+        with self._store.write() as session:
+            row = lookup.vm_row(session, vm)
+            if row.state == "stopped":
+                return vm_records(session, [row])[0]
+            if "stopped" not in TRANSITIONS[row.state]:
+                raise InvalidTransition(f"VM {vm} is {row.state} and cannot be stopped", field="vm")
+            self._release(session, row, None)
+            if row.state != "stopped":
+                move(row, "stopped")
+                row.host_id = row.target_host_id = None
+            return vm_records(session, [row])[0]
+
+    def delete(self, vm: str) -> VmRecord:
+        with self._store.write() as session:
+            row = lookup.vm_row(session, vm)
+            if row.state != "deleted":
+                self._release(session, row, None)
+                move(row, "deleted")
+                row.host_id = row.target_host_id = None
+            return vm_records(session, [row])[0]
+
+    def reconcile(
+        self, host: str, present: Iterable[str], *, as_of: datetime | None = None
+    ) -> ReconcileResult:
+        """Align the records with what the host reports running at ``as_of``.
+
+        A pending VM that is there has started (activate). A pending record older than the
+        report for a VM that is not there is proven dead (release) — records newer than the
+        report are left alone, since the host listed its VMs before that claim existed.
+        A running VM that is gone has stopped. Nothing here runs on a timer.
+        """
+        seen = set(present)
+        as_of = as_of or now()
+        activated: list[str] = []
+        released: list[str] = []
+        stopped: list[str] = []
+        with self._store.write() as session:
+            root = lookup.host_row(session, host)
+            tree = _tree_ids(session, root.root_id or root.id)
+            rows = session.execute(
+                select(AllocationRow, VmRow)
+                .join(VmRow, VmRow.id == AllocationRow.vm_id)
+                .where(AllocationRow.host_id.in_(tree))
+            ).all()
+            by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {}
+            for alloc, vm in rows:
+                by_vm.setdefault(vm.id, (vm, []))[1].append(alloc)
+            for vm, allocs in by_vm.values():
+                pending_here = [a for a in allocs if a.state == "pending"]
+                if vm.uuid in seen:
+                    if pending_here:
+                        self._activate(session, vm)
+                        activated.append(vm.uuid)
+                elif pending_here:
+                    if max(a.created_at for a in pending_here) <= as_of:
+                        self._release(session, vm, root)
+                        released.append(vm.uuid)
+                elif vm.state == "running":
+                    self._release(session, vm, root)
+                    stopped.append(vm.uuid)
+            unexpected = sorted(seen - {vm.uuid for vm, _ in by_vm.values()})
+        return ReconcileResult(tuple(activated), tuple(released), tuple(stopped), tuple(unexpected))
+
+    # -- reading -----------------------------------------------------------------------
+    def allocations(
+        self, *, vm: str | None = None, host: str | None = None, state: str | None = None
+    ) -> list[AllocationRecord]:
+        with self._store.read() as session:
+            query = (
+                select(
+                    VmRow.uuid,
+                    HostRow.name,
+                    AllocationRow.resource_class_id,
+                    AllocationRow.amount,
+                    AllocationRow.state,
+                )
+                .join(VmRow, VmRow.id == AllocationRow.vm_id)
+                .join(HostRow, HostRow.id == AllocationRow.host_id)
+                .order_by(AllocationRow.id)
+            )
+            if vm is not None:
+                query = query.where(AllocationRow.vm_id == lookup.vm_row(session, vm).id)
+            if host is not None:
+                query = query.where(AllocationRow.host_id == lookup.host_row(session, host).id)
+            if state is not None:
+                if state not in ("pending", "active"):
+                    raise ValidationError("state must be pending or active", field="state")
+                query = query.where(AllocationRow.state == state)
+            names = lookup.class_names(session)
+            return [
+                AllocationRecord(u, h, names[c], a, s) for u, h, c, a, s in session.execute(query)
+            ]
+
+    def usages(self, hosts: Iterable[str] | None = None) -> dict[str, dict[str, ClassUsage]]:
+        """Per provider and class: capacity, active, pending — all summed from records now."""
+        with self._store.read() as session:
+            query = select(HostRow.id, HostRow.name)
+            if hosts is not None:
+                ids = [lookup.host_row(session, h).id for h in hosts]
+                query = query.where(HostRow.id.in_(ids))
+            names_by_id: dict[int, str] = dict(session.execute(query).all())
+            class_names = lookup.class_names(session)
+            sums = lookup.used_by_provider(session, names_by_id)
+            result: dict[str, dict[str, ClassUsage]] = {name: {} for name in names_by_id.values()}
+            inv_query = select(InventoryRow)
+            if hosts is not None:
+                inv_query = inv_query.where(InventoryRow.host_id.in_(names_by_id))
+            for inv in session.scalars(inv_query):
+                used = sums.get((inv.host_id, inv.resource_class_id), {})
+                capacity = Inventory(
+                    inv.total,
+                    inv.reserved,
+                    inv.min_unit,
+                    inv.max_unit,
+                    inv.step_size,
+                    inv.allocation_ratio,
+                ).capacity
+                result[names_by_id[inv.host_id]][class_names[inv.resource_class_id]] = ClassUsage(
+                    capacity, used.get("active", 0), used.get("pending", 0)
+                )
+            return result
+
+    def pending_for_host(self, host: str) -> dict[str, int]:
+        return _sum_by_class(self.allocations(host=host, state="pending"))
+
+    def pending_for_vm(self, vm: str) -> dict[str, dict[str, int]]:
+        per_host: dict[str, dict[str, int]] = defaultdict(dict)
+        for a in self.allocations(vm=vm, state="pending"):
+            per_host[a.host][a.resource_class] = (
+                per_host[a.host].get(a.resource_class, 0) + a.amount
+            )
+        return dict(per_host)
+
+    def project_usage(self, project_id: str) -> dict[str, dict[str, int]]:
+        """Per class, active and pending totals of one project's VMs (for quota)."""
+        with self._store.read() as session:
+            names = lookup.class_names(session)
+            rows = session.execute(
+                select(AllocationRow.resource_class_id, AllocationRow.state, AllocationRow.amount)
+                .join(VmRow, VmRow.id == AllocationRow.vm_id)
+                .where(VmRow.project_id == project_id)
+            )
+            totals: dict[str, dict[str, int]] = {}
+            for class_id, state, amount in rows:
+                bucket = totals.setdefault(names[class_id], {"active": 0, "pending": 0})
+                bucket[state] += amount
+            return totals
+
+
+def _sum_by_class(records: Iterable[AllocationRecord]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for r in records:
+        totals[r.resource_class] = totals.get(r.resource_class, 0) + r.amount
+    return totals
+
+
+def _rows_by(
+    session: Session, model: type[VmRow], column: object, keys: set[str]
+) -> dict[str, VmRow]:
+    found: dict[str, VmRow] = {}
+    ordered = sorted(keys)
+    for start in range(0, len(ordered), 500):
+        chunk = ordered[start : start + 500]
+        for row in session.scalars(select(model).where(column.in_(chunk))):  # type: ignore[attr-defined]
+            found[row.uuid] = row
+    return found
+
+
+def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
+    found: dict[str, HostRow] = {}
+    ordered = sorted(idents)
+    for start in range(0, len(ordered), 500):
+        chunk = ordered[start : start + 500]
+        for row in session.scalars(
+            select(HostRow).where(HostRow.uuid.in_(chunk) | HostRow.name.in_(chunk))
+        ):
+            found[row.uuid] = row
+            found[row.name] = row
+    return found
+
+
+def _load_trees(session: Session, root_ids: set[int]) -> dict[int, _Tree]:
+    providers = list(
+        session.scalars(select(HostRow).where(HostRow.root_id.in_(root_ids)).order_by(HostRow.id))
+    )
+    trees: dict[int, _Tree] = {}
+    for p in providers:
+        if p.id == p.root_id:
+            trees[p.id] = _Tree(root=p, providers=[])
+    for p in providers:
+        trees[p.root_id or p.id].providers.append(p)  # root first: its id is the smallest
+    root_of = {p.id: p.root_id or p.id for p in providers}
+    sums = lookup.used_by_provider(session, root_of)
+    for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(root_of))):
+        trees[root_of[inv.host_id]].inventories[(inv.host_id, inv.resource_class_id)] = Inventory(
+            inv.total, inv.reserved, inv.min_unit, inv.max_unit, inv.step_size, inv.allocation_ratio
+        )
+    for (host_id, class_id), used in sums.items():
+        trees[root_of[host_id]].used[(host_id, class_id)] = used
+    return trees
+
+
+def _tree_ids(session: Session, root_id: int | None) -> set[int]:
+    return set(session.scalars(select(HostRow.id).where(HostRow.root_id == root_id)))
+
+
+def _generations(session: Session, host_ids: set[int]) -> dict[int, int]:
+    """Generations of the touched providers and their roots, as read now, for the CAS."""
+    rows = session.execute(
+        select(HostRow.id, HostRow.root_id).where(HostRow.id.in_(host_ids))
+    ).all()
+    ids = set(host_ids) | {root for _, root in rows if root}
+    return dict(
+        session.execute(select(HostRow.id, HostRow.generation).where(HostRow.id.in_(ids))).all()
+    )

@@ -1,0 +1,39 @@
+"""The data a policy cycle reads and writes: the contract between agent and policy engine.
+
+Collectors build one ``EntitySnapshot`` for the host and one per guest; the engine
+evaluates the policy over them and returns a ``CycleResult``; controllers apply it.
+Neither side knows how the other is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+StatValue = float | int | None
+
+
+@dataclass(frozen=True)
+class EntitySnapshot:
+    """One entity (the host, or one guest) as the collectors saw it this cycle.
+
+    ``stats`` is the latest sample (``Host.mem_free`` in a policy); ``history`` holds the
+    retained samples, oldest first, the latest included, for ``StatAvg``. ``properties``
+    are static facts (``Prop "name"``); ``tags`` carry the SLA tier (platinum, gold, ...).
+    A stat a collector could not read is ``None``.
+    """
+
+    name: str
+    stats: Mapping[str, StatValue]
+    history: tuple[Mapping[str, StatValue], ...] = ()
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    tags: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """Controls one successful cycle recorded: ``host_controls`` and, per guest name, its controls."""
+
+    host_controls: Mapping[str, Any]
+    guest_controls: Mapping[str, Mapping[str, Any]]

@@ -1,0 +1,28 @@
+"""Resource classes, traits, inventories and requirements: pure rules, no storage."""
+
+from loadmaster.resources.classes import (
+    CUSTOM_PREFIX,
+    STANDARD_BY_NAME,
+    STANDARD_CLASSES,
+    ResourceClass,
+    validate_custom_name,
+)
+from loadmaster.resources.inventory import Inventory, parse_amounts
+from loadmaster.resources.requirements import FlavorSpec, Requirements, parse_flavor
+from loadmaster.resources.traits import STANDARD_TRAITS, validate_custom_trait, validate_trait_name
+
+__all__ = [
+    "CUSTOM_PREFIX",
+    "STANDARD_BY_NAME",
+    "STANDARD_CLASSES",
+    "STANDARD_TRAITS",
+    "FlavorSpec",
+    "Inventory",
+    "Requirements",
+    "ResourceClass",
+    "parse_amounts",
+    "parse_flavor",
+    "validate_custom_name",
+    "validate_custom_trait",
+    "validate_trait_name",
+]

@@ -1,0 +1,47 @@
+"""The Python API's front door: one object holding every service over one store."""
+
+from __future__ import annotations
+
+from loadmaster.cluster import (
+    FlavorService,
+    HostService,
+    ResourceClassService,
+    TraitService,
+    VmService,
+    sync_standard_vocabulary,
+)
+from loadmaster.pending import Ledger
+from loadmaster.store import DEFAULT_URL, Store
+
+
+class Loadmaster:
+    """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
+    ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.resource_classes = ResourceClassService(store)
+        self.traits = TraitService(store)
+        self.hosts = HostService(store)
+        self.flavors = FlavorService(store)
+        self.vms = VmService(store)
+        self.allocations = Ledger(store)
+
+    def close(self) -> None:
+        self.store.dispose()
+
+    def __enter__(self) -> Loadmaster:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def open_loadmaster(url: str = DEFAULT_URL, *, migrate: bool = True) -> Loadmaster:
+    """Connect to ``url`` (SQLite file by default, or ``postgresql+psycopg://...``),
+    bring the schema up to date and make sure the standard classes and traits exist."""
+    store = Store(url)
+    if migrate:
+        store.migrate()
+        sync_standard_vocabulary(store)
+    return Loadmaster(store)

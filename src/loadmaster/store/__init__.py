@@ -1,0 +1,6 @@
+"""Durable state: SQLAlchemy tables, migrations and transactions (SQLite or PostgreSQL)."""
+
+from loadmaster.store import schema
+from loadmaster.store.engine import DEFAULT_URL, Store
+
+__all__ = ["DEFAULT_URL", "Store", "schema"]

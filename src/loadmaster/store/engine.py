@@ -1,0 +1,122 @@
+"""Connecting to the database: SQLite (embedded default) or PostgreSQL, same code.
+
+Write transactions on SQLite start with ``BEGIN IMMEDIATE`` so two writers never both
+read a snapshot and then race to upgrade it (that fails late, as SQLITE_BUSY, instead
+of waiting). PostgreSQL runs at READ COMMITTED; the host generation compare-and-swap
+in ``pending`` is what keeps concurrent claims honest there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from loadmaster.errors import StoreUnavailable
+
+DEFAULT_URL = "sqlite:///loadmaster.db"
+_MIGRATIONS = Path(__file__).parent / "migrations"
+_SQLITE_BEGIN = "loadmaster_sqlite_begin"
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from pysqlite so BEGIN IMMEDIATE is ours to emit.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        if ":memory:" not in url and url not in ("sqlite://", "sqlite+pysqlite://"):
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get(_SQLITE_BEGIN, 'DEFERRED')}")
+
+    return engine
+
+
+class Store:
+    """The database behind every service: sessions for reading and for writing."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, pool_size: int = 5) -> None:
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        if self.is_sqlite:
+            self.engine = _sqlite_engine(url)
+            self._write_engine: Engine = self.engine.execution_options(
+                **{_SQLITE_BEGIN: "IMMEDIATE"}
+            )
+        else:
+            self.engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True)
+            self._write_engine = self.engine
+        self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
+        # An in-memory SQLite database lives in one connection; serialise its users.
+        self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._guard(), self._unavailable_as_503(), self._read_sessions() as session:
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A transaction that commits on success and rolls back on any exception."""
+        with self._guard(), self._unavailable_as_503(), self._write_sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        if self._memory_lock is None:
+            yield
+        else:
+            with self._memory_lock:
+                yield
+
+    @contextmanager
+    def _unavailable_as_503(self) -> Iterator[None]:
+        try:
+            yield
+        except OperationalError as exc:
+            if self.is_sqlite and "locked" not in str(exc):
+                raise
+            raise StoreUnavailable(f"database unavailable: {exc.orig}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(f"database connection lost: {exc.orig}") from exc
+            raise
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest migration; safe to call from many processes at once."""
+        config = Config()
+        config.set_main_option("script_location", str(_MIGRATIONS))
+        with self.engine.connect() as connection:
+            if not self.is_sqlite:
+                # Several API workers start together; only one may run DDL at a time.
+                connection.execute(text("SELECT pg_advisory_lock(7262001)"))
+                connection.commit()
+            try:
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+                connection.commit()
+            finally:
+                if not self.is_sqlite:
+                    connection.execute(text("SELECT pg_advisory_unlock(7262001)"))
+                    connection.commit()
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,165 @@
+"""SQLAlchemy tables. Usage is never stored: it is always a SUM over ``allocations``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ResourceClassRow(Base):
+    __tablename__ = "resource_classes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    kind: Mapped[str] = mapped_column(String(255))
+    unit: Mapped[str] = mapped_column(String(255))
+    description: Mapped[str] = mapped_column(Text, default="")
+
+
+class TraitRow(Base):
+    __tablename__ = "traits"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+
+
+class HostRow(Base):
+    """A resource provider: a compute host, or a child of one (NUMA cell, NIC)."""
+
+    __tablename__ = "hosts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(36), unique=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    state: Mapped[str] = mapped_column(String(16), default="up")
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True)
+    root_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+    __table_args__ = (CheckConstraint("state IN ('up', 'maintenance', 'down')", name="host_state"),)
+
+
+class HostTraitRow(Base):
+    __tablename__ = "host_traits"
+    host_id: Mapped[int] = mapped_column(
+        ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True
+    )
+    trait_id: Mapped[int] = mapped_column(ForeignKey("traits.id"), primary_key=True, index=True)
+
+
+class HostAggregateRow(Base):
+    __tablename__ = "host_aggregates"
+    host_id: Mapped[int] = mapped_column(
+        ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True
+    )
+    aggregate: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+
+
+class InventoryRow(Base):
+    __tablename__ = "inventories"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    resource_class_id: Mapped[int] = mapped_column(ForeignKey("resource_classes.id"), index=True)
+    total: Mapped[int] = mapped_column(BigInteger)
+    reserved: Mapped[int] = mapped_column(BigInteger, default=0)
+    min_unit: Mapped[int] = mapped_column(BigInteger, default=1)
+    max_unit: Mapped[int] = mapped_column(BigInteger)
+    step_size: Mapped[int] = mapped_column(BigInteger, default=1)
+    allocation_ratio: Mapped[float] = mapped_column(Float, default=1.0)
+    __table_args__ = (
+        UniqueConstraint("host_id", "resource_class_id", name="uq_inventory_host_class"),
+    )
+
+
+class FlavorRow(Base):
+    __tablename__ = "flavors"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    resources: Mapped[dict[str, int]] = mapped_column(JSON)
+    required_traits: Mapped[list[str]] = mapped_column(JSON)
+    forbidden_traits: Mapped[list[str]] = mapped_column(JSON)
+    extra_specs: Mapped[dict[str, str]] = mapped_column(JSON)
+
+
+class ServerGroupRow(Base):
+    __tablename__ = "server_groups"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(36), unique=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    policy: Mapped[str] = mapped_column(String(32))
+    max_per_host: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class VmRow(Base):
+    """A consumer of resources. ``host_id`` is where it runs or is headed; ``target_host_id``
+    is the destination of a migration in flight."""
+
+    __tablename__ = "vms"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(36), unique=True)
+    name: Mapped[str] = mapped_column(String(255))
+    project_id: Mapped[str] = mapped_column(String(255), index=True)
+    user_id: Mapped[str] = mapped_column(String(255))
+    flavor_id: Mapped[int] = mapped_column(ForeignKey("flavors.id"), index=True)
+    overrides: Mapped[dict[str, int]] = mapped_column(JSON)
+    tags: Mapped[list[str]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
+    target_host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True)
+    group_id: Mapped[int | None] = mapped_column(
+        ForeignKey("server_groups.id"), nullable=True, index=True
+    )
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class AllocationRow(Base):
+    """One record per (VM, provider, resource class): the pending-resource record of oVirt's
+    PRM and the allocation of Placement in one table, told apart by ``state``."""
+
+    __tablename__ = "allocations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"))
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    resource_class_id: Mapped[int] = mapped_column(ForeignKey("resource_classes.id"))
+    amount: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    __table_args__ = (
+        UniqueConstraint(
+            "vm_id", "host_id", "resource_class_id", name="uq_allocation_vm_host_class"
+        ),
+        CheckConstraint("state IN ('pending', 'active')", name="allocation_state"),
+        CheckConstraint("amount > 0", name="allocation_amount_positive"),
+        Index("ix_allocations_host_class", "host_id", "resource_class_id", "state", "amount"),
+    )
+
+
+class HostReportRow(Base):
+    """The latest report from a host's agent: measured usage and load."""
+
+    __tablename__ = "host_reports"
+    host_id: Mapped[int] = mapped_column(
+        ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True
+    )
+    reported_at: Mapped[datetime] = mapped_column(DateTime)
+    usage: Mapped[dict[str, float]] = mapped_column(JSON)
+    load: Mapped[dict[str, float]] = mapped_column(JSON)
+    running_vms: Mapped[list[str]] = mapped_column(JSON)
