@@ -15,7 +15,9 @@ WORKERS = 4
 VMS_PER_WORKER = 8  # 32 VMs race for 12 slots
 
 
-def _claim_all(url: str, vm_uuids: list[str], start: mp.synchronize.Event, results: mp.Queue) -> None:
+def _claim_all(
+    url: str, vm_uuids: list[str], start: mp.synchronize.Event, results: mp.Queue
+) -> None:
     lm = loadmaster.open(url, migrate=False)
     start.wait()
     won = full = conflicts = 0
@@ -32,13 +34,16 @@ def _claim_all(url: str, vm_uuids: list[str], start: mp.synchronize.Event, resul
 
 
 def _race(url: str, lm: Loadmaster) -> list[tuple[int, int, int]]:
-    lm.hosts.create("tiny-host", inventories={"VCPU": {"total": SLOTS}, "MEMORY_MB": {"total": SLOTS * 1024}})
+    lm.hosts.create(
+        "tiny-host", inventories={"VCPU": {"total": SLOTS}, "MEMORY_MB": {"total": SLOTS * 1024}}
+    )
     lm.flavors.create({"name": "one", "resources": {"VCPU": 1, "MEMORY_MB": 1024}})
     uuids = [lm.vms.create(f"vm{i}", "one").uuid for i in range(WORKERS * VMS_PER_WORKER)]
     ctx = mp.get_context("spawn")
     start, results = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_claim_all, args=(url, uuids[i::WORKERS], start, results)) for i in range(WORKERS)
+        ctx.Process(target=_claim_all, args=(url, uuids[i::WORKERS], start, results))
+        for i in range(WORKERS)
     ]
     for p in procs:
         p.start()
@@ -51,8 +56,14 @@ def _race(url: str, lm: Loadmaster) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
-def test_processes_fill_the_host_exactly(backend: str, request: pytest.FixtureRequest, tmp_path: object) -> None:
-    url = request.getfixturevalue("pg_url") if backend == "postgres" else f"sqlite:///{tmp_path}/race.db"
+def test_processes_fill_the_host_exactly(
+    backend: str, request: pytest.FixtureRequest, tmp_path: object
+) -> None:
+    url = (
+        request.getfixturevalue("pg_url")
+        if backend == "postgres"
+        else f"sqlite:///{tmp_path}/race.db"
+    )
     with loadmaster.open(url) as lm:
         outcomes = _race(url, lm)
         assert sum(won for won, _, _ in outcomes) == SLOTS

@@ -29,6 +29,7 @@ from loadmaster.errors import (
     InvalidTransition,
     ValidationError,
 )
+from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
 from loadmaster.store.schema import (
     AllocationRow,
@@ -177,6 +178,10 @@ def make_machine(lm: Loadmaster) -> type[RuleBasedStateMachine]:
                     assert usage.active == sums[(host, rc, "active")]
                     assert usage.pending == sums[(host, rc, "pending")]
                     assert usage.used <= usage.capacity, (host, rc, usage)
+
+        @invariant()
+        def audit_finds_nothing(self) -> None:
+            assert audit(lm.store) == []
 
         @invariant()
         def vm_state_matches_records(self) -> None:

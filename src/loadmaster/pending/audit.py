@@ -1,0 +1,113 @@
+"""Consistency audit: what must always hold between VMs, records and inventories.
+
+Operators run it after an incident (``loadmaster audit``); the crash and soak tests run it
+after killing processes and restarting the database. An empty list means consistent.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from loadmaster.cluster import lookup
+from loadmaster.resources import Inventory
+from loadmaster.store import Store
+from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, InventoryRow, VmRow
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # over_capacity | orphaned | partial_claim | state_mismatch
+    subject: str
+    detail: str
+
+
+def audit(store: Store) -> list[Problem]:
+    problems: list[Problem] = []
+    with store.read() as session:
+        names = lookup.class_names(session)
+        hosts = dict(session.execute(select(HostRow.id, HostRow.name)).all())
+        used = dict(
+            ((h, c), int(total))
+            for h, c, total in session.execute(
+                select(
+                    AllocationRow.host_id,
+                    AllocationRow.resource_class_id,
+                    func.sum(AllocationRow.amount),
+                ).group_by(AllocationRow.host_id, AllocationRow.resource_class_id)
+            ).all()
+        )
+        capacity = {
+            (inv.host_id, inv.resource_class_id): Inventory(
+                inv.total,
+                inv.reserved,
+                inv.min_unit,
+                inv.max_unit,
+                inv.step_size,
+                inv.allocation_ratio,
+            ).capacity
+            for inv in session.scalars(select(InventoryRow))
+        }
+        for key, amount in sorted(used.items()):
+            if amount > capacity.get(key, 0):
+                problems.append(
+                    Problem(
+                        "over_capacity",
+                        hosts[key[0]],
+                        f"{names[key[1]]}: {amount} allocated, capacity {capacity.get(key, 0)}",
+                    )
+                )
+        records: dict[int, list[AllocationRow]] = defaultdict(list)
+        for row in session.scalars(select(AllocationRow)):
+            records[row.vm_id].append(row)
+        flavors = {f.id: f for f in session.scalars(select(FlavorRow))}
+        roots = dict(session.execute(select(HostRow.id, HostRow.root_id)).all())
+        for vm in session.scalars(select(VmRow)):
+            mine = records.pop(vm.id, [])
+            problems.extend(_check_vm(vm, mine, flavors[vm.flavor_id], roots, names))
+        for vm_id, rows in records.items():
+            problems.append(
+                Problem("orphaned", str(vm_id), f"{len(rows)} records for a VM that does not exist")
+            )
+    return problems
+
+
+def _check_vm(
+    vm: VmRow,
+    rows: list[AllocationRow],
+    flavor: FlavorRow,
+    roots: dict[int, int | None],
+    names: dict[int, str],
+) -> list[Problem]:
+    wanted = lookup.effective_resources(flavor.resources, vm.overrides)
+    if vm.state in ("requested", "stopped", "deleted"):
+        if rows:
+            return [Problem("orphaned", vm.uuid, f"{len(rows)} records while the VM is {vm.state}")]
+        return []
+    expected: list[tuple[int | None, str]] = {
+        "pending": [(vm.host_id, "pending")],
+        "running": [(vm.host_id, "active")],
+        "migrating": [(vm.host_id, "active"), (vm.target_host_id, "pending")],
+    }[vm.state]
+    problems = []
+    for host_id, state in expected:
+        held: dict[str, int] = defaultdict(int)
+        for r in rows:
+            if roots.get(r.host_id) == host_id and r.state == state:
+                held[names[r.resource_class_id]] += r.amount
+        if dict(held) != wanted:
+            problems.append(
+                Problem(
+                    "partial_claim",
+                    vm.uuid,
+                    f"{vm.state}: {state} records {dict(held)} != needs {wanted}",
+                )
+            )
+    stray = [r for r in rows if (roots.get(r.host_id), r.state) not in expected]
+    if stray:
+        problems.append(
+            Problem("state_mismatch", vm.uuid, f"{len(stray)} records do not fit state {vm.state}")
+        )
+    return problems
