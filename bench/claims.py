@@ -36,7 +36,9 @@ def build(url: str, hosts: int, vms: int) -> tuple[loadmaster.Loadmaster, list[s
             },
         )
     lm.flavors.create({"name": "m1.small", "resources": {"VCPU": 2, "MEMORY_MB": 4096}})
-    uuids = [v.uuid for v in lm.vms.create_many([VmSpec(f"vm-{i}", "m1.small") for i in range(vms)])]
+    uuids = [
+        v.uuid for v in lm.vms.create_many([VmSpec(f"vm-{i}", "m1.small") for i in range(vms)])
+    ]
     return lm, names, uuids
 
 
@@ -51,7 +53,10 @@ def measure(url: str, hosts: int, vms: int, label: str) -> None:
     rest = uuids[half:]
     for chunk in range(0, len(rest), 100):
         lm.allocations.claim_many(
-            [Claim(vm, names[(chunk + j) % len(names)]) for j, vm in enumerate(rest[chunk : chunk + 100])]
+            [
+                Claim(vm, names[(chunk + j) % len(names)])
+                for j, vm in enumerate(rest[chunk : chunk + 100])
+            ]
         )
     batched = len(rest) / (time.perf_counter() - start)
     lm.close()
@@ -88,7 +93,9 @@ def main() -> None:
             measure(fresh_pg_database(server), args.hosts, args.vms, "PostgreSQL")
         finally:
             if pgdir:
-                subprocess.run(["bash", str(ROOT / "scripts/postgres.sh"), "stop", pgdir], check=False)
+                subprocess.run(
+                    ["bash", str(ROOT / "scripts/postgres.sh"), "stop", pgdir], check=False
+                )
 
 
 if __name__ == "__main__":
