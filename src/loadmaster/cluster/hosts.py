@@ -7,7 +7,7 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -351,18 +351,28 @@ def host_records(session: Session, rows: list[HostRow]) -> list[HostRecord]:
 def bump_generations(session: Session, expected: Mapping[int, int]) -> None:
     """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
 
-    Sorted ids give every transaction the same lock order, so PostgreSQL never deadlocks here.
+    The rows are locked in id order first, so two PostgreSQL transactions touching the same
+    hosts queue up instead of deadlocking; then one UPDATE per chunk bumps them all. The lock
+    is FOR NO KEY UPDATE (``key_share``): a plain FOR UPDATE would conflict with the key-share
+    locks our own allocation inserts hold through their foreign key, and deadlock.
     """
-    for host_id in sorted(expected):
+    ids = sorted(expected)
+    for chunk in _chunks(ids):
+        session.execute(
+            select(HostRow.id)
+            .where(HostRow.id.in_(chunk))
+            .order_by(HostRow.id)
+            .with_for_update(key_share=True)
+        )
         result = session.execute(
             update(HostRow)
-            .where(HostRow.id == host_id, HostRow.generation == expected[host_id])
+            .where(tuple_(HostRow.id, HostRow.generation).in_([(i, expected[i]) for i in chunk]))
             .values(generation=HostRow.generation + 1)
             .execution_options(synchronize_session=False)
         )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if result.rowcount != len(chunk):  # type: ignore[attr-defined]
             raise ConcurrentUpdate(
-                f"host id {host_id} was changed by another writer; retry", field="generation"
+                "a host was changed by another writer; retry", field="generation"
             )
 
 
