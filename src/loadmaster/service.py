@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from loadmaster.cluster import (
     FlavorService,
     HostService,
@@ -37,10 +39,11 @@ class Loadmaster:
         self.close()
 
 
-def open_loadmaster(url: str = DEFAULT_URL, *, migrate: bool = True) -> Loadmaster:
-    """Connect to ``url`` (SQLite file by default, or ``postgresql+psycopg://...``),
-    bring the schema up to date and make sure the standard classes and traits exist."""
-    store = Store(url)
+def open_loadmaster(url: str | None = None, *, migrate: bool = True) -> Loadmaster:
+    """Connect to ``url`` (default: ``$LOADMASTER_DB``, else the SQLite file ``loadmaster.db``;
+    or ``postgresql+psycopg://...``), bring the schema up to date and make sure the standard
+    classes and traits exist."""
+    store = Store(url or os.environ.get("LOADMASTER_DB") or DEFAULT_URL)
     if migrate:
         store.migrate()
         sync_standard_vocabulary(store)
