@@ -6,6 +6,7 @@ import os
 
 from loadmaster.cluster import (
     FlavorService,
+    GroupService,
     HostService,
     ResourceClassService,
     TraitService,
@@ -13,6 +14,7 @@ from loadmaster.cluster import (
     sync_standard_vocabulary,
 )
 from loadmaster.pending import Ledger
+from loadmaster.scheduler import Scheduler
 from loadmaster.store import DEFAULT_URL, Store
 
 
@@ -28,6 +30,8 @@ class Loadmaster:
         self.flavors = FlavorService(store)
         self.vms = VmService(store)
         self.allocations = Ledger(store)
+        self.groups = GroupService(store)
+        self.scheduler = Scheduler(store)
 
     def close(self) -> None:
         self.store.dispose()

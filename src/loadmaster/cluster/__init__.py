@@ -6,6 +6,7 @@ from loadmaster.cluster.catalog import (
     TraitService,
     sync_standard_vocabulary,
 )
+from loadmaster.cluster.groups import GROUP_POLICIES, GroupRecord, GroupService
 from loadmaster.cluster.hosts import HostService
 from loadmaster.cluster.records import (
     AllocationRecord,
@@ -17,12 +18,15 @@ from loadmaster.cluster.records import (
 from loadmaster.cluster.vms import SLA_TIERS, VM_STATES, VmService, VmSpec
 
 __all__ = [
+    "GROUP_POLICIES",
     "SLA_TIERS",
     "VM_STATES",
     "AllocationRecord",
     "ClassUsage",
     "FlavorRecord",
     "FlavorService",
+    "GroupRecord",
+    "GroupService",
     "HostRecord",
     "HostService",
     "ResourceClassService",

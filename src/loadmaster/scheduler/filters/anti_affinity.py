@@ -1,0 +1,23 @@
+"""Hard anti-affinity: at most ``max_per_host`` members (default 1) per host, pending
+members counted like running ones, so a mass start never doubles up."""
+
+from __future__ import annotations
+
+from loadmaster.scheduler.plugins import Verdict
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.state import HostState
+
+
+class AntiAffinityFilter:
+    name = "anti_affinity"
+    order = 60
+    dynamic = True
+
+    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
+        group = request.group
+        if group is None or group.policy != "anti-affinity":
+            return None
+        limit = group.max_per_host or 1
+        return Verdict.one_reason(
+            hosts.group_members[group.name] < limit, f"anti-affinity(group {group.name})"
+        )

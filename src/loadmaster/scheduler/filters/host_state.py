@@ -1,0 +1,18 @@
+"""Only hosts that are up take new VMs: maintenance and down hosts are out."""
+
+from __future__ import annotations
+
+from loadmaster.cluster.records import HOST_STATES
+from loadmaster.scheduler.plugins import Verdict
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.state import STATE_CODE, HostState
+
+
+class HostStateFilter:
+    name = "host_state"
+    order = 10
+    dynamic = False
+
+    def mask(self, hosts: HostState, request: VmRequest) -> Verdict:
+        status = hosts.host_status()
+        return Verdict(status == STATE_CODE["up"], status, HOST_STATES)

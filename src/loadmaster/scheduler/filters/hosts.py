@@ -1,0 +1,30 @@
+"""``include_hosts`` / ``exclude_hosts``: the operator's explicit say (Nova's SameHost /
+DifferentHost, oVirt's PinToHost)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loadmaster.scheduler.plugins import Verdict
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.state import Bools, HostState
+
+
+def _marked(hosts: HostState, names: frozenset[str]) -> Bools:
+    marked = np.zeros(hosts.size, np.bool_)
+    marked[[hosts.index[n] for n in names if n in hosts.index]] = True
+    return marked
+
+
+class HostListFilter:
+    name = "hosts"
+    order = 20
+    dynamic = False
+
+    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
+        checks = []
+        if request.include_hosts is not None:
+            checks.append((_marked(hosts, request.include_hosts), "not in include_hosts"))
+        if request.exclude_hosts:
+            checks.append((~_marked(hosts, request.exclude_hosts), "in exclude_hosts"))
+        return Verdict.first_failing(checks, hosts.size) if checks else None

@@ -1,0 +1,34 @@
+"""Resources fit: capacity minus active minus pending, per class, with the unit rules.
+
+"One VM of this kind per host" needs no filter of its own: give each host a custom class
+with total 1 (``CUSTOM_ONE_PER_HOST``) and the flavor a demand of 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loadmaster.scheduler.plugins import Verdict
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.state import Bools, HostState
+
+
+class ResourcesFilter:
+    name = "resources"
+    order = 90
+    dynamic = True
+
+    def mask(self, hosts: HostState, request: VmRequest) -> Verdict:
+        checks: list[tuple[Bools, str]] = []
+        for name in sorted(request.resources):
+            column = hosts.classes.get(name)
+            offered = (
+                hosts.host_capacity[:, column] > 0
+                if column is not None
+                else np.zeros(hosts.size, np.bool_)
+            )
+            if not offered.all():
+                checks.append((offered, f"no {name} inventory"))
+        fits = hosts.fits(request.resources, request.companions)
+        checks += [(ok, f"short of {name}") for name, ok in sorted(fits.items())]
+        return Verdict.first_failing(checks, hosts.size)

@@ -1,0 +1,173 @@
+"""The extension points: filters and weighers, one small protocol each, found by entry point.
+
+A **filter** keeps or rejects hosts and says why. It implements either
+
+* ``mask(hosts, request) -> Verdict | None``: one numpy verdict over every host (fast;
+  None means "this request does not concern me"), or
+* ``filter(host, request) -> str | None``: one host at a time, returning the rejection
+  reason or None to keep it (simple; the scheduler calls it for each remaining host).
+
+A filter whose answer can change while a batch is being decided (it reads usage or group
+members) sets ``dynamic = True``; the others are computed once per request shape.
+
+A **weigher** scores candidate hosts: ``weigh(hosts, request, candidates) -> raw scores``
+(higher is better, None for no opinion). The scheduler rescales the raw scores to [0, 1]
+over the candidates, as Nova does, and multiplies them by the policy's multiplier.
+
+Third parties register plugins without touching loadmaster, in their own pyproject::
+
+    [project.entry-points."loadmaster.filters"]
+    rack_power = "mypkg.filters:RackPowerFilter"
+
+Every registered filter runs (each is a no-op for requests it does not concern); a
+weigher runs when the policy in use gives it a multiplier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from loadmaster.cluster.records import HOST_STATES
+from loadmaster.errors import ValidationError
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.state import Bools, Floats, HostState, Ints
+
+FILTER_GROUP = "loadmaster.filters"
+WEIGHER_GROUP = "loadmaster.weighers"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A filter's answer for every host: ``keep`` per host and, for the rejected ones,
+    ``why`` as an index into ``reasons`` (so 10,000 rejections cost no strings)."""
+
+    keep: Bools
+    why: Ints
+    reasons: tuple[str, ...]
+
+    @classmethod
+    def one_reason(cls, keep: Bools, reason: str) -> Verdict:
+        return cls(keep, np.zeros(len(keep), np.int64), (reason,))
+
+    @classmethod
+    def first_failing(cls, checks: Sequence[tuple[Bools, str]], size: int) -> Verdict:
+        """Several conditions; a rejected host is blamed on the first one it fails."""
+        keep = np.ones(size, np.bool_)
+        why = np.zeros(size, np.int64)
+        for code in range(len(checks) - 1, -1, -1):
+            ok = checks[code][0]
+            why[~ok] = code
+            keep &= ok
+        return cls(keep, why, tuple(reason for _, reason in checks))
+
+
+@dataclass(frozen=True)
+class HostView:
+    """One host as a per-host filter sees it."""
+
+    name: str
+    state: str
+    traits: frozenset[str]
+    aggregates: frozenset[str]
+    capacity: Mapping[str, int]
+    used: Mapping[str, int]
+    vm_count: int
+    group_members: int
+
+    def free(self, resource_class: str) -> int:
+        return self.capacity.get(resource_class, 0) - self.used.get(resource_class, 0)
+
+
+@runtime_checkable
+class MaskFilter(Protocol):
+    name: str
+
+    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None: ...
+
+
+@runtime_checkable
+class HostFilter(Protocol):
+    name: str
+
+    def filter(self, host: HostView, request: VmRequest) -> str | None: ...
+
+
+Filter = MaskFilter | HostFilter
+
+
+@runtime_checkable
+class Weigher(Protocol):
+    name: str
+
+    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None: ...
+
+
+@dataclass(frozen=True)
+class WeigherSetting:
+    """One weigher in a policy: its multiplier and the options its factory takes."""
+
+    name: str
+    multiplier: float = 1.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _load(group: str) -> dict[str, Callable[..., Any]]:
+    return {ep.name: ep.load() for ep in entry_points(group=group)}
+
+
+def load_filters() -> list[Filter]:
+    """Every registered filter, instantiated, cheapest and most common first."""
+    found = _load(FILTER_GROUP)
+    if "resources" not in found:
+        raise RuntimeError(
+            "loadmaster's filters are not registered: reinstall the package (pip install -e .)"
+        )
+    plugins = []
+    for name, factory in found.items():
+        plugin = factory()
+        if not isinstance(plugin, MaskFilter | HostFilter):
+            raise TypeError(f"filter plugin {name} has neither mask() nor filter()")
+        plugins.append(plugin)
+    return sorted(plugins, key=lambda p: (getattr(p, "order", 50), p.name))
+
+
+def load_weighers(settings: Sequence[WeigherSetting]) -> list[tuple[Weigher, float]]:
+    found = _load(WEIGHER_GROUP)
+    out = []
+    for setting in settings:
+        factory = found.get(setting.name)
+        if factory is None:
+            raise ValidationError(
+                f"policy weigher {setting.name!r} is not registered "
+                f"(known: {', '.join(sorted(found))})",
+                field="policy",
+            )
+        if setting.multiplier:
+            out.append((factory(**setting.options), setting.multiplier))
+    return out
+
+
+def host_view(hosts: HostState, host: int, request: VmRequest) -> HostView:
+    rows = hosts.tree[host]
+    traits: Bools = np.asarray(hosts.trait_matrix[rows].any(axis=0))
+    aggregates: Bools = np.asarray(hosts.aggregate_matrix[rows].any(axis=0))
+    members = hosts.group_members.get(request.group.name) if request.group is not None else None
+    return HostView(
+        name=hosts.names[host],
+        state=HOST_STATES[int(hosts.status[rows[0]])],
+        traits=frozenset(t for t, col in hosts.traits.items() if traits[col]),
+        aggregates=frozenset(a for a, col in hosts.aggregates.items() if aggregates[col]),
+        capacity={
+            c: int(hosts.host_capacity[host, col])
+            for c, col in hosts.classes.items()
+            if hosts.host_capacity[host, col]
+        },
+        used={c: int(hosts.host_used[host, col]) for c, col in hosts.classes.items()},
+        vm_count=int(hosts.vm_count[host]),
+        group_members=int(members[host]) if members is not None else 0,
+    )

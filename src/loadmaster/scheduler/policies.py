@@ -1,0 +1,61 @@
+"""Named policies, like oVirt's cluster policies: which weighers, with which multipliers.
+
+Filters are not part of a policy: every registered filter always runs, because each one
+only acts on requests that ask for what it checks. Soft group preferences weigh ten times
+the rest so that they decide whenever the hard constraints leave a choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from loadmaster.scheduler.plugins import WeigherSetting
+
+SOFT_GROUPS = (WeigherSetting("soft_affinity", 10.0), WeigherSetting("soft_anti_affinity", 10.0))
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    description: str
+    weighers: tuple[WeigherSetting, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "weighers": [
+                {"name": w.name, "multiplier": w.multiplier, "options": dict(w.options)}
+                for w in self.weighers
+            ],
+        }
+
+
+POLICIES: Mapping[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy(
+            "spread",
+            "even distribution: the emptiest host for every class the VM uses, "
+            "balanced classes, lowest measured load",
+            (
+                WeigherSetting("spread", 1.0),
+                WeigherSetting("balance", 0.5),
+                WeigherSetting("load", 1.0),
+                *SOFT_GROUPS,
+            ),
+        ),
+        Policy(
+            "pack",
+            "power saving: fill the busiest hosts first and leave the others empty",
+            (WeigherSetting("pack", 1.0), WeigherSetting("balance", 0.25), *SOFT_GROUPS),
+        ),
+        Policy(
+            "vm-count",
+            "even number of VMs per host, whatever their size",
+            (WeigherSetting("vm_count", 1.0), WeigherSetting("spread", 0.1), *SOFT_GROUPS),
+        ),
+    )
+}
+DEFAULT_POLICY = "spread"

@@ -1,0 +1,62 @@
+"""Host reports: what each host's agent measured, for the load weigher."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.hosts import now
+from loadmaster.errors import ValidationError
+from loadmaster.store import Store
+from loadmaster.store.schema import HostReportRow
+
+
+def _measures(data: object, field: str) -> dict[str, float]:
+    if not isinstance(data, Mapping):
+        raise ValidationError(f"{field} must be an object of name: number", field=field)
+    out = {}
+    for key, value in data.items():
+        if (
+            not isinstance(key, str)
+            or isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValidationError(
+                f"{field}.{key} must be a finite number of at least 0, got {value!r}",
+                field=f"{field}.{key}",
+            )
+        out[key] = float(value)
+    return out
+
+
+def record_report(
+    store: Store,
+    host: str,
+    usage: Mapping[str, float],
+    load: Mapping[str, float],
+    running_vms: Sequence[str],
+    *,
+    at: datetime | None = None,
+) -> None:
+    """Keep the latest report of ``host``: measured ``usage`` per class, ``load`` per
+    dimension as a fraction of the host (cpu 0.7 = 70 % busy), the VMs it runs. The
+    caller reconciles the ledger with ``running_vms`` (``lm.allocations.reconcile``);
+    this only feeds the scheduler."""
+    usage_values = _measures(usage, "usage")
+    load_values = _measures(load, "load")
+    if isinstance(running_vms, str) or not all(isinstance(v, str) for v in running_vms):
+        raise ValidationError("running_vms must be a list of VM uuids", field="running_vms")
+    with store.write() as session:
+        row = lookup.host_row(session, host)
+        report = session.get(HostReportRow, row.id)
+        if report is None:
+            report = HostReportRow(host_id=row.id)
+            session.add(report)
+        report.reported_at = at or now()
+        report.usage = usage_values
+        report.load = load_values
+        report.running_vms = list(running_vms)

@@ -1,0 +1,145 @@
+"""What the scheduler answers: placements, explanations and capacity, all JSON-ready."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loadmaster.errors import LoadmasterError, NoValidHost
+
+
+@dataclass(frozen=True)
+class FilterCount:
+    """How many hosts one filter removed, and why (reason -> hosts)."""
+
+    filter: str
+    removed: int
+    reasons: dict[str, int]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"filter": self.filter, "removed": self.removed, "reasons": dict(self.reasons)}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why hosts were ruled out for one VM. Each host is blamed on the first filter (in
+    filter order) that rejected it, so ``sum(removed) + candidates == hosts``."""
+
+    vm: str
+    hosts: int
+    candidates: int
+    filters: tuple[FilterCount, ...]
+
+    @property
+    def message(self) -> str:
+        reasons = sorted(
+            ((count, reason) for f in self.filters for reason, count in f.reasons.items()),
+            key=lambda item: (-item[0], item[1]),
+        )
+        detail = ", ".join(f"{count} {reason}" for count, reason in reasons)
+        head = "no host fits" if self.candidates == 0 else f"{self.candidates} hosts fit"
+        return f"{head}: {self.hosts} hosts" + (f"; {detail}" if detail else "")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "vm": self.vm,
+            "hosts": self.hosts,
+            "candidates": self.candidates,
+            "message": self.message,
+            "filters": [f.to_dict() for f in self.filters],
+        }
+
+
+class NoHostFits(NoValidHost):
+    """``NoValidHost`` with the per-filter explanation attached."""
+
+    def __init__(self, explanation: Explanation) -> None:
+        super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
+        self.explanation = explanation
+
+    def to_dict(self) -> dict[str, object]:
+        body = super().to_dict()
+        body["explanation"] = self.explanation.to_dict()
+        return body
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One VM's outcome: ``host`` when placed (claimed, or chosen in a dry run), else
+    ``error`` says why (``NoHostFits`` carries the explanation). ``vm`` is a uuid, or
+    ``flavor#n`` for a hypothetical VM. ``decision_seconds`` is the time spent choosing."""
+
+    vm: str
+    host: str | None
+    error: LoadmasterError | None = None
+    decision_seconds: float = 0.0
+    attempts: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.host is not None and self.error is None
+
+    @property
+    def explanation(self) -> Explanation | None:
+        return self.error.explanation if isinstance(self.error, NoHostFits) else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "vm": self.vm,
+            "host": self.host,
+            "error": None if self.error is None else self.error.to_dict(),
+            "decision_seconds": self.decision_seconds,
+            "attempts": self.attempts,
+        }
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    placements: tuple[Placement, ...]
+    gang: bool
+    dry_run: bool
+    policy: str
+    conflicts: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.placements)
+
+    @property
+    def placed(self) -> dict[str, str]:
+        return {p.vm: p.host for p in self.placements if p.host is not None}
+
+    @property
+    def failed(self) -> list[Placement]:
+        return [p for p in self.placements if not p.ok]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "gang": self.gang,
+            "dry_run": self.dry_run,
+            "policy": self.policy,
+            "placed": len(self.placed),
+            "failed": len(self.failed),
+            "conflicts": self.conflicts,
+            "seconds": self.seconds,
+            "placements": [p.to_dict() for p in self.placements],
+        }
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    """How many more VMs of ``flavor`` fit now (pending counted as used), and where."""
+
+    flavor: str
+    total: int
+    per_host: dict[str, int] = field(default_factory=dict)
+    group: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "flavor": self.flavor,
+            "group": self.group,
+            "total": self.total,
+            "per_host": dict(self.per_host),
+        }

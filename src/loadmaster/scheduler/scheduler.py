@@ -1,0 +1,680 @@
+"""The scheduler: filter, weigh, pick, claim; many VMs per call, several schedulers at once.
+
+Decisions are made on the in-memory ``HostState`` (numpy arrays); each decided VM is
+applied to it at once, so the next decision of the batch sees it (pending counts as used,
+for resources and for server groups alike). Claims then go to the ledger with the host
+generation each decision was based on: if another scheduler changed that host meanwhile
+the claim is refused, the host is reloaded and the VM decided again (a bounded number of
+times). Nothing is kept between calls but the arrays, which a refresh brings up to date.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.groups import GroupRecord, group_record
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    Conflict,
+    InvalidTransition,
+    LoadmasterError,
+    NotFound,
+    ValidationError,
+)
+from loadmaster.pending import Claim, ClaimOutcome, Ledger
+from loadmaster.scheduler.plugins import (
+    Filter,
+    HostFilter,
+    MaskFilter,
+    Verdict,
+    Weigher,
+    host_view,
+    load_filters,
+    load_weighers,
+)
+from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
+from loadmaster.scheduler.reports import record_report
+from loadmaster.scheduler.request import RequestSpec, VmRequest
+from loadmaster.scheduler.results import (
+    CapacityReport,
+    Explanation,
+    FilterCount,
+    NoHostFits,
+    Placement,
+    ScheduleResult,
+)
+from loadmaster.scheduler.state import Bools, HostState, Ints
+from loadmaster.store import Store
+from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
+
+POLICY_ENV = "LOADMASTER_SCHEDULER_POLICY"
+SCHEDULABLE_STATES = ("requested", "stopped", "running")
+
+
+@dataclass
+class _Item:
+    """One VM of the batch on its way through: where it was asked, and how it went."""
+
+    position: int
+    request: VmRequest
+    error: LoadmasterError | None = None
+    attempts: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Decision:
+    host: int | None
+    verdicts: list[tuple[str, Verdict]]
+
+
+class Scheduler:
+    """``lm.scheduler``: see ``schedule``, ``capacity`` and ``explain``.
+
+    ``claim_chunk`` claims go to the ledger per transaction in best-effort mode.
+    ``max_attempts`` bounds how often one VM is decided again after losing a claim race.
+    Among the hosts scoring within ``tie_tolerance`` (a fraction of the summed multipliers)
+    of the best, one of the ``subset_size`` best is drawn at random, so schedulers running
+    side by side spread out instead of all claiming the same host.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        default_policy: str | None = None,
+        policies: Mapping[str, Policy] | None = None,
+        claim_chunk: int = 500,
+        max_attempts: int = 5,
+        subset_size: int = 100,
+        tie_tolerance: float = 0.01,
+        seed: int | None = None,
+    ) -> None:
+        self._store = store
+        # The scheduler decides again itself after a lost race, so the ledger need not
+        # retry a stale claim many times over.
+        self._ledger = Ledger(store, conflict_retries=2)
+        self._hosts = HostState(store)
+        self.policies: dict[str, Policy] = {**POLICIES, **(policies or {})}
+        self.default_policy = self._policy(
+            default_policy or os.environ.get(POLICY_ENV) or DEFAULT_POLICY, "default_policy"
+        ).name
+        self._claim_chunk = claim_chunk
+        self._max_attempts = max_attempts
+        self._subset_size = subset_size
+        self._tie_tolerance = tie_tolerance
+        self._rng = np.random.default_rng(seed)
+        self._filters: list[Filter] | None = None
+        self._weighers: dict[str, list[tuple[Weigher, float]]] = {}
+        self._static: dict[tuple[str, tuple[object, ...]], Verdict] = {}
+        self._groups: dict[str, GroupRecord] = {}
+        # One decision at a time per Scheduler object: the arrays are not thread-safe.
+        self._lock = threading.RLock()
+
+    # -- public API --------------------------------------------------------------------
+    def schedule(
+        self,
+        requests: Sequence[RequestSpec],
+        *,
+        gang: bool = False,
+        dry_run: bool = False,
+        policy: str | None = None,
+    ) -> ScheduleResult:
+        """Place every VM of ``requests``. ``gang``: all of them or none (nothing is claimed
+        unless every VM has a host). ``dry_run``: decide the same way, claim nothing.
+        Failures come back per VM in the result; bad requests raise."""
+        started = time.perf_counter()
+        chosen = self._policy(policy or self.default_policy, "policy")
+        with self._lock:
+            self._begin()
+            items = self._resolve(requests, dry_run)
+            weighers = self._weighers_of(chosen)
+            if gang:
+                placements, conflicts = self._gang(items, weighers, dry_run)
+            else:
+                placements, conflicts = self._best_effort(items, weighers, dry_run)
+        placements.sort(key=lambda pair: pair[0])
+        return ScheduleResult(
+            tuple(p for _, p in placements),
+            gang=gang,
+            dry_run=dry_run,
+            policy=chosen.name,
+            conflicts=conflicts,
+            seconds=time.perf_counter() - started,
+        )
+
+    def explain(self, request: RequestSpec) -> Explanation:
+        """Why each host would be ruled out for the request's first VM, right now."""
+        with self._lock:
+            self._begin()
+            item = self._resolve([request], dry_run=True)[0]
+            if item.error is not None:
+                raise item.error
+            return self._explanation(item.request, self._decide(item.request, []))
+
+    def capacity(
+        self, flavor: str, *, group: str | None = None, policy: str | None = None, **spec: Any
+    ) -> CapacityReport:
+        """How many more VMs of ``flavor`` fit now, and on which hosts (best first by
+        ``policy``). Extra keywords are ``RequestSpec`` fields (traits, member_of, ...).
+        With a hard-affinity group all of them must share one host, so ``total`` is the
+        most any single host takes."""
+        chosen = self._policy(policy or self.default_policy, "policy")
+        with self._lock:
+            self._begin()
+            item = self._resolve([RequestSpec(flavor=flavor, group=group, **spec)], True)[0]
+            request = item.request
+            decision = self._decide(request, [])
+            hosts = self._hosts
+            counts = self._fitting_count(request)
+            keep = np.ones(hosts.size, np.bool_)
+            for _, verdict in decision.verdicts:
+                keep &= verdict.keep
+            counts[~keep] = 0
+            if request.group is not None:
+                members = hosts.group_members[request.group.name]
+                cap = request.group.max_per_host or (
+                    1 if request.group.policy == "anti-affinity" else None
+                )
+                if cap is not None:
+                    counts = np.minimum(counts, np.maximum(cap - members, 0))
+            hard_affinity = request.group is not None and request.group.policy == "affinity"
+            total = int(counts.max(initial=0) if hard_affinity else counts.sum())
+            candidates = np.flatnonzero(counts)
+            order = np.argsort(-self._scores(request, candidates, self._weighers_of(chosen)))
+            per_host = {hosts.names[h]: int(counts[h]) for h in candidates[order]}
+        return CapacityReport(flavor, total, per_host, group)
+
+    def record_report(
+        self,
+        host: str,
+        usage: Mapping[str, float],
+        load: Mapping[str, float],
+        running_vms: Sequence[str],
+    ) -> None:
+        """Store a host agent's latest measurements (see ``reports.record_report``)."""
+        record_report(self._store, host, usage, load, running_vms)
+
+    # -- setting up a call ---------------------------------------------------------------
+    def _policy(self, name: str, field: str) -> Policy:
+        if name not in self.policies:
+            raise ValidationError(
+                f"{field} {name!r} is not a policy (known: {', '.join(sorted(self.policies))})",
+                field=field,
+            )
+        return self.policies[name]
+
+    def _weighers_of(self, policy: Policy) -> list[tuple[Weigher, float]]:
+        if policy.name not in self._weighers:
+            self._weighers[policy.name] = load_weighers(policy.weighers)
+        return self._weighers[policy.name]
+
+    def _begin(self) -> None:
+        if self._filters is None:
+            self._filters = load_filters()
+        self._hosts.refresh()
+        self._static.clear()
+
+    def _resolve(self, requests: Sequence[RequestSpec], dry_run: bool) -> list[_Item]:
+        if not requests:
+            raise ValidationError("requests must name at least one VM to place", field="requests")
+        for i, spec in enumerate(requests):
+            if not isinstance(spec, RequestSpec):
+                raise ValidationError(
+                    f"requests[{i}] must be a RequestSpec", field=f"requests[{i}]"
+                )
+            spec.check(f"requests[{i}]")
+            if spec.flavor is not None and not dry_run:
+                raise ValidationError(
+                    f"requests[{i}].flavor: a flavor request has no VM to claim for; create the "
+                    "VMs first, or ask with dry_run (or capacity)",
+                    field=f"requests[{i}].flavor",
+                )
+        items: list[_Item] = []
+        groups: dict[str, GroupRecord] = {}
+        with self._store.read() as session:
+            for i, spec in enumerate(requests):
+                items.extend(self._resolve_one(session, spec, f"requests[{i}]", len(items), groups))
+        seen: set[str] = set()
+        for item in items:
+            vm = item.request.vm
+            if vm is not None and vm in seen:
+                raise ValidationError(f"vm {vm} appears twice in one call", field="requests")
+            seen.add(vm or "")
+        self._groups = groups
+        self._hosts.load_groups(groups.values())
+        return items
+
+    def _resolve_one(
+        self,
+        session: Session,
+        spec: RequestSpec,
+        where: str,
+        position: int,
+        groups: dict[str, GroupRecord],
+    ) -> list[_Item]:
+        lookup.require_traits(session, spec.required_traits, f"{where}.required_traits")
+        lookup.require_traits(session, spec.forbidden_traits, f"{where}.forbidden_traits")
+        lookup.require_classes(session, spec.overrides, f"{where}.overrides")
+        for attr in ("include_hosts", "exclude_hosts"):
+            for j, host in enumerate(getattr(spec, attr) or ()):
+                if host not in self._hosts.index:
+                    raise NotFound(
+                        f"{where}.{attr}[{j}] {host!r}: no such host", field=f"{where}.{attr}[{j}]"
+                    )
+        group = None
+        if spec.group is not None:
+            group = group_record(lookup.group_row(session, spec.group, f"{where}.group"))
+            groups[group.name] = group
+        base = VmRequest(
+            vm=None,
+            label="",
+            flavor="",
+            resources={},
+            required_traits=frozenset(spec.required_traits),
+            forbidden_traits=frozenset(spec.forbidden_traits),
+            member_of=tuple(frozenset(m) for m in spec.member_of),
+            forbidden_aggregates=frozenset(spec.forbidden_aggregates),
+            group=group,
+            include_hosts=None if spec.include_hosts is None else frozenset(spec.include_hosts),
+            exclude_hosts=frozenset(spec.exclude_hosts),
+        )
+        if spec.flavor is not None:
+            flavor = lookup.flavor_row(session, spec.flavor, f"{where}.flavor")
+            request = _with_flavor(base, flavor, spec.overrides)
+            return [
+                _Item(position + n, replace(request, label=f"{flavor.name}#{n}"))
+                for n in range(spec.count or 1)
+            ]
+        return self._resolve_vms(session, spec, where, position, base, groups)
+
+    def _resolve_vms(
+        self,
+        session: Session,
+        spec: RequestSpec,
+        where: str,
+        position: int,
+        base: VmRequest,
+        groups: dict[str, GroupRecord],
+    ) -> list[_Item]:
+        rows: dict[str, VmRow] = {}
+        uuids = list(spec.vms)
+        row: VmRow | None
+        for start in range(0, len(uuids), 500):
+            for row in session.scalars(
+                select(VmRow).where(VmRow.uuid.in_(uuids[start : start + 500]))
+            ):
+                rows[row.uuid] = row
+        flavors = {
+            f.id: f
+            for f in session.scalars(
+                select(FlavorRow).where(FlavorRow.id.in_({r.flavor_id for r in rows.values()}))
+            )
+        }
+        group_rows = {
+            g.id: g
+            for g in session.scalars(
+                select(ServerGroupRow).where(
+                    ServerGroupRow.id.in_({r.group_id for r in rows.values() if r.group_id})
+                )
+            )
+        }
+        items = []
+        for j, uuid in enumerate(uuids):
+            row = rows.get(uuid)
+            if row is None:
+                raise NotFound(f"{where}.vms[{j}] {uuid!r}: no such VM", field=f"{where}.vms[{j}]")
+            group = base.group
+            if row.group_id is not None:
+                own = group_record(group_rows[row.group_id])
+                if group is not None and group.name != own.name:
+                    raise ValidationError(
+                        f"{where}.group {group.name!r}: VM {uuid} belongs to group {own.name}",
+                        field=f"{where}.group",
+                    )
+                group = groups.setdefault(own.name, own)
+            request = replace(
+                _with_flavor(base, flavors[row.flavor_id], row.overrides), group=group
+            )
+            request.vm = request.label = uuid
+            error: LoadmasterError | None = None
+            if row.state not in SCHEDULABLE_STATES:
+                error = InvalidTransition(
+                    f"VM {uuid} is {row.state}; only a requested, stopped or running VM can be "
+                    "placed",
+                    field=f"{where}.vms[{j}]",
+                )
+            elif row.state == "running" and row.host_id is not None:
+                # Scheduling a running VM is a live migration: anywhere but where it runs.
+                current = self._hosts.names[self._hosts.root_of[self._hosts.row_of[row.host_id]]]
+                request.exclude_hosts = request.exclude_hosts | {current}
+            items.append(_Item(position + j, request, error))
+        return items
+
+    # -- deciding ------------------------------------------------------------------------
+    def _decide(self, request: VmRequest, weighers: list[tuple[Weigher, float]]) -> _Decision:
+        assert self._filters is not None
+        hosts = self._hosts
+        keep = np.ones(hosts.size, np.bool_)
+        verdicts: list[tuple[str, Verdict]] = []
+        for plugin in self._filters:
+            verdict = self._verdict(plugin, request, keep)
+            if verdict is not None:
+                verdicts.append((plugin.name, verdict))
+                keep &= verdict.keep
+        candidates = np.flatnonzero(keep)
+        if len(candidates) == 0:
+            return _Decision(None, verdicts)
+        if len(candidates) == 1 or not weighers:
+            return _Decision(int(self._rng.choice(candidates)), verdicts)
+        scores = self._scores(request, candidates, weighers)
+        tolerance = self._tie_tolerance * sum(abs(m) for _, m in weighers)
+        near = np.flatnonzero(scores >= scores.max() - tolerance)
+        if len(near) > self._subset_size:
+            best = np.argpartition(-scores[near], self._subset_size)[: self._subset_size]
+            near = near[best]
+        return _Decision(int(candidates[self._rng.choice(near)]), verdicts)
+
+    def _verdict(self, plugin: Filter, request: VmRequest, keep: Bools) -> Verdict | None:
+        if isinstance(plugin, MaskFilter):
+            if getattr(plugin, "dynamic", True):
+                return plugin.mask(self._hosts, request)
+            key = (plugin.name, request.shape)
+            if key not in self._static:
+                verdict = plugin.mask(self._hosts, request)
+                if verdict is None:
+                    self._static[key] = Verdict(np.ones(0, np.bool_), np.zeros(0, np.int64), ())
+                    return None
+                self._static[key] = verdict
+            cached = self._static[key]
+            return cached if len(cached.keep) else None
+        assert isinstance(plugin, HostFilter)
+        # A per-host filter only looks at the hosts the others kept, one at a time.
+        reasons: dict[str, int] = {}
+        rejected = np.zeros(self._hosts.size, np.bool_)
+        why = np.zeros(self._hosts.size, np.int64)
+        for host in np.flatnonzero(keep):
+            reason = plugin.filter(host_view(self._hosts, int(host), request), request)
+            if reason is not None:
+                rejected[host] = True
+                why[host] = reasons.setdefault(reason, len(reasons))
+        return Verdict(~rejected, why, tuple(reasons))
+
+    def _scores(
+        self, request: VmRequest, candidates: Ints, weighers: list[tuple[Weigher, float]]
+    ) -> np.ndarray:
+        scores = np.zeros(len(candidates))
+        for weigher, multiplier in weighers:
+            raw = weigher.weigh(self._hosts, request, candidates)
+            if raw is None:
+                continue
+            low, high = float(raw.min()), float(raw.max())
+            if high > low:
+                scores += multiplier * (raw - low) / (high - low)
+        return scores
+
+    def _explanation(self, request: VmRequest, decision: _Decision) -> Explanation:
+        remaining = np.ones(self._hosts.size, np.bool_)
+        counts = []
+        for name, verdict in decision.verdicts:
+            removed = remaining & ~verdict.keep
+            per_reason = np.bincount(verdict.why[removed], minlength=len(verdict.reasons))
+            reasons = {r: int(n) for r, n in zip(verdict.reasons, per_reason, strict=True) if n}
+            counts.append(FilterCount(name, int(removed.sum()), reasons))
+            remaining &= verdict.keep
+        return Explanation(
+            request.label,
+            self._hosts.size,
+            int(remaining.sum()),
+            tuple(c for c in counts if c.removed),
+        )
+
+    def _fitting_count(self, request: VmRequest) -> Ints:
+        """Per host, how many copies of the request fit by resources (unit rules included)."""
+        hosts = self._hosts
+        counts = np.full(hosts.size, np.iinfo(np.int64).max, np.int64)
+        for name, amount in request.resources.items():
+            column = hosts.classes.get(name)
+            if column is None:
+                return np.zeros(hosts.size, np.int64)
+            free = np.maximum(hosts.capacity[:, column] - hosts.used[:, column], 0)
+            unit_ok = (
+                (hosts.min_unit[:, column] <= amount)
+                & (hosts.max_unit[:, column] >= amount)
+                & (amount % hosts.step[:, column] == 0)
+            )
+            per_provider = np.where(unit_ok, free // amount, 0)
+            per_host = (
+                per_provider
+                if hosts.flat
+                else np.bincount(hosts.root_of, weights=per_provider, minlength=hosts.size).astype(
+                    np.int64
+                )
+            )
+            counts = np.minimum(counts, per_host)
+        return counts
+
+    # -- one batch, two modes ------------------------------------------------------------
+    def _ordered(self, items: list[_Item]) -> list[_Item]:
+        """Members of a hard-affinity group move up to their first member, and that member
+        carries the others' resources as companions, so the group lands together."""
+        order: list[_Item] = []
+        bunches: dict[str, list[_Item]] = {}
+        for item in items:
+            group = item.request.group
+            if item.error is None and group is not None and group.policy == "affinity":
+                if group.name not in bunches:
+                    bunches[group.name] = []
+                    order.append(item)
+                bunches[group.name].append(item)
+            else:
+                order.append(item)
+        out: list[_Item] = []
+        for item in order:
+            group = item.request.group
+            bunch = bunches.get(group.name, []) if group is not None else []
+            if bunch and bunch[0] is item:
+                companions: dict[str, int] = {}
+                for other in bunch[1:]:
+                    for name, amount in other.request.resources.items():
+                        companions[name] = companions.get(name, 0) + amount
+                item.request.companions = companions
+                out.extend(bunch)
+            else:
+                out.append(item)
+        return out
+
+    def _decide_item(
+        self, item: _Item, weighers: list[tuple[Weigher, float]]
+    ) -> tuple[int | None, NoHostFits | None]:
+        started = time.perf_counter()
+        decision = self._decide(item.request, weighers)
+        error = None
+        if decision.host is None:
+            error = NoHostFits(self._explanation(item.request, decision))
+        else:
+            group = item.request.group
+            self._hosts.apply(
+                decision.host, item.request.resources, group.name if group is not None else None
+            )
+        item.seconds += time.perf_counter() - started
+        return decision.host, error
+
+    def _gang(
+        self, items: list[_Item], weighers: list[tuple[Weigher, float]], dry_run: bool
+    ) -> tuple[list[tuple[int, Placement]], int]:
+        hosts = self._hosts
+        for item in items:
+            if item.error is not None:
+                return self._abort(items, item, item.error), 0
+        ordered = self._ordered(items)
+        conflicts = 0
+        for attempt in range(1, self._max_attempts + 1):
+            saved = hosts.checkpoint()
+            chosen: list[tuple[_Item, int, int]] = []
+            for item in ordered:
+                item.attempts = attempt
+                host, error = self._decide_item(item, weighers)
+                if error is not None:
+                    hosts.restore(saved)
+                    return self._abort(items, item, error), conflicts
+                assert host is not None
+                chosen.append((item, host, hosts.root_generation(host)))
+            if dry_run:
+                hosts.restore(saved)
+                return [self._placed(item, host) for item, host, _ in chosen], conflicts
+            try:
+                self._ledger.claim_many(self._claims(chosen), all_or_nothing=True)
+            except LoadmasterError as exc:
+                hosts.restore(saved)
+                if not _lost_race(exc):
+                    return self._abort(items, None, exc), conflicts
+                # Another scheduler changed a chosen host: decide again on the store's view.
+                conflicts += 1
+                self._reload()
+                continue
+            hosts.committed(host for _, host, _ in chosen)
+            return [self._placed(item, host) for item, host, _ in chosen], conflicts
+        gave_up = ConcurrentUpdate(
+            f"gang of {len(items)} VMs lost the race for its hosts {self._max_attempts} times "
+            "to other schedulers; nothing was claimed, try again",
+            field="requests",
+        )
+        return self._abort(items, None, gave_up), conflicts
+
+    def _best_effort(
+        self, items: list[_Item], weighers: list[tuple[Weigher, float]], dry_run: bool
+    ) -> tuple[list[tuple[int, Placement]], int]:
+        hosts = self._hosts
+        out = [self._failed(item) for item in items if item.error is not None]
+        queue = deque(self._ordered([item for item in items if item.error is None]))
+        saved = hosts.checkpoint() if dry_run else None
+        # A hard-affinity group whose first member (carrying the rest) fits nowhere fails
+        # as a whole rather than landing in pieces.
+        unplaceable: dict[str, Explanation] = {}
+        conflicts = 0
+        while queue:
+            chosen: list[tuple[_Item, int, int]] = []
+            while queue and len(chosen) < self._claim_chunk:
+                item = queue.popleft()
+                item.attempts += 1
+                group = item.request.group
+                if group is not None and group.name in unplaceable:
+                    item.error = NoHostFits(replace(unplaceable[group.name], vm=item.request.label))
+                    out.append(self._failed(item))
+                    continue
+                host, error = self._decide_item(item, weighers)
+                if error is not None:
+                    if group is not None and item.request.companions:
+                        unplaceable[group.name] = error.explanation
+                    item.error = error
+                    out.append(self._failed(item))
+                    continue
+                assert host is not None
+                chosen.append((item, host, hosts.root_generation(host)))
+            if dry_run:
+                out.extend(self._placed(item, host) for item, host, _ in chosen)
+                continue
+            retry = self._persist(chosen, out)
+            if retry:
+                conflicts += len(retry)
+                self._reload()
+                queue.extendleft(reversed(retry))
+        if saved is not None:
+            hosts.restore(saved)
+        return out, conflicts
+
+    def _persist(
+        self, chosen: list[tuple[_Item, int, int]], out: list[tuple[int, Placement]]
+    ) -> list[_Item]:
+        """Claim one chunk; record what landed, return the VMs to decide again."""
+        if not chosen:
+            return []
+        claims = self._claims(chosen)
+        try:
+            outcomes = self._ledger.claim_many(claims, all_or_nothing=False)
+        except ConcurrentUpdate as exc:
+            outcomes = [ClaimOutcome(c.vm, c.host, error=exc) for c in claims]
+        landed, missed, retry = [], set(), []
+        for (item, host, _), outcome in zip(chosen, outcomes, strict=True):
+            if outcome.error is None:
+                landed.append(host)
+                out.append(self._placed(item, host))
+                continue
+            missed.add(host)
+            if _lost_race(outcome.error) and item.attempts < self._max_attempts:
+                retry.append(item)
+                continue
+            item.error = outcome.error
+            if _lost_race(outcome.error):
+                item.error = ConcurrentUpdate(
+                    f"VM {item.request.label}: gave up after {item.attempts} claims lost to "
+                    f"other schedulers; last: {outcome.error.detail}",
+                    field="vm",
+                )
+            out.append(self._failed(item))
+        self._hosts.committed(landed)
+        # What we applied for the claims that did not land must not linger in the arrays.
+        self._hosts.refresh_hosts(missed)
+        return retry
+
+    def _claims(self, chosen: list[tuple[_Item, int, int]]) -> list[Claim]:
+        return [
+            Claim(item.request.vm or "", self._hosts.names[host], expected_generation=generation)
+            for item, host, generation in chosen
+        ]
+
+    def _reload(self) -> None:
+        self._hosts.refresh()
+        self._hosts.load_groups(self._groups.values())
+
+    def _abort(
+        self, items: list[_Item], culprit: _Item | None, cause: LoadmasterError
+    ) -> list[tuple[int, Placement]]:
+        """A gang fails as one: the culprit keeps its own error, the others say why."""
+        for item in items:
+            item.error = (
+                cause
+                if item is culprit
+                else Conflict(
+                    f"not placed: the gang was abandoned ({cause.detail})", field="requests"
+                )
+            )
+        return [self._failed(item) for item in items]
+
+    def _failed(self, item: _Item) -> tuple[int, Placement]:
+        return item.position, Placement(
+            item.request.label, None, item.error, item.seconds, item.attempts
+        )
+
+    def _placed(self, item: _Item, host: int) -> tuple[int, Placement]:
+        return item.position, Placement(
+            item.request.label, self._hosts.names[host], None, item.seconds, item.attempts
+        )
+
+
+def _lost_race(error: LoadmasterError) -> bool:
+    """Errors a fresher view of the hosts can cure: a changed generation, a host that
+    filled up or left service meanwhile. A VM in the wrong state cannot be cured so."""
+    return isinstance(error, Conflict) and not isinstance(error, InvalidTransition)
+
+
+def _with_flavor(base: VmRequest, flavor: FlavorRow, overrides: Mapping[str, int]) -> VmRequest:
+    return replace(
+        base,
+        flavor=flavor.name,
+        resources=lookup.effective_resources(flavor.resources, overrides),
+        required_traits=base.required_traits | frozenset(flavor.required_traits),
+        forbidden_traits=base.forbidden_traits | frozenset(flavor.forbidden_traits),
+    )

@@ -1,0 +1,380 @@
+"""The scheduler's in-memory picture of every host: numpy arrays, refreshed from the store.
+
+Rows are providers (root hosts and their children), columns resource classes, so checking
+10,000 hosts is a handful of vector operations. The store stays the source of truth: a
+refresh reads only ``(id, generation)`` of every provider and reloads the ones whose
+generation moved (every claim, release, inventory, trait, aggregate or state change bumps
+it). Claims the scheduler decides but has not written yet are applied here too, which is
+how each decision of a batch sees the ones before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import func, select, union_all
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.groups import GroupRecord
+from loadmaster.cluster.records import HOST_STATES
+from loadmaster.resources import Inventory
+from loadmaster.store import Store
+from loadmaster.store.schema import (
+    HostAggregateRow,
+    HostReportRow,
+    HostRow,
+    HostTraitRow,
+    InventoryRow,
+    ServerGroupRow,
+    TraitRow,
+    VmRow,
+)
+
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+Floats = npt.NDArray[np.float64]
+
+STATE_CODE = {name: code for code, name in enumerate(HOST_STATES)}
+# A VM counts on a host (for VM counts and server groups) while it is headed there or runs
+# there: pending VMs count exactly like running ones.
+PLACED_STATES = ("pending", "running", "migrating")
+
+
+@dataclass
+class Checkpoint:
+    used: Ints
+    host_used: Ints
+    vm_count: Ints
+    generation: Ints
+    groups: dict[str, Ints]
+
+
+class HostState:
+    """Providers x classes arrays plus per-host facts; see the module docstring."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._reports_seen: datetime | None = None
+        self._clear()
+
+    # -- shape -------------------------------------------------------------------------
+    def _clear(self) -> None:
+        self.provider_ids: Ints = np.zeros(0, np.int64)
+        self.provider_names: list[str] = []
+        self.row_of: dict[int, int] = {}
+        self.root_of: Ints = np.zeros(0, np.int64)  # provider row -> host index
+        self.roots: Ints = np.zeros(0, np.int64)  # host index -> provider row
+        self.tree: list[list[int]] = []  # host index -> provider rows, root first
+        self.flat = True
+        self.names: list[str] = []  # host index -> name
+        self.uuids: list[str] = []
+        self.index: dict[str, int] = {}  # host name or uuid -> host index
+        self.classes: dict[str, int] = {}
+        self.traits: dict[str, int] = {}
+        self.aggregates: dict[str, int] = {}
+        p = 0
+        self.generation: Ints = np.zeros(0, np.int64)
+        self.status: Ints = np.zeros(0, np.int64)
+        self.capacity: Ints = np.zeros((p, 0), np.int64)
+        self.used: Ints = np.zeros((p, 0), np.int64)
+        self.min_unit: Ints = np.zeros((p, 0), np.int64)
+        self.max_unit: Ints = np.zeros((p, 0), np.int64)
+        self.step: Ints = np.ones((p, 0), np.int64)
+        self.host_capacity: Ints = self.capacity
+        self.host_used: Ints = self.used
+        self.trait_matrix: Bools = np.zeros((p, 0), np.bool_)
+        self.aggregate_matrix: Bools = np.zeros((p, 0), np.bool_)
+        self.vm_count: Ints = np.zeros(0, np.int64)
+        self.load: Floats = np.zeros(0, np.float64)
+        self.group_members: dict[str, Ints] = {}
+
+    @property
+    def size(self) -> int:
+        """How many hosts (root providers) there are to choose from."""
+        return len(self.names)
+
+    # -- refreshing --------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Bring the arrays up to date with the store, reloading only what changed."""
+        with self._store.read() as session:
+            current = dict(session.execute(select(HostRow.id, HostRow.generation)).all())
+            if set(current) != set(self.row_of):
+                self._load_all(session)
+            else:
+                changed = [
+                    host_id
+                    for host_id, generation in current.items()
+                    if self.generation[self.row_of[host_id]] != generation
+                ]
+                if changed and not self._reload(session, changed):
+                    self._load_all(session)
+            self._load_reports(session)
+
+    def refresh_hosts(self, hosts: Iterable[int]) -> None:
+        """Reload the named host indexes (after a lost compare-and-swap)."""
+        ids = [int(self.provider_ids[p]) for h in hosts for p in self.tree[h]]
+        if not ids:
+            return
+        with self._store.read() as session:
+            if not self._reload(session, ids):
+                self._load_all(session)
+
+    def _load_all(self, session: Session) -> None:
+        self._clear()
+        rows = session.execute(
+            select(HostRow.id, HostRow.uuid, HostRow.name, HostRow.root_id).order_by(HostRow.id)
+        ).all()
+        self.provider_ids = np.array([r.id for r in rows], np.int64)
+        self.provider_names = [r.name for r in rows]
+        self.row_of = {r.id: i for i, r in enumerate(rows)}
+        roots = [i for i, r in enumerate(rows) if r.root_id in (None, r.id)]
+        self.roots = np.array(roots, np.int64)
+        host_of_root = {int(row): h for h, row in enumerate(roots)}
+        self.root_of = np.array(
+            [host_of_root[self.row_of[r.root_id or r.id]] for r in rows], np.int64
+        )
+        self.tree = [[] for _ in roots]
+        for row, host in enumerate(self.root_of):
+            self.tree[int(host)].append(row)  # ids ascend, so the root comes first
+        self.flat = len(roots) == len(rows)
+        self.names = [rows[r].name for r in roots]
+        self.uuids = [rows[r].uuid for r in roots]
+        self.index = {name: h for h, name in enumerate(self.names)}
+        self.index.update({uuid: h for h, uuid in enumerate(self.uuids)})
+        self.classes = {name: c for c, name in enumerate(sorted(lookup.class_ids(session)))}
+        self.traits = {
+            name: t
+            for t, name in enumerate(
+                sorted(session.scalars(select(TraitRow.name).join(HostTraitRow).distinct()))
+            )
+        }
+        self.aggregates = {
+            name: a
+            for a, name in enumerate(
+                sorted(session.scalars(select(HostAggregateRow.aggregate).distinct()))
+            )
+        }
+        p, c = len(rows), len(self.classes)
+        self.generation = np.zeros(p, np.int64)
+        self.status = np.zeros(p, np.int64)
+        self.capacity = np.zeros((p, c), np.int64)
+        self.used = np.zeros((p, c), np.int64)
+        self.min_unit = np.zeros((p, c), np.int64)
+        self.max_unit = np.zeros((p, c), np.int64)
+        self.step = np.ones((p, c), np.int64)
+        self.trait_matrix = np.zeros((p, len(self.traits)), np.bool_)
+        self.aggregate_matrix = np.zeros((p, len(self.aggregates)), np.bool_)
+        self.vm_count = np.zeros(len(roots), np.int64)
+        self.load = np.full(len(roots), np.nan)
+        self._reports_seen = None
+        loaded = self._reload(session, list(self.row_of))
+        assert loaded, "a full load knows every class, trait and aggregate"
+
+    def _reload(self, session: Session, host_ids: Sequence[int]) -> bool:
+        """Reload these providers; False when they use a class, trait or aggregate (or a
+        tree shape) the arrays have no room for, so the caller must load everything."""
+        rows = [self.row_of[i] for i in host_ids]
+        names = lookup.class_names(session)
+        for chunk in _chunks(list(host_ids)):
+            hosts = session.execute(
+                select(HostRow.id, HostRow.generation, HostRow.state, HostRow.root_id).where(
+                    HostRow.id.in_(chunk)
+                )
+            ).all()
+            for h in hosts:
+                row = self.row_of[h.id]
+                if self.provider_ids[self.roots[self.root_of[row]]] != (h.root_id or h.id):
+                    return False
+                self.generation[row] = h.generation
+                self.status[row] = STATE_CODE[h.state]
+            chunk_rows = [self.row_of[i] for i in chunk]
+            for array in (self.capacity, self.used, self.min_unit, self.max_unit):
+                array[chunk_rows] = 0
+            self.step[chunk_rows] = 1
+            self.trait_matrix[chunk_rows] = False
+            self.aggregate_matrix[chunk_rows] = False
+            for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(chunk))):
+                column = self.classes.get(names[inv.resource_class_id])
+                if column is None:
+                    return False
+                row = self.row_of[inv.host_id]
+                self.capacity[row, column] = Inventory(
+                    inv.total,
+                    inv.reserved,
+                    inv.min_unit,
+                    inv.max_unit,
+                    inv.step_size,
+                    inv.allocation_ratio,
+                ).capacity
+                self.min_unit[row, column] = inv.min_unit
+                self.max_unit[row, column] = inv.max_unit
+                self.step[row, column] = inv.step_size
+            for (host_id, class_id), used in lookup.used_by_provider(session, chunk).items():
+                self.used[self.row_of[host_id], self.classes[names[class_id]]] = (
+                    used["active"] + used["pending"]
+                )
+            for host_id, trait in session.execute(
+                select(HostTraitRow.host_id, TraitRow.name)
+                .join(TraitRow)
+                .where(HostTraitRow.host_id.in_(chunk))
+            ):
+                if trait not in self.traits:
+                    return False
+                self.trait_matrix[self.row_of[host_id], self.traits[trait]] = True
+            for host_id, aggregate in session.execute(
+                select(HostAggregateRow.host_id, HostAggregateRow.aggregate).where(
+                    HostAggregateRow.host_id.in_(chunk)
+                )
+            ):
+                if aggregate not in self.aggregates:
+                    return False
+                self.aggregate_matrix[self.row_of[host_id], self.aggregates[aggregate]] = True
+        hosts_touched = sorted({int(self.root_of[r]) for r in rows})
+        self._count_vms(session, hosts_touched)
+        if self.flat:
+            self.host_capacity, self.host_used = self.capacity, self.used
+        else:
+            self.host_capacity = self._per_host(self.capacity)
+            self.host_used = self._per_host(self.used)
+        return True
+
+    def _count_vms(self, session: Session, hosts: list[int]) -> None:
+        ids = [int(self.provider_ids[self.roots[h]]) for h in hosts]
+        self.vm_count[hosts] = 0
+        for chunk in _chunks(ids):
+            placed = VmRow.state.in_(PLACED_STATES)
+            here = union_all(
+                select(VmRow.host_id.label("host")).where(placed, VmRow.host_id.in_(chunk)),
+                select(VmRow.target_host_id.label("host")).where(
+                    placed, VmRow.target_host_id.in_(chunk)
+                ),
+            ).subquery()
+            for host_id, count in session.execute(
+                select(here.c.host, func.count()).group_by(here.c.host)
+            ):
+                self.vm_count[self.root_of[self.row_of[host_id]]] = count
+
+    def _load_reports(self, session: Session) -> None:
+        query = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
+        if self._reports_seen is not None:
+            query = query.where(HostReportRow.reported_at > self._reports_seen)
+        for host_id, reported_at, load in session.execute(query):
+            row = self.row_of.get(host_id)
+            if row is None:
+                continue
+            values = [float(v) for v in load.values()] if load else []
+            self.load[self.root_of[row]] = max(values) if values else np.nan
+            if self._reports_seen is None or reported_at > self._reports_seen:
+                self._reports_seen = reported_at
+
+    def load_groups(self, groups: Collection[GroupRecord]) -> None:
+        """Count each group's placed members per host, pending ones included."""
+        self.group_members = {g.name: np.zeros(self.size, np.int64) for g in groups}
+        if not groups:
+            return
+        names = {g.name for g in groups}
+        with self._store.read() as session:
+            rows = session.execute(
+                select(ServerGroupRow.name, VmRow.host_id, VmRow.target_host_id)
+                .join(VmRow, VmRow.group_id == ServerGroupRow.id)
+                .where(ServerGroupRow.name.in_(names), VmRow.state.in_(PLACED_STATES))
+            ).all()
+        for name, host_id, target_id in rows:
+            for provider in (host_id, target_id):
+                if provider is not None and provider in self.row_of:
+                    self.group_members[name][self.root_of[self.row_of[provider]]] += 1
+
+    # -- views the plugins use ---------------------------------------------------------
+    def _per_host(self, matrix: Ints) -> Ints:
+        out = np.zeros((self.size, matrix.shape[1]), np.int64)
+        np.add.at(out, self.root_of, matrix)
+        return out
+
+    def any_per_host(self, flags: Bools) -> Bools:
+        """Per host: does any provider of its tree have the flag (a trait on a NUMA child)."""
+        if self.flat:
+            return flags
+        return np.bincount(self.root_of, weights=flags, minlength=self.size) > 0
+
+    def host_status(self) -> Ints:
+        return self.status[self.roots]
+
+    def fits(
+        self, amounts: dict[str, int], extra: dict[str, int] | None = None
+    ) -> dict[str, Bools]:
+        """Per requested class, which hosts can take ``amounts`` (one provider of the tree
+        holding the whole amount, as the ledger claims it) plus ``extra`` on top."""
+        out = {}
+        for name, amount in amounts.items():
+            column = self.classes.get(name)
+            if column is None:
+                out[name] = np.zeros(self.size, np.bool_)
+                continue
+            need = amount + (extra or {}).get(name, 0)
+            ok = (
+                (self.capacity[:, column] - self.used[:, column] >= need)
+                & (self.min_unit[:, column] <= amount)
+                & (self.max_unit[:, column] >= amount)
+                & (amount % self.step[:, column] == 0)
+            )
+            out[name] = self.any_per_host(ok)
+        for name, amount in (extra or {}).items():
+            if name not in amounts and name in self.classes:
+                column = self.classes[name]
+                free = self.capacity[:, column] - self.used[:, column]
+                out[name] = self.any_per_host(free >= amount)
+        return out
+
+    # -- the batch's own decisions -----------------------------------------------------
+    def apply(self, host: int, amounts: dict[str, int], group: str | None) -> None:
+        """Record a decided claim as the ledger will write it: each class on the first
+        provider of the tree (root first) that holds it."""
+        for name, amount in amounts.items():
+            column = self.classes[name]
+            for row in self.tree[host]:
+                if (
+                    self.capacity[row, column] - self.used[row, column] >= amount
+                    and self.min_unit[row, column] <= amount <= self.max_unit[row, column]
+                    and amount % self.step[row, column] == 0
+                ):
+                    self.used[row, column] += amount
+                    if not self.flat:
+                        self.host_used[host, column] += amount
+                    break
+        self.vm_count[host] += 1
+        if group is not None and group in self.group_members:
+            self.group_members[group][host] += 1
+
+    def committed(self, hosts: Iterable[int]) -> None:
+        """Our claims on these hosts landed: the ledger bumped each tree's generations once."""
+        for host in set(hosts):
+            self.generation[self.tree[host]] += 1
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(
+            self.used.copy(),
+            self.host_used.copy(),
+            self.vm_count.copy(),
+            self.generation.copy(),
+            {name: counts.copy() for name, counts in self.group_members.items()},
+        )
+
+    def restore(self, saved: Checkpoint) -> None:
+        self.used = saved.used
+        self.host_used = saved.used if self.flat else saved.host_used
+        self.vm_count = saved.vm_count
+        self.generation = saved.generation
+        self.group_members = saved.groups
+
+    def root_generation(self, host: int) -> int:
+        return int(self.generation[self.roots[host]])
+
+
+def _chunks(ids: list[int], size: int = 500) -> Iterable[list[int]]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]

@@ -1,0 +1,1 @@
+"""The weighers loadmaster ships, one per module; they are found through entry points."""

@@ -1,0 +1,20 @@
+"""Measured load: prefer hosts whose agents report less load (the busiest dimension of the
+latest report). Hosts that never reported count as average, neither punished nor favoured."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.state import Floats, HostState, Ints
+
+
+class LoadWeigher:
+    name = "load"
+
+    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+        load = hosts.load[candidates]
+        known = ~np.isnan(load)
+        if not known.any():
+            return None
+        return -np.where(known, load, load[known].mean())

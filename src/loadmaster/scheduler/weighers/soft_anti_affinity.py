@@ -1,0 +1,16 @@
+"""Soft anti-affinity: prefer hosts holding fewer members of the VM's group (pending too)."""
+
+from __future__ import annotations
+
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.state import Floats, HostState, Ints
+
+
+class SoftAntiAffinityWeigher:
+    name = "soft_anti_affinity"
+
+    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+        group = request.group
+        if group is None or group.policy != "soft-anti-affinity":
+            return None
+        return -hosts.group_members[group.name][candidates].astype(float)
