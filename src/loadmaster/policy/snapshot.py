@@ -33,7 +33,15 @@ class EntitySnapshot:
 
 @dataclass(frozen=True)
 class CycleResult:
-    """Controls one successful cycle recorded: ``host_controls`` and, per guest name, its controls."""
+    """Controls one successful cycle recorded: ``host_controls`` and, per guest name, its controls.
+
+    ``missing_host_stats`` / ``missing_guest_stats`` name the stats the policy read this
+    cycle that came back nil (not collected, or no sample in the history), so the agent
+    can report a broken collector instead of silently running with less data. Guests
+    without controls or missing stats are left out of the mappings.
+    """
 
     host_controls: Mapping[str, Any]
     guest_controls: Mapping[str, Mapping[str, Any]]
+    missing_host_stats: tuple[str, ...] = ()
+    missing_guest_stats: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

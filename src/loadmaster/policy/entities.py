@@ -1,0 +1,335 @@
+"""``Host`` and ``Guests`` as a policy sees them, built fresh from snapshots every cycle.
+
+An entity shows its stats as attributes (``guest.balloon_cur``) and MOM's methods
+(``Stat``, ``StatAvg``, ``Prop``, ``Control``, ``GetControl``, ``SetVar``, ``GetVar``)
+plus two loadmaster extensions, ``HasTag`` and ``Tags``. Every stat read that comes back
+nil is remembered, so the cycle result can say which stats a policy wanted but did not get.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from loadmaster.policy.snapshot import EntitySnapshot, StatValue
+from loadmaster.policy.values import MISSING, Builtin, Exposed, Fault, Value
+
+# The fields MOM's collectors declare. A declared field a snapshot lacks reads as nil
+# (MOM's "optional field not collected"); a name that is neither declared here nor
+# present in any snapshot is an undefined symbol, which catches typos in policies.
+HOST_STATS = frozenset(
+    {
+        "mem_available",
+        "mem_unused",
+        "mem_free",
+        "anon_pages",
+        "swap_total",
+        "swap_usage",
+        "swap_in",
+        "swap_out",
+        "ksm_run",
+        "ksm_sleep_millisecs",
+        "ksm_pages_shared",
+        "ksm_pages_sharing",
+        "ksm_pages_unshared",
+        "ksm_pages_to_scan",
+        "ksm_pages_volatile",
+        "ksm_full_scans",
+        "ksm_merge_across_nodes",
+        "ksm_shareable",
+        "ksmd_cpu_usage",
+        "cpu_count",
+        "time_year",
+        "time_month",
+        "time_day",
+        "time_hour",
+        "time_minute",
+        "time_second",
+        "time_microsecond",
+    }
+)
+GUEST_STATS = frozenset(
+    {
+        "mem_available",
+        "mem_unused",
+        "mem_free",
+        "major_fault",
+        "minor_fault",
+        "swap_in",
+        "swap_out",
+        "swap_total",
+        "swap_usage",
+        "balloon_cur",
+        "balloon_max",
+        "balloon_min",
+        "vcpu_quota",
+        "vcpu_period",
+        "vcpu_user_limit",
+        "vcpu_count",
+        "host_minor_faults",
+        "host_major_faults",
+        "rss",
+    }
+)
+
+IO_KEYS = (
+    "total_bytes_sec",
+    "read_bytes_sec",
+    "write_bytes_sec",
+    "total_iops_sec",
+    "read_iops_sec",
+    "write_iops_sec",
+)
+
+_CONTROL_TYPES = (int, float, str)
+
+
+def declared_stats(known: frozenset[str], snapshots: Sequence[EntitySnapshot]) -> frozenset[str]:
+    """The attribute names entities of one kind answer: MOM's fields plus any collected."""
+    names = set(known)
+    for snap in snapshots:
+        names.update(snap.stats)
+        for sample in snap.history:
+            names.update(sample)
+    return frozenset(names)
+
+
+class Entity(Exposed):
+    __slots__ = (
+        "_averages",
+        "_methods",
+        "controls",
+        "declared",
+        "io_tune",
+        "missing",
+        "snapshot",
+        "variables",
+    )
+
+    def __init__(self, snapshot: EntitySnapshot, declared: frozenset[str]) -> None:
+        self.snapshot = snapshot
+        self.declared = declared
+        self.controls: dict[str, Value] = {}
+        self.variables: dict[str, Value] = {}
+        self.missing: set[str] = set()
+        self._averages: dict[str, float] = {}
+        self._methods: dict[str, Builtin] = {}
+        raw = snapshot.properties.get("io_tune")
+        self.io_tune: list[IoTune] | None = (
+            None if raw is None else [IoTune.from_mapping(entry) for entry in raw]
+        )
+
+    def __repr__(self) -> str:
+        return f"<entity {self.snapshot.name}>"
+
+    def attribute(self, name: str) -> Value:
+        method = self._methods.get(name)
+        if method is not None:
+            return method
+        if name in _METHODS:
+            min_args, max_args, fn_name = _METHODS[name]
+            method = Builtin(
+                f"{self.snapshot.name}.{name}", getattr(self, fn_name), min_args, max_args
+            )
+            self._methods[name] = method
+            return method
+        if name == "io_tune":
+            # Absent IO-tune data means "no IO policy for this VM", not a failed collector,
+            # so it is nil without being reported missing.
+            return self.io_tune
+        if name in self.declared:
+            return self._stat(name)
+        return MISSING
+
+    def _stat(self, name: str) -> StatValue:
+        value = self.snapshot.stats.get(name)
+        if value is None:
+            self.missing.add(name)
+        return value
+
+    def _check_declared(self, name: Value) -> str:
+        if not isinstance(name, str):
+            raise Fault(f"stat name must be a string, got {_describe(name)}")
+        if name not in self.declared:
+            raise Fault(f"{self.snapshot.name} has no stat {name!r}")
+        return name
+
+    def _m_stat(self, name: Value) -> Value:
+        return self._stat(self._check_declared(name))
+
+    def _m_stat_avg(self, name: Value) -> Value:
+        field = self._check_declared(name)
+        cached = self._averages.get(field)
+        if cached is not None:
+            return cached
+        samples = self.snapshot.history or (self.snapshot.stats,)
+        values = [s[field] for s in samples if s.get(field) is not None]
+        if not values:
+            self.missing.add(field)
+        try:
+            average = float(sum(values)) / len(values) if values else 0.0  # type: ignore[arg-type]
+        except (TypeError, OverflowError) as exc:
+            raise Fault(f"cannot average stat {field!r}: {exc}") from None
+        self._averages[field] = average
+        return average
+
+    def _m_prop(self, name: Value) -> Value:
+        if name == "name":
+            return self.snapshot.name
+        if not isinstance(name, str):
+            raise Fault(f"property name must be a string, got {_describe(name)}")
+        value: Value = self.snapshot.properties.get(name)
+        return value
+
+    def _m_control(self, name: Value, value: Value) -> Value:
+        if not isinstance(name, str):
+            raise Fault(f"control name must be a string, got {_describe(name)}")
+        if name == "io_tune":
+            raise Fault(
+                "io_tune is not set with Control; call the setters of guest.io_tune entries"
+            )
+        if value is not None and not isinstance(value, _CONTROL_TYPES):
+            raise Fault(f"control {name!r} must be a number, string or nil, got {_describe(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise Fault(f"control {name!r} is not a finite number: {value}")
+        self.controls[name] = value
+        return None
+
+    def _m_get_control(self, name: Value) -> Value:
+        if not isinstance(name, str):
+            raise Fault(f"control name must be a string, got {_describe(name)}")
+        return self.controls.get(name)
+
+    def _m_set_var(self, name: Value, value: Value) -> Value:
+        if not isinstance(name, str):
+            raise Fault(f"variable name must be a string, got {_describe(name)}")
+        self.variables[name] = value
+        return None
+
+    def _m_get_var(self, name: Value) -> Value:
+        if not isinstance(name, str):
+            raise Fault(f"variable name must be a string, got {_describe(name)}")
+        return self.variables.get(name)
+
+    def _m_has_tag(self, tag: Value) -> Value:
+        if not isinstance(tag, str):
+            raise Fault(f"tag must be a string, got {_describe(tag)}")
+        return tag in self.snapshot.tags
+
+    def _m_tags(self) -> Value:
+        return sorted(self.snapshot.tags)
+
+    def io_tune_control(self) -> list[dict[str, Any]] | None:
+        """MOM's IoTune controller input: the entries whose current limits the policy changed."""
+        if self.io_tune is None:
+            return None
+        changed = [t.as_request() for t in self.io_tune if t.changed()]
+        return changed or None
+
+
+# name -> (min args, max args, implementing method)
+_METHODS: dict[str, tuple[int, int, str]] = {
+    "Stat": (1, 1, "_m_stat"),
+    "StatAvg": (1, 1, "_m_stat_avg"),
+    "Prop": (1, 1, "_m_prop"),
+    "Control": (2, 2, "_m_control"),
+    "GetControl": (1, 1, "_m_get_control"),
+    "SetVar": (2, 2, "_m_set_var"),
+    "GetVar": (1, 1, "_m_get_var"),
+    "HasTag": (1, 1, "_m_has_tag"),
+    "Tags": (0, 0, "_m_tags"),
+}
+
+
+class IoLimits(Exposed):
+    """One set of IO limits (``tune.maximum``); the six MOM keys, nil when not given."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Mapping[str, Any] | None) -> None:
+        self.values: dict[str, Value] = {k: (values or {}).get(k) for k in IO_KEYS}
+
+    def attribute(self, name: str) -> Value:
+        return self.values.get(name, MISSING)
+
+    def __repr__(self) -> str:
+        return f"<io limits {self.values}>"
+
+
+_SETTERS = {
+    "setTotalBytesSec": "total_bytes_sec",
+    "setReadBytesSec": "read_bytes_sec",
+    "setWriteBytesSec": "write_bytes_sec",
+    "setTotalIopsSec": "total_iops_sec",
+    "setReadIopsSec": "read_iops_sec",
+    "setWriteIopsSec": "write_iops_sec",
+}
+
+
+class IoTune(Exposed):
+    """One disk's IO-tune policy; its setters change ``current`` like MOM's IoTune objects."""
+
+    __slots__ = ("_original", "current", "guaranteed", "maximum", "name", "path")
+
+    def __init__(
+        self,
+        name: str,
+        path: str | None,
+        guaranteed: IoLimits,
+        maximum: IoLimits,
+        current: IoLimits,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.guaranteed = guaranteed
+        self.maximum = maximum
+        self.current = current
+        self._original = dict(current.values)
+
+    @classmethod
+    def from_mapping(cls, entry: Mapping[str, Any]) -> IoTune:
+        return cls(
+            str(entry.get("name", "")),
+            entry.get("path"),
+            IoLimits(entry.get("guaranteed")),
+            IoLimits(entry.get("maximum")),
+            IoLimits(entry.get("current")),
+        )
+
+    def attribute(self, name: str) -> Value:
+        if name in ("name", "path", "guaranteed", "maximum", "current"):
+            value: Value = getattr(self, name)
+            return value
+        key = _SETTERS.get(name)
+        if key is None:
+            return MISSING
+        return Builtin(name, lambda v: self._set(key, v), 1, 1)
+
+    def _set(self, key: str, value: Value) -> Value:
+        if value is not None:
+            try:
+                value = int(value)  # type: ignore[call-overload]
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise Fault(f"IO limit {key} needs an integer: {exc}") from None
+        self.current.values[key] = value
+        return None
+
+    def changed(self) -> bool:
+        return self.current.values != self._original
+
+    def as_request(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "ioTune": dict(self.current.values)}
+
+    def __repr__(self) -> str:
+        return f"<io_tune {self.name}>"
+
+
+def _describe(value: Value) -> str:
+    if value is None:
+        return "nil"
+    if isinstance(value, bool | int | float):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    return repr(value)[:60]
