@@ -41,6 +41,8 @@ def _check_list(node: ListExpr, problems: list[PolicyError], pending: list[Node]
         name = OPERATOR_NAMES[head.op]
     elif isinstance(head, Symbol):
         name = head.name
+        if head.nested:
+            problems.append(_problem(head, "only one level of attribute access is supported"))
     else:
         problems.append(_problem(head, "only a name can be called"))
         pending.extend(node.items)

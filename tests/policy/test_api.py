@@ -1,0 +1,150 @@
+"""The entry points the agent and CLI use: loading rules, check_files, eval_files and its JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from policy_helpers import VDSM
+
+from loadmaster.policy import (
+    PolicyError,
+    check_files,
+    eval_files,
+    load_policy_dir,
+    shipped_policy_dir,
+)
+
+
+def test_policy_dir_follows_moms_rules(tmp_path: Path) -> None:
+    (tmp_path / "20-b.policy").write_text("(defvar b 2)")
+    (tmp_path / "10-a.policy").write_text("(defvar a 1)")
+    (tmp_path / ".hidden.policy").write_text("(broken")
+    (tmp_path / "notes.txt").write_text("(broken")
+    (tmp_path / "30-c.policy.policy").write_text("(defvar c 3)")
+    policy = load_policy_dir(tmp_path)
+    assert [f.name for f in policy.files] == ["10-a", "20-b", "30-c"]
+    assert [f.filename for f in policy.files] == [
+        "10-a.policy",
+        "20-b.policy",
+        "30-c.policy.policy",
+    ]
+
+
+def test_missing_directory_and_file() -> None:
+    with pytest.raises(PolicyError, match="not a directory"):
+        load_policy_dir("/nonexistent/dir")
+    (problem,) = check_files(["/nonexistent/x.policy"])
+    assert problem.file == "x.policy" and "cannot read" in problem.message
+
+
+def test_check_files_reports_every_file(tmp_path: Path) -> None:
+    (tmp_path / "a.policy").write_text("(defvar x 1)\n(+ 1 2\n")
+    (tmp_path / "b.policy").write_text(
+        "(if x 1)\n(let (a) 1)\n(def f 3 1)\n(with (g) h 1)\n(- 1)\n"
+    )
+    (tmp_path / "c.policy").write_text("(defvar ok 1)\n")
+    problems = check_files(sorted(tmp_path.glob("*.policy")))
+    assert [str(p) for p in problems] == [
+        "a.policy:2:1: unclosed '('",
+        "b.policy:1:1: if needs an else branch: (if condition then else)",
+        "b.policy:2:7: let binding must be (name value)",
+        "b.policy:3:8: parameters must be a list of names",
+        "b.policy:4:7: with expects a name here",
+        "b.policy:5:1: sub takes 2 argument(s), got 1",
+    ]
+
+
+def test_check_files_finds_errors_in_branches_that_rarely_run(tmp_path: Path) -> None:
+    path = tmp_path / "x.policy"
+    path.write_text("(if 0 (if 1 2) 3)\n(def f () (+ 1))\n(let ((a (Host.a.b))) a)\n")
+    assert [(p.line, p.column) for p in check_files([path])] == [(1, 7), (2, 11), (3, 11)]
+
+
+def test_vdsm_and_shipped_policies_check_clean() -> None:
+    assert check_files(sorted(VDSM.glob("*.policy"))) == []
+    assert check_files(sorted(shipped_policy_dir().glob("*.policy"))) == []
+
+
+SNAPSHOT = {
+    "host": {
+        "name": "h1",
+        "stats": {"mem_available": 16_000_000, "mem_free": 8_000_000, "cpu_count": 4},
+        "history": [{"mem_free": 8_000_000}],
+        "properties": {"interval": 15},
+    },
+    "guests": [
+        {
+            "name": "vm-1",
+            "stats": {
+                "balloon_cur": 3_000_000,
+                "balloon_max": 4_000_000,
+                "balloon_min": 1_000_000,
+                "mem_unused": 1_000_000,
+            },
+            "tags": ["platinum"],
+        },
+        {"name": "vm-2", "stats": {"balloon_cur": None}, "tags": []},
+    ],
+}
+
+
+def test_eval_files_returns_json() -> None:
+    files = sorted(shipped_policy_dir().glob("*.policy"))
+    out = eval_files(files, json.loads(json.dumps(SNAPSHOT)))
+    assert json.loads(json.dumps(out)) == out
+    assert out["guests"]["vm-1"]["balloon_target"] == 4_000_000
+    assert "vm-2" not in out["guests"]
+    assert "balloon_cur" in out["missing_stats"]["guests"]["vm-2"]
+    assert "ksm_shareable" in out["missing_stats"]["host"]
+    assert out["host"] == {}
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "message"),
+    [
+        ([], "snapshot: expected an object"),
+        ({"guests": {}}, "guests: expected a list"),
+        ({"guests": [{"stats": {}}]}, "guests[0].name: expected a non-empty string"),
+        (
+            {"guests": [{"name": "a", "stats": {"x": "1"}}]},
+            "guests[0].stats.x: expected a finite number",
+        ),
+        (
+            {"guests": [{"name": "a", "stats": {"x": True}}]},
+            "guests[0].stats.x: expected a finite number",
+        ),
+        ({"host": {"stats": [], "name": "h"}}, "host.stats: expected an object"),
+        ({"host": {"history": {}}}, "host.history: expected a list"),
+        ({"host": {"history": [1]}}, "host.history[0]: expected an object"),
+        ({"guests": [{"name": "a", "tags": "gold"}]}, "guests[0].tags: expected a list of strings"),
+        (
+            {"guests": [{"name": "a", "properties": {"io_tune": {}}}]},
+            "guests[0].properties.io_tune",
+        ),
+        ({"guests": [{"name": "a"}, {"name": "a"}]}, "two guests are named 'a'"),
+    ],
+)
+def test_bad_snapshots(snapshot: object, message: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        eval_files([VDSM / "00-defines.policy"], snapshot)
+    assert info.value.file == "<snapshot>"
+    assert message in info.value.message
+
+
+def test_eval_files_propagates_policy_errors(tmp_path: Path) -> None:
+    path = tmp_path / "02-balloon.policy"
+    path.write_text("(defvar a 1)\n\n\n\n\n\n\n\n\n\n\n    (+ a foo)\n")
+    with pytest.raises(PolicyError) as info:
+        eval_files([path], {})
+    assert str(info.value) == "02-balloon.policy:12:10: undefined symbol foo"
+
+
+def test_policy_error_is_a_loadmaster_error() -> None:
+    from loadmaster.errors import LoadmasterError
+
+    err = PolicyError("f.policy", 3, 4, "boom")
+    assert isinstance(err, LoadmasterError)
+    assert err.to_dict()["detail"] == "f.policy:3:4: boom"
+    assert str(PolicyError("<snapshot>", 0, 0, "bad")) == "<snapshot>: bad"
