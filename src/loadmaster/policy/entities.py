@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loadmaster.policy.snapshot import EntitySnapshot, StatValue
-from loadmaster.policy.values import MISSING, Builtin, Exposed, Fault, Value
+from loadmaster.policy.values import MISSING, Builtin, Exposed, Fault, Value, describe
 
 # The fields MOM's collectors declare. A declared field a snapshot lacks reads as nil
 # (MOM's "optional field not collected"); a name that is neither declared here nor
@@ -150,7 +150,7 @@ class Entity(Exposed):
 
     def _check_declared(self, name: Value) -> str:
         if not isinstance(name, str):
-            raise Fault(f"stat name must be a string, got {_describe(name)}")
+            raise Fault(f"stat name must be a string, got {describe(name)}")
         if name not in self.declared:
             raise Fault(f"{self.snapshot.name} has no stat {name!r}")
         return name
@@ -178,19 +178,19 @@ class Entity(Exposed):
         if name == "name":
             return self.snapshot.name
         if not isinstance(name, str):
-            raise Fault(f"property name must be a string, got {_describe(name)}")
+            raise Fault(f"property name must be a string, got {describe(name)}")
         value: Value = self.snapshot.properties.get(name)
         return value
 
     def _m_control(self, name: Value, value: Value) -> Value:
         if not isinstance(name, str):
-            raise Fault(f"control name must be a string, got {_describe(name)}")
+            raise Fault(f"control name must be a string, got {describe(name)}")
         if name == "io_tune":
             raise Fault(
                 "io_tune is not set with Control; call the setters of guest.io_tune entries"
             )
         if value is not None and not isinstance(value, _CONTROL_TYPES):
-            raise Fault(f"control {name!r} must be a number, string or nil, got {_describe(value)}")
+            raise Fault(f"control {name!r} must be a number, string or nil, got {describe(value)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise Fault(f"control {name!r} is not a finite number: {value}")
         self.controls[name] = value
@@ -198,23 +198,23 @@ class Entity(Exposed):
 
     def _m_get_control(self, name: Value) -> Value:
         if not isinstance(name, str):
-            raise Fault(f"control name must be a string, got {_describe(name)}")
+            raise Fault(f"control name must be a string, got {describe(name)}")
         return self.controls.get(name)
 
     def _m_set_var(self, name: Value, value: Value) -> Value:
         if not isinstance(name, str):
-            raise Fault(f"variable name must be a string, got {_describe(name)}")
+            raise Fault(f"variable name must be a string, got {describe(name)}")
         self.variables[name] = value
         return None
 
     def _m_get_var(self, name: Value) -> Value:
         if not isinstance(name, str):
-            raise Fault(f"variable name must be a string, got {_describe(name)}")
+            raise Fault(f"variable name must be a string, got {describe(name)}")
         return self.variables.get(name)
 
     def _m_has_tag(self, tag: Value) -> Value:
         if not isinstance(tag, str):
-            raise Fault(f"tag must be a string, got {_describe(tag)}")
+            raise Fault(f"tag must be a string, got {describe(tag)}")
         return tag in self.snapshot.tags
 
     def _m_tags(self) -> Value:
@@ -323,13 +323,3 @@ class IoTune(Exposed):
 
     def __repr__(self) -> str:
         return f"<io_tune {self.name}>"
-
-
-def _describe(value: Value) -> str:
-    if value is None:
-        return "nil"
-    if isinstance(value, bool | int | float):
-        return f"number {value!r}"
-    if isinstance(value, str):
-        return f"string {value!r}"
-    return repr(value)[:60]

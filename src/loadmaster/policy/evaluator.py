@@ -23,7 +23,7 @@ from typing import Any
 
 from loadmaster.policy.errors import PolicyError
 from loadmaster.policy.syntax import MAX_INT_BITS, ListExpr, Node, Number, Operator, String, Symbol
-from loadmaster.policy.values import MISSING, Builtin, Exposed, Fault, Value
+from loadmaster.policy.values import MISSING, Builtin, Exposed, Fault, Value, describe
 
 log = logging.getLogger("loadmaster.policy")
 
@@ -157,21 +157,6 @@ def global_scope(host: Value, guests: list[Value]) -> dict[str, Value]:
         "Host": host,
         "Guests": guests,
     }
-
-
-def describe(value: Value) -> str:
-    if value is None:
-        return "nil"
-    if isinstance(value, bool):
-        return f"boolean {value}"
-    if isinstance(value, int | float):
-        text = repr(value)
-        return f"number {text if len(text) < 40 else text[:37] + '...'}"
-    if isinstance(value, str):
-        return f"string {value[:40]!r}"
-    if isinstance(value, list):
-        return f"list of {len(value)}"
-    return repr(value)[:60]
 
 
 class Evaluator:

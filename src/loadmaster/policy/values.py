@@ -64,3 +64,18 @@ class Builtin:
 
     def __repr__(self) -> str:
         return f"<builtin {self.name}>"
+
+
+def describe(value: Value) -> str:
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return f"boolean {value}"
+    if isinstance(value, int | float):
+        text = repr(value)
+        return f"number {text if len(text) < 40 else text[:37] + '...'}"
+    if isinstance(value, str):
+        return f"string {value[:40]!r}"
+    if isinstance(value, list):
+        return f"list of {len(value)}"
+    return repr(value)[:60]
