@@ -207,11 +207,12 @@ class Evaluator:
     # -- evaluation ---------------------------------------------------------------------
 
     def eval(self, node: Node) -> Value:
-        if isinstance(node, Symbol):
+        # Exact type tests, most frequent first: this is the interpreter's hot loop.
+        if type(node) is Symbol:
             return self._symbol(node)
-        if isinstance(node, Number | String):
+        if type(node) is Number or type(node) is String:
             return node.value
-        if isinstance(node, Operator):
+        if type(node) is Operator:
             raise PolicyError(*node.pos, f"operator {node.op} used as a value")
         assert isinstance(node, ListExpr)
         items = node.items
