@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -125,7 +125,7 @@ class Ledger:
         class_ids = lookup.class_ids(session)
         class_names = {v: k for k, v in class_ids.items()}
         outcomes: list[ClaimOutcome] = []
-        new_rows: list[AllocationRow] = []
+        new_rows: list[dict[str, object]] = []
         touched: dict[int, int] = {}
         seen_vms: set[str] = set()
         stamp = now()
@@ -163,14 +163,14 @@ class Ledger:
                 ] += amount
                 touched.setdefault(provider.id, provider.generation)
                 new_rows.append(
-                    AllocationRow(
-                        vm_id=vm.id,
-                        host_id=provider.id,
-                        resource_class_id=class_id,
-                        amount=amount,
-                        state="pending",
-                        created_at=stamp,
-                    )
+                    {
+                        "vm_id": vm.id,
+                        "host_id": provider.id,
+                        "resource_class_id": class_id,
+                        "amount": amount,
+                        "state": "pending",
+                        "created_at": stamp,
+                    }
                 )
                 records.append(
                     AllocationRecord(
@@ -185,7 +185,9 @@ class Ledger:
                 vm.host_id = tree.root.id
                 move(vm, "pending")
             outcomes.append(ClaimOutcome(vm.uuid, host.name, tuple(records)))
-        session.add_all(new_rows)
+        if new_rows:
+            # One executemany; nothing reads these rows back as objects.
+            session.execute(insert(AllocationRow), new_rows)
         session.flush()
         bump_generations(session, touched)
         return outcomes
@@ -532,7 +534,18 @@ def _load_trees(session: Session, root_ids: set[int]) -> dict[int, _Tree]:
         trees[p.root_id or p.id].providers.append(p)  # root first: its id is the smallest
     root_of = {p.id: p.root_id or p.id for p in providers}
     sums = lookup.used_by_provider(session, root_of)
-    for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(root_of))):
+    for inv in session.execute(
+        select(
+            InventoryRow.host_id,
+            InventoryRow.resource_class_id,
+            InventoryRow.total,
+            InventoryRow.reserved,
+            InventoryRow.min_unit,
+            InventoryRow.max_unit,
+            InventoryRow.step_size,
+            InventoryRow.allocation_ratio,
+        ).where(InventoryRow.host_id.in_(root_of))
+    ):
         trees[root_of[inv.host_id]].inventories[(inv.host_id, inv.resource_class_id)] = Inventory(
             inv.total, inv.reserved, inv.min_unit, inv.max_unit, inv.step_size, inv.allocation_ratio
         )

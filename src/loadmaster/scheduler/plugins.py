@@ -41,29 +41,34 @@ FILTER_GROUP = "loadmaster.filters"
 WEIGHER_GROUP = "loadmaster.weighers"
 
 
-@dataclass(frozen=True)
 class Verdict:
-    """A filter's answer for every host: ``keep`` per host and, for the rejected ones,
-    ``why`` as an index into ``reasons`` (so 10,000 rejections cost no strings)."""
+    """A filter's answer for every host, as ``(ok, reason)`` checks: a host is kept when it
+    passes them all, and a rejected host is blamed on the first check it fails. Blame is
+    only worked out when an explanation is asked for, so 10,000 rejections cost no strings.
+    """
 
-    keep: Bools
-    why: Ints
-    reasons: tuple[str, ...]
+    def __init__(self, checks: Sequence[tuple[Bools, str]], size: int) -> None:
+        self.checks = tuple(checks)
+        self.keep: Bools = (
+            np.logical_and.reduce([ok for ok, _ in self.checks])
+            if self.checks
+            else np.ones(size, np.bool_)
+        )
 
     @classmethod
     def one_reason(cls, keep: Bools, reason: str) -> Verdict:
-        return cls(keep, np.zeros(len(keep), np.int64), (reason,))
+        return cls([(keep, reason)], len(keep))
 
-    @classmethod
-    def first_failing(cls, checks: Sequence[tuple[Bools, str]], size: int) -> Verdict:
-        """Several conditions; a rejected host is blamed on the first one it fails."""
-        keep = np.ones(size, np.bool_)
-        why = np.zeros(size, np.int64)
-        for code in range(len(checks) - 1, -1, -1):
-            ok = checks[code][0]
-            why[~ok] = code
-            keep &= ok
-        return cls(keep, why, tuple(reason for _, reason in checks))
+    def blame(self, rejected: Bools) -> dict[str, int]:
+        """How many of the ``rejected`` hosts each reason accounts for."""
+        counts: dict[str, int] = {}
+        left = rejected.copy()
+        for ok, reason in self.checks:
+            hit = int(np.count_nonzero(left & ~ok))
+            if hit:
+                counts[reason] = counts.get(reason, 0) + hit
+                left &= ok
+        return counts
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,6 @@ class HostFilter(Protocol):
     def filter(self, host: HostView, request: VmRequest) -> str | None: ...
 
 
-Filter = MaskFilter | HostFilter
-
-
 @runtime_checkable
 class Weigher(Protocol):
     name: str
@@ -120,20 +122,41 @@ def _load(group: str) -> dict[str, Callable[..., Any]]:
     return {ep.name: ep.load() for ep in entry_points(group=group)}
 
 
-def load_filters() -> list[Filter]:
-    """Every registered filter, instantiated, cheapest and most common first."""
+@dataclass(frozen=True)
+class LoadedFilter:
+    """A filter plugin and how to call it, worked out once (protocol checks are slow)."""
+
+    name: str
+    mask: MaskFilter | None
+    per_host: HostFilter | None
+    dynamic: bool
+    order: int
+
+
+def load_filters() -> list[LoadedFilter]:
+    """Every registered filter, instantiated, in ``order`` (cheap, static ones first)."""
     found = _load(FILTER_GROUP)
     if "resources" not in found:
         raise RuntimeError(
             "loadmaster's filters are not registered: reinstall the package (pip install -e .)"
         )
-    plugins = []
+    loaded = []
     for name, factory in found.items():
         plugin = factory()
-        if not isinstance(plugin, MaskFilter | HostFilter):
+        mask = plugin if isinstance(plugin, MaskFilter) else None
+        per_host = plugin if isinstance(plugin, HostFilter) else None
+        if mask is None and per_host is None:
             raise TypeError(f"filter plugin {name} has neither mask() nor filter()")
-        plugins.append(plugin)
-    return sorted(plugins, key=lambda p: (getattr(p, "order", 50), p.name))
+        loaded.append(
+            LoadedFilter(
+                plugin.name,
+                mask,
+                per_host,
+                bool(getattr(plugin, "dynamic", True)),
+                int(getattr(plugin, "order", 50)),
+            )
+        )
+    return sorted(loaded, key=lambda f: (f.order, f.name))
 
 
 def load_weighers(settings: Sequence[WeigherSetting]) -> list[tuple[Weigher, float]]:
@@ -163,11 +186,11 @@ def host_view(hosts: HostState, host: int, request: VmRequest) -> HostView:
         traits=frozenset(t for t, col in hosts.traits.items() if traits[col]),
         aggregates=frozenset(a for a, col in hosts.aggregates.items() if aggregates[col]),
         capacity={
-            c: int(hosts.host_capacity[host, col])
+            c: int(hosts.host_capacity[col, host])
             for c, col in hosts.classes.items()
-            if hosts.host_capacity[host, col]
+            if hosts.host_capacity[col, host]
         },
-        used={c: int(hosts.host_used[host, col]) for c, col in hosts.classes.items()},
+        used={c: int(hosts.host_used[col, host]) for c, col in hosts.classes.items()},
         vm_count=int(hosts.vm_count[host]),
         group_members=int(members[host]) if members is not None else 0,
     )

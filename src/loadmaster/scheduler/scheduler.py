@@ -34,9 +34,7 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.scheduler.plugins import (
-    Filter,
-    HostFilter,
-    MaskFilter,
+    LoadedFilter,
     Verdict,
     Weigher,
     host_view,
@@ -71,6 +69,14 @@ class _Item:
     error: LoadmasterError | None = None
     attempts: int = 0
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """A policy made ready to use: weighers with multipliers, and its scoring sample."""
+
+    weighers: list[tuple[Weigher, float]]
+    sample: int | None = None
 
 
 @dataclass
@@ -115,9 +121,9 @@ class Scheduler:
         self._subset_size = subset_size
         self._tie_tolerance = tie_tolerance
         self._rng = np.random.default_rng(seed)
-        self._filters: list[Filter] | None = None
-        self._weighers: dict[str, list[tuple[Weigher, float]]] = {}
-        self._static: dict[tuple[str, tuple[object, ...]], Verdict] = {}
+        self._filters: list[LoadedFilter] | None = None
+        self._scorings: dict[str, _Scoring] = {}
+        self._static: dict[tuple[object, ...], tuple[Bools, list[tuple[str, Verdict]]]] = {}
         self._groups: dict[str, GroupRecord] = {}
         # One decision at a time per Scheduler object: the arrays are not thread-safe.
         self._lock = threading.RLock()
@@ -139,11 +145,11 @@ class Scheduler:
         with self._lock:
             self._begin()
             items = self._resolve(requests, dry_run)
-            weighers = self._weighers_of(chosen)
+            scoring = self._scoring(chosen)
             if gang:
-                placements, conflicts = self._gang(items, weighers, dry_run)
+                placements, conflicts = self._gang(items, scoring, dry_run)
             else:
-                placements, conflicts = self._best_effort(items, weighers, dry_run)
+                placements, conflicts = self._best_effort(items, scoring, dry_run)
         placements.sort(key=lambda pair: pair[0])
         return ScheduleResult(
             tuple(p for _, p in placements),
@@ -161,7 +167,7 @@ class Scheduler:
             item = self._resolve([request], dry_run=True)[0]
             if item.error is not None:
                 raise item.error
-            return self._explanation(item.request, self._decide(item.request, []))
+            return self._explanation(item.request, self._decide(item.request, _Scoring([])))
 
     def capacity(
         self, flavor: str, *, group: str | None = None, policy: str | None = None, **spec: Any
@@ -175,7 +181,7 @@ class Scheduler:
             self._begin()
             item = self._resolve([RequestSpec(flavor=flavor, group=group, **spec)], True)[0]
             request = item.request
-            decision = self._decide(request, [])
+            decision = self._decide(request, _Scoring([]))
             hosts = self._hosts
             counts = self._fitting_count(request)
             keep = np.ones(hosts.size, np.bool_)
@@ -192,9 +198,15 @@ class Scheduler:
             hard_affinity = request.group is not None and request.group.policy == "affinity"
             total = int(counts.max(initial=0) if hard_affinity else counts.sum())
             candidates = np.flatnonzero(counts)
-            order = np.argsort(-self._scores(request, candidates, self._weighers_of(chosen)))
+            order = np.argsort(-self._scores(request, candidates, self._scoring(chosen).weighers))
             per_host = {hosts.names[h]: int(counts[h]) for h in candidates[order]}
         return CapacityReport(flavor, total, per_host, group)
+
+    def refresh(self) -> None:
+        """Bring the in-memory host state up to date now (every call does it anyway; a
+        server calls this at start so the first request does not pay the full load)."""
+        with self._lock:
+            self._hosts.refresh()
 
     def record_report(
         self,
@@ -215,10 +227,10 @@ class Scheduler:
             )
         return self.policies[name]
 
-    def _weighers_of(self, policy: Policy) -> list[tuple[Weigher, float]]:
-        if policy.name not in self._weighers:
-            self._weighers[policy.name] = load_weighers(policy.weighers)
-        return self._weighers[policy.name]
+    def _scoring(self, policy: Policy) -> _Scoring:
+        if policy.name not in self._scorings:
+            self._scorings[policy.name] = _Scoring(load_weighers(policy.weighers), policy.sample)
+        return self._scorings[policy.name]
 
     def _begin(self) -> None:
         if self._filters is None:
@@ -363,53 +375,71 @@ class Scheduler:
         return items
 
     # -- deciding ------------------------------------------------------------------------
-    def _decide(self, request: VmRequest, weighers: list[tuple[Weigher, float]]) -> _Decision:
+    def _decide(self, request: VmRequest, scoring: _Scoring) -> _Decision:
+        keep, static = self._static_part(request)
+        keep = keep.copy()
+        verdicts = list(static)
         assert self._filters is not None
-        hosts = self._hosts
-        keep = np.ones(hosts.size, np.bool_)
-        verdicts: list[tuple[str, Verdict]] = []
-        for plugin in self._filters:
-            verdict = self._verdict(plugin, request, keep)
+        for entry in self._filters:
+            if entry.mask is not None and not entry.dynamic:
+                continue
+            verdict = self._verdict(entry, request, keep)
             if verdict is not None:
-                verdicts.append((plugin.name, verdict))
+                verdicts.append((entry.name, verdict))
                 keep &= verdict.keep
         candidates = np.flatnonzero(keep)
         if len(candidates) == 0:
             return _Decision(None, verdicts)
+        sample, weighers = scoring.sample, scoring.weighers
+        if sample is not None and len(candidates) > sample:
+            # Score a random sample, as kube-scheduler (percentageOfNodesToScore) and
+            # Nomad (limit iterator) do: every sampled host is feasible, and the best of a
+            # few hundred random ones is as good as the best of all for spreading.
+            # (Drawn with replacement: a host drawn twice changes nothing.)
+            candidates = candidates[self._rng.integers(0, len(candidates), sample)]
         if len(candidates) == 1 or not weighers:
-            return _Decision(int(self._rng.choice(candidates)), verdicts)
+            return _Decision(int(candidates[self._rng.integers(len(candidates))]), verdicts)
         scores = self._scores(request, candidates, weighers)
         tolerance = self._tie_tolerance * sum(abs(m) for _, m in weighers)
         near = np.flatnonzero(scores >= scores.max() - tolerance)
         if len(near) > self._subset_size:
             best = np.argpartition(-scores[near], self._subset_size)[: self._subset_size]
             near = near[best]
-        return _Decision(int(candidates[self._rng.choice(near)]), verdicts)
+        return _Decision(int(candidates[near[self._rng.integers(len(near))]]), verdicts)
 
-    def _verdict(self, plugin: Filter, request: VmRequest, keep: Bools) -> Verdict | None:
-        if isinstance(plugin, MaskFilter):
-            if getattr(plugin, "dynamic", True):
-                return plugin.mask(self._hosts, request)
-            key = (plugin.name, request.shape)
-            if key not in self._static:
-                verdict = plugin.mask(self._hosts, request)
-                if verdict is None:
-                    self._static[key] = Verdict(np.ones(0, np.bool_), np.zeros(0, np.int64), ())
-                    return None
-                self._static[key] = verdict
-            cached = self._static[key]
-            return cached if len(cached.keep) else None
-        assert isinstance(plugin, HostFilter)
+    def _static_part(self, request: VmRequest) -> tuple[Bools, list[tuple[str, Verdict]]]:
+        """The verdicts of the filters that ignore the batch's own claims, once per shape."""
+        key = request.shape
+        if key not in self._static:
+            assert self._filters is not None
+            keep = np.ones(self._hosts.size, np.bool_)
+            verdicts = []
+            for entry in self._filters:
+                if entry.mask is None or entry.dynamic:
+                    continue
+                verdict = entry.mask.mask(self._hosts, request)
+                if verdict is not None:
+                    verdicts.append((entry.name, verdict))
+                    keep &= verdict.keep
+            self._static[key] = (keep, verdicts)
+        return self._static[key]
+
+    def _verdict(self, entry: LoadedFilter, request: VmRequest, keep: Bools) -> Verdict | None:
+        if entry.mask is not None:
+            return entry.mask.mask(self._hosts, request)
+        assert entry.per_host is not None
         # A per-host filter only looks at the hosts the others kept, one at a time.
-        reasons: dict[str, int] = {}
-        rejected = np.zeros(self._hosts.size, np.bool_)
-        why = np.zeros(self._hosts.size, np.int64)
+        rejected: dict[str, list[int]] = {}
         for host in np.flatnonzero(keep):
-            reason = plugin.filter(host_view(self._hosts, int(host), request), request)
+            reason = entry.per_host.filter(host_view(self._hosts, int(host), request), request)
             if reason is not None:
-                rejected[host] = True
-                why[host] = reasons.setdefault(reason, len(reasons))
-        return Verdict(~rejected, why, tuple(reasons))
+                rejected.setdefault(reason, []).append(int(host))
+        checks = []
+        for reason, hosts in rejected.items():
+            ok = np.ones(self._hosts.size, np.bool_)
+            ok[hosts] = False
+            checks.append((ok, reason))
+        return Verdict(checks, self._hosts.size)
 
     def _scores(
         self, request: VmRequest, candidates: Ints, weighers: list[tuple[Weigher, float]]
@@ -429,16 +459,10 @@ class Scheduler:
         counts = []
         for name, verdict in decision.verdicts:
             removed = remaining & ~verdict.keep
-            per_reason = np.bincount(verdict.why[removed], minlength=len(verdict.reasons))
-            reasons = {r: int(n) for r, n in zip(verdict.reasons, per_reason, strict=True) if n}
-            counts.append(FilterCount(name, int(removed.sum()), reasons))
+            if removed.any():
+                counts.append(FilterCount(name, int(removed.sum()), verdict.blame(removed)))
             remaining &= verdict.keep
-        return Explanation(
-            request.label,
-            self._hosts.size,
-            int(remaining.sum()),
-            tuple(c for c in counts if c.removed),
-        )
+        return Explanation(request.label, self._hosts.size, int(remaining.sum()), tuple(counts))
 
     def _fitting_count(self, request: VmRequest) -> Ints:
         """Per host, how many copies of the request fit by resources (unit rules included)."""
@@ -448,12 +472,8 @@ class Scheduler:
             column = hosts.classes.get(name)
             if column is None:
                 return np.zeros(hosts.size, np.int64)
-            free = np.maximum(hosts.capacity[:, column] - hosts.used[:, column], 0)
-            unit_ok = (
-                (hosts.min_unit[:, column] <= amount)
-                & (hosts.max_unit[:, column] >= amount)
-                & (amount % hosts.step[:, column] == 0)
-            )
+            free = np.maximum(hosts.capacity[column] - hosts.used[column], 0)
+            unit_ok = hosts.unit_ok(column, amount)
             per_provider = np.where(unit_ok, free // amount, 0)
             per_host = (
                 per_provider
@@ -495,11 +515,9 @@ class Scheduler:
                 out.append(item)
         return out
 
-    def _decide_item(
-        self, item: _Item, weighers: list[tuple[Weigher, float]]
-    ) -> tuple[int | None, NoHostFits | None]:
+    def _decide_item(self, item: _Item, scoring: _Scoring) -> tuple[int | None, NoHostFits | None]:
         started = time.perf_counter()
-        decision = self._decide(item.request, weighers)
+        decision = self._decide(item.request, scoring)
         error = None
         if decision.host is None:
             error = NoHostFits(self._explanation(item.request, decision))
@@ -512,7 +530,7 @@ class Scheduler:
         return decision.host, error
 
     def _gang(
-        self, items: list[_Item], weighers: list[tuple[Weigher, float]], dry_run: bool
+        self, items: list[_Item], scoring: _Scoring, dry_run: bool
     ) -> tuple[list[tuple[int, Placement]], int]:
         hosts = self._hosts
         for item in items:
@@ -525,7 +543,7 @@ class Scheduler:
             chosen: list[tuple[_Item, int, int]] = []
             for item in ordered:
                 item.attempts = attempt
-                host, error = self._decide_item(item, weighers)
+                host, error = self._decide_item(item, scoring)
                 if error is not None:
                     hosts.restore(saved)
                     return self._abort(items, item, error), conflicts
@@ -554,7 +572,7 @@ class Scheduler:
         return self._abort(items, None, gave_up), conflicts
 
     def _best_effort(
-        self, items: list[_Item], weighers: list[tuple[Weigher, float]], dry_run: bool
+        self, items: list[_Item], scoring: _Scoring, dry_run: bool
     ) -> tuple[list[tuple[int, Placement]], int]:
         hosts = self._hosts
         out = [self._failed(item) for item in items if item.error is not None]
@@ -574,7 +592,7 @@ class Scheduler:
                     item.error = NoHostFits(replace(unplaceable[group.name], vm=item.request.label))
                     out.append(self._failed(item))
                     continue
-                host, error = self._decide_item(item, weighers)
+                host, error = self._decide_item(item, scoring)
                 if error is not None:
                     if group is not None and item.request.companions:
                         unplaceable[group.name] = error.explanation

@@ -80,11 +80,12 @@ class HostState:
         p = 0
         self.generation: Ints = np.zeros(0, np.int64)
         self.status: Ints = np.zeros(0, np.int64)
-        self.capacity: Ints = np.zeros((p, 0), np.int64)
-        self.used: Ints = np.zeros((p, 0), np.int64)
-        self.min_unit: Ints = np.zeros((p, 0), np.int64)
-        self.max_unit: Ints = np.zeros((p, 0), np.int64)
-        self.step: Ints = np.ones((p, 0), np.int64)
+        # Class-major ([class, provider]) so one class over all hosts is contiguous.
+        self.capacity: Ints = np.zeros((0, p), np.int64)
+        self.used: Ints = np.zeros((0, p), np.int64)
+        self.min_unit: Ints = np.zeros((0, p), np.int64)
+        self.max_unit: Ints = np.zeros((0, p), np.int64)
+        self.step: Ints = np.ones((0, p), np.int64)
         self.host_capacity: Ints = self.capacity
         self.host_used: Ints = self.used
         self.trait_matrix: Bools = np.zeros((p, 0), np.bool_)
@@ -92,6 +93,9 @@ class HostState:
         self.vm_count: Ints = np.zeros(0, np.int64)
         self.load: Floats = np.zeros(0, np.float64)
         self.group_members: dict[str, Ints] = {}
+        self._unit_ok: dict[tuple[int, int], Bools] = {}  # also offers(), as (column, -1)
+        self.inverse_capacity: Floats = np.zeros((0, 0))
+        self._shares: tuple[Ints | None, dict[tuple[int, int], Floats]] = (None, {})
 
     @property
     def size(self) -> int:
@@ -162,11 +166,11 @@ class HostState:
         p, c = len(rows), len(self.classes)
         self.generation = np.zeros(p, np.int64)
         self.status = np.zeros(p, np.int64)
-        self.capacity = np.zeros((p, c), np.int64)
-        self.used = np.zeros((p, c), np.int64)
-        self.min_unit = np.zeros((p, c), np.int64)
-        self.max_unit = np.zeros((p, c), np.int64)
-        self.step = np.ones((p, c), np.int64)
+        self.capacity = np.zeros((c, p), np.int64)
+        self.used = np.zeros((c, p), np.int64)
+        self.min_unit = np.zeros((c, p), np.int64)
+        self.max_unit = np.zeros((c, p), np.int64)
+        self.step = np.ones((c, p), np.int64)
         self.trait_matrix = np.zeros((p, len(self.traits)), np.bool_)
         self.aggregate_matrix = np.zeros((p, len(self.aggregates)), np.bool_)
         self.vm_count = np.zeros(len(roots), np.int64)
@@ -194,16 +198,27 @@ class HostState:
                 self.status[row] = STATE_CODE[h.state]
             chunk_rows = [self.row_of[i] for i in chunk]
             for array in (self.capacity, self.used, self.min_unit, self.max_unit):
-                array[chunk_rows] = 0
-            self.step[chunk_rows] = 1
+                array[:, chunk_rows] = 0
+            self.step[:, chunk_rows] = 1
             self.trait_matrix[chunk_rows] = False
             self.aggregate_matrix[chunk_rows] = False
-            for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(chunk))):
+            for inv in session.execute(
+                select(
+                    InventoryRow.host_id,
+                    InventoryRow.resource_class_id,
+                    InventoryRow.total,
+                    InventoryRow.reserved,
+                    InventoryRow.min_unit,
+                    InventoryRow.max_unit,
+                    InventoryRow.step_size,
+                    InventoryRow.allocation_ratio,
+                ).where(InventoryRow.host_id.in_(chunk))
+            ):
                 column = self.classes.get(names[inv.resource_class_id])
                 if column is None:
                     return False
                 row = self.row_of[inv.host_id]
-                self.capacity[row, column] = Inventory(
+                self.capacity[column, row] = Inventory(
                     inv.total,
                     inv.reserved,
                     inv.min_unit,
@@ -211,11 +226,11 @@ class HostState:
                     inv.step_size,
                     inv.allocation_ratio,
                 ).capacity
-                self.min_unit[row, column] = inv.min_unit
-                self.max_unit[row, column] = inv.max_unit
-                self.step[row, column] = inv.step_size
+                self.min_unit[column, row] = inv.min_unit
+                self.max_unit[column, row] = inv.max_unit
+                self.step[column, row] = inv.step_size
             for (host_id, class_id), used in lookup.used_by_provider(session, chunk).items():
-                self.used[self.row_of[host_id], self.classes[names[class_id]]] = (
+                self.used[self.classes[names[class_id]], self.row_of[host_id]] = (
                     used["active"] + used["pending"]
                 )
             for host_id, trait in session.execute(
@@ -234,6 +249,7 @@ class HostState:
                 if aggregate not in self.aggregates:
                     return False
                 self.aggregate_matrix[self.row_of[host_id], self.aggregates[aggregate]] = True
+        self._unit_ok.clear()
         hosts_touched = sorted({int(self.root_of[r]) for r in rows})
         self._count_vms(session, hosts_touched)
         if self.flat:
@@ -241,6 +257,12 @@ class HostState:
         else:
             self.host_capacity = self._per_host(self.capacity)
             self.host_used = self._per_host(self.used)
+        self.inverse_capacity = np.divide(
+            1.0,
+            self.host_capacity,
+            out=np.zeros(self.host_capacity.shape),
+            where=self.host_capacity > 0,
+        )
         return True
 
     def _count_vms(self, session: Session, hosts: list[int]) -> None:
@@ -291,8 +313,9 @@ class HostState:
 
     # -- views the plugins use ---------------------------------------------------------
     def _per_host(self, matrix: Ints) -> Ints:
-        out = np.zeros((self.size, matrix.shape[1]), np.int64)
-        np.add.at(out, self.root_of, matrix)
+        out = np.zeros((matrix.shape[0], self.size), np.int64)
+        for column in range(matrix.shape[0]):
+            np.add.at(out[column], self.root_of, matrix[column])
         return out
 
     def any_per_host(self, flags: Bools) -> Bools:
@@ -304,31 +327,56 @@ class HostState:
     def host_status(self) -> Ints:
         return self.status[self.roots]
 
+    def unit_ok(self, column: int, amount: int) -> Bools:
+        """Providers whose unit rules (min, max, step) allow one allocation of ``amount``."""
+        key = (column, amount)
+        if key not in self._unit_ok:
+            self._unit_ok[key] = (
+                (self.min_unit[column] <= amount)
+                & (self.max_unit[column] >= amount)
+                & (amount % self.step[column] == 0)
+            )
+        return self._unit_ok[key]
+
+    def offers(self, column: int) -> Bools:
+        """Hosts with any inventory of the class."""
+        key = (column, -1)
+        if key not in self._unit_ok:
+            self._unit_ok[key] = self.host_capacity[column] > 0
+        return self._unit_ok[key]
+
     def fits(
         self, amounts: dict[str, int], extra: dict[str, int] | None = None
     ) -> dict[str, Bools]:
         """Per requested class, which hosts can take ``amounts`` (one provider of the tree
         holding the whole amount, as the ledger claims it) plus ``extra`` on top."""
+        extra = extra or {}
         out = {}
-        for name, amount in amounts.items():
+        for name in amounts.keys() | extra.keys():
             column = self.classes.get(name)
             if column is None:
                 out[name] = np.zeros(self.size, np.bool_)
                 continue
-            need = amount + (extra or {}).get(name, 0)
-            ok = (
-                (self.capacity[:, column] - self.used[:, column] >= need)
-                & (self.min_unit[:, column] <= amount)
-                & (self.max_unit[:, column] >= amount)
-                & (amount % self.step[:, column] == 0)
-            )
+            amount = amounts.get(name, 0)
+            ok = self.capacity[column] - self.used[column] >= amount + extra.get(name, 0)
+            if amount:
+                ok &= self.unit_ok(column, amount)
             out[name] = self.any_per_host(ok)
-        for name, amount in (extra or {}).items():
-            if name not in amounts and name in self.classes:
-                column = self.classes[name]
-                free = self.capacity[:, column] - self.used[:, column]
-                out[name] = self.any_per_host(free >= amount)
         return out
+
+    def share(self, column: int, amount: int, candidates: Ints) -> Floats:
+        """(used + amount) / capacity of one class on the candidates: the fill level after
+        placing the VM. Weighers of one decision share the arrays (same ``candidates``)."""
+        memo_for, memo = self._shares
+        if memo_for is not candidates:
+            memo = {}
+            self._shares = (candidates, memo)
+        key = (column, amount)
+        if key not in memo:
+            memo[key] = (self.host_used[column][candidates] + amount) * self.inverse_capacity[
+                column
+            ][candidates]
+        return memo[key]
 
     # -- the batch's own decisions -----------------------------------------------------
     def apply(self, host: int, amounts: dict[str, int], group: str | None) -> None:
@@ -338,13 +386,12 @@ class HostState:
             column = self.classes[name]
             for row in self.tree[host]:
                 if (
-                    self.capacity[row, column] - self.used[row, column] >= amount
-                    and self.min_unit[row, column] <= amount <= self.max_unit[row, column]
-                    and amount % self.step[row, column] == 0
+                    self.capacity[column, row] - self.used[column, row] >= amount
+                    and self.unit_ok(column, amount)[row]
                 ):
-                    self.used[row, column] += amount
+                    self.used[column, row] += amount
                     if not self.flat:
-                        self.host_used[host, column] += amount
+                        self.host_used[column, host] += amount
                     break
         self.vm_count[host] += 1
         if group is not None and group in self.group_members:

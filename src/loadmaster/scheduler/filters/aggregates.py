@@ -32,4 +32,4 @@ class AggregatesFilter:
             (~in_any(hosts, frozenset({a})), f"in forbidden aggregate {a}")
             for a in sorted(request.forbidden_aggregates)
         ]
-        return Verdict.first_failing(checks, hosts.size)
+        return Verdict(checks, hosts.size)

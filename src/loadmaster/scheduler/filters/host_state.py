@@ -15,4 +15,5 @@ class HostStateFilter:
 
     def mask(self, hosts: HostState, request: VmRequest) -> Verdict:
         status = hosts.host_status()
-        return Verdict(status == STATE_CODE["up"], status, HOST_STATES)
+        checks = [(status != STATE_CODE[state], state) for state in HOST_STATES if state != "up"]
+        return Verdict(checks, hosts.size)

@@ -27,4 +27,4 @@ class HostListFilter:
             checks.append((_marked(hosts, request.include_hosts), "not in include_hosts"))
         if request.exclude_hosts:
             checks.append((~_marked(hosts, request.exclude_hosts), "in exclude_hosts"))
-        return Verdict.first_failing(checks, hosts.size) if checks else None
+        return Verdict(checks, hosts.size) if checks else None

@@ -22,13 +22,9 @@ class ResourcesFilter:
         checks: list[tuple[Bools, str]] = []
         for name in sorted(request.resources):
             column = hosts.classes.get(name)
-            offered = (
-                hosts.host_capacity[:, column] > 0
-                if column is not None
-                else np.zeros(hosts.size, np.bool_)
-            )
+            offered = hosts.offers(column) if column is not None else np.zeros(hosts.size, np.bool_)
             if not offered.all():
                 checks.append((offered, f"no {name} inventory"))
         fits = hosts.fits(request.resources, request.companions)
         checks += [(ok, f"short of {name}") for name, ok in sorted(fits.items())]
-        return Verdict.first_failing(checks, hosts.size)
+        return Verdict(checks, hosts.size)

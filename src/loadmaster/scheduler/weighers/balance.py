@@ -14,13 +14,13 @@ class BalanceWeigher:
     name = "balance"
 
     def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
-        names = [n for n in sorted(request.resources) if n in hosts.classes]
-        columns = np.array([hosts.classes[n] for n in names], np.int64)
-        if len(columns) < 2:
+        shares = [
+            hosts.share(hosts.classes[name], amount, candidates)
+            for name, amount in request.resources.items()
+            if name in hosts.classes
+        ]
+        if len(shares) < 2:
             return None
-        capacity = hosts.host_capacity[np.ix_(candidates, columns)]
-        amounts = np.array([request.resources[n] for n in names])
-        used = hosts.host_used[np.ix_(candidates, columns)] + amounts
-        shares = np.divide(used, capacity, out=np.ones(used.shape), where=capacity > 0)
-        spread: Floats = shares.max(axis=1) - shares.min(axis=1)
-        return -spread
+        highest = np.maximum.reduce(shares)
+        lowest = np.minimum.reduce(shares)
+        return lowest - highest

@@ -19,18 +19,14 @@ def utilisation(
 ) -> Floats | None:
     """Weighted mean over classes of (used + this VM) / capacity on each candidate; the
     classes default to the ones the VM asks for, weighted equally."""
-    weights = classes or {name: 1.0 for name in request.resources}
+    weights = classes or dict.fromkeys(request.resources, 1.0)
     total = np.zeros(len(candidates))
     weight_sum = 0.0
     for name, weight in weights.items():
         column = hosts.classes.get(name)
         if column is None:
             continue
-        capacity = hosts.host_capacity[candidates, column]
-        used = hosts.host_used[candidates, column] + request.resources.get(name, 0)
-        total += weight * np.divide(
-            used, capacity, out=np.ones(len(candidates)), where=capacity > 0
-        )
+        total += weight * hosts.share(column, request.resources.get(name, 0), candidates)
         weight_sum += weight
     return total / weight_sum if weight_sum else None
 
