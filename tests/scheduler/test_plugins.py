@@ -1,0 +1,71 @@
+"""A third party adds a filter and a weigher through entry points, without touching
+loadmaster: a fake installed distribution on sys.path is all it takes."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from tests.scheduler.conftest import add_hosts, small_flavor
+
+from loadmaster.scheduler import Policy, RequestSpec, Scheduler, WeigherSetting
+from loadmaster.service import Loadmaster
+
+PLUGIN = '''
+import numpy as np
+
+
+class OddHostsOut:
+    """A per-host filter: it never heard of numpy masks."""
+
+    name = "odd_hosts_out"
+
+    def filter(self, host, request):
+        return "odd host number" if int(host.name[1:]) % 2 else None
+
+
+class LastHostFirst:
+    name = "last_host_first"
+
+    def weigh(self, hosts, request, candidates):
+        return np.array([float(hosts.names[c][1:]) for c in candidates])
+'''
+
+
+@pytest.fixture
+def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "lm_extras.py").write_text(textwrap.dedent(PLUGIN))
+    dist = tmp_path / "lm_extras-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lm-extras\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[loadmaster.filters]\nodd_hosts_out = lm_extras:OddHostsOut\n\n"
+        "[loadmaster.weighers]\nlast_host_first = lm_extras:LastHostFirst\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_third_party_filter_and_weigher(slm: Loadmaster, third_party: None) -> None:
+    add_hosts(slm, 6)
+    small_flavor(slm)
+    policy = Policy("last", "highest host number first", (WeigherSetting("last_host_first", 1.0),))
+    scheduler = Scheduler(slm.store, policies={"last": policy})
+    result = scheduler.schedule([RequestSpec(flavor="small")], dry_run=True, policy="last")
+    assert result.placements[0].host == "h4"  # h5 is odd, the highest even one wins
+    explanation = scheduler.explain(RequestSpec(flavor="small", exclude_hosts=["h0"]))
+    assert explanation.candidates == 2
+    assert {f.filter: f.reasons for f in explanation.filters} == {
+        "hosts": {"in exclude_hosts": 1},
+        "odd_hosts_out": {"odd host number": 3},
+    }
+
+
+def test_unknown_weigher_in_a_policy_is_named(slm: Loadmaster) -> None:
+    add_hosts(slm, 1)
+    small_flavor(slm)
+    scheduler = Scheduler(
+        slm.store, policies={"bad": Policy("bad", "", (WeigherSetting("nonesuch"),))}
+    )
+    with pytest.raises(Exception, match="nonesuch"):
+        scheduler.schedule([RequestSpec(flavor="small")], dry_run=True, policy="bad")
