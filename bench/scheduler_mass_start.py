@@ -44,7 +44,7 @@ from loadmaster.pending import Claim, audit
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
 
-console = Console()
+console = Console(width=180)
 CHUNK = 500
 
 

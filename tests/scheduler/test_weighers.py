@@ -17,8 +17,11 @@ from loadmaster.scheduler.weighers.spread import SpreadWeigher
 from loadmaster.service import Loadmaster
 
 
-def _place(lm: Loadmaster, count: int, policy: str, **spec: object) -> Counter[str]:
-    result = lm.scheduler.schedule([RequestSpec(vms=add_vms(lm, count, **spec))], policy=policy)  # type: ignore[arg-type]
+def _place(
+    lm: Loadmaster, count: int, policy: str, *, group: str | None = None, prefix: str = "vm"
+) -> Counter[str]:
+    vms = add_vms(lm, count, group=group, prefix=prefix)
+    result = lm.scheduler.schedule([RequestSpec(vms=vms)], policy=policy)
     assert result.ok
     return Counter(p.host for p in result.placements if p.host)
 
