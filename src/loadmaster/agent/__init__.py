@@ -1,0 +1,38 @@
+"""The host agent: keeps one host inside its SLA promises, as MOM does for oVirt.
+
+Every cycle collectors read the host and its guests into ``EntitySnapshot``s, the policy
+(``loadmaster.policy``, hot-reloaded from a directory) decides controls, and controllers
+apply them: balloon, KSM, CPU tune, IO tune, stopping best-effort VMs and asking the
+scheduler to migrate VMs. Usage is reported to the loadmaster API.
+
+Public API::
+
+    run_agent(hypervisor_uri, policy_dir, interval, api_url, token, host_name, cycles)
+        -> list[CycleReport]
+    simulate_host(guests, steps, seed, out_dir) -> SimulationResult
+    Agent(hypervisor, policy_dir, interval, host_collectors=None, guest_collectors=None,
+          controllers=None, reporter=None, *, host_name=..., migration_sender=...)
+        .run_cycle() -> CycleReport; .run_forever(stop_event)
+    LibvirtHypervisor(uri, sys_root=Path("/sys")), SimulatedHypervisor(...).mixed(...)
+"""
+
+from loadmaster.agent.hypervisor import GuestInfo, Hypervisor, HypervisorError
+from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor
+from loadmaster.agent.loop import Agent, CycleReport
+from loadmaster.agent.runner import run_agent
+from loadmaster.agent.simulation import SimulationResult, simulate_host
+from loadmaster.agent.simulator import SimulatedHypervisor
+
+__all__ = [
+    "METADATA_NS",
+    "Agent",
+    "CycleReport",
+    "GuestInfo",
+    "Hypervisor",
+    "HypervisorError",
+    "LibvirtHypervisor",
+    "SimulatedHypervisor",
+    "SimulationResult",
+    "run_agent",
+    "simulate_host",
+]

@@ -1,0 +1,347 @@
+"""Collectors: read the host and its guests into the stats a policy sees.
+
+A collector declares the ``fields`` it provides. A field it cannot read comes back
+``None``; a collector that raises is reported by the agent with all its fields ``None``.
+Host collectors also see this cycle's guest stats, for host figures that summarise
+guests (``ksm_shareable``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from loadmaster.agent.hypervisor import KSM_KEYS, GuestInfo, Hypervisor
+from loadmaster.policy.snapshot import StatValue
+
+log = logging.getLogger(__name__)
+
+Stats = dict[str, StatValue]
+DEFAULT_HISTORY = 10
+
+
+class HostCollector(Protocol):
+    name: str
+    fields: tuple[str, ...]
+
+    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats: ...
+
+
+class GuestCollector(Protocol):
+    name: str
+    fields: tuple[str, ...]
+
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        """Stats and properties (``io_tune``) of one guest."""
+        ...
+
+
+class History:
+    """The last samples of every entity, oldest first, for ``StatAvg``."""
+
+    def __init__(self, length: int = DEFAULT_HISTORY) -> None:
+        self.length = length
+        self._samples: dict[str, deque[Mapping[str, StatValue]]] = {}
+
+    def add(
+        self, entity: str, stats: Mapping[str, StatValue]
+    ) -> tuple[Mapping[str, StatValue], ...]:
+        samples = self._samples.get(entity)
+        if samples is None:
+            samples = self._samples[entity] = deque(maxlen=self.length)
+        samples.append(stats)
+        return tuple(samples)
+
+    def keep_only(self, entities: set[str]) -> None:
+        for name in [n for n in self._samples if n not in entities]:
+            del self._samples[name]
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        log.debug("cannot read %s: %s", path, exc)
+        return None
+
+
+def parse_key_values(text: str | None) -> dict[str, int]:
+    """``/proc/meminfo`` (``MemTotal:  16 kB``) and ``/proc/vmstat`` (``pswpin 3``) lines."""
+    values: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.replace(":", " ").split()
+        if len(parts) >= 2:
+            try:
+                values[parts[0]] = int(parts[1])
+            except ValueError:
+                continue
+    return values
+
+
+def _difference(*parts: int | None) -> int | None:
+    first, *rest = parts
+    if first is None or any(p is None for p in rest):
+        return None
+    return first - sum(p for p in rest if p is not None)
+
+
+class HostMemoryCollector:
+    """MOM's HostMemory fields, plus the kernel's memory pressure (PSI ``avg10``, %)."""
+
+    name = "host-memory"
+    fields: tuple[str, ...] = (
+        "mem_available",
+        "mem_unused",
+        "mem_free",
+        "anon_pages",
+        "swap_total",
+        "swap_usage",
+        "swap_in",
+        "swap_out",
+        "mem_pressure_some",
+        "mem_pressure_full",
+    )
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc = Path(proc_root)
+        self._swap_prev: tuple[int, int] | None = None
+
+    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats:
+        meminfo = parse_key_values(_read_text(self.proc / "meminfo"))
+        free = meminfo.get("MemFree")
+        buffers, cached = meminfo.get("Buffers"), meminfo.get("Cached")
+        stats: Stats = {
+            "mem_available": meminfo.get("MemTotal"),
+            "mem_unused": free,
+            "mem_free": None
+            if free is None or buffers is None or cached is None
+            else free + buffers + cached,
+            "anon_pages": meminfo.get("AnonPages"),
+            "swap_total": meminfo.get("SwapTotal"),
+            "swap_usage": _difference(meminfo.get("SwapTotal"), meminfo.get("SwapFree")),
+        }
+        stats.update(self._swap_deltas())
+        stats.update(self._pressure())
+        return stats
+
+    def _swap_deltas(self) -> Stats:
+        vmstat = parse_key_values(_read_text(self.proc / "vmstat"))
+        swap_in, swap_out = vmstat.get("pswpin"), vmstat.get("pswpout")
+        if swap_in is None or swap_out is None:
+            return {"swap_in": None, "swap_out": None}
+        previous = self._swap_prev or (swap_in, swap_out)
+        self._swap_prev = (swap_in, swap_out)
+        # Pages swapped since the previous sample; the first sample has no interval yet.
+        return {"swap_in": swap_in - previous[0], "swap_out": swap_out - previous[1]}
+
+    def _pressure(self) -> Stats:
+        stats: Stats = {"mem_pressure_some": None, "mem_pressure_full": None}
+        for line in (_read_text(self.proc / "pressure" / "memory") or "").splitlines():
+            kind, _, rest = line.partition(" ")
+            fields = dict(p.split("=", 1) for p in rest.split() if "=" in p)
+            if kind in ("some", "full") and "avg10" in fields:
+                try:
+                    stats[f"mem_pressure_{kind}"] = float(fields["avg10"])
+                except ValueError:
+                    continue
+        return stats
+
+
+class HostCpuCollector:
+    """CPU count and busy fraction (0..1) between samples, from ``/proc/stat``."""
+
+    name = "host-cpu"
+    fields: tuple[str, ...] = ("cpu_count", "cpu_load")
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc = Path(proc_root)
+        # (busy, total) jiffies of the previous sample; before it, since boot.
+        self._prev = (0, 0)
+
+    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats:
+        text = _read_text(self.proc / "stat")
+        count = 0
+        totals: list[int] | None = None
+        for line in (text or "").splitlines():
+            name, _, rest = line.partition(" ")
+            if name == "cpu":
+                try:
+                    totals = [int(v) for v in rest.split()]
+                except ValueError:
+                    totals = None
+            elif name.startswith("cpu") and name[3:].isdigit():
+                count += 1
+        load: float | None = None
+        if totals is not None and len(totals) >= 4:
+            # idle and iowait are the 4th and 5th columns; guest time is already in user.
+            idle = sum(totals[3:5])
+            total = sum(totals[:8])
+            d_total = total - self._prev[1]
+            d_busy = (total - idle) - self._prev[0]
+            self._prev = (total - idle, total)
+            load = min(1.0, max(0.0, d_busy / d_total)) if d_total > 0 else 0.0
+        return {"cpu_count": count or None, "cpu_load": load}
+
+
+class HostKsmCollector:
+    """KSM knobs and counters as ``ksm_*``; ``ksm_shareable`` is the guests' memory (KiB),
+    standing in for MOM's sum of qemu process sizes."""
+
+    name = "host-ksm"
+    fields: tuple[str, ...] = (*(f"ksm_{k}" for k in KSM_KEYS), "ksm_shareable")
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        self.hypervisor = hypervisor
+
+    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats:
+        stats: Stats = {f"ksm_{k}": v for k, v in self.hypervisor.ksm_read().items()}
+        sizes = [g.get("balloon_cur") for g in guests]
+        stats["ksm_shareable"] = sum(s for s in sizes if s is not None)
+        return stats
+
+
+class GuestMemoryCollector:
+    """What the balloon driver reports from inside the guest (KiB, faults and swap pages)."""
+
+    name = "guest-memory"
+    fields: tuple[str, ...] = (
+        "mem_available",
+        "mem_unused",
+        "mem_free",
+        "swap_in",
+        "swap_out",
+        "major_fault",
+        "minor_fault",
+        "rss",
+    )
+    _SOURCES = {
+        "mem_available": "available",
+        "mem_unused": "unused",
+        "mem_free": "usable",
+        "swap_in": "swap_in",
+        "swap_out": "swap_out",
+        "major_fault": "major_fault",
+        "minor_fault": "minor_fault",
+        "rss": "rss",
+    }
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        self.hypervisor = hypervisor
+
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        raw = self.hypervisor.memory_stats(guest.uuid)
+        return {field: raw.get(src) for field, src in self._SOURCES.items()}, {}
+
+
+class GuestBalloonCollector:
+    name = "guest-balloon"
+    fields: tuple[str, ...] = ("balloon_cur", "balloon_max", "balloon_min")
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        self.hypervisor = hypervisor
+
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        info = self.hypervisor.balloon_info(guest.uuid)
+        stats: Stats = {
+            "balloon_cur": info.current,
+            "balloon_max": info.maximum,
+            "balloon_min": info.minimum,
+        }
+        return stats, {}
+
+
+class GuestCpuCollector:
+    """CPU tune (MOM's GuestCpuTune fields, plus shares) and ``cpu_usage``, the busy
+    fraction of the vCPUs since the previous sample (absent on a guest's first sample,
+    which has no interval yet, rather than reported missing)."""
+
+    name = "guest-cpu"
+    fields: tuple[str, ...] = (
+        "vcpu_count",
+        "vcpu_quota",
+        "vcpu_period",
+        "vcpu_shares",
+        "vcpu_user_limit",
+    )
+
+    def __init__(self, hypervisor: Hypervisor, clock: Callable[[], float] = time.monotonic) -> None:
+        self.hypervisor = hypervisor
+        self.clock = clock
+        self._prev: dict[str, tuple[float, int]] = {}
+
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        cpu = self.hypervisor.cpu_stats(guest.uuid)
+        tune = self.hypervisor.cpu_tune(guest.uuid)
+        stats: Stats = {
+            "vcpu_count": cpu.vcpu_count,
+            "vcpu_quota": tune.quota,
+            "vcpu_period": tune.period,
+            "vcpu_shares": tune.shares,
+            "vcpu_user_limit": guest.vcpu_user_limit,
+        }
+        now = self.clock()
+        previous = self._prev.get(guest.uuid)
+        self._prev[guest.uuid] = (now, cpu.cpu_time_ns)
+        if previous is not None and now > previous[0] and cpu.vcpu_count > 0:
+            busy = (cpu.cpu_time_ns - previous[1]) / 1e9
+            stats["cpu_usage"] = max(0.0, busy / ((now - previous[0]) * cpu.vcpu_count))
+        return stats, {}
+
+    def forget(self, uuids: set[str]) -> None:
+        for uuid in [u for u in self._prev if u not in uuids]:
+            del self._prev[uuid]
+
+
+class GuestIoCollector:
+    """Bytes read and written over all disks, and MOM's ``io_tune`` property for the disks
+    that have an IO policy (maximum limits from the guest's metadata)."""
+
+    name = "guest-io"
+    fields: tuple[str, ...] = ("io_read_bytes", "io_write_bytes")
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        self.hypervisor = hypervisor
+
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        read = written = 0
+        for disk in guest.disks:
+            block = self.hypervisor.block_stats(guest.uuid, disk)
+            read += block.rd_bytes
+            written += block.wr_bytes
+        properties: dict[str, Any] = {}
+        if guest.io_limits:
+            properties["io_tune"] = [
+                {
+                    "name": disk,
+                    "path": None,
+                    "maximum": dict(maximum),
+                    "current": dict(self.hypervisor.io_tune(guest.uuid, disk)),
+                }
+                for disk, maximum in guest.io_limits.items()
+            ]
+        return {"io_read_bytes": read, "io_write_bytes": written}, properties
+
+
+def default_guest_collectors(
+    hypervisor: Hypervisor, clock: Callable[[], float] = time.monotonic
+) -> list[GuestCollector]:
+    return [
+        GuestBalloonCollector(hypervisor),
+        GuestMemoryCollector(hypervisor),
+        GuestCpuCollector(hypervisor, clock),
+        GuestIoCollector(hypervisor),
+    ]
+
+
+def default_host_collectors(
+    hypervisor: Hypervisor, proc_root: Path = Path("/proc")
+) -> list[HostCollector]:
+    return [
+        HostMemoryCollector(proc_root),
+        HostCpuCollector(proc_root),
+        HostKsmCollector(hypervisor),
+    ]

@@ -1,0 +1,348 @@
+"""Controllers: turn the controls a policy cycle recorded into hypervisor calls.
+
+Each controller remembers the value it last applied per target and only calls the
+hypervisor when the policy asks for something different (before the first call, the
+sampled value stands in). A value is remembered only once the call succeeded, so a
+failed or interrupted call is simply retried next cycle. One target failing does not
+stop the others; the agent isolates whole controllers from each other the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadmaster.agent.hypervisor import SLA_TIERS, GuestInfo, Hypervisor, HypervisorError
+from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
+
+log = logging.getLogger(__name__)
+
+# libvirt's accepted ranges (virsh schedinfo): a negative quota means "no limit".
+QUOTA_UNLIMITED = -1
+QUOTA_MIN, QUOTA_MAX = 1000, 17_592_186_044_415
+PERIOD_MIN, PERIOD_MAX = 1000, 1_000_000
+SHARES_MIN, SHARES_MAX = 2, 262_144
+
+MigrationSender = Callable[[str, str], None]
+"""``(vm_uuid, reason)``; raises on failure so the request is retried next cycle."""
+
+
+@dataclass(frozen=True)
+class Action:
+    controller: str
+    target: str
+    control: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Failure:
+    controller: str
+    target: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ControlContext:
+    """One successful policy cycle and what it was computed from; guests keyed by name."""
+
+    result: CycleResult
+    host: EntitySnapshot
+    guests: Mapping[str, GuestInfo]
+    snapshots: Mapping[str, EntitySnapshot]
+
+
+@dataclass
+class Outcome:
+    actions: list[Action] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+
+def libvirt_quota(value: float) -> int:
+    """A policy quota as libvirt accepts it: any non-positive value (the policies' reset,
+    -1) is "unlimited"; anything else is clamped to libvirt's range."""
+    quota = int(value)
+    if quota <= 0:
+        return QUOTA_UNLIMITED
+    return min(QUOTA_MAX, max(QUOTA_MIN, quota))
+
+
+def libvirt_period(value: float) -> int:
+    return min(PERIOD_MAX, max(PERIOD_MIN, int(value)))
+
+
+def libvirt_shares(value: float) -> int:
+    return min(SHARES_MAX, max(SHARES_MIN, int(value)))
+
+
+class Controller:
+    name = "controller"
+
+    def __init__(self) -> None:
+        self._applied: dict[tuple[str, str], Any] = {}
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        raise NotImplementedError
+
+    def forget(self, targets: set[str]) -> None:
+        """Drop what was applied to targets that are gone (a VM that comes back starts over)."""
+        self._applied = {k: v for k, v in self._applied.items() if k[0] in targets}
+
+    def _last(self, target: str, control: str, sampled: Any) -> Any:
+        return self._applied.get((target, control), sampled)
+
+    def _guest_controls(
+        self, ctx: ControlContext, control: str
+    ) -> list[tuple[GuestInfo, EntitySnapshot, Any]]:
+        found = []
+        for name, controls in ctx.result.guest_controls.items():
+            value = controls.get(control)
+            guest = ctx.guests.get(name)
+            if value is not None and guest is not None:
+                found.append((guest, ctx.snapshots[name], value))
+        return found
+
+
+class BalloonController(Controller):
+    """``balloon_target`` (KiB), kept within the guest's guaranteed minimum and its size."""
+
+    name = "balloon"
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        super().__init__()
+        self.hypervisor = hypervisor
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = Outcome()
+        for guest, snap, value in self._guest_controls(ctx, "balloon_target"):
+            target = int(value)
+            low, high = snap.stats.get("balloon_min"), snap.stats.get("balloon_max")
+            if high is not None and high > 0:
+                target = min(target, int(high))
+            if low is not None:
+                target = max(target, int(low))
+            if target == self._last(guest.uuid, "balloon_target", snap.stats.get("balloon_cur")):
+                continue
+            try:
+                self.hypervisor.set_memory(guest.uuid, target)
+            except HypervisorError as exc:
+                out.failures.append(Failure(self.name, guest.name, str(exc)))
+                continue
+            self._applied[(guest.uuid, "balloon_target")] = target
+            out.actions.append(Action(self.name, guest.name, "balloon_target", target))
+        return out
+
+
+class KsmController(Controller):
+    """Host ``ksm_*`` controls, written to the KSM knobs of the same name.
+
+    The kernel refuses a new ``merge_across_nodes`` while pages are shared, so that change
+    is made as: unmerge (``run=2``), write ``merge_across_nodes``, then restore ``run``.
+    """
+
+    name = "ksm"
+    HOST = "host"
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        super().__init__()
+        self.hypervisor = hypervisor
+
+    def forget(self, targets: set[str]) -> None:
+        return
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = Outcome()
+        wanted = {
+            key[4:]: int(value)
+            for key, value in ctx.result.host_controls.items()
+            if key.startswith("ksm_") and value is not None
+        }
+
+        def current(knob: str) -> Any:
+            return self._last(self.HOST, knob, ctx.host.stats.get(f"ksm_{knob}"))
+
+        changed = {k: v for k, v in wanted.items() if v != current(k)}
+        writes: list[tuple[str, int]] = []
+        if "merge_across_nodes" in changed:
+            previous_run = current("run")
+            run_after = changed.pop("run", wanted.get("run", previous_run))
+            writes += [("run", 2), ("merge_across_nodes", changed.pop("merge_across_nodes"))]
+            if run_after is not None and run_after != 2:
+                writes.append(("run", int(run_after)))
+        # Tune the scan before starting it, so KSM never runs a cycle with stale settings.
+        run = changed.pop("run", None)
+        writes += sorted(changed.items())
+        if run is not None:
+            writes.append(("run", run))
+        for knob, value in writes:
+            try:
+                self.hypervisor.ksm_write(knob, value)
+            except HypervisorError as exc:
+                # Later writes depend on earlier ones (never merge-change without the unmerge).
+                out.failures.append(Failure(self.name, self.HOST, str(exc)))
+                break
+            self._applied[(self.HOST, knob)] = value
+            out.actions.append(Action(self.name, self.HOST, f"ksm_{knob}", value))
+        return out
+
+
+class CpuTuneController(Controller):
+    """``vcpu_quota``, ``vcpu_period`` (µs) and ``vcpu_shares``, translated to values libvirt
+    accepts, sent together in one call when any of them changed."""
+
+    name = "cputune"
+    _CONTROLS = (
+        ("vcpu_quota", libvirt_quota),
+        ("vcpu_period", libvirt_period),
+        ("vcpu_shares", libvirt_shares),
+    )
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        super().__init__()
+        self.hypervisor = hypervisor
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = Outcome()
+        for name, controls in ctx.result.guest_controls.items():
+            guest = ctx.guests.get(name)
+            if guest is None:
+                continue
+            stats = ctx.snapshots[name].stats
+            changed: dict[str, int] = {}
+            for control, translate in self._CONTROLS:
+                if controls.get(control) is None:
+                    continue
+                value = translate(controls[control])
+                if value != self._last(guest.uuid, control, stats.get(control)):
+                    changed[control] = value
+            if not changed:
+                continue
+            try:
+                self.hypervisor.set_cpu_tune(
+                    guest.uuid,
+                    quota=changed.get("vcpu_quota"),
+                    period=changed.get("vcpu_period"),
+                    shares=changed.get("vcpu_shares"),
+                )
+            except HypervisorError as exc:
+                out.failures.append(Failure(self.name, guest.name, str(exc)))
+                continue
+            for control, value in changed.items():
+                self._applied[(guest.uuid, control)] = value
+                out.actions.append(Action(self.name, guest.name, control, value))
+        return out
+
+
+class IoTuneController(Controller):
+    """MOM's ``io_tune`` request: per disk, the six limits to set (nil keeps a limit)."""
+
+    name = "iotune"
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        super().__init__()
+        self.hypervisor = hypervisor
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = Outcome()
+        for guest, _snap, request in self._guest_controls(ctx, "io_tune"):
+            for entry in request:
+                disk = str(entry.get("name") or entry.get("path") or "")
+                limits = {k: int(v) for k, v in entry.get("ioTune", {}).items() if v is not None}
+                key = f"io_tune:{disk}"
+                if not disk or not limits or limits == self._last(guest.uuid, key, None):
+                    continue
+                try:
+                    self.hypervisor.set_io_tune(guest.uuid, disk, limits)
+                except HypervisorError as exc:
+                    out.failures.append(Failure(self.name, guest.name, str(exc)))
+                    continue
+                self._applied[(guest.uuid, key)] = limits
+                out.actions.append(Action(self.name, guest.name, key, limits))
+        return out
+
+
+class StopController(Controller):
+    """``stop`` = 1 on a best-effort VM: a clean shutdown first; if the VM is still running
+    at a later cycle that asks again, it is destroyed. Other tiers are never stopped."""
+
+    name = "stop"
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        super().__init__()
+        self.hypervisor = hypervisor
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = Outcome()
+        for guest, _snap, value in self._guest_controls(ctx, "stop"):
+            if int(value) != 1:
+                continue
+            if "best-effort" not in guest.tags:
+                out.failures.append(
+                    Failure(self.name, guest.name, "refused: only best-effort VMs are stopped")
+                )
+                continue
+            force = self._applied.get((guest.uuid, "stop")) == "shutdown"
+            try:
+                self.hypervisor.stop_guest(guest.uuid, force=force)
+            except HypervisorError as exc:
+                out.failures.append(Failure(self.name, guest.name, str(exc)))
+                continue
+            how = "destroy" if force else "shutdown"
+            self._applied[(guest.uuid, "stop")] = how
+            out.actions.append(Action(self.name, guest.name, "stop", how))
+        return out
+
+
+class MigrationController(Controller):
+    """``migrate`` = 1: ask the scheduler once to move the VM; asked again only after the
+    policy stopped asking for a cycle."""
+
+    name = "migrate"
+
+    def __init__(self, send: MigrationSender) -> None:
+        super().__init__()
+        self.send = send
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = Outcome()
+        asking = set()
+        for guest, _snap, value in self._guest_controls(ctx, "migrate"):
+            if int(value) != 1:
+                continue
+            asking.add(guest.uuid)
+            if (guest.uuid, "migrate") in self._applied:
+                continue
+            reason = self._reason(ctx, guest)
+            try:
+                self.send(guest.uuid, reason)
+            except Exception as exc:  # the sender is any client; its failure is retried
+                out.failures.append(Failure(self.name, guest.name, f"{type(exc).__name__}: {exc}"))
+                continue
+            self._applied[(guest.uuid, "migrate")] = reason
+            out.actions.append(Action(self.name, guest.name, "migrate", reason))
+        self.forget(asking)
+        return out
+
+    @staticmethod
+    def _reason(ctx: ControlContext, guest: GuestInfo) -> str:
+        tier = next((t for t in SLA_TIERS if t in guest.tags), "untiered")
+        total, free = ctx.host.stats.get("mem_available"), ctx.host.stats.get("mem_free")
+        pressure = f", {100 * free / total:.1f}% memory free" if total and free is not None else ""
+        return f"SLA policy on host {ctx.host.name}: {tier} VM moved off{pressure}"
+
+
+def default_controllers(
+    hypervisor: Hypervisor, migration_sender: MigrationSender | None = None
+) -> list[Controller]:
+    controllers: list[Controller] = [
+        BalloonController(hypervisor),
+        KsmController(hypervisor),
+        CpuTuneController(hypervisor),
+        IoTuneController(hypervisor),
+        StopController(hypervisor),
+    ]
+    if migration_sender is not None:
+        controllers.append(MigrationController(migration_sender))
+    return controllers

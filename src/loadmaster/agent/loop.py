@@ -1,0 +1,351 @@
+"""The agent: collect, evaluate the policy, apply its controls, report; once per interval.
+
+A cycle is all-or-nothing as in MOM: if the policy raises, no controller runs. Unlike
+MOM, a failing controller, collector or reporter never stops the agent: it is logged
+and listed in that cycle's ``CycleReport``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from loadmaster.agent.collectors import (
+    DEFAULT_HISTORY,
+    GuestCollector,
+    History,
+    HostCollector,
+    Stats,
+    default_guest_collectors,
+    default_host_collectors,
+)
+from loadmaster.agent.controllers import (
+    Action,
+    ControlContext,
+    Controller,
+    Failure,
+    MigrationSender,
+    default_controllers,
+)
+from loadmaster.agent.hypervisor import GuestInfo, Hypervisor
+from loadmaster.policy import PolicyError, load_policy_dir
+from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
+
+log = logging.getLogger(__name__)
+
+Reporter = Callable[[str, dict[str, Any]], None]
+"""``(host_name, payload)`` for ``POST /hosts/{host_name}/report``; raises on failure."""
+
+
+class PolicyLike(Protocol):
+    def evaluate(self, host: EntitySnapshot, guests: Sequence[EntitySnapshot]) -> CycleResult: ...
+
+
+PolicyLoader = Callable[[Path], PolicyLike]
+
+
+@runtime_checkable
+class _RemembersGuests(Protocol):
+    def forget(self, uuids: set[str]) -> None: ...
+
+
+@dataclass
+class CycleReport:
+    """What one cycle saw and did. ``missing_stats`` are ``entity.stat`` names that came back
+    ``None``; ``policy_error`` means no controller ran; ``rejected_policy`` means new policy
+    files failed to load and the previous policy kept running."""
+
+    cycle: int
+    guests: int = 0
+    host_controls: Mapping[str, Any] = field(default_factory=dict)
+    guest_controls: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    missing_stats: list[str] = field(default_factory=list)
+    policy_error: str | None = None
+    rejected_policy: str | None = None
+    policy_reloaded: bool = False
+    reported: bool = False
+    duration_s: float = 0.0
+
+
+class PolicyWatcher:
+    """The policy of a directory, reloaded when a file's mtime, size or name set changes and
+    its contents differ. A policy that fails to load is rejected; the previous one stays."""
+
+    def __init__(self, directory: Path, loader: PolicyLoader = load_policy_dir) -> None:
+        self.directory = Path(directory)
+        self.loader = loader
+        self._stamp: tuple[tuple[str, int, int], ...] | None = None
+        self._digest = ""
+        self.error: PolicyError | None = None
+        # Raises PolicyError: an agent that starts with no valid policy must not run.
+        self.policy: PolicyLike = self._load()
+
+    def _files(self) -> list[Path]:
+        try:
+            return sorted(
+                p
+                for p in self.directory.iterdir()
+                if p.name.endswith(".policy") and not p.name.startswith(".")
+            )
+        except OSError:
+            return []
+
+    def _load(self) -> PolicyLike:
+        files = self._files()
+        stamp = self._stamp_of(files)
+        policy = self.loader(self.directory)
+        self._stamp, self._digest = stamp, self._digest_of(files)
+        return policy
+
+    @staticmethod
+    def _stamp_of(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
+        stamp = []
+        for path in files:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            stamp.append((path.name, st.st_mtime_ns, st.st_size))
+        return tuple(stamp)
+
+    @staticmethod
+    def _digest_of(files: list[Path]) -> str:
+        digest = hashlib.sha256()
+        for path in files:
+            digest.update(path.name.encode() + b"\0")
+            try:
+                digest.update(path.read_bytes())
+            except OSError as exc:
+                digest.update(str(exc).encode())
+        return digest.hexdigest()
+
+    def refresh(self) -> bool:
+        """True when a new policy was loaded."""
+        files = self._files()
+        stamp = self._stamp_of(files)
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        digest = self._digest_of(files)
+        if digest == self._digest:
+            return False
+        self._digest = digest
+        try:
+            policy = self.loader(self.directory)
+        except PolicyError as exc:
+            self.error = exc
+            log.error("policy in %s rejected, previous policy kept: %s", self.directory, exc)
+            return False
+        self.policy, self.error = policy, None
+        log.info("policy reloaded from %s", self.directory)
+        return True
+
+
+class Agent:
+    def __init__(
+        self,
+        hypervisor: Hypervisor,
+        policy_dir: Path,
+        interval: float = 10.0,
+        host_collectors: Sequence[HostCollector] | None = None,
+        guest_collectors: Sequence[GuestCollector] | None = None,
+        controllers: Sequence[Controller] | None = None,
+        reporter: Reporter | None = None,
+        *,
+        host_name: str = "localhost",
+        migration_sender: MigrationSender | None = None,
+        proc_root: Path = Path("/proc"),
+        history_length: int = DEFAULT_HISTORY,
+        report_every: int = 1,
+        policy_loader: PolicyLoader = load_policy_dir,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hypervisor = hypervisor
+        self.interval = interval
+        self.host_name = host_name
+        self.clock = clock
+        self.watcher = PolicyWatcher(Path(policy_dir), policy_loader)
+        self.host_collectors = list(
+            default_host_collectors(hypervisor, proc_root)
+            if host_collectors is None
+            else host_collectors
+        )
+        self.guest_collectors = list(
+            default_guest_collectors(hypervisor, clock)
+            if guest_collectors is None
+            else guest_collectors
+        )
+        self.controllers = list(
+            default_controllers(hypervisor, migration_sender)
+            if controllers is None
+            else controllers
+        )
+        self.reporter = reporter
+        self.report_every = max(1, report_every)
+        self.history = History(history_length)
+        self.cycles = 0
+        self._missing_logged: frozenset[str] = frozenset()
+
+    def run_forever(self, stop_event: threading.Event) -> None:
+        while not stop_event.is_set():
+            started = self.clock()
+            self.run_cycle()
+            stop_event.wait(max(0.0, self.interval - (self.clock() - started)))
+
+    def run_cycle(self) -> CycleReport:
+        started = self.clock()
+        self.cycles += 1
+        report = CycleReport(cycle=self.cycles)
+        report.policy_reloaded = self.watcher.refresh()
+        if self.watcher.error is not None:
+            report.rejected_policy = str(self.watcher.error)
+        try:
+            guests = self.hypervisor.list_guests()
+        except Exception as exc:  # any hypervisor failure: report it, try again next cycle
+            log.error("cannot list guests: %s", exc)
+            report.failures.append(Failure("agent", "host", f"list guests: {exc}"))
+            report.duration_s = self.clock() - started
+            return report
+        report.guests = len(guests)
+        by_name = {g.name: g for g in guests}
+        snapshots = [self._guest_snapshot(g, report) for g in guests]
+        host = self._host_snapshot(snapshots, report)
+        self._forget_gone({g.uuid for g in guests})
+
+        try:
+            result = self.watcher.policy.evaluate(host, snapshots)
+        except PolicyError as exc:
+            log.error("policy cycle failed, no control applied: %s", exc)
+            report.policy_error = str(exc)
+        else:
+            report.host_controls = result.host_controls
+            report.guest_controls = result.guest_controls
+            report.missing_stats += [f"host.{s}" for s in result.missing_host_stats]
+            for name, stats in result.missing_guest_stats.items():
+                report.missing_stats += [f"{name}.{s}" for s in stats]
+            ctx = ControlContext(result, host, by_name, {s.name: s for s in snapshots})
+            self._control(ctx, report)
+
+        report.missing_stats = sorted(set(report.missing_stats))
+        self._log_missing(report.missing_stats)
+        if self.reporter is not None and (self.cycles - 1) % self.report_every == 0:
+            self._report(host, snapshots, guests, report)
+        report.duration_s = self.clock() - started
+        return report
+
+    def _guest_snapshot(self, guest: GuestInfo, report: CycleReport) -> EntitySnapshot:
+        stats: Stats = {}
+        properties: dict[str, Any] = {"uuid": guest.uuid}
+        for collector in self.guest_collectors:
+            try:
+                values, props = collector.collect(guest)
+            except Exception as exc:  # one broken source must not hide the others
+                log.debug("collector %s failed for %s: %s", collector.name, guest.name, exc)
+                report.failures.append(Failure(collector.name, guest.name, str(exc)))
+                values, props = {}, {}
+            for name in collector.fields:
+                stats.setdefault(name, None)
+            for name, value in values.items():
+                if stats.get(name) is None:
+                    stats[name] = value
+            properties.update(props)
+        report.missing_stats += [f"{guest.name}.{k}" for k, v in stats.items() if v is None]
+        history = self.history.add(guest.uuid, stats)
+        return EntitySnapshot(guest.name, stats, history, properties, guest.tags)
+
+    def _host_snapshot(self, guests: list[EntitySnapshot], report: CycleReport) -> EntitySnapshot:
+        stats: Stats = {}
+        guest_stats = [g.stats for g in guests]
+        for collector in self.host_collectors:
+            try:
+                values = collector.collect(guest_stats)
+            except Exception as exc:  # one broken source must not hide the others
+                log.debug("collector %s failed: %s", collector.name, exc)
+                report.failures.append(Failure(collector.name, "host", str(exc)))
+                values = {}
+            for name in collector.fields:
+                stats.setdefault(name, None)
+            for name, value in values.items():
+                if stats.get(name) is None:
+                    stats[name] = value
+        report.missing_stats += [f"host.{k}" for k, v in stats.items() if v is None]
+        history = self.history.add("\0host", stats)
+        return EntitySnapshot(
+            self.host_name, stats, history, {"interval": self.interval}, frozenset()
+        )
+
+    def _forget_gone(self, uuids: set[str]) -> None:
+        self.history.keep_only(uuids | {"\0host"})
+        for collector in self.guest_collectors:
+            if isinstance(collector, _RemembersGuests):
+                collector.forget(uuids)
+        for controller in self.controllers:
+            controller.forget(uuids)
+
+    def _control(self, ctx: ControlContext, report: CycleReport) -> None:
+        for controller in self.controllers:
+            try:
+                outcome = controller.apply(ctx)
+            except Exception as exc:  # a broken controller must not stop the others
+                log.exception("controller %s failed", controller.name)
+                report.failures.append(
+                    Failure(controller.name, "*", f"{type(exc).__name__}: {exc}")
+                )
+                continue
+            for failure in outcome.failures:
+                log.warning("%s on %s: %s", failure.controller, failure.target, failure.error)
+            report.actions += outcome.actions
+            report.failures += outcome.failures
+
+    def _log_missing(self, missing: list[str]) -> None:
+        # Warn when the set changes; a stat missing for hours would otherwise flood the log.
+        current = frozenset(missing)
+        if current - self._missing_logged:
+            log.warning(
+                "stats not collected: %s", ", ".join(sorted(current - self._missing_logged))
+            )
+        self._missing_logged = current
+
+    def _report(
+        self,
+        host: EntitySnapshot,
+        snapshots: list[EntitySnapshot],
+        guests: list[GuestInfo],
+        report: CycleReport,
+    ) -> None:
+        assert self.reporter is not None
+        try:
+            self.reporter(self.host_name, usage_payload(host, snapshots, guests))
+        except Exception as exc:  # the API being down must not stop the host's control
+            log.warning("report to the loadmaster API failed: %s", exc)
+            report.failures.append(
+                Failure("reporter", self.host_name, f"{type(exc).__name__}: {exc}")
+            )
+            return
+        report.reported = True
+
+
+def usage_payload(
+    host: EntitySnapshot, snapshots: Sequence[EntitySnapshot], guests: Sequence[GuestInfo]
+) -> dict[str, Any]:
+    """The body of ``POST /hosts/{name}/report``; figures the collectors lacked are left out."""
+    total, free = host.stats.get("mem_available"), host.stats.get("mem_free")
+    vcpus = [s.stats.get("vcpu_count") for s in snapshots]
+    usage: dict[str, float] = {"VCPU": sum(v for v in vcpus if v is not None)}
+    load: dict[str, float] = {}
+    if total and free is not None:
+        used = max(0.0, float(total - free))
+        usage["MEMORY_MB"] = round(used / 1024, 1)
+        load["memory"] = round(min(1.0, used / total), 4)
+    cpu_load = host.stats.get("cpu_load")
+    if cpu_load is not None:
+        load["cpu"] = round(float(cpu_load), 4)
+    return {"running_vms": [g.uuid for g in guests], "usage": usage, "load": load}

@@ -1,0 +1,187 @@
+"""A host under rising memory pressure, with and without the shipped SLA policies.
+
+Both runs use the same seed, so guests demand exactly the same memory; only the agent
+differs. The figures show whether ballooning keeps the host out of swap while platinum
+VMs keep their whole allocation.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadmaster.agent.collectors import default_guest_collectors
+from loadmaster.agent.loop import Agent
+from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.policy import shipped_policy_dir
+
+TIERS = ("platinum", "gold", "silver", "best-effort")
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    guests: int
+    steps: int
+    seed: int
+    host_memory_kib: int
+    max_swap_kib_with_policy: int
+    max_swap_kib_without_policy: int
+    min_platinum_balloon_ratio: float
+    min_gold_balloon_ratio: float
+    min_silver_balloon_ratio: float
+    max_guest_swap_kib: int
+    stopped_guests: tuple[str, ...]
+    migration_requests: int
+    controller_failures: int
+    csv_path: Path
+    png_path: Path
+    html_path: Path
+
+
+def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> SimulationResult:
+    """Run ``steps`` agent cycles on ``guests`` simulated VMs; write CSV, PNG and HTML."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Demand peaks at two thirds of the run, so the end shows the host holding steady.
+    ramp = max(1, steps * 2 // 3)
+    with_policy = SimulatedHypervisor.mixed(guests, seed=seed, ramp_steps=ramp)
+    without = SimulatedHypervisor.mixed(guests, seed=seed, ramp_steps=ramp)
+    migrations: list[tuple[str, str]] = []
+    agent = Agent(
+        with_policy,
+        shipped_policy_dir(),
+        with_policy.step_seconds,
+        host_collectors=with_policy.host_collectors(),
+        guest_collectors=default_guest_collectors(with_policy, with_policy.clock),
+        host_name="simulated-host",
+        migration_sender=lambda uuid, reason: migrations.append((uuid, reason)),
+    )
+    rows: list[dict[str, float]] = []
+    min_ratio = dict.fromkeys(TIERS, 1.0)
+    max_guest_swap = failures = 0
+    for step in range(1, steps + 1):
+        with_policy.advance()
+        without.advance()
+        report = agent.run_cycle()
+        failures += len(report.failures)
+        ratios = with_policy.balloon_ratios()
+        row: dict[str, float] = {
+            "step": step,
+            "time_s": with_policy.clock(),
+            "host_memory_gib": with_policy.host_memory_kib / GIB,
+            "host_used_gib": with_policy.host_used_kib / GIB,
+            "host_swap_gib": with_policy.host_swap_kib / GIB,
+            "host_swap_gib_no_policy": without.host_swap_kib / GIB,
+            "host_used_gib_no_policy": without.host_used_kib / GIB,
+            "guest_swap_gib": with_policy.guest_swap_kib() / GIB,
+            "running_guests": len(with_policy.list_guests()),
+            "actions": len(report.actions),
+        }
+        for tier in TIERS:
+            values = ratios.get(tier, [1.0])
+            row[f"{tier}_min_balloon"] = min(values)
+            min_ratio[tier] = min(min_ratio[tier], *values)
+        max_guest_swap = max(max_guest_swap, with_policy.guest_swap_kib())
+        rows.append(row)
+
+    csv_path, png_path, html_path = (
+        out_dir / "simulation.csv",
+        out_dir / "simulation.png",
+        out_dir / "simulation.html",
+    )
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["step"])
+        writer.writeheader()
+        writer.writerows(rows)
+    result = SimulationResult(
+        guests=guests,
+        steps=steps,
+        seed=seed,
+        host_memory_kib=with_policy.host_memory_kib,
+        max_swap_kib_with_policy=int(max((r["host_swap_gib"] for r in rows), default=0) * GIB),
+        max_swap_kib_without_policy=int(
+            max((r["host_swap_gib_no_policy"] for r in rows), default=0) * GIB
+        ),
+        min_platinum_balloon_ratio=min_ratio["platinum"],
+        min_gold_balloon_ratio=min_ratio["gold"],
+        min_silver_balloon_ratio=min_ratio["silver"],
+        max_guest_swap_kib=max_guest_swap,
+        stopped_guests=tuple(with_policy.stopped),
+        migration_requests=len(migrations),
+        controller_failures=failures,
+        csv_path=csv_path,
+        png_path=png_path,
+        html_path=html_path,
+    )
+    _plot(rows, png_path)
+    _write_html(result, html_path)
+    return result
+
+
+def _plot(rows: list[dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, (mem, balloons) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
+    mem.plot(steps, [r["host_memory_gib"] for r in rows], "k--", label="host memory")
+    mem.plot(steps, [r["host_used_gib_no_policy"] for r in rows], "r:", label="used, no policy")
+    mem.plot(steps, [r["host_used_gib"] for r in rows], "b-", label="used, SLA policy")
+    mem.fill_between(
+        steps,
+        [r["host_swap_gib_no_policy"] for r in rows],
+        color="r",
+        alpha=0.3,
+        label="host swap, no policy",
+    )
+    mem.fill_between(
+        steps,
+        [r["host_swap_gib"] for r in rows],
+        color="b",
+        alpha=0.5,
+        label="host swap, SLA policy",
+    )
+    mem.set_ylabel("GiB")
+    mem.set_title("Host memory under rising guest demand")
+    mem.legend(loc="upper left", fontsize="small")
+    for tier, style in zip(TIERS, ("g-", "y-", "c-", "m-"), strict=True):
+        balloons.plot(steps, [r[f"{tier}_min_balloon"] for r in rows], style, label=tier)
+    balloons.set_ylim(0, 1.05)
+    balloons.set_ylabel("smallest balloon / allocation")
+    balloons.set_xlabel("agent cycle")
+    balloons.legend(loc="lower left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _write_html(result: SimulationResult, path: Path) -> None:
+    gib = float(GIB)
+    figures = [
+        ("guests / cycles / seed", f"{result.guests} / {result.steps} / {result.seed}"),
+        ("host memory", f"{result.host_memory_kib / gib:.1f} GiB"),
+        ("max host swap without policy", f"{result.max_swap_kib_without_policy / gib:.2f} GiB"),
+        ("max host swap with SLA policy", f"{result.max_swap_kib_with_policy / gib:.2f} GiB"),
+        ("smallest platinum balloon", f"{result.min_platinum_balloon_ratio:.0%}"),
+        ("smallest gold balloon", f"{result.min_gold_balloon_ratio:.0%}"),
+        ("smallest silver balloon", f"{result.min_silver_balloon_ratio:.0%}"),
+        ("max swap inside guests", f"{result.max_guest_swap_kib / gib:.2f} GiB"),
+        ("best-effort VMs stopped", str(len(result.stopped_guests))),
+        ("migration requests", str(result.migration_requests)),
+    ]
+    rows = "\n".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in figures
+    )
+    path.write_text(
+        "<!doctype html>\n<html><head><meta charset='utf-8'>"
+        "<title>loadmaster host simulation</title></head><body>\n"
+        "<h1>Host under rising memory pressure</h1>\n"
+        f"<table>\n{rows}\n</table>\n"
+        f"<p><img src='{html.escape(result.png_path.name)}' alt='memory and balloons per cycle'></p>\n"
+        f"<p>Data: <a href='{html.escape(result.csv_path.name)}'>{html.escape(result.csv_path.name)}</a></p>\n"
+        "</body></html>\n"
+    )

@@ -1,0 +1,411 @@
+"""A simulated host for demos, benchmarks and the knobs libvirt's test driver lacks.
+
+Each guest's memory demand follows its own seeded curve (a base, a slow rise towards
+``ramp_steps``, a wave and noise), so two simulators built with the same seed evolve
+identically whatever the agent does to either. A guest holds ``min(demand, balloon)``
+resident and swaps inside itself for the rest; the host swaps whatever its guests hold
+beyond its memory. KSM, CPU tune and IO tune validate their input like the kernel and
+libvirt do, so a controller sending a value they would refuse fails here too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid as uuidlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from loadmaster.agent.collectors import HostCollector, HostKsmCollector, Stats
+from loadmaster.agent.controllers import (
+    PERIOD_MAX,
+    PERIOD_MIN,
+    QUOTA_MAX,
+    QUOTA_MIN,
+    SHARES_MAX,
+    SHARES_MIN,
+)
+from loadmaster.agent.hypervisor import (
+    IO_KEYS,
+    KSM_KEYS,
+    BalloonInfo,
+    BlockStats,
+    CpuStats,
+    CpuTune,
+    GuestInfo,
+    HypervisorError,
+)
+from loadmaster.policy.snapshot import StatValue
+
+GIB = 1024 * 1024  # in KiB
+PAGE_KIB = 4
+# Share of a guest's resident memory KSM can merge at best (identical zero and OS pages).
+KSM_MERGEABLE = 0.05
+# The host OS and qemu overhead, outside any guest.
+HOST_OVERHEAD_KIB = 2 * GIB
+# Tier mix of ``SimulatedHypervisor.mixed``: (tags, share of the guests).
+TIER_MIX: tuple[tuple[frozenset[str], float], ...] = (
+    (frozenset({"platinum"}), 0.2),
+    (frozenset({"gold"}), 0.3),
+    (frozenset({"silver"}), 0.25),
+    (frozenset({"best-effort"}), 0.25),
+)
+
+
+@dataclass(frozen=True)
+class SimGuestSpec:
+    """A guest's size and demand curve; ``base`` and ``rise`` are fractions of its memory."""
+
+    name: str
+    memory_kib: int
+    min_kib: int
+    vcpus: int = 2
+    tags: frozenset[str] = frozenset()
+    base: float = 0.4
+    rise: float = 0.4
+    wave: float = 0.03
+    vcpu_limit: float = 100.0
+    io_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class _Guest:
+    spec: SimGuestSpec
+    uuid: str
+    rng: random.Random
+    phase: float
+    balloon: int
+    demand: int = 0
+    guest_swap: int = 0
+    swap_in: int = 0
+    swap_out: int = 0
+    major_fault: int = 0
+    cpu_time_ns: int = 0
+    quota: int = -1
+    period: int = 100_000
+    shares: int = 1024
+    rd_bytes: int = 0
+    wr_bytes: int = 0
+    io_tune: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IO_KEYS, 0))
+    shutting_down: bool = False
+
+    @property
+    def resident(self) -> int:
+        return min(self.demand, self.balloon)
+
+
+class SimulatedHypervisor:
+    def __init__(
+        self,
+        guests: Sequence[SimGuestSpec],
+        *,
+        host_memory_kib: int,
+        cpus: int = 32,
+        seed: int = 0,
+        ramp_steps: int = 100,
+        step_seconds: float = 10.0,
+    ) -> None:
+        self.host_memory_kib = host_memory_kib
+        self.cpus = cpus
+        self.ramp_steps = max(1, ramp_steps)
+        self.step_seconds = step_seconds
+        self.step = 0
+        self.cpu_load = 0.0
+        rng = random.Random(seed)
+        self._guests: dict[str, _Guest] = {}
+        for spec in guests:
+            uuid = str(uuidlib.UUID(int=rng.getrandbits(128), version=4))
+            guest_rng = random.Random(rng.getrandbits(64))
+            self._guests[uuid] = _Guest(
+                spec, uuid, guest_rng, guest_rng.uniform(0, 2 * math.pi), spec.memory_kib
+            )
+        self.ksm: dict[str, int] = {
+            "run": 0,
+            "sleep_millisecs": 20,
+            "pages_shared": 0,
+            "pages_sharing": 0,
+            "pages_unshared": 0,
+            "pages_to_scan": 100,
+            "pages_volatile": 0,
+            "full_scans": 0,
+            "merge_across_nodes": 1,
+        }
+        self.ksm_writes: list[tuple[str, int]] = []
+        # Method names that raise, to test how the agent lives with a failing hypervisor.
+        self.broken: set[str] = set()
+        self.stopped: list[str] = []
+        self._update_memory()
+
+    @classmethod
+    def mixed(
+        cls,
+        guests: int,
+        *,
+        seed: int = 0,
+        overcommit: float = 1.3,
+        ramp_steps: int = 100,
+        step_seconds: float = 10.0,
+    ) -> SimulatedHypervisor:
+        """``guests`` VMs of 2-8 GiB in ``TIER_MIX`` proportions on a host whose memory is
+        their total size divided by ``overcommit``; demand rises from ~40 % to ~85 %."""
+        rng = random.Random(seed)
+        specs = []
+        tiers = [tags for tags, share in TIER_MIX for _ in range(round(share * 100))]
+        for i in range(guests):
+            tags = tiers[(i * 37) % len(tiers)]
+            memory = rng.choice([2, 4, 4, 8]) * GIB
+            specs.append(
+                SimGuestSpec(
+                    name=f"vm-{i:04d}",
+                    memory_kib=memory,
+                    min_kib=memory // 4,
+                    vcpus=rng.choice([1, 2, 4]),
+                    tags=tags,
+                    base=rng.uniform(0.3, 0.5),
+                    rise=rng.uniform(0.35, 0.45),
+                    vcpu_limit=rng.choice([25.0, 50.0, 100.0, 100.0]),
+                    io_limits={"vda": {**dict.fromkeys(IO_KEYS, 0), "total_iops_sec": 2000}},
+                )
+            )
+        total = sum(s.memory_kib for s in specs)
+        return cls(
+            specs,
+            host_memory_kib=int(total / overcommit) + HOST_OVERHEAD_KIB,
+            cpus=max(8, sum(s.vcpus for s in specs) // 2),
+            seed=seed,
+            ramp_steps=ramp_steps,
+            step_seconds=step_seconds,
+        )
+
+    # -- time --------------------------------------------------------------------------
+
+    def clock(self) -> float:
+        return self.step * self.step_seconds
+
+    def advance(self) -> None:
+        """One step of simulated time: demand moves, guests run, KSM scans."""
+        self.step += 1
+        for guest in list(self._guests.values()):
+            if guest.shutting_down:
+                self._remove(guest)
+        ramp = min(1.0, self.step / self.ramp_steps)
+        busy = 0.0
+        for g in self._guests.values():
+            s = g.spec
+            wave = s.wave * math.sin(2 * math.pi * self.step / 40 + g.phase)
+            fraction = s.base + s.rise * ramp + wave + g.rng.gauss(0, 0.01)
+            g.demand = int(s.memory_kib * min(0.98, max(0.05, fraction)))
+            swapped = max(0, g.demand - g.balloon)
+            pages = abs(swapped - g.guest_swap) // PAGE_KIB
+            if swapped > g.guest_swap:
+                g.swap_out += pages
+            else:
+                g.swap_in += pages
+            g.major_fault += pages
+            g.guest_swap = swapped
+            util = min(1.0, max(0.0, 0.3 + g.rng.gauss(0, 0.15)))
+            if g.quota > 0:
+                util = min(util, g.quota / g.period)
+            g.cpu_time_ns += int(util * s.vcpus * self.step_seconds * 1e9)
+            busy += util * s.vcpus
+            g.rd_bytes += g.rng.randrange(0, 50_000_000)
+            g.wr_bytes += g.rng.randrange(0, 20_000_000)
+        self.cpu_load = min(1.0, busy / self.cpus)
+        self._scan_ksm()
+        self._update_memory()
+
+    def _scan_ksm(self) -> None:
+        if self.ksm["run"] != 1:
+            return
+        resident_pages = sum(g.resident for g in self._guests.values()) // PAGE_KIB
+        cap = int(KSM_MERGEABLE * resident_pages)
+        scans = self.step_seconds * 1000 / max(1, self.ksm["sleep_millisecs"])
+        merged = int(self.ksm["pages_to_scan"] * scans * KSM_MERGEABLE)
+        sharing = min(cap, self.ksm["pages_sharing"] + merged)
+        self.ksm["pages_sharing"] = sharing
+        self.ksm["pages_shared"] = sharing // 4
+        self.ksm["full_scans"] += 1
+
+    def _update_memory(self) -> None:
+        saved = (self.ksm["pages_sharing"] - self.ksm["pages_shared"]) * PAGE_KIB
+        used = HOST_OVERHEAD_KIB + sum(g.resident for g in self._guests.values()) - saved
+        self.host_used_kib = max(0, used)
+        self.host_swap_kib = max(0, used - self.host_memory_kib)
+
+    def _remove(self, guest: _Guest) -> None:
+        del self._guests[guest.uuid]
+        self.stopped.append(guest.spec.name)
+        self._update_memory()
+
+    # -- observations for the simulation report ----------------------------------------
+
+    def balloon_ratios(self) -> dict[str, list[float]]:
+        """Balloon / allocation of every running guest, by SLA tier tag."""
+        ratios: dict[str, list[float]] = {}
+        for g in self._guests.values():
+            for tag in g.spec.tags:
+                ratios.setdefault(tag, []).append(g.balloon / g.spec.memory_kib)
+        return ratios
+
+    def guest_swap_kib(self) -> int:
+        return sum(g.guest_swap for g in self._guests.values())
+
+    def host_stats(self) -> Stats:
+        free = max(0, self.host_memory_kib - self.host_used_kib)
+        return {
+            "mem_available": self.host_memory_kib,
+            "mem_unused": free,
+            "mem_free": free,
+            "swap_total": 64 * GIB,
+            "swap_usage": self.host_swap_kib,
+            "cpu_count": self.cpus,
+            "cpu_load": self.cpu_load,
+        }
+
+    def host_collectors(self) -> list[HostCollector]:
+        return [SimulatedHostCollector(self), HostKsmCollector(self)]
+
+    # -- the Hypervisor protocol -------------------------------------------------------
+
+    def _check(self, call: str) -> None:
+        if call in self.broken:
+            raise HypervisorError(f"{call}: simulated failure")
+
+    def _guest(self, uuid: str) -> _Guest:
+        guest = self._guests.get(uuid)
+        if guest is None:
+            raise HypervisorError(f"no running guest {uuid}")
+        return guest
+
+    def list_guests(self) -> list[GuestInfo]:
+        self._check("list_guests")
+        return [
+            GuestInfo(
+                g.uuid,
+                g.spec.name,
+                g.spec.tags,
+                g.spec.vcpu_limit,
+                tuple(g.spec.io_limits) or ("vda",),
+                g.spec.io_limits,
+            )
+            for g in self._guests.values()
+        ]
+
+    def memory_stats(self, uuid: str) -> Mapping[str, int]:
+        self._check("memory_stats")
+        g = self._guest(uuid)
+        unused = g.balloon - g.resident
+        return {
+            "actual": g.balloon,
+            "available": g.balloon,
+            "unused": unused,
+            "usable": unused,
+            "swap_in": g.swap_in,
+            "swap_out": g.swap_out,
+            "major_fault": g.major_fault,
+            "minor_fault": g.major_fault * 10,
+            "rss": g.resident,
+        }
+
+    def balloon_info(self, uuid: str) -> BalloonInfo:
+        self._check("balloon_info")
+        g = self._guest(uuid)
+        return BalloonInfo(g.balloon, g.spec.memory_kib, g.spec.min_kib)
+
+    def set_memory(self, uuid: str, kib: int) -> None:
+        self._check("set_memory")
+        g = self._guest(uuid)
+        if not 0 < kib <= g.spec.memory_kib:
+            raise HypervisorError(f"setMemory {kib} KiB outside (0, {g.spec.memory_kib}]")
+        g.balloon = kib
+        self._update_memory()
+
+    def cpu_stats(self, uuid: str) -> CpuStats:
+        self._check("cpu_stats")
+        g = self._guest(uuid)
+        return CpuStats(g.cpu_time_ns, g.spec.vcpus)
+
+    def cpu_tune(self, uuid: str) -> CpuTune:
+        self._check("cpu_tune")
+        g = self._guest(uuid)
+        return CpuTune(g.quota, g.period, g.shares)
+
+    def set_cpu_tune(
+        self, uuid: str, *, quota: int | None, period: int | None, shares: int | None
+    ) -> None:
+        self._check("set_cpu_tune")
+        g = self._guest(uuid)
+        # libvirt's checks: a negative quota is "unlimited", 0 and small values are refused.
+        if quota is not None and quota >= 0 and not QUOTA_MIN <= quota <= QUOTA_MAX:
+            raise HypervisorError(f"vcpu_quota {quota} out of range")
+        if period is not None and not PERIOD_MIN <= period <= PERIOD_MAX:
+            raise HypervisorError(f"vcpu_period {period} out of range")
+        if shares is not None and not SHARES_MIN <= shares <= SHARES_MAX:
+            raise HypervisorError(f"cpu_shares {shares} out of range")
+        if quota is not None:
+            g.quota = quota
+        if period is not None:
+            g.period = period
+        if shares is not None:
+            g.shares = shares
+
+    def block_stats(self, uuid: str, disk: str) -> BlockStats:
+        self._check("block_stats")
+        g = self._guest(uuid)
+        return BlockStats(g.rd_bytes // 65536, g.rd_bytes, g.wr_bytes // 65536, g.wr_bytes)
+
+    def io_tune(self, uuid: str, disk: str) -> Mapping[str, int]:
+        self._check("io_tune")
+        return dict(self._guest(uuid).io_tune)
+
+    def set_io_tune(self, uuid: str, disk: str, limits: Mapping[str, int]) -> None:
+        self._check("set_io_tune")
+        g = self._guest(uuid)
+        if any(k not in IO_KEYS or v < 0 for k, v in limits.items()):
+            raise HypervisorError(f"invalid IO limits {dict(limits)}")
+        g.io_tune.update(limits)
+
+    def stop_guest(self, uuid: str, *, force: bool) -> None:
+        self._check("stop_guest")
+        g = self._guest(uuid)
+        if force:
+            self._remove(g)
+        else:
+            g.shutting_down = True
+
+    def ksm_read(self) -> Mapping[str, int | None]:
+        self._check("ksm_read")
+        return dict(self.ksm)
+
+    def ksm_write(self, key: str, value: int) -> None:
+        self._check("ksm_write")
+        if key not in KSM_KEYS:
+            raise HypervisorError(f"unknown KSM knob {key!r}")
+        if key == "merge_across_nodes" and self.ksm["pages_shared"] > 0:
+            raise HypervisorError("merge_across_nodes: Device or resource busy (pages shared)")
+        if key == "run" and value == 2:
+            self.ksm["pages_shared"] = self.ksm["pages_sharing"] = 0
+            self._update_memory()
+        self.ksm[key] = int(value)
+        self.ksm_writes.append((key, int(value)))
+
+
+class SimulatedHostCollector:
+    """The simulated host's memory and CPU, in the fields the /proc collectors give."""
+
+    name = "simulated-host"
+    fields: tuple[str, ...] = (
+        "mem_available",
+        "mem_unused",
+        "mem_free",
+        "swap_total",
+        "swap_usage",
+        "cpu_count",
+        "cpu_load",
+    )
+
+    def __init__(self, sim: SimulatedHypervisor) -> None:
+        self.sim = sim
+
+    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats:
+        return self.sim.host_stats()
