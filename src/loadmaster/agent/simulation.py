@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import html
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,9 +81,11 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
             "actions": len(report.actions),
         }
         for tier in TIERS:
-            values = ratios.get(tier, [1.0])
-            row[f"{tier}_min_balloon"] = min(values)
-            min_ratio[tier] = min(min_ratio[tier], *values)
+            # NaN once a tier has no running VM left: a gap in the plot, not a full balloon.
+            values = ratios.get(tier)
+            row[f"{tier}_min_balloon"] = min(values) if values else math.nan
+            if values:
+                min_ratio[tier] = min(min_ratio[tier], *values)
         max_guest_swap = max(max_guest_swap, with_policy.guest_swap_kib())
         rows.append(row)
 

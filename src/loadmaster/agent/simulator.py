@@ -142,7 +142,7 @@ class SimulatedHypervisor:
         guests: int,
         *,
         seed: int = 0,
-        overcommit: float = 1.3,
+        overcommit: float = 1.5,
         ramp_steps: int = 100,
         step_seconds: float = 10.0,
     ) -> SimulatedHypervisor:
