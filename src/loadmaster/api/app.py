@@ -1,0 +1,125 @@
+"""The app factory: ``create_app(lm_or_url, auth)``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Response
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from loadmaster.api import errors
+from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, resolve_auth
+from loadmaster.api.deps import MetricsDep
+from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
+from loadmaster.api.routes import catalog, providers, scheduling, vms, vocabulary
+from loadmaster.service import Loadmaster, open_loadmaster
+
+DEFAULT_MAX_BODY = 1024 * 1024
+# How ``loadmaster serve`` hands its options to worker processes (see ``app_from_env``).
+TOKENS_FILE_ENV = "LOADMASTER_TOKENS_FILE"
+NO_AUTH_ENV = "LOADMASTER_NO_AUTH"
+MAX_BODY_ENV = "LOADMASTER_MAX_BODY"
+DESCRIPTION = """Where virtual machines run, and what each host has promised.
+
+Placement's resources and JSON shapes where the concept is the same (resource classes,
+resource providers with inventories, traits, aggregates and usages, allocations,
+project usages), plus what Placement lacks: pending state, scheduling with
+explanations, server groups, capacity questions and host reports.
+
+Every request needs `Authorization: Bearer <token>` (role `admin` writes, `reader`
+reads) unless the server runs with `--no-auth`. Errors are `{code, title, detail,
+field}` with a stable dotted `code`."""
+
+
+def create_app(
+    lm: Loadmaster | str | None = None,
+    auth: AuthConfig | None = None,
+    *,
+    max_body_size: int = DEFAULT_MAX_BODY,
+) -> FastAPI:
+    """An API over ``lm`` (a ``Loadmaster``, or a database URL to open; None: the
+    default database). ``auth=None`` means no authentication (``--no-auth``)."""
+    service = lm if isinstance(lm, Loadmaster) else open_loadmaster(lm)
+    owned = not isinstance(lm, Loadmaster)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Load the scheduler's host arrays now, not on the first placement request.
+        service.scheduler.refresh()
+        yield
+        if owned:
+            service.close()
+
+    app = FastAPI(
+        title="loadmaster",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        max_body_size=max_body_size,
+        responses=errors.ERROR_RESPONSES,
+        redoc_url=None,
+        # A client that sends JSON without saying so still gets it parsed.
+        strict_content_type=False,
+    )
+    app.state.lm = service
+    app.state.metrics = Metrics(service)
+    errors.install(app)
+    for module in (vocabulary, providers, catalog, vms, scheduling):
+        app.include_router(module.router)
+    app.include_router(_operations_router())
+    if auth is not None:
+        app.add_middleware(AuthMiddleware, config=auth)
+    # Added last, so it runs first: even refused requests get an id and a log line.
+    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
+    app.openapi = lambda: _openapi(app, secured=auth is not None)  # type: ignore[method-assign]
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """The app of one server process, configured from the environment: ``LOADMASTER_DB``,
+    ``LOADMASTER_TOKENS_FILE`` or ``LOADMASTER_TOKENS``, ``LOADMASTER_NO_AUTH=1``,
+    ``LOADMASTER_MAX_BODY``. Each of several uvicorn workers builds its own."""
+    configure_logging()
+    auth = resolve_auth(
+        no_auth=os.environ.get(NO_AUTH_ENV) == "1", tokens_file=os.environ.get(TOKENS_FILE_ENV)
+    )
+    max_body = int(os.environ.get(MAX_BODY_ENV) or DEFAULT_MAX_BODY)
+    return create_app(os.environ.get("LOADMASTER_DB"), auth, max_body_size=max_body)
+
+
+def _operations_router() -> APIRouter:
+    router = APIRouter(tags=["operations"])
+
+    @router.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/metrics", response_class=Response)
+    def metrics(metrics: MetricsDep) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def _openapi(app: FastAPI, *, secured: bool) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        if secured:
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"}
+            }
+            schema["security"] = [{"bearer": []}]
+            for path in OPEN_PATHS & set(schema["paths"]):
+                for operation in schema["paths"][path].values():
+                    operation["security"] = []
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,149 @@
+"""Bearer tokens with two roles: ``admin`` may write, ``reader`` may only read.
+
+Tokens come from a file (TOML, YAML or JSON, chosen by extension)::
+
+    [tokens]                       # TOML; YAML and JSON use the same structure
+    "s3cr3t-admin" = "admin"
+    "s3cr3t-reader" = "reader"
+
+or from ``LOADMASTER_TOKENS="tok1:admin,tok2:reader"``. Checking is a middleware, so
+a request without a valid token is refused before its body is read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from loadmaster.api.errors import Forbidden, Unauthenticated, error_response
+from loadmaster.errors import ValidationError
+
+ROLES = ("admin", "reader")
+TOKENS_ENV = "LOADMASTER_TOKENS"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Liveness probes and the API description need no token.
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """``token -> role``. ``repr`` hides the tokens so a logged config leaks nothing."""
+
+    tokens: Mapping[str, str] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        for role in self.tokens.values():
+            if role not in ROLES:
+                raise ValidationError(
+                    f"role {role!r} is not one of {', '.join(ROLES)}", field="tokens"
+                )
+        if any(not token for token in self.tokens):
+            raise ValidationError("a token must not be empty", field="tokens")
+
+    def role_of(self, presented: str) -> str | None:
+        """The role of ``presented``, comparing against every token in constant time so
+        the time taken tells nothing about how much of a token matched."""
+        found = None
+        given = presented.encode()
+        for token, role in self.tokens.items():
+            if hmac.compare_digest(token.encode(), given):
+                found = role
+        return found
+
+    @classmethod
+    def from_env(cls, value: str | None = None) -> AuthConfig:
+        text = os.environ.get(TOKENS_ENV, "") if value is None else value
+        tokens: dict[str, str] = {}
+        for i, item in enumerate(p.strip() for p in text.split(",")):
+            if not item:
+                continue
+            token, sep, role = item.rpartition(":")
+            if not sep:
+                raise ValidationError(
+                    f"{TOKENS_ENV} entry {i} has no role: write token:admin or token:reader",
+                    field=TOKENS_ENV,
+                )
+            tokens[token] = role
+        return cls(tokens)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> AuthConfig:
+        path = Path(path)
+        text = path.read_text()
+        data: object
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ValidationError(
+                f"{path}: token files end in .toml, .yaml, .yml or .json", field="tokens"
+            )
+        tokens = data.get("tokens") if isinstance(data, Mapping) else None
+        if not isinstance(tokens, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in tokens.items()
+        ):
+            raise ValidationError(
+                f"{path}: expected a 'tokens' table of token = role", field="tokens"
+            )
+        return cls(dict(tokens))
+
+
+class AuthMiddleware:
+    """Refuses requests without a known bearer token (401) and writes by readers (403)."""
+
+    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        role = self._role(scope)
+        if role is None:
+            response = error_response(
+                Unauthenticated("send a valid token: Authorization: Bearer <token>"),
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        elif role != "admin" and scope["method"] not in READ_METHODS:
+            response = error_response(Forbidden(f"role {role} may only read; writing needs admin"))
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+    def _role(self, scope: Scope) -> str | None:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and token.strip():
+                    return self.config.role_of(token.strip())
+        return None
+
+
+def resolve_auth(*, no_auth: bool, tokens_file: str | Path | None) -> AuthConfig | None:
+    """What a server runs with: nothing (``--no-auth``), a token file, else the
+    environment; with none of them it must not start, since "no token, no access"."""
+    if no_auth:
+        return None
+    if tokens_file:
+        return AuthConfig.from_file(tokens_file)
+    config = AuthConfig.from_env()
+    if not config.tokens:
+        raise ValidationError(
+            f"no tokens configured: pass --tokens FILE, set {TOKENS_ENV}=token:admin,... "
+            "or use --no-auth for local use",
+            field="tokens",
+        )
+    return config

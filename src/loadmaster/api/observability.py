@@ -1,0 +1,191 @@
+"""Request ids, one structured log line per request, and Prometheus metrics.
+
+Metrics live in a registry per app (not the process-global one), so several apps in one
+process (tests, a CLI running a server in a thread) never collide. The pending-records
+gauge is read from the store at scrape time: the ledger keeps no counters to read.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from loadmaster.scheduler import ScheduleResult
+from loadmaster.service import Loadmaster
+
+REQUEST_ID_HEADER = "x-request-id"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "loadmaster_request_id", default=None
+)
+access_log = logging.getLogger("loadmaster.api.access")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; ``extra={"fields": {...}}`` adds keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = request_id_var.get()
+        if request_id is not None:
+            entry["request_id"] = request_id
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("loadmaster")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+class _PendingRecords(Collector):
+    def __init__(self, lm: Loadmaster) -> None:
+        self._lm = lm
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        per_host: dict[str, int] = {}
+        for record in self._lm.allocations.allocations(state="pending"):
+            per_host[record.host] = per_host.get(record.host, 0) + 1
+        total = GaugeMetricFamily(
+            "loadmaster_pending_records",
+            "Pending allocation records (VMs placed, not yet reported up)",
+        )
+        total.add_metric([], sum(per_host.values()))
+        by_host = GaugeMetricFamily(
+            "loadmaster_host_pending_records",
+            "Pending allocation records per host",
+            labels=["host"],
+        )
+        for host, count in sorted(per_host.items()):
+            by_host.add_metric([host], count)
+        return [total, by_host]
+
+
+class Metrics:
+    def __init__(self, lm: Loadmaster) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "loadmaster_http_requests",
+            "HTTP requests by route template, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "loadmaster_http_request_seconds",
+            "HTTP request duration",
+            ["route"],
+            registry=self.registry,
+        )
+        self.placements = Counter(
+            "loadmaster_placements",
+            "VM placement outcomes (dry runs excluded)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.conflicts = Counter(
+            "loadmaster_conflicts",
+            "Lost generation races and 409 answers",
+            ["source"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "loadmaster_schedule_retries",
+            "Extra decisions made after a VM lost a claim race",
+            registry=self.registry,
+        )
+        self.decision_seconds = Histogram(
+            "loadmaster_decision_seconds",
+            "Time to choose a host for one VM",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+            registry=self.registry,
+        )
+        self.registry.register(_PendingRecords(lm))
+
+    def observe_schedule(self, result: ScheduleResult) -> None:
+        for placement in result.placements:
+            self.decision_seconds.observe(placement.decision_seconds)
+            if placement.attempts > 1:
+                self.retries.inc(placement.attempts - 1)
+            if not result.dry_run:
+                self.placements.labels("placed" if placement.ok else "failed").inc()
+        if result.conflicts:
+            self.conflicts.labels("claim_race").inc(result.conflicts)
+
+
+class RequestContextMiddleware:
+    """Gives every request an id (the client's ``X-Request-ID`` if sane, else a new one),
+    echoes it, logs the outcome and counts it by route template (not raw path, which
+    would make a metric series per VM)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
+        request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (REQUEST_ID_HEADER.encode(), request_id.encode()),
+                ]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            seconds = time.perf_counter() - started
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "<unmatched>"
+            self.metrics.requests.labels(template, scope["method"], str(status)).inc()
+            self.metrics.request_seconds.labels(template).observe(seconds)
+            if status == 409:
+                self.metrics.conflicts.labels("http_409").inc()
+            access_log.info(
+                "%s %s %s",
+                scope["method"],
+                scope["path"],
+                status,
+                extra={
+                    "fields": {
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "route": template,
+                        "status": status,
+                        "ms": round(seconds * 1000, 2),
+                    }
+                },
+            )
+            request_id_var.reset(token)

@@ -1,0 +1,1 @@
+"""One module per REST resource; each exposes ``router``."""

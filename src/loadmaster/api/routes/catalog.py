@@ -1,0 +1,57 @@
+"""Flavors and server groups: what VMs are made from and kept together or apart by."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from loadmaster.api import views
+from loadmaster.api.deps import LM
+from loadmaster.api.schemas import FlavorCreate, GroupCreate
+
+router = APIRouter()
+
+
+@router.get("/flavors", tags=["flavors"])
+def list_flavors(lm: LM) -> dict[str, Any]:
+    return {"flavors": [views.flavor(f) for f in lm.flavors.list()]}
+
+
+@router.post("/flavors", status_code=201, tags=["flavors"])
+def create_flavor(lm: LM, body: FlavorCreate) -> dict[str, Any]:
+    return views.flavor(lm.flavors.create(body.fields()))
+
+
+@router.get("/flavors/{name}", tags=["flavors"])
+def get_flavor(lm: LM, name: str) -> dict[str, Any]:
+    return views.flavor(lm.flavors.get(name))
+
+
+@router.delete("/flavors/{name}", status_code=204, tags=["flavors"])
+def delete_flavor(lm: LM, name: str) -> Response:
+    lm.flavors.delete(name)
+    return Response(status_code=204)
+
+
+@router.get("/server_groups", tags=["server groups"])
+def list_groups(lm: LM) -> dict[str, Any]:
+    return {"server_groups": [views.group(g) for g in lm.groups.list()]}
+
+
+@router.post("/server_groups", status_code=201, tags=["server groups"])
+def create_group(lm: LM, body: GroupCreate) -> dict[str, Any]:
+    group = lm.groups.create(body.name, body.policy, max_per_host=body.max_per_host)
+    return views.group(group, members=[])
+
+
+@router.get("/server_groups/{group}", tags=["server groups"])
+def get_group(lm: LM, group: str) -> dict[str, Any]:
+    """``group`` is a uuid or a name; ``members`` lists the live VMs' uuids."""
+    return views.group(lm.groups.get(group), members=lm.groups.members(group))
+
+
+@router.delete("/server_groups/{group}", status_code=204, tags=["server groups"])
+def delete_group(lm: LM, group: str) -> Response:
+    lm.groups.delete(group)
+    return Response(status_code=204)

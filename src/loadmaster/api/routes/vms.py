@@ -1,0 +1,146 @@
+"""VMs and their lifecycle: create, start (schedule + pending claim), up (activate),
+stop, migrate, delete; and their allocations (Placement's ``/allocations/{consumer}``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Query, Response
+
+from loadmaster.api import views
+from loadmaster.api.deps import LM, MetricsDep
+from loadmaster.api.observability import Metrics
+from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart
+from loadmaster.cluster import VmSpec
+from loadmaster.errors import InvalidTransition
+from loadmaster.scheduler import Placement, RequestSpec
+from loadmaster.service import Loadmaster
+
+router = APIRouter()
+log = logging.getLogger("loadmaster.api.vms")
+VM = "/vms/{uuid}"
+
+
+@router.get("/vms", tags=["vms"])
+def list_vms(
+    lm: LM,
+    state: str | None = None,
+    host: str | None = None,
+    project_id: str | None = None,
+    group: str | None = None,
+) -> dict[str, Any]:
+    vms = lm.vms.list(state=state, host=host, project_id=project_id, group=group)
+    return {"vms": [views.vm(v) for v in vms]}
+
+
+@router.post("/vms", status_code=201, tags=["vms"])
+def create_vm(lm: LM, body: VmCreate) -> dict[str, Any]:
+    """Created ``requested``: it holds nothing until started."""
+    return views.vm(lm.vms.create_many([VmSpec(**body.fields())])[0])
+
+
+@router.get(VM, tags=["vms"])
+def get_vm(lm: LM, uuid: str) -> dict[str, Any]:
+    return views.vm(lm.vms.get(uuid))
+
+
+@router.delete(VM, status_code=204, tags=["vms"])
+def delete_vm(lm: LM, uuid: str) -> Response:
+    """Releases whatever it holds; deleting again is harmless."""
+    lm.allocations.delete(uuid)
+    return Response(status_code=204)
+
+
+def _schedule_one(
+    lm: Loadmaster, metrics: Metrics, uuid: str, policy: str | None
+) -> dict[str, Any]:
+    result = lm.scheduler.schedule([RequestSpec(vms=[uuid])], policy=policy)
+    metrics.observe_schedule(result)
+    placement = result.placements[0]
+    if placement.error is not None:
+        raise placement.error
+    return {"vm": views.vm(lm.vms.get(uuid)), "placement": placement.to_dict()}
+
+
+@router.post(VM + "/start", tags=["vms"])
+def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None) -> dict[str, Any]:
+    """Choose a host and claim there: the VM becomes ``pending`` until it is reported up.
+    No host: 409 ``loadmaster.no_valid_host`` with the per-filter ``explanation``."""
+    return _schedule_one(lm, metrics, uuid, body.policy if body else None)
+
+
+@router.post(VM + "/up", tags=["vms"])
+def vm_up(lm: LM, uuid: str) -> dict[str, Any]:
+    """The VM runs: its pending records become active (a migration completes)."""
+    return views.vm(lm.allocations.activate(uuid))
+
+
+@router.post(VM + "/stop", tags=["vms"])
+def stop_vm(lm: LM, uuid: str) -> dict[str, Any]:
+    return views.vm(lm.allocations.stop(uuid))
+
+
+@router.post(VM + "/migrate", tags=["vms"])
+def migrate_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmMigrate) -> dict[str, Any]:
+    """Claim a destination (``host``, or one the scheduler picks) while the source stays
+    active; ``/up`` completes the move, ``DELETE /allocations/{uuid}?host=dest`` aborts it."""
+    vm = lm.vms.get(uuid)
+    if vm.state != "running":
+        raise InvalidTransition(f"VM {uuid} is {vm.state}; only a running VM migrates", field="vm")
+    log.info("migration of %s requested: %s", uuid, body.reason or "no reason given")
+    if body.host is None:
+        return _schedule_one(lm, metrics, uuid, body.policy)
+    lm.allocations.claim(uuid, body.host)
+    placement = Placement(uuid, lm.vms.get(uuid).target_host)
+    return {"vm": views.vm(lm.vms.get(uuid)), "placement": placement.to_dict()}
+
+
+def _allocations(lm: Loadmaster, uuid: str) -> dict[str, Any]:
+    vm = lm.vms.get(uuid)
+    records = lm.allocations.allocations(vm=uuid)
+    hosts = {name: lm.hosts.get(name) for name in {r.host for r in records}}
+    return {
+        "allocations": views.allocations(records, hosts),
+        "project_id": vm.project_id,
+        "user_id": vm.user_id,
+        "state": vm.state,
+    }
+
+
+@router.get("/allocations/{uuid}", tags=["allocations"])
+def get_allocations(lm: LM, uuid: str) -> dict[str, Any]:
+    return _allocations(lm, uuid)
+
+
+@router.put("/allocations/{uuid}", tags=["allocations"])
+def claim(lm: LM, uuid: str, body: Claim) -> dict[str, Any]:
+    """Claim on a named host without the scheduler (pending records, all classes or
+    none). With ``resource_provider_generation`` it lands only if the host is unchanged."""
+    lm.allocations.claim(uuid, body.host, expected_generation=body.resource_provider_generation)
+    return _allocations(lm, uuid)
+
+
+@router.delete("/allocations/{uuid}", status_code=204, tags=["allocations"])
+def release(
+    lm: LM, uuid: str, host: str | None = Query(None, description="release only this host's")
+) -> Response:
+    """Idempotent: releasing what is already gone is a no-op."""
+    lm.allocations.release(uuid, host)
+    return Response(status_code=204)
+
+
+@router.get("/usages", tags=["allocations"])
+def project_usages(lm: LM, project_id: str) -> dict[str, Any]:
+    """Placement's per-project usage (pending counted as used), plus the split."""
+    split = lm.allocations.project_usage(project_id)
+    return {
+        "usages": {name: u["active"] + u["pending"] for name, u in sorted(split.items())},
+        "classes": {name: dict(u) for name, u in sorted(split.items())},
+    }
+
+
+@router.get("/usages/hosts", tags=["allocations"])
+def host_usages(lm: LM) -> dict[str, Any]:
+    """Every host's capacity, active, pending, used and free per class."""
+    return {"hosts": {name: views.usage(u) for name, u in sorted(lm.allocations.usages().items())}}

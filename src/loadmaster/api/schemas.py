@@ -1,0 +1,148 @@
+"""Request bodies. Types and unknown keys are checked here (``extra="forbid"``, strict
+types: ``"4"`` is not a number); the rules (ranges, names, capacity) stay in the domain,
+which checks them for Python callers too."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loadmaster.resources.inventory import MAX_INT
+
+Name = Annotated[str, Field(min_length=1, max_length=255)]
+Amount = Annotated[int, Field(ge=0, le=MAX_INT)]
+Generation = Annotated[int, Field(ge=0, le=2**62)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    def fields(self) -> dict[str, Any]:
+        """What the client sent, so domain defaults apply to what it left out."""
+        return self.model_dump(exclude_unset=True)
+
+
+class ResourceClassFields(Body):
+    kind: Name = "custom"
+    unit: Name = "unit"
+    description: Annotated[str, Field(max_length=255)] = ""
+
+
+class ResourceClassCreate(ResourceClassFields):
+    name: Name
+
+
+class InventoryIn(Body):
+    total: Amount
+    reserved: Amount = 0
+    min_unit: Amount = 1
+    max_unit: Amount = MAX_INT
+    step_size: Amount = 1
+    allocation_ratio: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+
+
+class ProviderCreate(Body):
+    name: Name
+    uuid: Name | None = None
+    parent_provider_uuid: Name | None = None
+    state: Name = "up"
+    inventories: dict[str, InventoryIn] = {}
+    traits: list[Name] = []
+    aggregates: list[Name] = []
+
+
+class ProviderUpdate(Body):
+    state: Name
+    resource_provider_generation: Generation | None = None
+
+
+class InventoriesPut(Body):
+    resource_provider_generation: Generation
+    inventories: dict[str, InventoryIn]
+
+
+class InventoryPut(InventoryIn):
+    resource_provider_generation: Generation
+
+
+class TraitsPut(Body):
+    resource_provider_generation: Generation
+    traits: list[Name]
+
+
+class AggregatesPut(Body):
+    resource_provider_generation: Generation
+    aggregates: list[Name]
+
+
+class FlavorCreate(Body):
+    name: Name
+    resources: dict[str, Amount] = {}
+    required_traits: list[Name] = []
+    forbidden_traits: list[Name] = []
+    extra_specs: dict[str, Annotated[str, Field(max_length=255)]] = {}
+
+
+class VmCreate(Body):
+    name: Name
+    flavor: Name
+    project_id: Name = "default"
+    user_id: Name = "default"
+    overrides: dict[str, Amount] = {}
+    tags: list[Name] = []
+    group: Name | None = None
+    uuid: Name | None = None
+
+
+class VmStart(Body):
+    policy: Name | None = None
+
+
+class VmMigrate(Body):
+    host: Name | None = None
+    reason: Annotated[str, Field(max_length=1024)] | None = None
+    policy: Name | None = None
+
+
+class Claim(Body):
+    host: Name
+    resource_provider_generation: Generation | None = None
+
+
+class GroupCreate(Body):
+    name: Name
+    policy: Name
+    max_per_host: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
+
+
+class RequestSpecIn(Body):
+    """One entry of ``POST /schedule`` (see ``loadmaster.scheduler.RequestSpec``)."""
+
+    vms: list[Name] = []
+    flavor: Name | None = None
+    count: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    overrides: dict[str, Amount] = {}
+    required_traits: list[Name] = []
+    forbidden_traits: list[Name] = []
+    member_of: list[list[Name]] = []
+    forbidden_aggregates: list[Name] = []
+    group: Name | None = None
+    include_hosts: list[Name] | None = None
+    exclude_hosts: list[Name] = []
+
+
+class ScheduleIn(Body):
+    requests: Annotated[list[RequestSpecIn], Field(min_length=1, max_length=1000)]
+    gang: bool = False
+    dry_run: bool = False
+    policy: Name | None = None
+
+
+class HostReport(Body):
+    running_vms: list[Name] = []
+    usage: dict[str, Annotated[float, Field(ge=0)]] = {}
+    load: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}
+    # ISO 8601 text: strictness would refuse the only form JSON can carry.
+    as_of: Annotated[datetime, Field(strict=False)] | None = None

@@ -1,0 +1,1 @@
+"""``loadmaster demo``: placeholder replaced below."""

@@ -1,0 +1,153 @@
+"""Commands that run here, not against a server: the server itself, the host agent, the
+host simulation and the policy tools. Heavy packages are imported inside each command,
+so ``loadmaster --help`` stays quick."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from loadmaster.cli.app import app
+from loadmaster.cli.client import Exit, err_console, fail, print_json
+from loadmaster.errors import LoadmasterError
+
+policy_app = typer.Typer(help="Check and try out host SLA policies.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+
+@app.command("serve")
+def serve(
+    db: Annotated[str, typer.Option(help="sqlite:///FILE or postgresql+psycopg://...")] = (
+        "sqlite:///loadmaster.db"
+    ),
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    workers: Annotated[int, typer.Option(help="worker processes (PostgreSQL only)")] = 1,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="no tokens: local use only")] = False,
+    tokens: Annotated[
+        Path | None, typer.Option(help="token file (.toml/.yaml/.json): [tokens] TOKEN = ROLE")
+    ] = None,
+    max_body: Annotated[int, typer.Option(help="largest request body in bytes")] = 1024 * 1024,
+) -> None:
+    """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...")."""
+    import uvicorn
+
+    from loadmaster.api.app import MAX_BODY_ENV, NO_AUTH_ENV, TOKENS_FILE_ENV
+    from loadmaster.api.auth import resolve_auth
+    from loadmaster.service import open_loadmaster
+
+    if workers < 1:
+        fail("--workers must be at least 1", Exit.USAGE)
+    if workers > 1 and db.startswith("sqlite"):
+        fail(
+            "--workers > 1 needs PostgreSQL: SQLite takes one writer at a time, so several "
+            "processes would only queue on its lock. Use --db postgresql+psycopg://...",
+            Exit.USAGE,
+        )
+    try:
+        resolve_auth(no_auth=no_auth, tokens_file=tokens)
+        # Migrate once here, so workers starting together find the schema ready.
+        open_loadmaster(db).close()
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.USAGE)
+    except OSError as exc:
+        fail(f"cannot read {tokens}: {exc}", Exit.USAGE)
+    os.environ["LOADMASTER_DB"] = db
+    os.environ[MAX_BODY_ENV] = str(max_body)
+    if no_auth:
+        os.environ[NO_AUTH_ENV] = "1"
+    if tokens is not None:
+        os.environ[TOKENS_FILE_ENV] = str(tokens.resolve())
+    auth_note = "no auth" if no_auth else "bearer tokens"
+    err_console.print(
+        f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
+    )
+    uvicorn.run(
+        "loadmaster.api.app:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        access_log=False,  # our middleware logs each request as JSON, with its id
+        log_level="warning",
+    )
+
+
+@app.command("agent")
+def agent(
+    hypervisor: Annotated[str, typer.Option(help="libvirt URI, e.g. qemu:///system")],
+    policy_dir: Annotated[Path, typer.Option(help="directory of *.policy files")],
+    interval: Annotated[float, typer.Option(help="seconds between cycles")] = 15.0,
+    api_url: Annotated[
+        str | None, typer.Option("--api", help="loadmaster API to report to")
+    ] = None,
+    token: Annotated[str | None, typer.Option(envvar="LOADMASTER_TOKEN")] = None,
+    host_name: Annotated[str | None, typer.Option(help="default: this machine's name")] = None,
+    cycles: Annotated[int | None, typer.Option(help="stop after N cycles")] = None,
+) -> None:
+    """Run the host agent: collect, apply the SLA policy, report to the API."""
+    from loadmaster.agent import run_agent
+
+    try:
+        reports = run_agent(hypervisor, policy_dir, interval, api_url, token, host_name, cycles)
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.SERVER_ERROR)
+    for report in reports:
+        err_console.print(
+            f"cycle {report.cycle}: {report.guests} guests, {len(report.actions)} actions, "
+            f"{len(report.failures)} failures, reported={report.reported}"
+        )
+
+
+@app.command("simulate-host")
+def simulate_host(
+    guests: int = 40,
+    steps: int = 120,
+    seed: int = 1,
+    out: Annotated[Path, typer.Option(help="where CSV, PNG and HTML go")] = Path("simulation"),
+) -> None:
+    """Simulate one host under memory pressure, with and without the shipped policies."""
+    from loadmaster.agent import simulate_host as simulate
+
+    result = simulate(guests, steps, seed, out)
+    err_console.print(
+        f"max swap {result.max_swap_kib_with_policy} KiB with the policies, "
+        f"{result.max_swap_kib_without_policy} KiB without; "
+        f"platinum kept >= {result.min_platinum_balloon_ratio:.0%} of its memory"
+    )
+    err_console.print(f"report: {result.html_path}")
+
+
+@policy_app.command("check")
+def policy_check(files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False)]) -> None:
+    """Report every syntax and shape problem; exit 1 if there is one."""
+    from loadmaster.policy import check_files
+
+    problems = check_files(files)
+    for problem in problems:
+        err_console.print(str(problem))
+    if problems:
+        raise typer.Exit(int(Exit.SERVER_ERROR))
+    err_console.print(f"{len(files)} file(s) OK")
+
+
+@policy_app.command("eval")
+def policy_eval(
+    files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False)],
+    snapshot: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="snapshot JSON")],
+) -> None:
+    """Run one policy cycle on a snapshot and print the controls as JSON."""
+    from loadmaster.policy import eval_files
+
+    try:
+        data = json.loads(snapshot.read_text())
+    except json.JSONDecodeError as exc:
+        fail(f"{snapshot}: not JSON: {exc}", Exit.USAGE)
+    try:
+        print_json(eval_files(files, data))
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.SERVER_ERROR)
