@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -59,8 +59,8 @@ def create_app(
         version="1",
         description=DESCRIPTION,
         lifespan=lifespan,
-        max_body_size=max_body_size,
         responses=errors.ERROR_RESPONSES,
+        dependencies=[Depends(errors.no_unknown_query)],
         redoc_url=None,
         # A client that sends JSON without saying so still gets it parsed.
         strict_content_type=False,
@@ -71,9 +71,11 @@ def create_app(
     for module in (vocabulary, providers, catalog, vms, scheduling):
         app.include_router(module.router)
     app.include_router(_operations_router())
+    # Starlette runs the middleware added last first: request context, auth, size guard.
+    app.add_middleware(errors.BodySizeLimit, max_body_size=max_body_size)
     if auth is not None:
         app.add_middleware(AuthMiddleware, config=auth)
-    # Added last, so it runs first: even refused requests get an id and a log line.
+    # Even refused requests get an id and a log line.
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.openapi = lambda: _openapi(app, secured=auth is not None)  # type: ignore[method-assign]
     return app

@@ -12,11 +12,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.errors import LoadmasterError, NotFound, ValidationError
 
@@ -154,9 +156,14 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return error_response(from_validation(exc))
 
-    async def http(_request: Request, exc: Exception) -> JSONResponse:
+    async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return error_response(from_http(exc), headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette lists only the first matching route's methods; a path served by
+            # several routes (GET and POST /vms) must list them all.
+            headers["Allow"] = ", ".join(sorted(_allowed_methods(app, request.url.path)))
+        return error_response(from_http(exc), headers=headers)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # The traceback goes to the log, never to the client.
@@ -167,3 +174,62 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http)
     app.add_exception_handler(Exception, unexpected)
+
+
+def _allowed_methods(app: FastAPI, path: str) -> set[str]:
+    methods: set[str] = set()
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(path):
+            methods |= route.methods or set()
+    return methods
+
+
+class BodySizeLimit:
+    """Refuses bodies over the limit without reading them whole: a declared
+    Content-Length is checked before anything is read, a streamed (chunked) body as its
+    bytes arrive. (FastAPI's own ``max_body_size`` answers in plain text, not in the
+    error shape, so it is not used.)"""
+
+    def __init__(self, app: ASGIApp, max_body_size: int) -> None:
+        self.app = app
+        self.max_body_size = max_body_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_body_size:
+            await error_response(BodyTooLarge(self._detail()))(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body_size:
+                # An HTTPException is the one error FastAPI lets out of its body reading
+                # unchanged; the handler above renders it as BodyTooLarge.
+                raise HTTPException(413, self._detail())
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _detail(self) -> str:
+        return f"request bodies are limited to {self.max_body_size} bytes"
+
+
+def no_unknown_query(request: Request) -> None:
+    """Unknown query parameters are refused like unknown body fields: a typo such as
+    ``?stat=up`` must not quietly list every host."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = {param.alias for param in route.dependant.query_params}
+    for name in request.query_params:
+        if name not in known:
+            raise ValidationError(
+                f"query.{name}: unknown query parameter (known: {', '.join(sorted(known)) or 'none'})",
+                field=f"query.{name}",
+            )

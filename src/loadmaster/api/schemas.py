@@ -7,9 +7,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from loadmaster.resources.inventory import MAX_INT
+
+
+def _text_only(value: object) -> object:
+    if not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 date-time string")
+    return value
+
 
 Name = Annotated[str, Field(min_length=1, max_length=255)]
 Amount = Annotated[int, Field(ge=0, le=MAX_INT)]
@@ -144,5 +151,5 @@ class HostReport(Body):
     running_vms: list[Name] = []
     usage: dict[str, Annotated[float, Field(ge=0)]] = {}
     load: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}
-    # ISO 8601 text: strictness would refuse the only form JSON can carry.
-    as_of: Annotated[datetime, Field(strict=False)] | None = None
+    # ISO 8601 text only: not strict (which refuses text) and not lax (which takes numbers).
+    as_of: Annotated[datetime, Field(strict=False), BeforeValidator(_text_only)] | None = None

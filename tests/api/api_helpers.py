@@ -1,0 +1,79 @@
+"""Helpers for the API tests: a small cluster built over HTTP, and a database dump."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+from sqlalchemy import select
+
+from loadmaster.service import Loadmaster
+from loadmaster.store.schema import Base
+
+
+@dataclass
+class Live:
+    url: str
+    lm: Loadmaster
+    admin: httpx.Client
+    reader: httpx.Client
+    anonymous: httpx.Client
+
+
+def run_server(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the API server did not start")
+        time.sleep(0.01)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+def table_rows(lm: Loadmaster) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table: equal before and after means nothing changed."""
+    with lm.store.read() as session:
+        return {
+            table.name: sorted((tuple(r) for r in session.execute(select(table)).all()), key=repr)
+            for table in Base.metadata.sorted_tables
+        }
+
+
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, response.text
+    return None if status == 204 else response.json()
+
+
+def build_cluster(admin: httpx.Client, hosts: int = 3) -> None:
+    """``hosts`` hosts with 8 VCPU and 16 GiB, the first one with 2 CUSTOM_GPU; flavors
+    ``small`` (2 VCPU, 4 GiB) and ``gpu`` (1 GPU)."""
+    ok(admin.post("/resource_classes", json={"name": "CUSTOM_GPU", "kind": "accelerator"}), 201)
+    ok(admin.put("/traits/CUSTOM_FAST"), 204)
+    for i in range(hosts):
+        inventories: dict[str, Any] = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 16384}}
+        if i == 0:
+            inventories["CUSTOM_GPU"] = {"total": 2}
+        body = {"name": f"h{i}", "inventories": inventories, "aggregates": ["rack-1"]}
+        ok(admin.post("/resource_providers", json=body), 201)
+    ok(
+        admin.post("/flavors", json={"name": "small", "resources": {"VCPU": 2, "MEMORY_MB": 4096}}),
+        201,
+    )
+    gpu = {"name": "gpu", "resources": {"VCPU": 1, "MEMORY_MB": 1024, "CUSTOM_GPU": 1}}
+    ok(admin.post("/flavors", json=gpu), 201)
+
+
+def new_vm(admin: httpx.Client, name: str, flavor: str = "small", **fields: Any) -> str:
+    vm = ok(admin.post("/vms", json={"name": name, "flavor": flavor, **fields}), 201)
+    return str(vm["uuid"])

@@ -1,0 +1,76 @@
+"""Where tokens come from, and that they never show up where they should not."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from loadmaster.api import AuthConfig, create_app
+from loadmaster.api.auth import resolve_auth
+from loadmaster.errors import ValidationError
+
+SECRET = "s3cr3t-admin-token"
+
+
+@pytest.mark.parametrize(
+    ("suffix", "text"),
+    [
+        (".toml", f'[tokens]\n"{SECRET}" = "admin"\n"r-token" = "reader"\n'),
+        (".yaml", f"tokens:\n  {SECRET}: admin\n  r-token: reader\n"),
+        (".json", json.dumps({"tokens": {SECRET: "admin", "r-token": "reader"}})),
+    ],
+)
+def test_token_files(tmp_path: Path, suffix: str, text: str) -> None:
+    path = tmp_path / f"tokens{suffix}"
+    path.write_text(text)
+    config = AuthConfig.from_file(path)
+    assert config.role_of(SECRET) == "admin" and config.role_of("r-token") == "reader"
+    assert config.role_of(SECRET[:-1]) is None and config.role_of("") is None
+    assert SECRET not in repr(config)
+
+
+def test_tokens_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOADMASTER_TOKENS", f"{SECRET}:admin, r:tok:reader")
+    config = resolve_auth(no_auth=False, tokens_file=None)
+    assert config is not None
+    assert config.role_of(SECRET) == "admin" and config.role_of("r:tok") == "reader"
+
+
+def test_misconfiguration_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOADMASTER_TOKENS", raising=False)
+    with pytest.raises(ValidationError, match="no tokens configured"):
+        resolve_auth(no_auth=False, tokens_file=None)
+    assert resolve_auth(no_auth=True, tokens_file=None) is None
+    with pytest.raises(ValidationError, match="role"):
+        AuthConfig.from_env("tok:root")
+    with pytest.raises(ValidationError, match="no role"):
+        AuthConfig.from_env("just-a-token")
+    bad = tmp_path / "tokens.ini"
+    bad.write_text("x")
+    with pytest.raises(ValidationError, match=r"\.toml"):
+        AuthConfig.from_file(bad)
+
+
+def test_tokens_are_not_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(f"sqlite:///{tmp_path / 'auth.db'}", AuthConfig({SECRET: "admin"}))
+    with caplog.at_level(logging.DEBUG), TestClient(app) as client:
+        assert client.get("/flavors", headers={"Authorization": f"Bearer {SECRET}"}).is_success
+        assert (
+            client.get("/flavors", headers={"Authorization": "Bearer wrong-token"}).status_code
+            == 401
+        )
+    assert caplog.records and all(
+        SECRET not in r.getMessage() and "wrong-token" not in r.getMessage() for r in caplog.records
+    )
+    assert all(SECRET not in str(getattr(r, "fields", "")) for r in caplog.records)
+
+
+def test_no_auth_app_serves_without_tokens(tmp_path: Path) -> None:
+    app = create_app(f"sqlite:///{tmp_path / 'open.db'}", None)
+    with TestClient(app) as client:
+        assert client.put("/traits/CUSTOM_OPEN").status_code == 204
+        assert "securitySchemes" not in client.get("/openapi.json").json().get("components", {})
