@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import click
 import typer
 
 from loadmaster.cli.client import DEFAULT_URL, EXIT_CODES_HELP, ApiClient
@@ -22,7 +21,6 @@ app = typer.Typer(
 
 @app.callback()
 def root(
-    ctx: typer.Context,
     url: Annotated[
         str, typer.Option("--url", envvar="LOADMASTER_URL", help="API address for remote commands")
     ] = DEFAULT_URL,
@@ -33,11 +31,13 @@ def root(
 ) -> None:
     """Remote commands (host, flavor, vm, group, usage, schedule, capacity) use --url and
     --token (or LOADMASTER_URL / LOADMASTER_TOKEN); the others run locally."""
-    ctx.obj = ApiClient(url, token)
+    _client[0] = ApiClient(url, token)
+
+
+# One command runs per invocation; the root callback sets its client before it runs.
+_client: list[ApiClient] = [ApiClient()]
 
 
 def api() -> ApiClient:
     """The client configured by the root options of the running command."""
-    client = click.get_current_context().find_root().obj
-    assert isinstance(client, ApiClient)
-    return client
+    return _client[0]

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 err_console = Console(stderr=True, highlight=False)
@@ -32,7 +33,7 @@ EXIT_CODES_HELP = (
 
 
 def fail(message: str, code: Exit) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}")
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(int(code))
 
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from loadmaster.cli.app import api, app
 from loadmaster.cli.client import Exit, fail, format_explanation, print_json
 
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False)  # names from the server are not markup
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
 
 host_app = typer.Typer(help="Hosts (resource providers).", no_args_is_help=True)

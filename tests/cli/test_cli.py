@@ -1,0 +1,204 @@
+"""The CLI: typer's runner for the many quick commands, real processes for the entry
+point, the exit codes and the server itself."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cli_helpers import ADMIN, READER, free_port, run_cli, start_server, stop_server
+from typer.testing import CliRunner
+
+from loadmaster.cli import app
+from loadmaster.policy import shipped_policy_dir
+
+runner = CliRunner()
+
+
+def cli(server: str, *args: str, token: str = ADMIN) -> tuple[int, str]:
+    result = runner.invoke(app, ["--url", server, "--token", token, *args])
+    return result.exit_code, result.output
+
+
+def ok(server: str, *args: str) -> str:
+    code, output = cli(server, *args)
+    assert code == 0, output
+    return output
+
+
+def test_help_documents_the_exit_codes() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "3 not found" in text and "4 conflict or no valid host" in text
+    assert "5 cannot connect" in text
+    for command in ("serve", "demo", "host", "vm", "schedule", "capacity", "agent", "policy"):
+        assert command in result.stdout
+
+
+def test_cluster_from_the_command_line(server: str) -> None:
+    ok(
+        server,
+        "host",
+        "create",
+        "c1",
+        "-i",
+        "VCPU=8,allocation_ratio=2",
+        "-i",
+        "MEMORY_MB=16384",
+        "-t",
+        "HW_CPU_X86_AVX2",
+    )
+    ok(server, "host", "create", "c2", "-i", "VCPU=8", "-i", "MEMORY_MB=16384", "-a", "rack-9")
+    hosts = json.loads(ok(server, "host", "list", "--json"))["resource_providers"]
+    assert {"c1", "c2"} <= {h["name"] for h in hosts}
+    assert "HW_CPU_X86_AVX2" in ok(server, "host", "list")
+
+    ok(server, "flavor", "create", "cli.small", "-r", "VCPU=2", "-r", "MEMORY_MB=2048")
+    ok(server, "group", "create", "cli-web", "--policy", "anti-affinity")
+    created = json.loads(
+        ok(
+            server,
+            "vm",
+            "create",
+            "cli-vm-1",
+            "-f",
+            "cli.small",
+            "--group",
+            "cli-web",
+            "--start",
+            "--json",
+        )
+    )
+    assert created["state"] == "pending"
+    assert "running" in ok(server, "vm", "up", "cli-vm-1")
+    shown = json.loads(ok(server, "vm", "show", "cli-vm-1", "--json"))
+    assert shown["state"] == "running" and shown["allocations"]["allocations"]
+
+    usage = json.loads(ok(server, "usage", "--json"))["hosts"]
+    assert usage[shown["host"]]["VCPU"]["active"] == 2
+    assert "VCPU per host" in ok(server, "usage", "--top", "1")
+    assert "cli-web" in ok(server, "group", "list")
+
+    capacity = json.loads(ok(server, "capacity", "cli.small", "--json"))
+    assert capacity["total"] > 0
+    dry = ok(server, "schedule", "--flavor", "cli.small", "--count", "2", "--dry-run", "--explain")
+    assert "2 placed" in dry and "hosts fit" in dry
+
+    traits = ok(server, "host", "set-traits", "c2", "STORAGE_DISK_SSD")
+    assert "STORAGE_DISK_SSD" in traits
+    assert "rack-1" in ok(server, "host", "set-aggregates", "c2", "rack-1")
+    moved = json.loads(ok(server, "vm", "migrate", "cli-vm-1", "--reason", "test", "--json"))
+    assert moved["vm"]["state"] == "migrating"
+    assert "stopped" in ok(server, "vm", "stop", "cli-vm-1")
+    ok(server, "vm", "delete", "cli-vm-1")
+
+
+def test_exit_codes(server: str) -> None:
+    ok(server, "flavor", "create", "exit.flavor", "-r", "VCPU=64")
+    code, output = cli(server, "flavor", "show", "nope")
+    assert code == 3 and "loadmaster.not_found" in output
+    code, output = cli(server, "flavor", "create", "exit.flavor", "-r", "VCPU=1")
+    assert code == 4 and "loadmaster.conflict" in output
+    code, output = cli(server, "host", "create", "x", "-i", "VCPU")
+    assert code == 2
+    code, output = cli(server, "flavor", "create", "reader.flavor", "-r", "VCPU=1", token=READER)
+    assert code == 1 and "loadmaster.forbidden" in output
+
+    # The real entry point, in its own process.
+    vm = run_cli("vm", "create", "too-big", "-f", "exit.flavor", "--json", url=server)
+    assert vm.returncode == 0, vm.stderr
+    refused = run_cli("vm", "start", "too-big", url=server)
+    assert refused.returncode == 4
+    assert "no_valid_host" in refused.stderr and "resources" in refused.stderr
+    assert run_cli("host", "show", "ghost", url=server).returncode == 3
+    assert run_cli("flavor", "list", url=server, token=None).returncode == 1
+    unreachable = run_cli("flavor", "list", url=f"http://127.0.0.1:{free_port()}")
+    assert unreachable.returncode == 5 and "cannot reach" in unreachable.stderr
+    assert run_cli("host", "list", "--bogus", url=server).returncode == 2
+
+
+def test_serve_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    sqlite = f"sqlite:///{tmp_path / 'x.db'}"
+    workers = run_cli("serve", "--db", sqlite, "--workers", "2", "--no-auth")
+    assert workers.returncode == 2 and "needs PostgreSQL" in workers.stderr
+    no_tokens = run_cli("serve", "--db", sqlite)
+    assert no_tokens.returncode == 2 and "no tokens configured" in no_tokens.stderr
+
+
+@pytest.mark.postgres
+def test_serve_with_workers_on_postgresql(pg_url: str) -> None:
+    port = free_port()
+    process = start_server(["--db", pg_url, "--workers", "2", "--no-auth"], port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        created = run_cli("host", "create", "pg-1", "-i", "VCPU=4", url=url, token=None)
+        assert created.returncode == 0, created.stderr
+        for _ in range(6):  # whichever worker answers sees the same database
+            listed = run_cli("host", "list", "--json", url=url, token=None)
+            assert [h["name"] for h in json.loads(listed.stdout)["resource_providers"]] == ["pg-1"]
+    finally:
+        stop_server(process)
+
+
+def test_policy_commands(tmp_path: Path) -> None:
+    shipped = sorted(str(p) for p in shipped_policy_dir().glob("*.policy"))
+    result = runner.invoke(app, ["policy", "check", *shipped])
+    assert result.exit_code == 0, result.output
+    broken = tmp_path / "broken.policy"
+    broken.write_text("(defvar x\n")
+    assert runner.invoke(app, ["policy", "check", str(broken)]).exit_code == 1
+
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(
+        json.dumps(
+            {
+                "host": {"stats": {"mem_available": 8_000_000, "mem_free": 400_000}},
+                "guests": [
+                    {
+                        "name": "vm-1",
+                        "stats": {
+                            "balloon_cur": 2_000_000,
+                            "balloon_max": 2_000_000,
+                            "balloon_min": 500_000,
+                            "mem_unused": 1_000_000,
+                        },
+                        "tags": ["best-effort"],
+                    }
+                ],
+            }
+        )
+    )
+    evaluated = run_cli("policy", "eval", *shipped, "--snapshot", str(snapshot))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert set(json.loads(evaluated.stdout)) == {"host", "guests", "missing_stats"}
+
+
+def test_agent_and_host_simulation(tmp_path: Path) -> None:
+    policy_dir = str(shipped_policy_dir())
+    agent = runner.invoke(
+        app,
+        [
+            "agent",
+            "--hypervisor",
+            "test:///default",
+            "--policy-dir",
+            policy_dir,
+            "--interval",
+            "0",
+            "--cycles",
+            "1",
+            "--host-name",
+            "t1",
+        ],
+    )
+    assert agent.exit_code == 0, agent.output
+    assert "cycle 1" in agent.output
+    simulated = runner.invoke(
+        app, ["simulate-host", "--guests", "6", "--steps", "8", "--out", str(tmp_path / "sim")]
+    )
+    assert simulated.exit_code == 0, simulated.output
+    assert (tmp_path / "sim").is_dir() and any((tmp_path / "sim").glob("*.html"))
+    assert os.path.getsize(next((tmp_path / "sim").glob("*.html"))) > 0
