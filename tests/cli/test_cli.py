@@ -11,6 +11,7 @@ import pytest
 from cli_helpers import ADMIN, READER, free_port, run_cli, start_server, stop_server
 from typer.testing import CliRunner
 
+import loadmaster
 from loadmaster.cli import app
 from loadmaster.policy import shipped_policy_dir
 
@@ -97,6 +98,7 @@ def test_cluster_from_the_command_line(server: str) -> None:
 
 
 def test_exit_codes(server: str) -> None:
+    ok(server, "host", "create", "exit-host", "-i", "VCPU=8", "-i", "MEMORY_MB=4096")
     ok(server, "flavor", "create", "exit.flavor", "-r", "VCPU=64")
     code, output = cli(server, "flavor", "show", "nope")
     assert code == 3 and "loadmaster.not_found" in output
@@ -202,3 +204,10 @@ def test_agent_and_host_simulation(tmp_path: Path) -> None:
     assert simulated.exit_code == 0, simulated.output
     assert (tmp_path / "sim").is_dir() and any((tmp_path / "sim").glob("*.html"))
     assert os.path.getsize(next((tmp_path / "sim").glob("*.html"))) > 0
+
+
+def test_audit_command(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    loadmaster.open(url).close()
+    result = runner.invoke(app, ["audit", "--db", url])
+    assert result.exit_code == 0 and "no problems found" in result.output

@@ -27,7 +27,8 @@ class Exit(IntEnum):
 
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 error from the server (auth, invalid input, 5xx); 2 usage error; "
+    "Exit codes: 0 ok; 1 error (from the server: auth, invalid input, 5xx; or a failing "
+    "policy, agent or audit); 2 usage error; "
     "3 not found; 4 conflict or no valid host; 5 cannot connect to the API."
 )
 

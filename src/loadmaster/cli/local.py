@@ -151,3 +151,21 @@ def policy_eval(
         print_json(eval_files(files, data))
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
+
+
+@app.command("audit")
+def audit(
+    db: Annotated[str, typer.Option(help="database URL")] = "sqlite:///loadmaster.db",
+) -> None:
+    """Check the ledger's promises (no host over capacity, no orphaned or partial claims,
+    VM states matching their records); exit 1 if one is broken."""
+    from loadmaster.pending import audit as run_audit
+    from loadmaster.service import open_loadmaster
+
+    with open_loadmaster(db, migrate=False) as lm:
+        problems = run_audit(lm.store)
+    for problem in problems:
+        err_console.print(f"{problem.kind}: {problem.subject}: {problem.detail}", markup=False)
+    if problems:
+        raise typer.Exit(int(Exit.SERVER_ERROR))
+    err_console.print("no problems found")
