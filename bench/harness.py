@@ -1,0 +1,151 @@
+"""Real processes for the soak and the crash tests: a private PostgreSQL server and
+``loadmaster serve`` with several workers, both on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+POSTGRES = ["bash", str(ROOT / "scripts/postgres.sh")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivatePostgres:
+    """A throw-away server (``scripts/postgres.sh``) that can be halted and resumed, so a
+    test can take the database away from a running service."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="loadmaster-soak-pg-")
+        self.url = subprocess.check_output(
+            [*POSTGRES, "start", self.directory, str(free_port())], text=True
+        ).strip()
+
+    def halt(self) -> None:
+        subprocess.run([*POSTGRES, "halt", self.directory], check=True)
+
+    def resume(self) -> None:
+        subprocess.run([*POSTGRES, "resume", self.directory], check=True)
+
+    def close(self) -> None:
+        subprocess.run([*POSTGRES, "stop", self.directory], check=False)
+
+    def __enter__(self) -> PrivatePostgres:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class ServedApi:
+    """``loadmaster serve --workers N`` as a child process, with one admin token."""
+
+    def __init__(self, db_url: str, workers: int, log_path: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = secrets.token_urlsafe(24)
+        self.workers = workers
+        loadmaster = shutil.which("loadmaster", path=str(Path(sys.executable).parent))
+        if loadmaster is None:
+            raise RuntimeError("the loadmaster command is not installed next to this Python")
+        env = {**os.environ, "LOADMASTER_TOKENS": f"{self.token}:admin"}
+        self._log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - closed in close()
+        self.process = subprocess.Popen(
+            [
+                loadmaster,
+                "serve",
+                "--db",
+                db_url,
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+            ],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.wait_ready(workers)
+
+    def client(self, timeout: float = 30.0) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout
+        )
+
+    def worker_pids(self) -> list[int]:
+        """uvicorn's worker processes (children of the supervisor, not its helpers); with
+        one worker, uvicorn serves from its own process."""
+        if self.workers == 1:
+            return [self.process.pid]
+        pids = []
+        for pid in _children(self.process.pid):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"resource_tracker" not in cmdline:
+                pids.append(pid)
+        return sorted(pids)
+
+    def wait_ready(self, workers: int, timeout: float = 60.0) -> None:
+        """Until ``workers`` workers run and one of them answers a database read."""
+        deadline = time.monotonic() + timeout
+        with self.client(timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"loadmaster serve exited with {self.process.returncode}")
+                try:
+                    if (
+                        len(self.worker_pids()) >= workers
+                        and http.get("/resource_providers").status_code == 200
+                    ):
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+        raise RuntimeError(f"loadmaster serve was not ready within {timeout:.0f} s")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    def __enter__(self) -> ServedApi:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,534 @@
+"""Soak: several API workers on PostgreSQL, client processes starting, migrating, stopping
+and deleting VMs over HTTP, the database stopped and started again mid-run; audited at the end.
+
+Usage: .venv/bin/python bench/soak.py [--duration 180] [--clients 6] [--workers 4]
+                                      [--hosts 24] [--outage 4] [--max-requests 200000]
+                                      [--out soak-out]
+
+Everything runs on 127.0.0.1: a private PostgreSQL server (scripts/postgres.sh) and
+``loadmaster serve --workers N``. Bounded by --duration and --max-requests. Prints requests
+served, conflicts retried, 503s while the database was down, p50/p99 latency, and the final
+checks; writes summary.json and timeline.png to --out. Exit code 0 when every check passes.
+
+Each client keeps its own model of the VMs it created (state and destination), changed only
+by answers it got. After an answer it cannot trust (a 503 or a broken connection: the
+commit may or may not have happened) it reads the VM back before going on, as a careful
+real client would. At the end the models must equal the database: a VM a client created
+and the database lost, or one the database holds that no client knows of, is a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import sys
+import time
+import uuid as uuidlib
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from multiprocessing.sharedctypes import Synchronized
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import loadmaster
+from harness import PrivatePostgres, ServedApi
+from loadmaster.pending import audit
+
+GROUP = "soak-ha"
+CONFLICT = "loadmaster.concurrent_update"
+NO_HOST = "loadmaster.no_valid_host"
+# How long a client keeps reading a VM back after an ambiguous answer before giving up.
+SETTLE_S = 60.0
+
+
+@dataclass
+class ClientResult:
+    client: int
+    requests: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    latencies_ms: dict[str, list[float]] = field(default_factory=dict)
+    conflicts_retried: int = 0
+    unavailable: int = 0
+    transport_errors: int = 0
+    no_valid_host: int = 0
+    # second of the run -> [ok answers, 503 answers]
+    timeline: dict[int, list[int]] = field(default_factory=dict)
+    unexpected: list[str] = field(default_factory=list)
+    vms: dict[str, str] = field(default_factory=dict)  # uuid -> state, deleted included
+    unsettled: list[str] = field(default_factory=list)
+
+
+class SoakClient:
+    def __init__(
+        self,
+        index: int,
+        http: httpx.Client,
+        started: float,
+        target_vms: int,
+        counter: Synchronized[int],
+    ) -> None:
+        self.rng = random.Random(index)
+        self.http = http
+        self.started = started
+        self.target_vms = target_vms
+        self.counter = counter
+        self.result = ClientResult(index)
+        self.state: dict[str, str] = {}
+        self.destination: dict[str, str | None] = {}
+
+    # -- one HTTP call, measured; 409 concurrent_update retried ------------------------
+    def call(
+        self, op: str, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> httpx.Response | None:
+        """The answer, or None when the outcome is unknown (503 or a broken connection)."""
+        while True:
+            begun = time.monotonic()
+            try:
+                response = self.http.request(method, path, json=body)
+            except httpx.TransportError:
+                self.result.transport_errors += 1
+                self._count("transport", ok=False)
+                time.sleep(0.2)
+                return None
+            elapsed_ms = (time.monotonic() - begun) * 1000
+            status = response.status_code
+            self._count(str(status), ok=status < 400 or status == 409, unavailable=status == 503)
+            if status < 400:
+                self.result.latencies_ms.setdefault(op, []).append(elapsed_ms)
+            if status == 503:
+                self.result.unavailable += 1
+                time.sleep(0.2 + self.rng.random() * 0.3)
+                return None
+            if status == 409 and response.json().get("code") == CONFLICT:
+                self.result.conflicts_retried += 1
+                time.sleep(self.rng.random() * 0.02)
+                continue
+            return response
+
+    def _count(self, status: str, *, ok: bool, unavailable: bool = False) -> None:
+        r = self.result
+        r.requests += 1
+        r.statuses[status] = r.statuses.get(status, 0) + 1
+        second = int(time.time() - self.started)
+        slot = r.timeline.setdefault(second, [0, 0])
+        if ok:
+            slot[0] += 1
+        elif unavailable:
+            slot[1] += 1
+        with self.counter.get_lock():
+            self.counter.value += 1
+
+    # -- the client's model of its VMs -----------------------------------------------------
+    def learn(self, view: dict[str, Any]) -> None:
+        self.state[view["uuid"]] = view["state"]
+        self.destination[view["uuid"]] = view.get("target_host")
+
+    def settle(self, uuid: str) -> None:
+        """Read the VM back after an answer that proved nothing."""
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            response = self.call("read", "GET", f"/vms/{uuid}")
+            if response is None:
+                continue
+            if response.status_code == 404:
+                self.state.pop(uuid, None)  # a create that never committed
+                return
+            if response.status_code == 200:
+                self.learn(response.json())
+                return
+            self.unexpected("read", response)
+            return
+        self.result.unsettled.append(uuid)
+
+    def unexpected(self, op: str, response: httpx.Response) -> None:
+        if len(self.result.unexpected) < 20:
+            self.result.unexpected.append(f"{op}: {response.status_code} {response.text[:300]}")
+        else:
+            self.result.unexpected.append(f"{op}: {response.status_code}")
+
+    def expect(self, op: str, uuid: str, response: httpx.Response | None, *ok: int) -> bool:
+        if response is None:
+            self.settle(uuid)
+            return False
+        if response.status_code in ok:
+            return True
+        if response.status_code == 409 and response.json().get("code") == NO_HOST:
+            self.result.no_valid_host += 1
+            return False
+        self.unexpected(op, response)
+        self.settle(uuid)
+        return False
+
+    # -- the workload ------------------------------------------------------------------
+    def step(self) -> None:
+        alive = [u for u, s in self.state.items() if s != "deleted"]
+        if len(alive) < self.target_vms and self.rng.random() < 0.5:
+            self.create()
+            return
+        if not alive:
+            return
+        uuid = self.rng.choice(alive)
+        roll = self.rng.random()
+        match self.state[uuid]:
+            case "requested":
+                self.start(uuid)
+            case "pending":
+                self.transition("up", uuid, f"/vms/{uuid}/up")
+            case "running" if roll < 0.45:
+                self.migrate(uuid)
+            case "running" if roll < 0.8:
+                self.transition("stop", uuid, f"/vms/{uuid}/stop")
+            case "running":
+                self.delete(uuid)
+            case "migrating" if roll < 0.75:
+                self.transition("up", uuid, f"/vms/{uuid}/up")
+            case "migrating":
+                self.abort_migration(uuid)
+            case "stopped" if roll < 0.6:
+                self.start(uuid)
+            case "stopped":
+                self.delete(uuid)
+
+    def create(self) -> None:
+        uuid = str(uuidlib.UUID(int=self.rng.getrandbits(128)))
+        body: dict[str, Any] = {
+            "uuid": uuid,
+            "name": f"soak-{self.result.client}-{len(self.state)}",
+            "flavor": self.rng.choice(["small", "small", "large"]),
+        }
+        if self.rng.random() < 0.1:
+            body["group"] = GROUP
+        self.state[uuid] = "requested"  # until proven otherwise (settle drops it)
+        response = self.call("create", "POST", "/vms", body)
+        if self.expect("create", uuid, response, 201):
+            assert response is not None
+            self.learn(response.json())
+
+    def start(self, uuid: str) -> None:
+        response = self.call("start", "POST", f"/vms/{uuid}/start")
+        if self.expect("start", uuid, response, 200):
+            assert response is not None
+            self.learn(response.json()["vm"])
+
+    def migrate(self, uuid: str) -> None:
+        body = {"reason": "soak"}
+        response = self.call("migrate", "POST", f"/vms/{uuid}/migrate", body)
+        if self.expect("migrate", uuid, response, 200):
+            assert response is not None
+            self.learn(response.json()["vm"])
+
+    def transition(self, op: str, uuid: str, path: str) -> None:
+        response = self.call(op, "POST", path)
+        if self.expect(op, uuid, response, 200):
+            assert response is not None
+            self.learn(response.json())
+
+    def abort_migration(self, uuid: str) -> None:
+        path = f"/allocations/{uuid}?host={self.destination[uuid]}"
+        if self.expect("abort", uuid, self.call("abort", "DELETE", path), 204):
+            self.state[uuid], self.destination[uuid] = "running", None
+
+    def delete(self, uuid: str) -> None:
+        if self.expect("delete", uuid, self.call("delete", "DELETE", f"/vms/{uuid}"), 204):
+            self.state[uuid] = "deleted"
+
+
+def client_main(
+    index: int,
+    url: str,
+    token: str,
+    started: float,
+    deadline: float,
+    max_requests: int,
+    target_vms: int,
+    counter: Synchronized[int],
+    results: mp.Queue[ClientResult],
+) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30.0) as http:
+        client = SoakClient(index, http, started, target_vms, counter)
+        while time.time() < deadline and client.result.requests < max_requests:
+            client.step()
+    client.result.vms = dict(client.state)
+    results.put(client.result)
+
+
+# -- the run ----------------------------------------------------------------------------
+def build_cluster(url: str, hosts: int) -> None:
+    with loadmaster.open(url) as lm:
+        for i in range(hosts):
+            lm.hosts.create(
+                f"soak-host-{i:02d}",
+                inventories={"VCPU": {"total": 16}, "MEMORY_MB": {"total": 32768}},
+            )
+        lm.flavors.create({"name": "small", "resources": {"VCPU": 2, "MEMORY_MB": 4096}})
+        lm.flavors.create({"name": "large", "resources": {"VCPU": 4, "MEMORY_MB": 8192}})
+        lm.groups.create(GROUP, "anti-affinity")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def final_checks(url: str, results: list[ClientResult], outage_503s: int) -> list[Check]:
+    expected: dict[str, str] = {}
+    for r in results:
+        expected.update(r.vms)
+    with loadmaster.open(url, migrate=False) as lm:
+        problems = audit(lm.store)
+        usages = lm.allocations.usages()
+        vms = {v.uuid: v for v in lm.vms.list(include_deleted=True)}
+        records = lm.allocations.allocations()
+    over = [
+        f"{host}/{cls}: {u.used} of {u.capacity}"
+        for host, classes in usages.items()
+        for cls, u in classes.items()
+        if u.used > u.capacity
+    ]
+    lost = [u for u, s in expected.items() if u not in vms or vms[u].state != s]
+    unknown = [u for u, v in vms.items() if u not in expected]
+    by_kind = Counter(p.kind for p in problems)
+    pending_vms = {r.vm for r in records if r.state == "pending"}
+    not_up = {u for u, v in vms.items() if v.state in ("pending", "migrating")}
+    members: dict[str, list[str]] = defaultdict(list)
+    for v in vms.values():
+        if v.group == GROUP and v.state != "deleted":
+            for host in {v.host, v.target_host} - {None}:
+                members[str(host)].append(v.uuid)
+    crowded = {h: m for h, m in members.items() if len(m) > 1}
+    unexpected = [line for r in results for line in r.unexpected]
+    unsettled = [u for r in results for u in r.unsettled]
+    return [
+        Check("audit clean", not problems, f"{len(problems)} problems {dict(by_kind)}"),
+        Check("zero overcommit", not over, f"{len(over)} host/class over capacity {over[:3]}"),
+        Check(
+            "zero orphaned allocations",
+            by_kind["orphaned"] == 0,
+            f"{by_kind['orphaned']} orphaned, {by_kind['partial_claim']} partial claims",
+        ),
+        Check(
+            "zero lost VMs",
+            not lost and not unknown and not unsettled,
+            f"{len(expected)} VMs known to clients; {len(lost)} lost or diverged, "
+            f"{len(unknown)} unknown to any client, {len(unsettled)} never settled",
+        ),
+        Check(
+            "pending records == VMs not yet up",
+            pending_vms == not_up,
+            f"{len(pending_vms)} VMs with pending records, {len(not_up)} pending or migrating",
+        ),
+        Check(
+            "anti-affinity kept",
+            not crowded,
+            f"{sum(len(m) for m in members.values())} group members, {len(crowded)} shared hosts",
+        ),
+        Check("no unexpected answers", not unexpected, f"{len(unexpected)} {unexpected[:3]}"),
+        Check(
+            "database outage seen and survived",
+            outage_503s > 0,
+            f"{outage_503s} answers were 503 while PostgreSQL was down",
+        ),
+    ]
+
+
+def summarise(
+    results: list[ClientResult], wall_s: float, outage: tuple[float, float], checks: list[Check]
+) -> dict[str, Any]:
+    latencies: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        for op, values in r.latencies_ms.items():
+            latencies[op] += values
+    every = [v for values in latencies.values() for v in values]
+    statuses: Counter[str] = Counter()
+    for r in results:
+        statuses.update(r.statuses)
+    after_resume = sorted(
+        second
+        for r in results
+        for second, (ok, _bad) in r.timeline.items()
+        if second >= outage[1] and ok
+    )
+    return {
+        "duration_s": round(wall_s, 1),
+        "requests": sum(r.requests for r in results),
+        "requests_per_s": round(sum(r.requests for r in results) / wall_s, 1),
+        "statuses": dict(sorted(statuses.items())),
+        "conflicts_retried": sum(r.conflicts_retried for r in results),
+        "unavailable_503": sum(r.unavailable for r in results),
+        "transport_errors": sum(r.transport_errors for r in results),
+        "no_valid_host": sum(r.no_valid_host for r in results),
+        "outage_s": [round(outage[0], 1), round(outage[1], 1)],
+        "first_ok_after_resume_s": (
+            round(after_resume[0] - outage[1], 1) if after_resume else None
+        ),
+        "latency_ms": {
+            op: {
+                "count": len(values),
+                "p50": round(float(np.percentile(values, 50)), 2),
+                "p99": round(float(np.percentile(values, 99)), 2),
+            }
+            for op, values in sorted({"all": every, **latencies}.items())
+            if values
+        },
+        "checks": [asdict(c) for c in checks],
+    }
+
+
+def plot_timeline(results: list[ClientResult], outage: tuple[float, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seconds = max((s for r in results for s in r.timeline), default=0) + 1
+    ok, bad = np.zeros(seconds), np.zeros(seconds)
+    for r in results:
+        for second, (good, unavailable) in r.timeline.items():
+            ok[second] += good
+            bad[second] += unavailable
+    figure, ax = plt.subplots(figsize=(10, 3.5))
+    ax.plot(ok, color="#2b6cb0", label="answered (2xx, 409)")
+    ax.plot(bad, color="#c53030", label="503 store unavailable")
+    ax.axvspan(*outage, color="#fed7d7", alpha=0.6, label="PostgreSQL stopped")
+    ax.set_xlabel("second of the soak")
+    ax.set_ylabel("requests per second")
+    ax.legend(loc="upper right")
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    console.print(
+        f"{summary['requests']:,} requests in {summary['duration_s']} s "
+        f"({summary['requests_per_s']}/s); statuses {summary['statuses']}"
+    )
+    console.print(
+        f"conflicts retried {summary['conflicts_retried']}, 503 {summary['unavailable_503']}, "
+        f"broken connections {summary['transport_errors']}, no valid host "
+        f"{summary['no_valid_host']}; PostgreSQL down {summary['outage_s'][0]}-"
+        f"{summary['outage_s'][1]} s, first success {summary['first_ok_after_resume_s']} s "
+        "after it came back"
+    )
+    latency = Table("operation", "count", "p50 ms", "p99 ms", title="latency of answered requests")
+    for op, figures in summary["latency_ms"].items():
+        latency.add_row(op, f"{figures['count']:,}", str(figures["p50"]), str(figures["p99"]))
+    console.print(latency)
+    checks = Table("check", "result", "detail", title="final checks")
+    for c in summary["checks"]:
+        checks.add_row(c["name"], "[green]ok[/]" if c["ok"] else "[red]FAILED[/]", c["detail"])
+    console.print(checks)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with PrivatePostgres() as pg:
+        build_cluster(pg.url, args.hosts)
+        with ServedApi(pg.url, args.workers, out / "serve.log") as api:
+            server_pid = api.process.pid
+            ctx = mp.get_context("spawn")
+            results_queue: mp.Queue[ClientResult] = ctx.Queue()
+            counter = ctx.Value("q", 0)
+            started = time.time()
+            deadline = started + args.duration
+            clients = [
+                ctx.Process(
+                    target=client_main,
+                    args=(
+                        i,
+                        api.url,
+                        api.token,
+                        started,
+                        deadline,
+                        args.max_requests,
+                        args.vms_per_client,
+                        counter,
+                        results_queue,
+                    ),
+                )
+                for i in range(args.clients)
+            ]
+            for proc in clients:
+                proc.start()
+            outage_at = started + args.duration * args.outage_at
+            outage = (0.0, 0.0)
+            with Progress(
+                TextColumn("soak"),
+                BarColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[requests]:,} requests {task.fields[note]}"),
+                console=console,
+            ) as progress:
+                task = progress.add_task("soak", total=args.duration, requests=0, note="")
+                while any(p.is_alive() for p in clients) and time.time() < deadline + SETTLE_S:
+                    now = time.time()
+                    if outage == (0.0, 0.0) and now >= outage_at:
+                        progress.update(task, note="[red]PostgreSQL stopped")
+                        pg.halt()
+                        halted = time.time()
+                        time.sleep(args.outage)
+                        pg.resume()
+                        outage = (halted - started, time.time() - started)
+                        progress.update(task, note="")
+                    progress.update(
+                        task,
+                        completed=min(args.duration, time.time() - started),
+                        requests=counter.value,
+                    )
+                    time.sleep(0.5)
+            results = [results_queue.get(timeout=SETTLE_S) for _ in clients]
+            for proc in clients:
+                proc.join(timeout=10)
+            wall = time.time() - started
+            same_server = api.process.poll() is None and api.process.pid == server_pid
+        outage_503s = sum(
+            bad
+            for r in results
+            for second, (_ok, bad) in r.timeline.items()
+            if outage[0] - 1 <= second <= outage[1] + 1
+        )
+        checks = final_checks(pg.url, results, outage_503s)
+        checks.append(
+            Check("served without a restart", same_server, f"loadmaster serve pid {server_pid}")
+        )
+    summary = summarise(results, wall, outage, checks)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_timeline(results, outage, out / "timeline.png")
+    print_summary(Console(), summary)
+    console.print(f"summary.json and timeline.png in {out}/")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=180.0, help="seconds of load")
+    parser.add_argument("--clients", type=int, default=6, help="client processes")
+    parser.add_argument("--workers", type=int, default=4, help="API worker processes")
+    parser.add_argument("--hosts", type=int, default=24, help="hosts (16 VCPU, 32 GiB each)")
+    parser.add_argument("--vms-per-client", type=int, default=40)
+    parser.add_argument("--outage", type=float, default=4.0, help="seconds PostgreSQL is down")
+    parser.add_argument(
+        "--outage-at", type=float, default=0.4, help="when it goes down (fraction of the run)"
+    )
+    parser.add_argument("--max-requests", type=int, default=200_000, help="per client")
+    parser.add_argument("--out", default="soak-out", help="where summary.json and the plot go")
+    args = parser.parse_args()
+    if not 0 < args.outage_at < 1 or args.outage >= args.duration * (1 - args.outage_at):
+        parser.error("the outage must start and end inside the run (--outage-at, --outage)")
+    sys.exit(run(args))
+
+
+if __name__ == "__main__":
+    main()
