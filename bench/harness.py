@@ -98,9 +98,11 @@ class ServedApi:
         for pid in _children(self.process.pid):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
+                status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
                 continue
-            if b"resource_tracker" not in cmdline:
+            # A killed worker stays a zombie until the supervisor reaps it.
+            if b"resource_tracker" not in cmdline and status != "Z":
                 pids.append(pid)
         return sorted(pids)
 

@@ -63,7 +63,18 @@ class Store:
         else:
             self.engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True)
             self._write_engine = self.engine
-        self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # A read of several statements (the audit, a scheduler snapshot, a usage report) must
+        # see one snapshot: under PostgreSQL's default READ COMMITTED a claim committing
+        # between two statements shows a VM pending without its records. SQLite's read
+        # transaction is already one snapshot. Read-only REPEATABLE READ never fails to commit.
+        read_engine = (
+            self.engine
+            if self.is_sqlite
+            else self.engine.execution_options(
+                isolation_level="REPEATABLE READ", postgresql_readonly=True
+            )
+        )
+        self._read_sessions = sessionmaker(read_engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
         # An in-memory SQLite database lives in one connection; serialise its users.
         self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None

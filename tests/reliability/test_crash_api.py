@@ -1,0 +1,111 @@
+"""kill -9 an API worker in the middle of batch claims: every VM is fully claimed or not at
+all, usage is the sum of the records, and the service carries on.
+
+``loadmaster serve --workers 2`` runs on PostgreSQL; client threads send ``POST /schedule``
+batches of 10 VMs (half of them gangs). A killer SIGKILLs a worker at random moments, so
+some batches die inside their transaction. After every kill the database is audited;
+uvicorn's supervisor starts a replacement worker, and in the end every VM is placed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import httpx
+
+import loadmaster
+from harness import ServedApi
+from loadmaster.cluster import VmSpec
+from loadmaster.pending import audit
+
+HOSTS = 40
+VMS = 2000
+CLIENTS = 4
+BATCH = 10
+
+
+def _setup(url: str) -> list[str]:
+    with loadmaster.open(url) as lm:
+        inventories = {"VCPU": {"total": 128}, "MEMORY_MB": {"total": 131072}}
+        lm.hosts.create_many([{"name": f"h{i}", "inventories": inventories} for i in range(HOSTS)])
+        lm.flavors.create({"name": "f", "resources": {"VCPU": 2, "MEMORY_MB": 2048}})
+        return [v.uuid for v in lm.vms.create_many([VmSpec(f"vm{i}", "f") for i in range(VMS)])]
+
+
+class Client(threading.Thread):
+    """Places its own share of the VMs, batch after batch, until none is left requested."""
+
+    def __init__(self, api: ServedApi, mine: list[str], seed: int) -> None:
+        super().__init__(daemon=True)
+        self.api, self.mine, self.rng = api, set(mine), random.Random(seed)
+        self.broken = 0  # requests whose worker died under them
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._place_all()
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+
+    def _place_all(self) -> None:
+        deadline = time.monotonic() + 120
+        http = self.api.client()
+        while time.monotonic() < deadline:
+            try:
+                listed = http.get("/vms", params={"state": "requested"})
+                listed.raise_for_status()
+                waiting = sorted(v["uuid"] for v in listed.json()["vms"] if v["uuid"] in self.mine)
+                if not waiting:
+                    return
+                batch = self.rng.sample(waiting, min(BATCH, len(waiting)))
+                body = {"requests": [{"vms": batch}], "gang": self.rng.random() < 0.5}
+                answer = http.post("/schedule", json=body)
+                assert answer.status_code == 200, answer.text
+            except httpx.TransportError:
+                # The worker died with the request; its transaction died with it.
+                self.broken += 1
+                http.close()
+                http = self.api.client()
+        raise AssertionError("the client did not place its VMs within 120 s")
+
+
+def test_kill_nine_api_worker_mid_batch_claim(pg_url: str) -> None:
+    uuids = _setup(pg_url)
+    rng = random.Random(11)
+    with ServedApi(pg_url, workers=2) as api:
+        clients = [Client(api, uuids[i::CLIENTS], seed=i) for i in range(CLIENTS)]
+        for client in clients:
+            client.start()
+        killed: list[int] = []
+        for _ in range(8):
+            time.sleep(rng.uniform(0.3, 0.9))
+            if not any(c.is_alive() for c in clients):
+                break
+            victim = rng.choice(api.worker_pids())
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+            # Audited while the survivors keep claiming: a dead transaction left nothing.
+            with loadmaster.open(pg_url, migrate=False) as lm:
+                assert audit(lm.store) == [], f"after kill {len(killed)}"
+            api.wait_ready(2)  # uvicorn's supervisor replaced the dead worker
+            assert victim not in api.worker_pids()
+        for client in clients:
+            client.join(timeout=150)
+            assert client.error is None, repr(client.error)
+        broken = sum(c.broken for c in clients)
+        assert api.process.poll() is None, "the supervisor itself must survive"
+
+    print(f"{len(killed)} workers killed, {broken} requests cut off mid-flight")
+    assert len(killed) >= 6, "the clients finished before the kills; the test proved nothing"
+    assert broken >= 2, f"only {broken} requests were cut off mid-flight"
+    with loadmaster.open(pg_url, migrate=False) as lm:
+        assert audit(lm.store) == []
+        assert {v.state for v in lm.vms.list()} == {"pending"}
+        usage = lm.allocations.usages()
+        records = lm.allocations.allocations()
+        assert sum(u["VCPU"].pending for u in usage.values()) == 2 * VMS
+        assert sum(r.amount for r in records if r.resource_class == "VCPU") == 2 * VMS
