@@ -82,7 +82,11 @@ class ServedApi:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        self.wait_ready(workers)
+        try:
+            self.wait_ready(workers)
+        except BaseException:
+            self.close()
+            raise
 
     def client(self, timeout: float = 30.0) -> httpx.Client:
         return httpx.Client(

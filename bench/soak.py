@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import random
 import sys
 import time
@@ -472,9 +473,11 @@ def run(args: argparse.Namespace) -> int:
                 console=console,
             ) as progress:
                 task = progress.add_task("soak", total=args.duration, requests=0, note="")
-                while any(p.is_alive() for p in clients) and time.time() < deadline + SETTLE_S:
-                    now = time.time()
-                    if outage == (0.0, 0.0) and now >= outage_at:
+                results: list[ClientResult] = []
+                # Results are read as they come: a process whose queue was not drained cannot
+                # exit, so waiting for the processes first would wait forever.
+                while len(results) < len(clients) and time.time() < deadline + SETTLE_S:
+                    if outage == (0.0, 0.0) and time.time() >= outage_at:
                         progress.update(task, note="[red]PostgreSQL stopped")
                         pg.halt()
                         halted = time.time()
@@ -487,8 +490,11 @@ def run(args: argparse.Namespace) -> int:
                         completed=min(args.duration, time.time() - started),
                         requests=counter.value,
                     )
-                    time.sleep(0.5)
-            results = [results_queue.get(timeout=SETTLE_S) for _ in clients]
+                    try:
+                        results.append(results_queue.get(timeout=0.5))
+                    except queue.Empty:
+                        if not any(p.is_alive() for p in clients):
+                            break  # a client died without reporting
             for proc in clients:
                 proc.join(timeout=10)
             wall = time.time() - started
@@ -502,6 +508,13 @@ def run(args: argparse.Namespace) -> int:
         checks = final_checks(pg.url, results, outage_503s)
         checks.append(
             Check("served without a restart", same_server, f"loadmaster serve pid {server_pid}")
+        )
+        checks.append(
+            Check(
+                "every client reported",
+                len(results) == len(clients),
+                f"{len(results)} of {len(clients)} client processes",
+            )
         )
     summary = summarise(results, wall, outage, checks)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
