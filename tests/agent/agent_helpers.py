@@ -1,4 +1,4 @@
-"""Shared by the agent tests: fixture paths and a fake policy."""
+"""Shared by the agent tests: fixture paths, a fake policy, an agent on the simulator."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadmaster.agent import Agent, SimulatedHypervisor
+from loadmaster.agent.collectors import default_guest_collectors
 from loadmaster.policy import PolicyError
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
@@ -35,3 +37,13 @@ class FakePolicy:
 
     def loader(self, _directory: Path) -> FakePolicy:
         return self
+
+
+def sim_agent(sim: SimulatedHypervisor, policy_dir: Path, **kwargs: Any) -> Agent:
+    return Agent(
+        sim,
+        policy_dir,
+        host_collectors=sim.host_collectors(),
+        guest_collectors=default_guest_collectors(sim, sim.clock),
+        **kwargs,
+    )

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FakePolicy
+from agent_helpers import FakePolicy, sim_agent
 
-from loadmaster.agent import Agent, SimulatedHypervisor, simulate_host
-from loadmaster.agent.collectors import default_guest_collectors
+from loadmaster.agent import SimulatedHypervisor, simulate_host
 from loadmaster.agent.controllers import BalloonController, ControlContext, Controller, Outcome
 from loadmaster.agent.simulator import GIB
 from loadmaster.policy import PolicyError, shipped_policy_dir
@@ -24,16 +23,6 @@ class Exploding(Controller):
 
     def apply(self, ctx: ControlContext) -> Outcome:
         raise RuntimeError("boom")
-
-
-def sim_agent(sim: SimulatedHypervisor, policy_dir: Path, **kwargs: Any) -> Agent:
-    return Agent(
-        sim,
-        policy_dir,
-        host_collectors=sim.host_collectors(),
-        guest_collectors=default_guest_collectors(sim, sim.clock),
-        **kwargs,
-    )
 
 
 def test_policy_error_means_no_controller_runs(tmp_path: Path) -> None:

@@ -14,9 +14,18 @@ Public API::
           controllers=None, reporter=None, *, host_name=..., migration_sender=...)
         .run_cycle() -> CycleReport; .run_forever(stop_event)
     LibvirtHypervisor(uri, sys_root=Path("/sys")), SimulatedHypervisor(...).mixed(...)
+    AppliedJournal(state_dir) .cycle_start/.applied/.cycle_end; read_journal(state_dir)
+        -> JournalState(last, interrupted, open_cycle, ...)
 """
 
 from loadmaster.agent.hypervisor import GuestInfo, Hypervisor, HypervisorError
+from loadmaster.agent.journal import (
+    AppliedJournal,
+    AppliedRecord,
+    JournalError,
+    JournalState,
+    read_journal,
+)
 from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.runner import run_agent
@@ -26,13 +35,18 @@ from loadmaster.agent.simulator import SimulatedHypervisor
 __all__ = [
     "METADATA_NS",
     "Agent",
+    "AppliedJournal",
+    "AppliedRecord",
     "CycleReport",
     "GuestInfo",
     "Hypervisor",
     "HypervisorError",
+    "JournalError",
+    "JournalState",
     "LibvirtHypervisor",
     "SimulatedHypervisor",
     "SimulationResult",
+    "read_journal",
     "run_agent",
     "simulate_host",
 ]

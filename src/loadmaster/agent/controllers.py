@@ -2,8 +2,9 @@
 
 Each controller remembers the value it last applied per target and only calls the
 hypervisor when the policy asks for something different (before the first call, the
-sampled value stands in). A value is remembered only once the call succeeded, so a
-failed or interrupted call is simply retried next cycle. One target failing does not
+sampled value stands in). A value is remembered, and handed to the context's
+``on_applied`` (the agent's journal), only once the call succeeded, so a failed or
+interrupted call is simply retried next cycle. One target failing does not
 stop the others; the agent isolates whole controllers from each other the same way.
 """
 
@@ -31,10 +32,13 @@ MigrationSender = Callable[[str, str], None]
 
 @dataclass(frozen=True)
 class Action:
+    """A control the hypervisor accepted; ``uuid`` is the guest's, None for host controls."""
+
     controller: str
     target: str
     control: str
     value: Any
+    uuid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,18 +50,29 @@ class Failure:
 
 @dataclass(frozen=True)
 class ControlContext:
-    """One successful policy cycle and what it was computed from; guests keyed by name."""
+    """One successful policy cycle and what it was computed from; guests keyed by name.
+    ``on_applied`` hears of every action as soon as its call succeeded, before the next."""
 
     result: CycleResult
     host: EntitySnapshot
     guests: Mapping[str, GuestInfo]
     snapshots: Mapping[str, EntitySnapshot]
+    on_applied: Callable[[Action], None] | None = None
+
+    def outcome(self) -> Outcome:
+        return Outcome(on_applied=self.on_applied)
 
 
 @dataclass
 class Outcome:
     actions: list[Action] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    on_applied: Callable[[Action], None] | None = None
+
+    def applied(self, action: Action) -> None:
+        self.actions.append(action)
+        if self.on_applied is not None:
+            self.on_applied(action)
 
 
 def libvirt_quota(value: float) -> int:
@@ -115,7 +130,7 @@ class BalloonController(Controller):
         self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
-        out = Outcome()
+        out = ctx.outcome()
         for guest, snap, value in self._guest_controls(ctx, "balloon_target"):
             target = int(value)
             low, high = snap.stats.get("balloon_min"), snap.stats.get("balloon_max")
@@ -131,7 +146,7 @@ class BalloonController(Controller):
                 out.failures.append(Failure(self.name, guest.name, str(exc)))
                 continue
             self._applied[(guest.uuid, "balloon_target")] = target
-            out.actions.append(Action(self.name, guest.name, "balloon_target", target))
+            out.applied(Action(self.name, guest.name, "balloon_target", target, guest.uuid))
         return out
 
 
@@ -153,7 +168,7 @@ class KsmController(Controller):
         return
 
     def apply(self, ctx: ControlContext) -> Outcome:
-        out = Outcome()
+        out = ctx.outcome()
         wanted = {
             key[4:]: int(value)
             for key, value in ctx.result.host_controls.items()
@@ -184,7 +199,7 @@ class KsmController(Controller):
                 out.failures.append(Failure(self.name, self.HOST, str(exc)))
                 break
             self._applied[(self.HOST, knob)] = value
-            out.actions.append(Action(self.name, self.HOST, f"ksm_{knob}", value))
+            out.applied(Action(self.name, self.HOST, f"ksm_{knob}", value))
         return out
 
 
@@ -204,7 +219,7 @@ class CpuTuneController(Controller):
         self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
-        out = Outcome()
+        out = ctx.outcome()
         for name, controls in ctx.result.guest_controls.items():
             guest = ctx.guests.get(name)
             if guest is None:
@@ -231,7 +246,7 @@ class CpuTuneController(Controller):
                 continue
             for control, value in changed.items():
                 self._applied[(guest.uuid, control)] = value
-                out.actions.append(Action(self.name, guest.name, control, value))
+                out.applied(Action(self.name, guest.name, control, value, guest.uuid))
         return out
 
 
@@ -245,7 +260,7 @@ class IoTuneController(Controller):
         self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
-        out = Outcome()
+        out = ctx.outcome()
         for guest, _snap, request in self._guest_controls(ctx, "io_tune"):
             for entry in request:
                 disk = str(entry.get("name") or entry.get("path") or "")
@@ -259,7 +274,7 @@ class IoTuneController(Controller):
                     out.failures.append(Failure(self.name, guest.name, str(exc)))
                     continue
                 self._applied[(guest.uuid, key)] = limits
-                out.actions.append(Action(self.name, guest.name, key, limits))
+                out.applied(Action(self.name, guest.name, key, limits, guest.uuid))
         return out
 
 
@@ -274,7 +289,7 @@ class StopController(Controller):
         self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
-        out = Outcome()
+        out = ctx.outcome()
         for guest, _snap, value in self._guest_controls(ctx, "stop"):
             if int(value) != 1:
                 continue
@@ -291,7 +306,7 @@ class StopController(Controller):
                 continue
             how = "destroy" if force else "shutdown"
             self._applied[(guest.uuid, "stop")] = how
-            out.actions.append(Action(self.name, guest.name, "stop", how))
+            out.applied(Action(self.name, guest.name, "stop", how, guest.uuid))
         return out
 
 
@@ -306,7 +321,7 @@ class MigrationController(Controller):
         self.send = send
 
     def apply(self, ctx: ControlContext) -> Outcome:
-        out = Outcome()
+        out = ctx.outcome()
         asking = set()
         for guest, _snap, value in self._guest_controls(ctx, "migrate"):
             if int(value) != 1:
@@ -321,7 +336,7 @@ class MigrationController(Controller):
                 out.failures.append(Failure(self.name, guest.name, f"{type(exc).__name__}: {exc}"))
                 continue
             self._applied[(guest.uuid, "migrate")] = reason
-            out.actions.append(Action(self.name, guest.name, "migrate", reason))
+            out.applied(Action(self.name, guest.name, "migrate", reason, guest.uuid))
         self.forget(asking)
         return out
 

@@ -2,7 +2,8 @@
 
 A cycle is all-or-nothing as in MOM: if the policy raises, no controller runs. Unlike
 MOM, a failing controller, collector or reporter never stops the agent: it is logged
-and listed in that cycle's ``CycleReport``.
+and listed in that cycle's ``CycleReport``. With a journal, the controller phase of each
+cycle is framed in it and every action recorded as soon as its call succeeded.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from loadmaster.agent.controllers import (
     default_controllers,
 )
 from loadmaster.agent.hypervisor import GuestInfo, Hypervisor
+from loadmaster.agent.journal import AppliedJournal, JournalError
 from loadmaster.policy import PolicyError, load_policy_dir
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
@@ -127,6 +129,11 @@ class PolicyWatcher:
                 digest.update(str(exc).encode())
         return digest.hexdigest()
 
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the policy files last seen, names included."""
+        return self._digest
+
     def refresh(self) -> bool:
         """True when a new policy was loaded."""
         files = self._files()
@@ -167,8 +174,15 @@ class Agent:
         report_every: int = 1,
         policy_loader: PolicyLoader = load_policy_dir,
         clock: Callable[[], float] = time.monotonic,
+        journal: AppliedJournal | None = None,
     ) -> None:
         self.hypervisor = hypervisor
+        # The journal is written, never read back to decide what to apply: the controllers
+        # start from the values sampled from the hypervisor, journal or not. A kill between
+        # a hypervisor call and its journal record leaves the hypervisor one call ahead of
+        # the journal; the reverse cannot happen (records follow calls), so the hypervisor
+        # is the only one of the two that is never stale.
+        self.journal = journal
         self.interval = interval
         self.host_name = host_name
         self.clock = clock
@@ -231,8 +245,21 @@ class Agent:
             report.missing_stats += [f"host.{s}" for s in result.missing_host_stats]
             for name, stats in result.missing_guest_stats.items():
                 report.missing_stats += [f"{name}.{s}" for s in stats]
-            ctx = ControlContext(result, host, by_name, {s.name: s for s in snapshots})
+            ctx = ControlContext(
+                result,
+                host,
+                by_name,
+                {s.name: s for s in snapshots},
+                on_applied=lambda action: self._journal(
+                    report, lambda j: j.applied(report.cycle, action)
+                ),
+            )
+            self._journal(report, lambda j: j.cycle_start(report.cycle, self.watcher.digest))
             self._control(ctx, report)
+            self._journal(
+                report,
+                lambda j: j.cycle_end(report.cycle, len(report.actions), len(report.failures)),
+            )
 
         report.missing_stats = sorted(set(report.missing_stats))
         self._log_missing(report.missing_stats)
@@ -304,6 +331,17 @@ class Agent:
                 log.warning("%s on %s: %s", failure.controller, failure.target, failure.error)
             report.actions += outcome.actions
             report.failures += outcome.failures
+
+    def _journal(self, report: CycleReport, write: Callable[[AppliedJournal], None]) -> None:
+        if self.journal is None:
+            return
+        try:
+            write(self.journal)
+        except JournalError as exc:
+            # A journal that cannot be written lags the hypervisor, as after a crash; the
+            # host still needs its controls, so the cycle goes on.
+            log.error("%s", exc)
+            report.failures.append(Failure("journal", self.host_name, str(exc)))
 
     def _log_missing(self, missing: list[str]) -> None:
         # Warn when the set changes; a stat missing for hours would otherwise flood the log.

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from loadmaster.agent.journal import AppliedJournal
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.loop import Agent, CycleReport
 
@@ -42,27 +43,42 @@ def run_agent(
     token: str | None,
     host_name: str | None,
     cycles: int | None,
+    state_dir: Path | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
     Without ``api_url`` nothing is reported and migration requests are not sent. With
     ``cycles`` it runs that many cycles, ``interval`` apart, and returns their reports;
-    otherwise it runs until SIGINT or SIGTERM and returns the empty list. Raises
-    ``PolicyError`` when the policy directory does not load, ``HypervisorError`` when
-    the hypervisor cannot be reached.
+    otherwise it runs until SIGINT or SIGTERM and returns the empty list. With
+    ``state_dir`` every applied control is journalled there (``AppliedJournal``).
+    Raises ``PolicyError`` when the policy directory does not load, ``HypervisorError``
+    when the hypervisor cannot be reached, ``JournalError`` when the state directory
+    cannot be used.
     """
-    hypervisor = LibvirtHypervisor(hypervisor_uri)
-    client = ApiClient(api_url, token) if api_url else None
-    agent = Agent(
-        hypervisor,
-        policy_dir,
-        interval,
-        reporter=client.report if client else None,
-        host_name=host_name or socket.gethostname(),
-        migration_sender=client.request_migration if client else None,
-    )
-    stop = threading.Event()
+    journal = AppliedJournal(state_dir) if state_dir is not None else None
+    last = journal.state_at_open.open_cycle if journal is not None else None
+    if last is not None:
+        log.warning(
+            "the previous agent stopped in cycle %d after %d journalled action(s); the "
+            "hypervisor may be one call ahead of the journal, its values are used",
+            last.cycle,
+            last.applied,
+        )
+    hypervisor: LibvirtHypervisor | None = None
+    client: ApiClient | None = None
     try:
+        hypervisor = LibvirtHypervisor(hypervisor_uri)
+        client = ApiClient(api_url, token) if api_url else None
+        agent = Agent(
+            hypervisor,
+            policy_dir,
+            interval,
+            reporter=client.report if client else None,
+            host_name=host_name or socket.gethostname(),
+            migration_sender=client.request_migration if client else None,
+            journal=journal,
+        )
+        stop = threading.Event()
         if cycles is not None:
             reports = []
             for i in range(cycles):
@@ -76,7 +92,10 @@ def run_agent(
     finally:
         if client is not None:
             client.close()
-        hypervisor.close()
+        if hypervisor is not None:
+            hypervisor.close()
+        if journal is not None:
+            journal.close()
 
 
 def _stop_on_signals(stop: threading.Event) -> None:

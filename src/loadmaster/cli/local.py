@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +15,7 @@ import typer
 
 from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, err_console, fail, print_json
+from loadmaster.cli.remote import JsonOpt, show
 from loadmaster.errors import LoadmasterError
 
 policy_app = typer.Typer(help="Check and try out host SLA policies.", no_args_is_help=True)
@@ -88,12 +91,21 @@ def agent(
     token: Annotated[str | None, typer.Option(envvar="LOADMASTER_TOKEN")] = None,
     host_name: Annotated[str | None, typer.Option(help="default: this machine's name")] = None,
     cycles: Annotated[int | None, typer.Option(help="stop after N cycles")] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="journal every applied control here, e.g. /var/lib/loadmaster/agent "
+            "(see agent-journal); default: no journal"
+        ),
+    ] = None,
 ) -> None:
     """Run the host agent: collect, apply the SLA policy, report to the API."""
     from loadmaster.agent import run_agent
 
     try:
-        reports = run_agent(hypervisor, policy_dir, interval, api_url, token, host_name, cycles)
+        reports = run_agent(
+            hypervisor, policy_dir, interval, api_url, token, host_name, cycles, state_dir
+        )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
     for report in reports:
@@ -101,6 +113,53 @@ def agent(
             f"cycle {report.cycle}: {report.guests} guests, {len(report.actions)} actions, "
             f"{len(report.failures)} failures, reported={report.reported}"
         )
+
+
+@app.command("agent-journal")
+def agent_journal(
+    state_dir: Annotated[
+        Path, typer.Option(exists=True, file_okay=False, help="the agent's --state-dir")
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """What the agent's journal says it applied: the last value of every control, and the
+    cycles that started but never ended (an agent killed mid-cycle). The hypervisor may be
+    one call ahead of an interrupted cycle, never behind the journal."""
+    from loadmaster.agent.journal import agent_running, read_journal
+
+    try:
+        state = read_journal(state_dir)
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.SERVER_ERROR)
+    running = agent_running(state_dir)
+    records = sorted(state.last.values(), key=lambda r: (r.target, r.control))
+    data = {
+        "agent_running": running,
+        "cycles_ended": state.cycles_ended,
+        "torn_bytes": state.torn_bytes,
+        "applied": [asdict(r) for r in records],
+        "interrupted": [asdict(c) for c in state.interrupted],
+        "open_cycle": None if state.open_cycle is None else asdict(state.open_cycle),
+    }
+    rows = [(r.target, r.control, r.value, r.cycle, _when(r.time)) for r in records]
+    title = (
+        f"Applied controls ({state.cycles_ended} cycles ended, "
+        f"agent {'running' if running else 'not running'})"
+    )
+    show(data, as_json, title, ("target", "control", "value", "cycle", "applied at"), rows)
+    if as_json or not state.interrupted:
+        return
+    in_progress = state.open_cycle if running else None
+    cycles = [
+        (c.cycle, _when(c.started), c.applied, c.policy[:12], c is in_progress)
+        for c in state.interrupted
+    ]
+    columns = ("cycle", "started", "journalled", "policy", "in progress")
+    show(data, False, "Cycles that never ended", columns, cycles)
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds")
 
 
 @app.command("simulate-host")
