@@ -12,6 +12,7 @@ pkg-config --exists libvirt 2>/dev/null || need+=(libvirt-dev)
 if [ "$want_system" = full ]; then
   ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
   command -v chromium >/dev/null || need+=(chromium)
+  [ -x /usr/sbin/libvirtd ] || need+=(libvirt-daemon)  # the agent kill -9 test runs its own libvirtd
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
