@@ -57,6 +57,13 @@ class InsufficientCapacity(Conflict):
     title = "Insufficient capacity"
 
 
+class GroupPolicyViolation(Conflict):
+    """A claim would break a hard server-group rule; a fresher view may find another host."""
+
+    code = "loadmaster.group_policy"
+    title = "Server group policy violated"
+
+
 class InvalidTransition(Conflict):
     code = "loadmaster.invalid_transition"
     title = "Invalid state transition"

@@ -224,3 +224,12 @@ def test_project_usage(two_hosts: Loadmaster) -> None:
     lm.allocations.activate(a.uuid)
     assert lm.allocations.project_usage("p1")["VCPU"] == {"active": 2, "pending": 2}
     assert lm.allocations.project_usage("p2") == {}
+
+
+def test_stopping_a_vm_that_never_started(two_hosts: Loadmaster) -> None:
+    lm = two_hosts
+    vm = lm.vms.create("v", "half")
+    lm.allocations.claim(vm.uuid, "h1")
+    assert lm.allocations.stop(vm.uuid).state == "stopped"
+    assert lm.allocations.allocations() == []
+    lm.allocations.claim(vm.uuid, "h2")  # a stopped VM starts again anywhere

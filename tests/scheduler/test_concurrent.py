@@ -65,3 +65,59 @@ def test_two_schedulers_race_for_the_last_slots(pg_url: str) -> None:
     members = Counter(vm.host for vm in lm.groups.members("apart") if vm.host)
     assert members and max(members.values()) == 1
     lm.close()
+
+
+GROUPS = 20
+
+
+def _first_members(
+    url: str, vms: list[str], host: str, in_step: mp.synchronize.Barrier, out: mp.Queue
+) -> None:
+    lm = loadmaster.open(url, migrate=False)
+    lm.scheduler.refresh()
+    outcomes = []
+    for vm in vms:
+        in_step.wait()
+        placement = lm.scheduler.schedule([RequestSpec(vms=[vm], include_hosts=[host])])
+        p = placement.placements[0]
+        outcomes.append((p.vm, p.host, None if p.error is None else p.error.code))
+    out.put(outcomes)
+    lm.close()
+
+
+@pytest.mark.postgres
+def test_affinity_holds_when_two_schedulers_place_first_members_at_once(pg_url: str) -> None:
+    """Two schedulers each send one member of every affinity group to their own host, group
+    after group, in step. Host generations cannot see this race (different hosts); the
+    ledger's group lock does: no group ends split, the loser is told no host fits."""
+    lm = loadmaster.open(pg_url)
+    add_hosts(lm, 2, vcpu=256, memory=262144)
+    small_flavor(lm)
+    pairs = []
+    for g in range(GROUPS):
+        lm.groups.create(f"together-{g}", "affinity")
+        pairs.append(add_vms(lm, 2, group=f"together-{g}", prefix=f"g{g}-"))
+    ctx = mp.get_context("spawn")
+    in_step, out = ctx.Barrier(2), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_first_members, args=(pg_url, [p[i] for p in pairs], f"h{i}", in_step, out)
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        p.start()
+    outcomes = [row for _ in procs for row in out.get(timeout=120)]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert {error for _, _, error in outcomes} <= {None, "loadmaster.no_valid_host"}
+    split = [
+        g
+        for g in range(GROUPS)
+        if len({vm.host for vm in lm.groups.members(f"together-{g}") if vm.host}) > 1
+    ]
+    assert split == [], f"{len(split)} of {GROUPS} affinity groups split over two hosts"
+    assert sum(host is not None for _, host, _ in outcomes) == GROUPS  # one member each
+    assert audit(lm.store) == []
+    lm.close()

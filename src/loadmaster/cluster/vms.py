@@ -30,6 +30,9 @@ TRANSITIONS: Mapping[str, frozenset[str]] = {
     "deleted": frozenset(),
 }
 VM_STATES = tuple(TRANSITIONS)
+# A VM counts on a host (for VM counts and server groups) while it is headed there or runs
+# there: pending VMs count exactly like running ones.
+PLACED_STATES = ("pending", "running", "migrating")
 SLA_TIERS = ("platinum", "gold", "silver", "best-effort")
 
 

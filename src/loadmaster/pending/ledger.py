@@ -29,6 +29,7 @@ from loadmaster.errors import (
     NotFound,
     ValidationError,
 )
+from loadmaster.pending.group_rules import GroupRules
 from loadmaster.resources import Inventory
 from loadmaster.store import Store
 from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, InventoryRow, VmRow
@@ -114,6 +115,9 @@ class Ledger:
         many = len(claims) > 1
         prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
         vms = _rows_by(session, VmRow, VmRow.uuid, {c.vm for c in claims})
+        groups = GroupRules.lock(
+            session, {v.group_id for v in vms.values() if v.group_id is not None}
+        )
         hosts = _hosts_by_ident(session, {c.host for c in claims})
         trees = _load_trees(session, {h.root_id or h.id for h in hosts.values()})
         flavors = {
@@ -150,12 +154,14 @@ class Ledger:
                 planned = self._plan(
                     vm, host, tree, flavors[vm.flavor_id], class_ids, claim, prefix[i]
                 )
+                groups.check(vm, tree.root, prefix[i])
             except LoadmasterError as exc:
                 if all_or_nothing:
                     raise
                 outcomes.append(ClaimOutcome(claim.vm, claim.host, error=exc))
                 continue
             seen_vms.add(claim.vm)
+            groups.add(vm, tree.root)
             records = []
             for provider, class_id, amount in planned:
                 tree.used.setdefault((provider.id, class_id), {"active": 0, "pending": 0})[
@@ -306,7 +312,11 @@ class Ledger:
             host_row = lookup.host_row(session, host) if host is not None else None
             return self._release(session, row, host_row)
 
-    def _release(self, session: Session, row: VmRow, host_row: HostRow | None) -> int:
+    def _release(
+        self, session: Session, row: VmRow, host_row: HostRow | None, *, then: str | None = None
+    ) -> int:
+        """``then``: the state once nothing is left (by default: requested again for a VM
+        that never started, stopped for one that ran)."""
         query = select(AllocationRow).where(AllocationRow.vm_id == row.id)
         if host_row is not None:
             query = query.where(
@@ -331,7 +341,7 @@ class Ledger:
         for r in doomed:
             session.delete(r)
         if not left:
-            move(row, "requested" if row.state == "pending" else "stopped")
+            move(row, then or ("requested" if row.state == "pending" else "stopped"))
             row.host_id = row.target_host_id = None
         elif row.state == "migrating":
             row.target_host_id = None
@@ -347,7 +357,7 @@ class Ledger:
                 return vm_records(session, [row])[0]
             if "stopped" not in TRANSITIONS[row.state]:
                 raise InvalidTransition(f"VM {vm} is {row.state} and cannot be stopped", field="vm")
-            self._release(session, row, None)
+            self._release(session, row, None, then="stopped")
             if row.state != "stopped":
                 move(row, "stopped")
                 row.host_id = row.target_host_id = None

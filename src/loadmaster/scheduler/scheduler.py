@@ -645,6 +645,9 @@ class Scheduler:
         self._hosts.committed(landed)
         # What we applied for the claims that did not land must not linger in the arrays.
         self._hosts.refresh_hosts(missed)
+        if missed and self._groups:
+            # A member counted where its claim failed would mislead the next decision.
+            self._hosts.load_groups(self._groups.values())
         return retry
 
     def _claims(self, chosen: list[tuple[_Item, int, int]]) -> list[Claim]:

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.records import HOST_STATES
+from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.resources import Inventory
 from loadmaster.store import Store
 from loadmaster.store.schema import (
@@ -40,9 +41,6 @@ Bools = npt.NDArray[np.bool_]
 Floats = npt.NDArray[np.float64]
 
 STATE_CODE = {name: code for code, name in enumerate(HOST_STATES)}
-# A VM counts on a host (for VM counts and server groups) while it is headed there or runs
-# there: pending VMs count exactly like running ones.
-PLACED_STATES = ("pending", "running", "migrating")
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""Hard server-group rules, checked in the transaction that writes the claims.
+
+The scheduler applies the same rules to its snapshot, and host generations catch most
+races: two anti-affinity members sent to one host by two schedulers bump the same
+generation, so the second claim fails. Generations cannot catch the first members of an
+affinity group sent to two *different* hosts at once. So a claim locks the rows of its
+VMs' groups (in id order, before any host row) and checks the members as committed: claims
+for one group take turns, claims for different groups do not wait for each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster.vms import PLACED_STATES
+from loadmaster.errors import GroupPolicyViolation
+from loadmaster.store.schema import HostRow, ServerGroupRow, VmRow
+
+
+@dataclass
+class GroupRules:
+    groups: dict[int, ServerGroupRow]
+    # group id -> member VM id -> root hosts it runs on or is headed to
+    members: dict[int, dict[int, set[int]]] = field(default_factory=dict)
+
+    @classmethod
+    def lock(cls, session: Session, group_ids: Collection[int]) -> GroupRules:
+        if not group_ids:
+            return cls({})
+        groups = {
+            g.id: g
+            for g in session.scalars(
+                select(ServerGroupRow)
+                .where(ServerGroupRow.id.in_(group_ids))
+                .order_by(ServerGroupRow.id)
+                .with_for_update()
+            )
+        }
+        rules = cls(groups, {gid: {} for gid in groups})
+        placed = session.execute(
+            select(VmRow.id, VmRow.group_id, VmRow.host_id, VmRow.target_host_id).where(
+                VmRow.group_id.in_(groups), VmRow.state.in_(PLACED_STATES)
+            )
+        )
+        for vm_id, group_id, host_id, target_id in placed:
+            assert group_id is not None  # selected by group
+            hosts = rules.members[group_id].setdefault(vm_id, set())
+            hosts.update(h for h in (host_id, target_id) if h is not None)
+        return rules
+
+    def check(self, vm: VmRow, host: HostRow, prefix: str = "") -> None:
+        """Refuse ``vm`` on root ``host`` if that breaks its group's hard rule."""
+        group = self.groups.get(vm.group_id) if vm.group_id is not None else None
+        if group is None:
+            return
+        others = [hosts for vm_id, hosts in self.members[group.id].items() if vm_id != vm.id]
+        if group.policy == "affinity":
+            elsewhere = set().union(*others) - {host.id}
+            if elsewhere:
+                raise GroupPolicyViolation(
+                    f"{prefix}vm {vm.uuid}: affinity group {group.name} already has members "
+                    f"on another host; it cannot go to {host.name}",
+                    field=f"{prefix}host",
+                )
+        limit = group.max_per_host or (1 if group.policy == "anti-affinity" else None)
+        if limit is not None and sum(host.id in hosts for hosts in others) >= limit:
+            raise GroupPolicyViolation(
+                f"{prefix}vm {vm.uuid}: host {host.name} already has {limit} member(s) of "
+                f"{group.policy} group {group.name}",
+                field=f"{prefix}host",
+            )
+
+    def add(self, vm: VmRow, host: HostRow) -> None:
+        """A claim of this batch landed: later claims of the batch see it."""
+        if vm.group_id is not None and vm.group_id in self.members:
+            self.members[vm.group_id].setdefault(vm.id, set()).add(host.id)
