@@ -101,7 +101,7 @@ class HostService:
             for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id == row.id)):
                 used = sums.get((row.id, inv.resource_class_id), {})
                 usage[names[inv.resource_class_id]] = ClassUsage(
-                    _inventory(inv).capacity, used.get("active", 0), used.get("pending", 0)
+                    lookup.inventory_of(inv).capacity, used.get("active", 0), used.get("pending", 0)
                 )
             return usage
 
@@ -395,7 +395,7 @@ class HostService:
     def _inventories(self, session: Session, row: HostRow) -> dict[str, Inventory]:
         names = lookup.class_names(session)
         return {
-            names[inv.resource_class_id]: _inventory(inv)
+            names[inv.resource_class_id]: lookup.inventory_of(inv)
             for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id == row.id))
         }
 
@@ -417,7 +417,7 @@ def host_records(session: Session, rows: list[HostRow]) -> list[HostRecord]:
     aggs: dict[int, list[str]] = {i: [] for i in ids}
     for chunk in _chunks(ids):
         for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(chunk))):
-            invs[inv.host_id][names[inv.resource_class_id]] = _inventory(inv)
+            invs[inv.host_id][names[inv.resource_class_id]] = lookup.inventory_of(inv)
         for host_id, trait in session.execute(
             select(HostTraitRow.host_id, TraitRow.name)
             .join(TraitRow)
@@ -509,12 +509,6 @@ def bump_generations(session: Session, expected: Mapping[int, int]) -> None:
             raise ConcurrentUpdate(
                 "a host was changed by another writer; retry", field="generation"
             )
-
-
-def _inventory(row: InventoryRow) -> Inventory:
-    return Inventory(
-        row.total, row.reserved, row.min_unit, row.max_unit, row.step_size, row.allocation_ratio
-    )
 
 
 def _validate_uuid(value: object, field: str = "uuid") -> str:

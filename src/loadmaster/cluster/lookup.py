@@ -3,20 +3,42 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from loadmaster.errors import NotFound, ValidationError
+from loadmaster.resources import Inventory
 from loadmaster.store.schema import (
     AllocationRow,
     FlavorRow,
     HostRow,
+    InventoryRow,
     ResourceClassRow,
     ServerGroupRow,
     TraitRow,
     VmRow,
 )
+
+# What an Inventory is made of, for reads that need no whole row.
+INVENTORY_COLUMNS = (
+    InventoryRow.host_id,
+    InventoryRow.resource_class_id,
+    InventoryRow.total,
+    InventoryRow.reserved,
+    InventoryRow.min_unit,
+    InventoryRow.max_unit,
+    InventoryRow.step_size,
+    InventoryRow.allocation_ratio,
+)
+
+
+def inventory_of(row: Any) -> Inventory:
+    """The rules of an ``InventoryRow`` or of a row selected with ``INVENTORY_COLUMNS``."""
+    return Inventory(
+        row.total, row.reserved, row.min_unit, row.max_unit, row.step_size, row.allocation_ratio
+    )
 
 
 def host_row(session: Session, ident: str, field: str = "host") -> HostRow:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from loadmaster.cluster import lookup
-from loadmaster.resources import Inventory
 from loadmaster.store import Store
 from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, InventoryRow, VmRow
 
@@ -40,14 +39,7 @@ def audit(store: Store) -> list[Problem]:
             ).all()
         )
         capacity = {
-            (inv.host_id, inv.resource_class_id): Inventory(
-                inv.total,
-                inv.reserved,
-                inv.min_unit,
-                inv.max_unit,
-                inv.step_size,
-                inv.allocation_ratio,
-            ).capacity
+            (inv.host_id, inv.resource_class_id): lookup.inventory_of(inv).capacity
             for inv in session.scalars(select(InventoryRow))
         }
         for key, amount in sorted(used.items()):

@@ -460,14 +460,7 @@ class Ledger:
                 inv_query = inv_query.where(InventoryRow.host_id.in_(names_by_id))
             for inv in session.scalars(inv_query):
                 used = sums.get((inv.host_id, inv.resource_class_id), {})
-                capacity = Inventory(
-                    inv.total,
-                    inv.reserved,
-                    inv.min_unit,
-                    inv.max_unit,
-                    inv.step_size,
-                    inv.allocation_ratio,
-                ).capacity
+                capacity = lookup.inventory_of(inv).capacity
                 result[names_by_id[inv.host_id]][class_names[inv.resource_class_id]] = ClassUsage(
                     capacity, used.get("active", 0), used.get("pending", 0)
                 )
@@ -545,20 +538,10 @@ def _load_trees(session: Session, root_ids: set[int]) -> dict[int, _Tree]:
     root_of = {p.id: p.root_id or p.id for p in providers}
     sums = lookup.used_by_provider(session, root_of)
     for inv in session.execute(
-        select(
-            InventoryRow.host_id,
-            InventoryRow.resource_class_id,
-            InventoryRow.total,
-            InventoryRow.reserved,
-            InventoryRow.min_unit,
-            InventoryRow.max_unit,
-            InventoryRow.step_size,
-            InventoryRow.allocation_ratio,
-        ).where(InventoryRow.host_id.in_(root_of))
+        select(*lookup.INVENTORY_COLUMNS).where(InventoryRow.host_id.in_(root_of))
     ):
-        trees[root_of[inv.host_id]].inventories[(inv.host_id, inv.resource_class_id)] = Inventory(
-            inv.total, inv.reserved, inv.min_unit, inv.max_unit, inv.step_size, inv.allocation_ratio
-        )
+        key = (inv.host_id, inv.resource_class_id)
+        trees[root_of[inv.host_id]].inventories[key] = lookup.inventory_of(inv)
     for (host_id, class_id), used in sums.items():
         trees[root_of[host_id]].used[(host_id, class_id)] = used
     return trees

@@ -23,7 +23,6 @@ from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.cluster.vms import PLACED_STATES
-from loadmaster.resources import Inventory
 from loadmaster.store import Store
 from loadmaster.store.schema import (
     HostAggregateRow,
@@ -201,29 +200,13 @@ class HostState:
             self.trait_matrix[chunk_rows] = False
             self.aggregate_matrix[chunk_rows] = False
             for inv in session.execute(
-                select(
-                    InventoryRow.host_id,
-                    InventoryRow.resource_class_id,
-                    InventoryRow.total,
-                    InventoryRow.reserved,
-                    InventoryRow.min_unit,
-                    InventoryRow.max_unit,
-                    InventoryRow.step_size,
-                    InventoryRow.allocation_ratio,
-                ).where(InventoryRow.host_id.in_(chunk))
+                select(*lookup.INVENTORY_COLUMNS).where(InventoryRow.host_id.in_(chunk))
             ):
                 column = self.classes.get(names[inv.resource_class_id])
                 if column is None:
                     return False
                 row = self.row_of[inv.host_id]
-                self.capacity[column, row] = Inventory(
-                    inv.total,
-                    inv.reserved,
-                    inv.min_unit,
-                    inv.max_unit,
-                    inv.step_size,
-                    inv.allocation_ratio,
-                ).capacity
+                self.capacity[column, row] = lookup.inventory_of(inv).capacity
                 self.min_unit[column, row] = inv.min_unit
                 self.max_unit[column, row] = inv.max_unit
                 self.step[column, row] = inv.step_size
