@@ -46,6 +46,7 @@ from loadmaster.pending import audit
 GROUP = "soak-ha"
 CONFLICT = "loadmaster.concurrent_update"
 NO_HOST = "loadmaster.no_valid_host"
+UNAVAILABLE = "loadmaster.store_unavailable"
 # How long a client keeps reading a VM back after an ambiguous answer before giving up.
 SETTLE_S = 60.0
 
@@ -106,7 +107,14 @@ class SoakClient:
                 self.result.latencies_ms.setdefault(op, []).append(elapsed_ms)
             if status == 503:
                 self.result.unavailable += 1
-                time.sleep(0.2 + self.rng.random() * 0.3)
+                if (
+                    response.json().get("code") != UNAVAILABLE
+                    or "Retry-After" not in response.headers
+                ):
+                    self.unexpected(op, response)
+                # As a well-behaved client: wait as told, with jitter so clients spread out.
+                retry_after = float(response.headers.get("Retry-After", "1"))
+                time.sleep(retry_after * (0.5 + self.rng.random()))
                 return None
             if status == 409 and response.json().get("code") == CONFLICT:
                 self.result.conflicts_retried += 1

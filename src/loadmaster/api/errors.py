@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loadmaster.errors import LoadmasterError, NotFound, ValidationError
+from loadmaster.errors import LoadmasterError, NotFound, StoreUnavailable, ValidationError
 
 log = logging.getLogger("loadmaster.api")
 
@@ -92,9 +92,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+# The database restarts in seconds (failover, a pg_ctl restart); a client told to wait a
+# moment retries when it is likely back rather than hammering it.
+RETRY_AFTER_S = "2"
+
+
 def error_response(
     error: LoadmasterError, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
+    if isinstance(error, StoreUnavailable):
+        headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
     return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
 
 
