@@ -118,3 +118,6 @@ def test_capacity_counts_per_host_with_groups(slm: Loadmaster) -> None:
     slm.groups.create("db", "affinity")
     assert slm.scheduler.capacity("small", group="db").total == 4
     assert report.to_dict()["per_host"] == {"h1": 4, "h0": 3}
+    small_flavor(slm, "huge", vcpu=64, memory=2048)
+    nowhere = slm.scheduler.capacity("huge")  # raised ValueError (min of no scores) before
+    assert nowhere.total == 0 and nowhere.per_host == {}

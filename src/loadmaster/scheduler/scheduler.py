@@ -445,6 +445,8 @@ class Scheduler:
         self, request: VmRequest, candidates: Ints, weighers: list[tuple[Weigher, float]]
     ) -> np.ndarray:
         scores = np.zeros(len(candidates))
+        if not len(candidates):
+            return scores  # nothing fits: weighers have nothing to rank (and min() would fail)
         for weigher, multiplier in weighers:
             raw = weigher.weigh(self._hosts, request, candidates)
             if raw is None:
