@@ -178,6 +178,26 @@ def test_reconcile_spares_claims_newer_than_the_report(two_hosts: Loadmaster) ->
     assert lm.vms.get(vm.uuid).state == "pending"
 
 
+def test_reconcile_spares_vms_that_came_up_after_the_report(two_hosts: Loadmaster) -> None:
+    """The host listed its VMs, then one started (activate) and another finished its
+    migration here: the report predates both and proves neither gone."""
+    lm = two_hosts
+    listed_at = now()
+    started, moved = lm.vms.create("s", "half"), lm.vms.create("m", "half")
+    lm.allocations.claim(started.uuid, "h1")
+    lm.allocations.claim(moved.uuid, "h2")
+    lm.allocations.activate(moved.uuid)
+    lm.allocations.claim(moved.uuid, "h1")
+    lm.allocations.activate(started.uuid)
+    lm.allocations.activate(moved.uuid)
+    result = lm.allocations.reconcile("h1", [], as_of=listed_at)
+    assert result.stopped == () and result.released == ()
+    assert {lm.vms.get(v.uuid).state for v in (started, moved)} == {"running"}
+    # A report taken after they came up does prove them gone.
+    result = lm.allocations.reconcile("h1", [])
+    assert sorted(result.stopped) == sorted([started.uuid, moved.uuid])
+
+
 def test_child_providers_carry_their_own_classes(lm: Loadmaster) -> None:
     lm.hosts.create("h", inventories={"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}})
     lm.hosts.create("h-nic0", parent="h", inventories={"SRIOV_NET_VF": {"total": 2}})

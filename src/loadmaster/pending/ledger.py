@@ -380,7 +380,8 @@ class Ledger:
         A pending VM that is there has started (activate). A pending record older than the
         report for a VM that is not there is proven dead (release) — records newer than the
         report are left alone, since the host listed its VMs before that claim existed.
-        A running VM that is gone has stopped. Nothing here runs on a timer.
+        A VM that was running before the report and is gone has stopped. Nothing here runs
+        on a timer.
         """
         seen = set(present)
         as_of = as_of or now()
@@ -408,7 +409,9 @@ class Ledger:
                     if max(a.created_at for a in pending_here) <= as_of:
                         self._release(session, vm, root)
                         released.append(vm.uuid)
-                elif vm.state == "running":
+                elif vm.state == "running" and vm.updated_at <= as_of:
+                    # Only a VM already running here when the host listed its VMs is proven
+                    # gone; one that came up (or finished migrating here) since is spared.
                     self._release(session, vm, root)
                     stopped.append(vm.uuid)
             unexpected = sorted(seen - {vm.uuid for vm, _ in by_vm.values()})
