@@ -1,9 +1,10 @@
 """Soak: several API workers on PostgreSQL, client processes starting, migrating, stopping
-and deleting VMs over HTTP, the database stopped and started again mid-run; audited at the end.
+and deleting VMs over HTTP, host agents reporting what runs where, the database stopped and
+started again mid-run; audited at the end.
 
 Usage: .venv/bin/python bench/soak.py [--duration 180] [--clients 6] [--workers 4]
                                       [--hosts 24] [--outage 4] [--max-requests 200000]
-                                      [--out soak-out]
+                                      [--report-every 3] [--out soak-out]
 
 Everything runs on 127.0.0.1: a private PostgreSQL server (scripts/postgres.sh) and
 ``loadmaster serve --workers N``. Bounded by --duration and --max-requests. Prints requests
@@ -15,6 +16,12 @@ by answers it got. After an answer it cannot trust (a 503 or a broken connection
 commit may or may not have happened) it reads the VM back before going on, as a careful
 real client would. At the end the models must equal the database: a VM a client created
 and the database lost, or one the database holds that no client knows of, is a failure.
+
+One more process plays every host's agent: it lists what runs on a host and reports it.
+A VM placed there but not started yet is not listed, so a report newer than its claim
+ends the claim, as reconciliation must. Clients that find their VM overtaken that way
+(pending back to requested, a migration back to running) read it back and go on; any
+other surprise, and any running VM a report stops, fails the run.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import time
 import uuid as uuidlib
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,9 @@ from loadmaster.pending import audit
 GROUP = "soak-ha"
 CONFLICT = "loadmaster.concurrent_update"
 NO_HOST = "loadmaster.no_valid_host"
+INVALID_TRANSITION = "loadmaster.invalid_transition"
+# What a host report may legitimately do to a VM behind its client's back.
+REPORT_OUTCOMES = {("pending", "requested"), ("migrating", "running")}
 UNAVAILABLE = "loadmaster.store_unavailable"
 # How long a client keeps reading a VM back after an ambiguous answer before giving up.
 SETTLE_S = 60.0
@@ -66,6 +78,12 @@ class ClientResult:
     unexpected: list[str] = field(default_factory=list)
     vms: dict[str, str] = field(default_factory=dict)  # uuid -> state, deleted included
     unsettled: list[str] = field(default_factory=list)
+    # A host report ended a pending claim (the VM was not seen starting) before the
+    # client's next step on it: pending -> requested, or a migration -> running.
+    overtaken_by_reports: int = 0
+    # The host agents' side: reports sent and what reconciliation did with them.
+    reports: int = 0
+    reconciled: dict[str, int] = field(default_factory=dict)
 
 
 class SoakClient:
@@ -169,12 +187,33 @@ class SoakClient:
             return False
         if response.status_code in ok:
             return True
-        if response.status_code == 409 and response.json().get("code") == NO_HOST:
+        code = response.json().get("code") if response.status_code == 409 else None
+        if code == NO_HOST:
             self.result.no_valid_host += 1
             return False
-        self.unexpected(op, response)
-        self.settle(uuid)
+        if code != INVALID_TRANSITION or not self.overtaken(uuid):
+            self.unexpected(op, response)
         return False
+
+    def overtaken(self, uuid: str) -> bool:
+        """Read the VM back; True when a host report moved it the only ways it may."""
+        believed = self.state.get(uuid)
+        self.settle(uuid)
+        if (believed, self.state.get(uuid)) in REPORT_OUTCOMES:
+            self.result.overtaken_by_reports += 1
+            return True
+        return False
+
+    def settle_after_reports(self) -> None:
+        """Once the agents stopped: VMs still waiting to start may have lost their claim to
+        a last report the client never stepped on; anything else must be as believed."""
+        for uuid, believed in list(self.state.items()):
+            if believed not in ("pending", "migrating") or self.overtaken(uuid):
+                continue
+            if self.state.get(uuid) != believed:
+                self.result.unexpected.append(
+                    f"final read: {uuid} {believed} -> {self.state.get(uuid)}"
+                )
 
     # -- the workload ------------------------------------------------------------------
     def step(self) -> None:
@@ -250,6 +289,62 @@ class SoakClient:
             self.state[uuid] = "deleted"
 
 
+class HostAgents(SoakClient):
+    """The agents of every host, as one process: each host in turn lists what runs there
+    (its running VMs, and those migrating away) and reports it. A VM placed on the host
+    but not up yet is not listed, as a real host does not run it yet, so a report newer
+    than its claim ends that claim (the VM did not start): the case pending records exist
+    for. Truthful reports must never stop a running VM."""
+
+    def __init__(self, *args: Any, hosts: list[str], every_s: float) -> None:
+        super().__init__(*args)
+        self.hosts, self.every_s, self.next_host = hosts, every_s, 0
+
+    def step(self) -> None:
+        host = self.hosts[self.next_host % len(self.hosts)]
+        self.next_host += 1
+        as_of = datetime.now(UTC).isoformat()
+        listed = self.call("list", "GET", f"/vms?host={host}")
+        if listed is None or listed.status_code != 200:
+            return
+        running = [
+            v["uuid"] for v in listed.json()["vms"] if v["state"] in ("running", "migrating")
+        ]
+        body = {"running_vms": running, "as_of": as_of}
+        response = self.call("report", "POST", f"/hosts/{host}/report", body)
+        if response is not None and response.status_code == 200:
+            self.result.reports += 1
+            for outcome, uuids in response.json().items():
+                self.result.reconciled[outcome] = self.result.reconciled.get(outcome, 0) + len(
+                    uuids
+                )
+        elif response is not None:
+            self.unexpected("report", response)
+        time.sleep(self.every_s / len(self.hosts))
+
+
+def agents_main(
+    url: str,
+    token: str,
+    started: float,
+    deadline: float,
+    hosts: list[str],
+    every_s: float,
+    counter: Synchronized[int],
+    results: mp.Queue[ClientResult],
+    agents_done: EventType,
+) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=30.0) as http:
+            agents = HostAgents(-1, http, started, 0, counter, hosts=hosts, every_s=every_s)
+            while time.time() < deadline:
+                agents.step()
+    finally:
+        agents_done.set()
+    results.put(agents.result)
+
+
 def client_main(
     index: int,
     url: str,
@@ -260,27 +355,33 @@ def client_main(
     target_vms: int,
     counter: Synchronized[int],
     results: mp.Queue[ClientResult],
+    agents_done: EventType,
 ) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=30.0) as http:
         client = SoakClient(index, http, started, target_vms, counter)
         while time.time() < deadline and client.result.requests < max_requests:
             client.step()
+        if agents_done.wait(timeout=SETTLE_S):
+            client.settle_after_reports()
+        else:
+            client.result.unexpected.append("the host agents did not stop")
     client.result.vms = dict(client.state)
     results.put(client.result)
 
 
 # -- the run ----------------------------------------------------------------------------
-def build_cluster(url: str, hosts: int) -> None:
+def build_cluster(url: str, hosts: int) -> list[str]:
+    names = [f"soak-host-{i:02d}" for i in range(hosts)]
     with loadmaster.open(url) as lm:
-        for i in range(hosts):
+        for name in names:
             lm.hosts.create(
-                f"soak-host-{i:02d}",
-                inventories={"VCPU": {"total": 16}, "MEMORY_MB": {"total": 32768}},
+                name, inventories={"VCPU": {"total": 16}, "MEMORY_MB": {"total": 32768}}
             )
         lm.flavors.create({"name": "small", "resources": {"VCPU": 2, "MEMORY_MB": 4096}})
         lm.flavors.create({"name": "large", "resources": {"VCPU": 4, "MEMORY_MB": 8192}})
         lm.groups.create(GROUP, "anti-affinity")
+    return names
 
 
 @dataclass
@@ -290,7 +391,9 @@ class Check:
     detail: str
 
 
-def final_checks(url: str, results: list[ClientResult], outage_503s: int) -> list[Check]:
+def final_checks(
+    url: str, results: list[ClientResult], outage_503s: int, with_agents: bool
+) -> list[Check]:
     expected: dict[str, str] = {}
     for r in results:
         expected.update(r.vms)
@@ -317,6 +420,10 @@ def final_checks(url: str, results: list[ClientResult], outage_503s: int) -> lis
                 members[str(host)].append(v.uuid)
     crowded = {h: m for h, m in members.items() if len(m) > 1}
     unexpected = [line for r in results for line in r.unexpected]
+    reports = sum(r.reports for r in results)
+    reconciled: Counter[str] = Counter()
+    for r in results:
+        reconciled.update(r.reconciled)
     unsettled = [u for r in results for u in r.unsettled]
     return [
         Check("audit clean", not problems, f"{len(problems)} problems {dict(by_kind)}"),
@@ -343,6 +450,11 @@ def final_checks(url: str, results: list[ClientResult], outage_503s: int) -> lis
             f"{sum(len(m) for m in members.values())} group members, {len(crowded)} shared hosts",
         ),
         Check("no unexpected answers", not unexpected, f"{len(unexpected)} {unexpected[:3]}"),
+        Check(
+            "host reports never stopped a running VM",
+            not with_agents or (reports > 0 and reconciled["stopped"] == 0),
+            f"{reports} reports: {dict(reconciled)}",
+        ),
         Check(
             "database outage seen and survived",
             outage_503s > 0,
@@ -377,6 +489,9 @@ def summarise(
         "unavailable_503": sum(r.unavailable for r in results),
         "transport_errors": sum(r.transport_errors for r in results),
         "no_valid_host": sum(r.no_valid_host for r in results),
+        "host_reports": sum(r.reports for r in results),
+        "reconciled": dict(sum((Counter(r.reconciled) for r in results), Counter())),
+        "overtaken_by_reports": sum(r.overtaken_by_reports for r in results),
         "outage_s": [round(outage[0], 1), round(outage[1], 1)],
         "first_ok_after_resume_s": (
             round(after_resume[0] - outage[1], 1) if after_resume else None
@@ -429,6 +544,10 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         f"{summary['outage_s'][1]} s, first success {summary['first_ok_after_resume_s']} s "
         "after it came back"
     )
+    console.print(
+        f"host reports {summary['host_reports']:,} (reconciled {summary['reconciled']}); "
+        f"client steps overtaken by a report {summary['overtaken_by_reports']}"
+    )
     latency = Table("operation", "count", "p50 ms", "p99 ms", title="latency of answered requests")
     for op, figures in summary["latency_ms"].items():
         latency.add_row(op, f"{figures['count']:,}", str(figures["p50"]), str(figures["p99"]))
@@ -444,12 +563,15 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with PrivatePostgres() as pg:
-        build_cluster(pg.url, args.hosts)
+        hosts = build_cluster(pg.url, args.hosts)
         with ServedApi(pg.url, args.workers, out / "serve.log") as api:
             server_pid = api.process.pid
             ctx = mp.get_context("spawn")
             results_queue: mp.Queue[ClientResult] = ctx.Queue()
             counter = ctx.Value("q", 0)
+            agents_done = ctx.Event()
+            if args.report_every <= 0:
+                agents_done.set()
             started = time.time()
             deadline = started + args.duration
             clients = [
@@ -465,10 +587,27 @@ def run(args: argparse.Namespace) -> int:
                         args.vms_per_client,
                         counter,
                         results_queue,
+                        agents_done,
                     ),
                 )
                 for i in range(args.clients)
             ]
+            if args.report_every > 0:
+                agents = ctx.Process(
+                    target=agents_main,
+                    args=(
+                        api.url,
+                        api.token,
+                        started,
+                        deadline,
+                        hosts,
+                        args.report_every,
+                        counter,
+                        results_queue,
+                        agents_done,
+                    ),
+                )
+                clients.append(agents)
             for proc in clients:
                 proc.start()
             outage_at = started + args.duration * args.outage_at
@@ -513,7 +652,7 @@ def run(args: argparse.Namespace) -> int:
             for second, (_ok, bad) in r.timeline.items()
             if outage[0] - 1 <= second <= outage[1] + 1
         )
-        checks = final_checks(pg.url, results, outage_503s)
+        checks = final_checks(pg.url, results, outage_503s, args.report_every > 0)
         checks.append(
             Check("served without a restart", same_server, f"loadmaster serve pid {server_pid}")
         )
@@ -542,6 +681,12 @@ def main() -> None:
     parser.add_argument("--outage", type=float, default=4.0, help="seconds PostgreSQL is down")
     parser.add_argument(
         "--outage-at", type=float, default=0.4, help="when it goes down (fraction of the run)"
+    )
+    parser.add_argument(
+        "--report-every",
+        type=float,
+        default=3.0,
+        help="seconds between two reports of one host by its simulated agent (0: no agents)",
     )
     parser.add_argument("--max-requests", type=int, default=200_000, help="per client")
     parser.add_argument("--out", default="soak-out", help="where summary.json and the plot go")
