@@ -198,6 +198,24 @@ def test_reconcile_spares_vms_that_came_up_after_the_report(two_hosts: Loadmaste
     assert sorted(result.stopped) == sorted([started.uuid, moved.uuid])
 
 
+def test_reconcile_leaves_a_migration_in_flight_to_its_executor(two_hosts: Loadmaster) -> None:
+    lm = two_hosts
+    vm = lm.vms.create("v", "half")
+    lm.allocations.claim(vm.uuid, "h1")
+    lm.allocations.activate(vm.uuid)
+    lm.allocations.claim(vm.uuid, "h2")  # migrating h1 -> h2
+    before = lm.allocations.allocations(vm=vm.uuid)
+    # Neither the destination (not switched over yet, or already listing the incoming VM)
+    # nor the source (listing it or not) ends the migration.
+    for host, present in (("h2", []), ("h2", [vm.uuid]), ("h1", []), ("h1", [vm.uuid])):
+        result = lm.allocations.reconcile(host, present)
+        assert result.activated == result.released == result.stopped == ()
+    assert lm.vms.get(vm.uuid).state == "migrating"
+    assert lm.allocations.allocations(vm=vm.uuid) == before
+    lm.allocations.activate(vm.uuid)  # the executor completes it
+    assert lm.vms.get(vm.uuid).host == "h2"
+
+
 def test_child_providers_carry_their_own_classes(lm: Loadmaster) -> None:
     lm.hosts.create("h", inventories={"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}})
     lm.hosts.create("h-nic0", parent="h", inventories={"SRIOV_NET_VF": {"total": 2}})

@@ -380,8 +380,11 @@ class Ledger:
         A pending VM that is there has started (activate). A pending record older than the
         report for a VM that is not there is proven dead (release) — records newer than the
         report are left alone, since the host listed its VMs before that claim existed.
-        A VM that was running before the report and is gone has stopped. Nothing here runs
-        on a timer.
+        A VM that was running before the report and is gone has stopped. A migration in
+        flight is left to whoever runs it (``activate`` completes it, releasing the
+        destination aborts it): the destination lists the VM only once it has switched
+        over, so a report cannot tell a migration still copying from one that failed.
+        Nothing here runs on a timer.
         """
         seen = set(present)
         as_of = as_of or now()
@@ -400,6 +403,8 @@ class Ledger:
             for alloc, vm in rows:
                 by_vm.setdefault(vm.id, (vm, []))[1].append(alloc)
             for vm, allocs in by_vm.values():
+                if vm.state == "migrating":
+                    continue
                 pending_here = [a for a in allocs if a.state == "pending"]
                 if vm.uuid in seen:
                     if pending_here:
