@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,14 @@ def test_reports_every_n_cycles_and_survives_a_failing_reporter(tmp_path: Path) 
             raise OSError("connection refused")
         sent.append(payload)
 
+    listings: list[datetime] = []
+    list_guests = sim.list_guests
+
+    def timed_list_guests() -> list[Any]:
+        listings.append(datetime.now(UTC))
+        return list_guests()
+
+    sim.list_guests = timed_list_guests  # type: ignore[method-assign]
     agent = sim_agent(
         sim, tmp_path, policy_loader=FakePolicy().loader, reporter=reporter, report_every=2
     )
@@ -119,6 +128,9 @@ def test_reports_every_n_cycles_and_survives_a_failing_reporter(tmp_path: Path) 
     assert set(payload["usage"]) == {"MEMORY_MB", "VCPU"}
     assert set(payload["load"]) == {"cpu", "memory"}
     assert 0 <= payload["load"]["memory"] <= 1
+    # Judged as of the listing, not the arrival: stamped before the guests were listed.
+    listed_at = datetime.fromisoformat(payload["as_of"])
+    assert listed_at.tzinfo is not None and listed_at <= listings[0]
 
 
 def test_run_forever_stops_on_the_event(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -221,6 +222,9 @@ class Agent:
         report.policy_reloaded = self.watcher.refresh()
         if self.watcher.error is not None:
             report.rejected_policy = str(self.watcher.error)
+        # Wall-clock time of the listing: the API must judge the report as of now, not as of
+        # its arrival, or claims made in between would look disproven.
+        listed_at = datetime.now(UTC)
         try:
             guests = self.hypervisor.list_guests()
         except Exception as exc:  # any hypervisor failure: report it, try again next cycle
@@ -264,7 +268,7 @@ class Agent:
         report.missing_stats = sorted(set(report.missing_stats))
         self._log_missing(report.missing_stats)
         if self.reporter is not None and (self.cycles - 1) % self.report_every == 0:
-            self._report(host, snapshots, guests, report)
+            self._report(host, snapshots, guests, listed_at, report)
         report.duration_s = self.clock() - started
         return report
 
@@ -357,11 +361,12 @@ class Agent:
         host: EntitySnapshot,
         snapshots: list[EntitySnapshot],
         guests: list[GuestInfo],
+        listed_at: datetime,
         report: CycleReport,
     ) -> None:
         assert self.reporter is not None
         try:
-            self.reporter(self.host_name, usage_payload(host, snapshots, guests))
+            self.reporter(self.host_name, usage_payload(host, snapshots, guests, listed_at))
         except Exception as exc:  # the API being down must not stop the host's control
             log.warning("report to the loadmaster API failed: %s", exc)
             report.failures.append(
@@ -372,9 +377,13 @@ class Agent:
 
 
 def usage_payload(
-    host: EntitySnapshot, snapshots: Sequence[EntitySnapshot], guests: Sequence[GuestInfo]
+    host: EntitySnapshot,
+    snapshots: Sequence[EntitySnapshot],
+    guests: Sequence[GuestInfo],
+    listed_at: datetime,
 ) -> dict[str, Any]:
-    """The body of ``POST /hosts/{name}/report``; figures the collectors lacked are left out."""
+    """The body of ``POST /hosts/{name}/report``; figures the collectors lacked are left out.
+    ``as_of`` is when the guests were listed."""
     total, free = host.stats.get("mem_available"), host.stats.get("mem_free")
     vcpus = [s.stats.get("vcpu_count") for s in snapshots]
     usage: dict[str, float] = {"VCPU": sum(v for v in vcpus if v is not None)}
@@ -386,4 +395,9 @@ def usage_payload(
     cpu_load = host.stats.get("cpu_load")
     if cpu_load is not None:
         load["cpu"] = round(float(cpu_load), 4)
-    return {"running_vms": [g.uuid for g in guests], "usage": usage, "load": load}
+    return {
+        "running_vms": [g.uuid for g in guests],
+        "usage": usage,
+        "load": load,
+        "as_of": listed_at.isoformat(),
+    }
