@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import random
+import threading
+import time
 
 import pytest
 
 import loadmaster
-from loadmaster.errors import ConcurrentUpdate, InsufficientCapacity
+from loadmaster.errors import ConcurrentUpdate, InsufficientCapacity, InvalidTransition
+from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
 
 SLOTS = 12  # the host holds exactly this many VMs
@@ -74,3 +78,44 @@ def test_processes_fill_the_host_exactly(
         assert usage["MEMORY_MB"].pending == SLOTS * 1024
         assert len(lm.vms.list(state="pending")) == SLOTS
         assert len(lm.allocations.allocations()) == 2 * SLOTS
+
+
+@pytest.mark.postgres
+def test_activate_racing_a_host_report_never_loses_an_update(pg_url: str) -> None:
+    """A launcher says "up" while the host's report (listing nothing) is reconciled. Either
+    may win, but never both: an activation that returned must not be undone into
+    "requested" by a reconcile that decided on the state it had read before."""
+    lm = loadmaster.open(pg_url)
+    lm.hosts.create("h", inventories={"VCPU": {"total": 512}, "MEMORY_MB": {"total": 524288}})
+    lm.flavors.create({"name": "f", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+    vms = [lm.vms.create(f"v{i}", "f").uuid for i in range(120)]
+    activated: dict[str, bool] = {}
+
+    def launcher() -> None:
+        for vm in vms:
+            lm.allocations.claim(vm, "h")
+            time.sleep(random.uniform(0, 0.01))  # a launch takes a while; reports go on
+            try:
+                lm.allocations.activate(vm)
+                activated[vm] = True
+            except InvalidTransition:
+                activated[vm] = False
+
+    def reporter(stop: threading.Event) -> None:
+        while not stop.is_set():
+            lm.allocations.reconcile("h", [])
+
+    stop = threading.Event()
+    report_thread = threading.Thread(target=reporter, args=(stop,))
+    report_thread.start()
+    try:
+        launcher()
+    finally:
+        stop.set()
+        report_thread.join()
+    final = {vm.uuid: vm.state for vm in lm.vms.list()}
+    for vm, ok in activated.items():
+        assert final[vm] in (("running", "stopped") if ok else ("requested",)), (vm, ok, final[vm])
+    assert 0 < sum(activated.values()) < len(vms), f"no race: {sum(activated.values())} up"
+    assert audit(lm.store) == []
+    lm.close()

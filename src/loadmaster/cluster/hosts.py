@@ -511,6 +511,26 @@ def bump_generations(session: Session, expected: Mapping[int, int]) -> None:
             )
 
 
+def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
+    """Bump the hosts' generations without a compare-and-swap, for changes that never add
+    usage (activation, release): they decide nothing from what they read of the host, but
+    schedulers holding the old generation must still see the host changed. Rows are locked
+    in id order, as ``bump_generations`` does."""
+    for chunk in _chunks(sorted(set(host_ids))):
+        session.execute(
+            select(HostRow.id)
+            .where(HostRow.id.in_(chunk))
+            .order_by(HostRow.id)
+            .with_for_update(key_share=True)
+        )
+        session.execute(
+            update(HostRow)
+            .where(HostRow.id.in_(chunk))
+            .values(generation=HostRow.generation + 1)
+            .execution_options(synchronize_session=False)
+        )
+
+
 def _validate_uuid(value: object, field: str = "uuid") -> str:
     try:
         return str(uuidlib.UUID(str(value)))

@@ -51,10 +51,14 @@ def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
     return row
 
 
-def vm_row(session: Session, ident: str, field: str = "vm") -> VmRow:
+def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = False) -> VmRow:
+    """With ``lock`` the row stays locked until the transaction ends (PostgreSQL; SQLite
+    writers are serialised anyway): whoever changes a VM's state or records holds it, so
+    no writer acts on a state another has just changed."""
     if not isinstance(ident, str) or not ident:
         raise ValidationError(f"{field} must be a VM uuid", field=field)
-    row = session.scalar(select(VmRow).where(VmRow.uuid == ident))
+    query = select(VmRow).where(VmRow.uuid == ident)
+    row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise NotFound(f"{field} {ident!r}: no such VM", field=field)
     return row

@@ -17,7 +17,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.hosts import bump_generations, now
+from loadmaster.cluster.hosts import bump_generations, now, touch_generations
 from loadmaster.cluster.records import AllocationRecord, ClassUsage, VmRecord
 from loadmaster.cluster.vms import TRANSITIONS, move, vm_records
 from loadmaster.errors import (
@@ -114,7 +114,7 @@ class Ledger:
     ) -> list[ClaimOutcome]:
         many = len(claims) > 1
         prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
-        vms = _rows_by(session, VmRow, VmRow.uuid, {c.vm for c in claims})
+        vms = _lock_vms(session, {c.vm for c in claims})
         groups = GroupRules.lock(
             session, {v.group_id for v in vms.values() if v.group_id is not None}
         )
@@ -271,7 +271,7 @@ class Ledger:
     def activate(self, vm: str) -> VmRecord:
         """The VM reported up: its pending records become active (a migration completes)."""
         with self._store.write() as session:
-            row = lookup.vm_row(session, vm)
+            row = lookup.vm_row(session, vm, lock=True)
             if row.state == "running":
                 return vm_records(session, [row])[0]
             if row.state not in ("pending", "migrating"):
@@ -283,7 +283,7 @@ class Ledger:
 
     def _activate(self, session: Session, row: VmRow) -> None:
         rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == row.id)))
-        touched = _generations(session, {r.host_id for r in rows})
+        touched = _with_roots(session, {r.host_id for r in rows})
         if row.state == "migrating":
             target_tree = _tree_ids(session, row.target_host_id)
             for r in rows:
@@ -298,7 +298,7 @@ class Ledger:
         )
         move(row, "running")
         session.flush()
-        bump_generations(session, touched)
+        touch_generations(session, touched)
 
     def release(self, vm: str, host: str | None = None) -> int:
         """Remove the VM's records (on ``host`` only, if given). Releasing again is a no-op.
@@ -308,7 +308,7 @@ class Ledger:
         to stopped.
         """
         with self._store.write() as session:
-            row = lookup.vm_row(session, vm)
+            row = lookup.vm_row(session, vm, lock=True)
             host_row = lookup.host_row(session, host) if host is not None else None
             return self._release(session, row, host_row)
 
@@ -337,7 +337,7 @@ class Ledger:
                 f"VM {row.uuid} is migrating; finish (activate) or abort (release the destination) first",
                 field="host",
             )
-        touched = _generations(session, {r.host_id for r in doomed})
+        touched = _with_roots(session, {r.host_id for r in doomed})
         for r in doomed:
             session.delete(r)
         if not left:
@@ -347,12 +347,12 @@ class Ledger:
             row.target_host_id = None
             move(row, "running")
         session.flush()
-        bump_generations(session, touched)
+        touch_generations(session, touched)
         return len(doomed)
 
     def stop(self, vm: str) -> VmRecord:
         with self._store.write() as session:
-            row = lookup.vm_row(session, vm)
+            row = lookup.vm_row(session, vm, lock=True)
             if row.state == "stopped":
                 return vm_records(session, [row])[0]
             if "stopped" not in TRANSITIONS[row.state]:
@@ -365,7 +365,7 @@ class Ledger:
 
     def delete(self, vm: str) -> VmRecord:
         with self._store.write() as session:
-            row = lookup.vm_row(session, vm)
+            row = lookup.vm_row(session, vm, lock=True)
             if row.state != "deleted":
                 self._release(session, row, None)
                 move(row, "deleted")
@@ -394,17 +394,22 @@ class Ledger:
         with self._store.write() as session:
             root = lookup.host_row(session, host)
             tree = _tree_ids(session, root.root_id or root.id)
-            rows = session.execute(
-                select(AllocationRow, VmRow)
-                .join(VmRow, VmRow.id == AllocationRow.vm_id)
-                .where(AllocationRow.host_id.in_(tree))
+            # Lock the VMs first, then read their records: an activation or a claim that
+            # committed while we waited is seen, not overwritten with what it replaced.
+            here = select(AllocationRow.vm_id).where(AllocationRow.host_id.in_(tree))
+            vms = session.scalars(
+                select(VmRow).where(VmRow.id.in_(here)).order_by(VmRow.id).with_for_update()
             ).all()
-            by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {}
-            for alloc, vm in rows:
-                by_vm.setdefault(vm.id, (vm, []))[1].append(alloc)
+            by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {v.id: (v, []) for v in vms}
+            for alloc in session.scalars(
+                select(AllocationRow).where(
+                    AllocationRow.host_id.in_(tree), AllocationRow.vm_id.in_(by_vm)
+                )
+            ):
+                by_vm[alloc.vm_id][1].append(alloc)
             for vm, allocs in by_vm.values():
-                if vm.state == "migrating":
-                    continue
+                if not allocs or vm.state == "migrating":
+                    continue  # left this host meanwhile, or a migration (its executor's)
                 pending_here = [a for a in allocs if a.state == "pending"]
                 if vm.uuid in seen:
                     if pending_here:
@@ -508,14 +513,14 @@ def _sum_by_class(records: Iterable[AllocationRecord]) -> dict[str, int]:
     return totals
 
 
-def _rows_by(
-    session: Session, model: type[VmRow], column: object, keys: set[str]
-) -> dict[str, VmRow]:
+def _lock_vms(session: Session, uuids: set[str]) -> dict[str, VmRow]:
+    """The VMs by uuid, locked in id order (see ``lookup.vm_row``)."""
     found: dict[str, VmRow] = {}
-    ordered = sorted(keys)
+    ordered = sorted(uuids)
     for start in range(0, len(ordered), 500):
         chunk = ordered[start : start + 500]
-        for row in session.scalars(select(model).where(column.in_(chunk))):  # type: ignore[attr-defined]
+        query = select(VmRow).where(VmRow.uuid.in_(chunk)).order_by(VmRow.id).with_for_update()
+        for row in session.scalars(query):
             found[row.uuid] = row
     return found
 
@@ -559,12 +564,9 @@ def _tree_ids(session: Session, root_id: int | None) -> set[int]:
     return set(session.scalars(select(HostRow.id).where(HostRow.root_id == root_id)))
 
 
-def _generations(session: Session, host_ids: set[int]) -> dict[int, int]:
-    """Generations of the touched providers and their roots, as read now, for the CAS."""
+def _with_roots(session: Session, host_ids: set[int]) -> set[int]:
+    """The touched providers and their roots: a change under a root is a change of its host."""
     rows = session.execute(
         select(HostRow.id, HostRow.root_id).where(HostRow.id.in_(host_ids))
     ).all()
-    ids = set(host_ids) | {root for _, root in rows if root}
-    return dict(
-        session.execute(select(HostRow.id, HostRow.generation).where(HostRow.id.in_(ids))).all()
-    )
+    return set(host_ids) | {root for _, root in rows if root}
