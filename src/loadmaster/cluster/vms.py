@@ -169,7 +169,7 @@ class VmService:
     def set_tags(self, ident: str, tags: Iterable[str]) -> VmRecord:
         clean = _tags(tags)
         with self._store.write() as session:
-            row = lookup.vm_row(session, ident)
+            row = lookup.vm_row(session, ident, lock=True)
             row.tags = clean
             row.generation += 1
             row.updated_at = now()
