@@ -493,12 +493,7 @@ def bump_generations(session: Session, expected: Mapping[int, int]) -> None:
     """
     ids = sorted(expected)
     for chunk in _chunks(ids):
-        session.execute(
-            select(HostRow.id)
-            .where(HostRow.id.in_(chunk))
-            .order_by(HostRow.id)
-            .with_for_update(key_share=True)
-        )
+        _lock_in_id_order(session, chunk)
         result = session.execute(
             update(HostRow)
             .where(tuple_(HostRow.id, HostRow.generation).in_([(i, expected[i]) for i in chunk]))
@@ -517,18 +512,22 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
     schedulers holding the old generation must still see the host changed. Rows are locked
     in id order, as ``bump_generations`` does."""
     for chunk in _chunks(sorted(set(host_ids))):
-        session.execute(
-            select(HostRow.id)
-            .where(HostRow.id.in_(chunk))
-            .order_by(HostRow.id)
-            .with_for_update(key_share=True)
-        )
+        _lock_in_id_order(session, chunk)
         session.execute(
             update(HostRow)
             .where(HostRow.id.in_(chunk))
             .values(generation=HostRow.generation + 1)
             .execution_options(synchronize_session=False)
         )
+
+
+def _lock_in_id_order(session: Session, ids: list[int]) -> None:
+    session.execute(
+        select(HostRow.id)
+        .where(HostRow.id.in_(ids))
+        .order_by(HostRow.id)
+        .with_for_update(key_share=True)
+    )
 
 
 def _validate_uuid(value: object, field: str = "uuid") -> str:
