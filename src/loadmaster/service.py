@@ -13,6 +13,7 @@ from loadmaster.cluster import (
     VmService,
     sync_standard_vocabulary,
 )
+from loadmaster.hostcontrol import HostControl
 from loadmaster.pending import Ledger
 from loadmaster.scheduler import Scheduler
 from loadmaster.store import DEFAULT_URL, Store
@@ -32,6 +33,7 @@ class Loadmaster:
         self.allocations = Ledger(store)
         self.groups = GroupService(store)
         self.scheduler = Scheduler(store)
+        self.host_agents = HostControl(store, self.hosts, self.allocations, self.scheduler)
 
     def close(self) -> None:
         self.store.dispose()

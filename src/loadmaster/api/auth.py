@@ -1,10 +1,14 @@
-"""Bearer tokens with two roles: ``admin`` may write, ``reader`` may only read.
+"""Bearer tokens with three roles: ``admin`` may write, ``reader`` may only read, and
+``agent:<host>`` is a host agent's, bound to its host: it reads, registers and reports
+for its own host, and says ``up``/``launch-failed``/``migration-failed``/``migrate`` for
+VMs on that host only (the routes check the VM; see ``agent_host``).
 
 Tokens come from a file (TOML, YAML or JSON, chosen by extension)::
 
     [tokens]                       # TOML; YAML and JSON use the same structure
     "s3cr3t-admin" = "admin"
     "s3cr3t-reader" = "reader"
+    "s3cr3t-host-1" = "agent:host-1"
 
 or from ``LOADMASTER_TOKENS="tok1:admin,tok2:reader"``. Checking is a middleware, so
 a request without a valid token is refused before its body is read.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,7 +31,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from loadmaster.api.errors import Forbidden, Unauthenticated, error_response
 from loadmaster.errors import ValidationError
 
-ROLES = ("admin", "reader")
+ROLES = ("admin", "reader", "agent:<host>")
+AGENT_PREFIX = "agent:"
+# The writes an agent may make, each naming its own host or a VM of it.
+_AGENT_HOST_WRITES = (re.compile(r"^/hosts/(?P<host>[^/]+)/(agent|report)$"),)
+_AGENT_VM_WRITES = re.compile(r"^/vms/[^/]+/(up|launch-failed|migration-failed|migrate)$")
 TOKENS_ENV = "LOADMASTER_TOKENS"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Liveness probes and the API description need no token.
@@ -41,7 +50,9 @@ class AuthConfig:
 
     def __post_init__(self) -> None:
         for role in self.tokens.values():
-            if role not in ROLES:
+            if role not in ROLES[:2] and not (
+                role.startswith(AGENT_PREFIX) and len(role) > len(AGENT_PREFIX)
+            ):
                 raise ValidationError(
                     f"role {role!r} is not one of {', '.join(ROLES)}", field="tokens"
                 )
@@ -65,7 +76,11 @@ class AuthConfig:
         for i, item in enumerate(p.strip() for p in text.split(",")):
             if not item:
                 continue
-            token, sep, role = item.rpartition(":")
+            bound = item.find(":" + AGENT_PREFIX)
+            if bound > 0:  # an agent's role holds a colon itself: token:agent:<host>
+                token, sep, role = item[:bound], ":", item[bound + 1 :]
+            else:
+                token, sep, role = item.rpartition(":")
             if not sep:
                 raise ValidationError(
                     f"{TOKENS_ENV} entry {i} has no role: write token:admin or token:reader",
@@ -116,6 +131,15 @@ class AuthMiddleware:
                 Unauthenticated("send a valid token: Authorization: Bearer <token>"),
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        elif role.startswith(AGENT_PREFIX):
+            host = role[len(AGENT_PREFIX) :]
+            if scope["method"] in READ_METHODS or _agent_may_write(scope["path"], host):
+                scope.setdefault("state", {})["agent_host"] = host
+                await self.app(scope, receive, send)
+                return
+            response = error_response(
+                Forbidden(f"the agent of host {host} may only write for its own host and VMs")
+            )
         elif role != "admin" and scope["method"] not in READ_METHODS:
             response = error_response(Forbidden(f"role {role} may only read; writing needs admin"))
         else:
@@ -130,6 +154,14 @@ class AuthMiddleware:
                 if scheme.lower() == "bearer" and token.strip():
                     return self.config.role_of(token.strip())
         return None
+
+
+def _agent_may_write(path: str, host: str) -> bool:
+    for pattern in _AGENT_HOST_WRITES:
+        match = pattern.match(path)
+        if match:
+            return match.group("host") == host
+    return _AGENT_VM_WRITES.match(path) is not None
 
 
 def resolve_auth(*, no_auth: bool, tokens_file: str | Path | None) -> AuthConfig | None:

@@ -149,7 +149,28 @@ class ScheduleIn(Body):
 
 class HostReport(Body):
     running_vms: list[Name] = []
+    # VMs the host's agent is starting: never taken for gone, however long it takes.
+    launching: list[Name] = []
+    # The host generation of the last work list the agent read before listing its VMs;
+    # with it the report is judged by sequence, not by clocks.
+    seen_generation: Generation | None = None
     usage: dict[str, Annotated[float, Field(ge=0)]] = {}
     load: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}
     # ISO 8601 text only: not strict (which refuses text) and not lax (which takes numbers).
     as_of: Annotated[datetime, Field(strict=False), BeforeValidator(_text_only)] | None = None
+
+
+class AgentRegistration(Body):
+    """What a host's agent discovered: the root's inventories and its children's (NUMA
+    cells), by child provider name."""
+
+    hypervisor_uri: Annotated[str, Field(min_length=1, max_length=1024)]
+    inventories: dict[str, InventoryIn] = {}
+    children: dict[Name, dict[str, InventoryIn]] = {}
+
+
+class HostFailure(Body):
+    """A host's word that it could not do what the ledger asked of it."""
+
+    host: Name
+    reason: Annotated[str, Field(min_length=1, max_length=2000)]

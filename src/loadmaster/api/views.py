@@ -90,6 +90,7 @@ def vm(v: VmRecord) -> dict[str, Any]:
         "resources": dict(v.resources),
         "overrides": dict(v.overrides),
         "generation": v.generation,
+        "fault": v.fault,
         "created_at": v.created_at.isoformat(),
         "updated_at": v.updated_at.isoformat(),
     }

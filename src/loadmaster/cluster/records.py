@@ -52,6 +52,9 @@ class VmRecord:
     generation: int
     created_at: datetime
     updated_at: datetime
+    # Why its last launch or migration failed, as its host said; None once it runs.
+    fault: str | None = None
+    host_seq: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.hosts import now
+from loadmaster.cluster.hosts import now, touch_generations
 from loadmaster.cluster.records import VmRecord
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
@@ -174,6 +174,9 @@ class VmService:
             row.generation += 1
             row.updated_at = now()
             session.flush()
+            # The hosts' agents watch their host's generation: a bump is how the new tags
+            # reach the guest's metadata, and so its SLA policy, within a cycle.
+            touch_generations(session, {h for h in (row.host_id, row.target_host_id) if h})
             return vm_records(session, [row])[0]
 
     def _check(
@@ -256,6 +259,8 @@ def vm_records(session: Session, rows: list[VmRow]) -> list[VmRecord]:
                 generation=r.generation,
                 created_at=r.created_at,
                 updated_at=r.updated_at,
+                fault=r.fault,
+                host_seq=r.host_seq,
             )
         )
     return records

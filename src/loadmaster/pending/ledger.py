@@ -68,6 +68,15 @@ class ReconcileResult:
     unexpected: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class FailOutcome:
+    """``kind``: ``launch`` or ``migration`` when a claim ended, ``None`` when there was
+    nothing left to undo."""
+
+    vm: VmRecord
+    kind: str | None
+
+
 @dataclass
 class _Tree:
     """One root host and its child providers, as read inside the claiming transaction."""
@@ -131,6 +140,7 @@ class Ledger:
         outcomes: list[ClaimOutcome] = []
         new_rows: list[dict[str, object]] = []
         touched: dict[int, int] = {}
+        launches: list[tuple[VmRow, int]] = []
         seen_vms: set[str] = set()
         stamp = now()
         for i, claim in enumerate(claims):
@@ -190,12 +200,16 @@ class Ledger:
             else:
                 vm.host_id = tree.root.id
                 move(vm, "pending")
+                launches.append((vm, tree.root.id))
             outcomes.append(ClaimOutcome(vm.uuid, host.name, tuple(records)))
         if new_rows:
             # One executemany; nothing reads these rows back as objects.
             session.execute(insert(AllocationRow), new_rows)
         session.flush()
         bump_generations(session, touched)
+        for vm, root_id in launches:
+            # The compare-and-swap moved the root exactly one past what was read.
+            vm.host_seq = touched[root_id] + 1
         return outcomes
 
     def _plan(
@@ -297,8 +311,10 @@ class Ledger:
             .execution_options(synchronize_session=False)
         )
         move(row, "running")
+        row.fault, row.tried_hosts = None, []
         session.flush()
         touch_generations(session, touched)
+        row.host_seq = _generation(session, row.host_id)
 
     def release(self, vm: str, host: str | None = None) -> int:
         """Remove the VM's records (on ``host`` only, if given). Releasing again is a no-op.
@@ -342,12 +358,14 @@ class Ledger:
             session.delete(r)
         if not left:
             move(row, then or ("requested" if row.state == "pending" else "stopped"))
-            row.host_id = row.target_host_id = None
+            row.host_id = row.target_host_id = row.host_seq = None
         elif row.state == "migrating":
             row.target_host_id = None
             move(row, "running")
+        row.fault, row.tried_hosts = None, []
         session.flush()
         touch_generations(session, touched)
+        row.host_seq = _generation(session, row.host_id)
         return len(doomed)
 
     def stop(self, vm: str) -> VmRecord:
@@ -373,24 +391,45 @@ class Ledger:
             return vm_records(session, [row])[0]
 
     def reconcile(
-        self, host: str, present: Iterable[str], *, as_of: datetime | None = None
+        self,
+        host: str,
+        present: Iterable[str],
+        *,
+        as_of: datetime | None = None,
+        seen_generation: int | None = None,
+        launching: Iterable[str] = (),
     ) -> ReconcileResult:
-        """Align the records with what the host reports running at ``as_of``.
+        """Align the records with what the host reports running.
 
-        A pending VM that is there has started (activate). A pending record older than the
-        report for a VM that is not there is proven dead (release) — records newer than the
-        report are left alone, since the host listed its VMs before that claim existed.
-        A VM that was running before the report and is gone has stopped. A migration in
-        flight is left to whoever runs it (``activate`` completes it, releasing the
-        destination aborts it): the destination lists the VM only once it has switched
-        over, so a report cannot tell a migration still copying from one that failed.
-        Nothing here runs on a timer.
+        A pending VM that is there has started (activate). A VM the report may speak for and
+        that is neither there nor ``launching`` has ended: a pending one never started
+        (release: it may be placed again), a running one has stopped. The report may speak
+        for a VM only if the host listed its VMs after learning of it:
+
+        - with ``seen_generation`` (the host generation of the last work list the host's
+          agent read before listing its VMs): the VM's claim or activation there stamped the
+          host at that generation or before (``host_seq``). No clock is compared, so a slow
+          launch keeps its claim for as long as its agent says it is launching.
+        - otherwise, by the server's clock, ``as_of`` (when the host listed its VMs): records
+          newer than it, and VMs that came up since, are left alone.
+
+        A migration in flight is left to whoever runs it (``activate`` completes it,
+        releasing the destination aborts it): the destination lists the VM only once it has
+        switched over, so a report cannot tell a migration still copying from one that
+        failed. Nothing here runs on a timer.
         """
-        seen = set(present)
+        seen = {u.lower() for u in present}
+        busy = {u.lower() for u in launching}
         as_of = as_of or now()
         activated: list[str] = []
         released: list[str] = []
         stopped: list[str] = []
+
+        def known(vm: VmRow, since: datetime) -> bool:
+            if seen_generation is not None:
+                return (vm.host_seq or 0) <= seen_generation
+            return since <= as_of
+
         with self._store.write() as session:
             root = lookup.host_row(session, host)
             tree = _tree_ids(session, root.root_id or root.id)
@@ -415,17 +454,46 @@ class Ledger:
                     if pending_here:
                         self._activate(session, vm)
                         activated.append(vm.uuid)
+                elif vm.uuid in busy:
+                    continue
                 elif pending_here:
-                    if max(a.created_at for a in pending_here) <= as_of:
+                    if known(vm, max(a.created_at for a in pending_here)):
                         self._release(session, vm, root)
+                        vm.fault = f"host {root.name} reported it neither running nor launching"
                         released.append(vm.uuid)
-                elif vm.state == "running" and vm.updated_at <= as_of:
+                elif vm.state == "running" and known(vm, vm.updated_at):
                     # Only a VM already running here when the host listed its VMs is proven
                     # gone; one that came up (or finished migrating here) since is spared.
                     self._release(session, vm, root)
                     stopped.append(vm.uuid)
             unexpected = sorted(seen - {vm.uuid for vm, _ in by_vm.values()})
         return ReconcileResult(tuple(activated), tuple(released), tuple(stopped), tuple(unexpected))
+
+    def fail(self, vm: str, host: str, reason: str) -> FailOutcome:
+        """``host`` says it could not run ``vm``: a launch it refused or that failed, or a
+        migration to or from it that failed. A launch gives the claim up (the VM is
+        ``requested`` again, the host remembered in ``tried_hosts``); a migration rolls back
+        (the destination's claim goes, the VM keeps running on the source). Either way the
+        reason is kept on the VM. Saying it again, or about a claim that has already ended,
+        changes nothing."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValidationError("reason must say why, in a non-empty string", field="reason")
+        with self._store.write() as session:
+            row = lookup.vm_row(session, vm, lock=True)
+            host_row = lookup.host_row(session, host)
+            root_id = host_row.root_id or host_row.id
+            kind: str | None = None
+            if row.state == "pending" and row.host_id == root_id:
+                kind = "launch"
+                self._release(session, row, host_row)
+                row.tried_hosts = [*row.tried_hosts, host_row.name]
+            elif row.state == "migrating" and root_id in (row.host_id, row.target_host_id):
+                kind = "migration"
+                target = session.get(HostRow, row.target_host_id)
+                self._release(session, row, target)
+            if kind is not None:
+                row.fault = f"{kind} on {host_row.name} failed: {reason.strip()[:2000]}"
+            return FailOutcome(vm_records(session, [row])[0], kind)
 
     # -- reading -----------------------------------------------------------------------
     def allocations(
@@ -558,6 +626,10 @@ def _load_trees(session: Session, root_ids: set[int]) -> dict[int, _Tree]:
     for (host_id, class_id), used in sums.items():
         trees[root_of[host_id]].used[(host_id, class_id)] = used
     return trees
+
+
+def _generation(session: Session, host_id: int | None) -> int:
+    return int(session.scalar(select(HostRow.generation).where(HostRow.id == host_id)) or 0)
 
 
 def _tree_ids(session: Session, root_id: int | None) -> set[int]:

@@ -126,6 +126,15 @@ class VmRow(Base):
         ForeignKey("server_groups.id"), nullable=True, index=True
     )
     generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The generation of its host (root) right after its claim or activation there: a host
+    # agent that has read the host at that generation or later knows of it, whatever the
+    # clocks say (see ``Ledger.reconcile``).
+    host_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Why the last launch or migration failed, in the host's words; kept until it runs.
+    fault: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Hosts that refused or failed to launch it since it was last started, so a retry
+    # goes elsewhere (Nova's alternates).
+    tried_hosts: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     updated_at: Mapped[datetime] = mapped_column(DateTime)
 
@@ -163,3 +172,18 @@ class HostReportRow(Base):
     usage: Mapped[dict[str, float]] = mapped_column(JSON)
     load: Mapped[dict[str, float]] = mapped_column(JSON)
     running_vms: Mapped[list[str]] = mapped_column(JSON)
+
+
+class HostAgentRow(Base):
+    """The agent managing a host: where its hypervisor is reached (for migrations to it) and
+    when it was last heard from, by the server's clock only."""
+
+    __tablename__ = "host_agents"
+    host_id: Mapped[int] = mapped_column(
+        ForeignKey("hosts.id", ondelete="CASCADE"), primary_key=True
+    )
+    hypervisor_uri: Mapped[str] = mapped_column(String(1024))
+    registered_at: Mapped[datetime] = mapped_column(DateTime)
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime)
+    # The host generation of the last work list the agent read.
+    seen_generation: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.observability import Metrics
+from loadmaster.api.routes.agents import check_vm_of_agent
 from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart
 from loadmaster.cluster import VmSpec
 from loadmaster.errors import InvalidTransition
@@ -71,8 +72,9 @@ def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None
 
 
 @router.post(VM + "/up", tags=["vms"])
-def vm_up(lm: LM, uuid: str) -> dict[str, Any]:
+def vm_up(lm: LM, request: Request, uuid: str) -> dict[str, Any]:
     """The VM runs: its pending records become active (a migration completes)."""
+    check_vm_of_agent(lm, request, uuid)
     return views.vm(lm.allocations.activate(uuid))
 
 
@@ -82,9 +84,13 @@ def stop_vm(lm: LM, uuid: str) -> dict[str, Any]:
 
 
 @router.post(VM + "/migrate", tags=["vms"])
-def migrate_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmMigrate) -> dict[str, Any]:
+def migrate_vm(
+    lm: LM, metrics: MetricsDep, request: Request, uuid: str, body: VmMigrate
+) -> dict[str, Any]:
     """Claim a destination (``host``, or one the scheduler picks) while the source stays
-    active; ``/up`` completes the move, ``DELETE /allocations/{uuid}?host=dest`` aborts it."""
+    active; the source's agent moves the VM, ``/up`` completes the move and
+    ``/migration-failed`` (or ``DELETE /allocations/{uuid}?host=dest``) aborts it."""
+    check_vm_of_agent(lm, request, uuid)
     vm = lm.vms.get(uuid)
     if vm.state != "running":
         raise InvalidTransition(f"VM {uuid} is {vm.state}; only a running VM migrates", field="vm")

@@ -1,0 +1,148 @@
+"""Host agents: registration, the work list (long-polled), reports and failures.
+
+An agent's token (role ``agent:<host>``) is bound to its host: the middleware lets it
+write only under ``/hosts/<its host>/`` and to a VM's ``up``, ``launch-failed``,
+``migration-failed`` and ``migrate``; these routes check that the VM is on its host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from loadmaster.api import views
+from loadmaster.api.deps import LM
+from loadmaster.api.errors import Forbidden
+from loadmaster.api.schemas import AgentRegistration, HostFailure, HostReport
+from loadmaster.service import Loadmaster
+
+router = APIRouter(tags=["host agents"])
+# Long enough that an idle agent costs a request a minute at most, short enough that
+# proxies and the agent's own timeout do not cut it.
+MAX_WAIT_S = 55.0
+POLL_S = 0.1
+
+
+def agent_host(request: Request) -> str | None:
+    """The host the caller's token is bound to; None for an admin (or without auth)."""
+    host: str | None = getattr(request.state, "agent_host", None)
+    return host
+
+
+def check_vm_of_agent(lm: Loadmaster, request: Request, vm: str) -> None:
+    """An agent may act on a VM only if the VM is on its host or headed there."""
+    host = agent_host(request)
+    if host is None:
+        return
+    record = lm.vms.get(vm)
+    if host not in (record.host, record.target_host):
+        raise Forbidden(f"VM {vm} is not on host {host}; its agent may not act on it")
+
+
+def _check_host_of_agent(request: Request, host: str) -> None:
+    bound = agent_host(request)
+    if bound is not None and bound != host:
+        raise Forbidden(f"the agent of host {bound} may not act for host {host}")
+
+
+@router.put("/hosts/{host_name}/agent")
+def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) -> dict[str, Any]:
+    """Register the host (created if new, found by name otherwise) with the inventories its
+    agent discovered; a class that would shrink below its allocations keeps its old
+    inventory and is listed under ``refused``."""
+    _check_host_of_agent(request, host_name)
+    fields = body.model_dump()
+    registration = lm.host_agents.register(
+        host_name,
+        hypervisor_uri=fields["hypervisor_uri"],
+        inventories=fields["inventories"],
+        children=fields["children"],
+    )
+    return {
+        "host": views.provider(registration.host),
+        "refused": dict(registration.refused),
+        "agent": lm.host_agents.status(host_name).to_dict(),
+    }
+
+
+@router.get("/hosts/{host_name}/agent")
+def agent_status(lm: LM, host_name: str) -> dict[str, Any]:
+    """``status``: ``none``, ``ok`` or ``silent`` (not heard from for a while: its claims
+    are kept, not dropped; an operator has to look)."""
+    return lm.host_agents.status(host_name).to_dict()
+
+
+@router.get("/hosts/{host_name}/work")
+async def work(
+    request: Request,
+    host_name: str,
+    after: Annotated[int, Query(ge=-1, le=2**62, description="generation already seen")] = -1,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait")] = 0.0,
+) -> dict[str, Any]:
+    """Every VM the ledger puts on the host and what its agent must do about it, once the
+    host's generation is past ``after`` (or ``wait`` seconds passed: then the list as it
+    is). An agent that read generation G knows every claim stamped G or before."""
+    lm: Loadmaster = request.app.state.lm
+    deadline = time.monotonic() + wait
+    while True:
+        generation = await run_in_threadpool(lm.host_agents.generation, host_name)
+        if generation > after or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(POLL_S)
+    work_list = await run_in_threadpool(lm.host_agents.work, host_name)
+    return work_list.to_dict()
+
+
+@router.post("/hosts/{host_name}/report")
+def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> dict[str, Any]:
+    """An agent's report: measurements for the load weigher, then the ledger is reconciled
+    with the VMs the host runs (pending ones seen there become active; see
+    ``Ledger.reconcile`` for which missing VMs count as ended)."""
+    _check_host_of_agent(request, host_name)
+    result = lm.host_agents.report(
+        host_name,
+        body.running_vms,
+        launching=body.launching,
+        seen_generation=body.seen_generation,
+        as_of=_naive_utc(body.as_of) if body.as_of is not None else None,
+        usage=body.usage,
+        load=body.load,
+    )
+    return views.reconcile(result)
+
+
+@router.post("/vms/{uuid}/launch-failed", tags=["vms"])
+def launch_failed(lm: LM, request: Request, uuid: str, body: HostFailure) -> dict[str, Any]:
+    """The host refused the VM or could not start it: the claim goes and the VM is placed
+    again, excluding every host that gave it up, while attempts are left. The reason is
+    kept on the VM (``fault``)."""
+    check_vm_of_agent(lm, request, uuid)
+    _check_host_of_agent(request, body.host)
+    outcome = lm.host_agents.launch_failed(uuid, body.host, body.reason)
+    return {
+        "vm": views.vm(outcome.vm),
+        "ended": outcome.kind,
+        "placement": outcome.placement.to_dict() if outcome.placement else None,
+    }
+
+
+@router.post("/vms/{uuid}/migration-failed", tags=["vms"])
+def migration_failed(lm: LM, request: Request, uuid: str, body: HostFailure) -> dict[str, Any]:
+    """A migration failed: the destination's claim goes, the VM keeps running on its
+    source. Saying it again is harmless."""
+    check_vm_of_agent(lm, request, uuid)
+    _check_host_of_agent(request, body.host)
+    outcome = lm.host_agents.migration_failed(uuid, body.host, body.reason)
+    return {"vm": views.vm(outcome.vm), "ended": outcome.kind}
+
+
+def _naive_utc(moment: datetime) -> datetime:
+    """The store keeps naive UTC; a time without a zone is taken to be UTC already."""
+    if moment.tzinfo is None:
+        return moment
+    return moment.astimezone(UTC).replace(tzinfo=None)

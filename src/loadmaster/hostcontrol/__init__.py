@@ -1,0 +1,38 @@
+"""The control plane's side of host agents: registration with discovered inventories, the
+work list each agent carries out, launch and migration failures (with re-placement), and
+which agents have gone silent.
+
+Public API::
+
+    HostControl(store, hosts, ledger, scheduler, max_launch_attempts=3, silent_after_s=60)
+        .register(name, hypervisor_uri=, inventories=, children=) -> Registration
+        .generation(host) -> int; .work(host) -> WorkList
+        .report(host, running, launching=, seen_generation=, as_of=, usage=, load=)
+        .launch_failed(vm, host, reason) -> LaunchFailure
+        .migration_failed(vm, host, reason) -> LaunchFailure
+        .status(host) -> AgentStatus
+"""
+
+from loadmaster.hostcontrol.service import (
+    ACTIONS,
+    DEFAULT_MAX_LAUNCH_ATTEMPTS,
+    DEFAULT_SILENT_AFTER_S,
+    AgentStatus,
+    HostControl,
+    LaunchFailure,
+    Registration,
+    WorkItem,
+    WorkList,
+)
+
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_MAX_LAUNCH_ATTEMPTS",
+    "DEFAULT_SILENT_AFTER_S",
+    "AgentStatus",
+    "HostControl",
+    "LaunchFailure",
+    "Registration",
+    "WorkItem",
+    "WorkList",
+]

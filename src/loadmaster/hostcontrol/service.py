@@ -1,0 +1,386 @@
+"""The control plane's side of host agents: registration, the work list, launch outcomes.
+
+An agent is the host's manager (as vdsm is for oVirt, nova-compute for Nova). It registers
+its host with the inventory it discovered, reads the host's *work list* (every VM the
+ledger puts on the host, with what to do about it), carries it out on its hypervisor and
+says how it went: ``up`` when a VM runs, ``fail`` when the host refuses or cannot launch
+a VM or a migration failed. A refused launch is placed again elsewhere, excluding every
+host that refused it, up to ``max_launch_attempts`` hosts (Nova's alternates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select
+
+from loadmaster.cluster import HostRecord, HostService, lookup
+from loadmaster.cluster.hosts import now, parse_inventories
+from loadmaster.cluster.records import VmRecord
+from loadmaster.cluster.vms import vm_records
+from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
+from loadmaster.pending import Ledger, ReconcileResult
+from loadmaster.resources import Inventory
+from loadmaster.scheduler import Placement, RequestSpec, Scheduler
+from loadmaster.store import Store
+from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
+
+DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
+DEFAULT_SILENT_AFTER_S = 60.0
+# What each VM on the host's work list asks of its agent.
+ACTIONS = ("launch", "run", "migrate_out", "migrate_in")
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One VM the ledger puts on the host.
+
+    ``launch``: pending here, start it. ``run``: it runs here, keep it (and its tags).
+    ``migrate_out``: it runs here and must move to ``target_uri``. ``migrate_in``: it is on
+    its way here; the source's agent moves it."""
+
+    vm: str
+    name: str
+    action: str
+    memory_mb: int
+    vcpus: int
+    tags: tuple[str, ...]
+    resources: Mapping[str, int]
+    target_host: str | None = None
+    target_uri: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "vm": self.vm,
+            "name": self.name,
+            "action": self.action,
+            "memory_mb": self.memory_mb,
+            "vcpus": self.vcpus,
+            "tags": list(self.tags),
+            "resources": dict(self.resources),
+            "target_host": self.target_host,
+            "target_uri": self.target_uri,
+        }
+
+
+@dataclass(frozen=True)
+class WorkList:
+    """Everything the ledger puts on ``host`` as of its ``generation``, read in one
+    snapshot: an agent that read generation G knows of every claim stamped G or before."""
+
+    host: str
+    generation: int
+    state: str
+    items: tuple[WorkItem, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "generation": self.generation,
+            "state": self.state,
+            "items": [i.to_dict() for i in self.items],
+        }
+
+
+@dataclass(frozen=True)
+class Registration:
+    host: HostRecord
+    # Inventories the agent discovered but could not write, and why (a shrink below what
+    # is allocated is reported, never forced).
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """``status``: ``none`` (no agent registered), ``ok``, or ``silent`` (not heard from for
+    longer than the configured time; its claims stay, an operator must look)."""
+
+    host: str
+    status: str
+    hypervisor_uri: str | None = None
+    last_seen_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "status": self.status,
+            "hypervisor_uri": self.hypervisor_uri,
+            "last_seen_at": self.last_seen_at.isoformat() if self.last_seen_at else None,
+        }
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    """After a host gave a VM up: where it was placed again, or why it stays requested."""
+
+    vm: VmRecord
+    kind: str | None
+    placement: Placement | None = None
+
+
+class HostControl:
+    def __init__(
+        self,
+        store: Store,
+        hosts: HostService,
+        ledger: Ledger,
+        scheduler: Scheduler,
+        *,
+        max_launch_attempts: int = DEFAULT_MAX_LAUNCH_ATTEMPTS,
+        silent_after_s: float = DEFAULT_SILENT_AFTER_S,
+    ) -> None:
+        self._store = store
+        self._hosts = hosts
+        self._ledger = ledger
+        self._scheduler = scheduler
+        self.max_launch_attempts = max_launch_attempts
+        self.silent_after = timedelta(seconds=silent_after_s)
+
+    # -- registration ----------------------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        *,
+        hypervisor_uri: str,
+        inventories: Mapping[str, Mapping[str, object]],
+        children: Mapping[str, Mapping[str, Mapping[str, object]]] | None = None,
+    ) -> Registration:
+        """Create the host (and its child providers, e.g. NUMA cells) or find it by name,
+        then make its inventories what the agent discovered. Each write is a compare-and-
+        swap on the provider's generation, retried on a race; a change that would put a
+        class below what is allocated is refused and reported, and the rest still lands."""
+        if not isinstance(hypervisor_uri, str) or not hypervisor_uri or len(hypervisor_uri) > 1024:
+            raise ValidationError(
+                "hypervisor_uri must be a libvirt URI of at most 1024 characters",
+                field="hypervisor_uri",
+            )
+        # Everything is checked before anything is written: bad input changes nothing.
+        wanted = parse_inventories(inventories)
+        parsed_children = {
+            child: parse_inventories(inv, f"children.{child}")
+            for child, inv in sorted((children or {}).items())
+        }
+        refused: dict[str, str] = {}
+        root = self._ensure(name, None, wanted, refused)
+        for child, child_inventories in parsed_children.items():
+            self._ensure(child, root.name, child_inventories, refused)
+        with self._store.write() as session:
+            row = lookup.host_row(session, name)
+            agent = session.get(HostAgentRow, row.id)
+            stamp = now()
+            if agent is None:
+                session.add(
+                    HostAgentRow(
+                        host_id=row.id,
+                        hypervisor_uri=hypervisor_uri,
+                        registered_at=stamp,
+                        last_seen_at=stamp,
+                        seen_generation=0,
+                    )
+                )
+            else:
+                agent.hypervisor_uri = hypervisor_uri
+                agent.last_seen_at = stamp
+        return Registration(self._hosts.get(name), refused)
+
+    def _ensure(
+        self,
+        name: str,
+        parent: str | None,
+        inventories: Mapping[str, Inventory],
+        refused: dict[str, str],
+    ) -> HostRecord:
+        try:
+            record = self._hosts.get(name)
+        except NotFound:
+            try:
+                return self._hosts.create(
+                    name,
+                    parent=parent,
+                    inventories={k: v.as_dict() for k, v in inventories.items()},
+                )
+            except Conflict:
+                record = self._hosts.get(name)  # another registration won the race
+        if record.parent != parent:
+            raise Conflict(
+                f"host {name} exists with parent {record.parent!r}, not {parent!r}", field="name"
+            )
+        for _ in range(5):
+            try:
+                return self._hosts.set_inventories(
+                    name,
+                    self._keep_in_use(name, inventories, refused),
+                    generation=record.generation,
+                )
+            except ConcurrentUpdate:
+                record = self._hosts.get(name)
+        raise ConcurrentUpdate(f"host {name} kept changing; register again", field="generation")
+
+    def _keep_in_use(
+        self, name: str, wanted: Mapping[str, Inventory], refused: dict[str, str]
+    ) -> dict[str, Mapping[str, object]]:
+        """``wanted``, except that a class whose new capacity would be below its allocations
+        keeps its current inventory (the host has the final say on what may start there,
+        not on what already holds resources)."""
+        result: dict[str, Mapping[str, object]] = {k: v.as_dict() for k, v in wanted.items()}
+        current = self._hosts.get(name).inventories
+        for class_name, usage in self._hosts.usage(name).items():
+            new = wanted.get(class_name)
+            capacity = new.capacity if new is not None else 0
+            if usage.used and capacity < usage.used:
+                refused[f"{name}.{class_name}"] = (
+                    f"discovered capacity {capacity} is below the {usage.used} allocated; "
+                    "the inventory is kept until VMs leave"
+                )
+                result[class_name] = current[class_name].as_dict()
+        return result
+
+    # -- the work list ---------------------------------------------------------------------
+    def generation(self, host: str) -> int:
+        with self._store.read() as session:
+            return lookup.host_row(session, host).generation
+
+    def work(self, host: str) -> WorkList:
+        with self._store.read() as session:
+            root = lookup.host_row(session, host)
+            if root.parent_id is not None:
+                raise ValidationError(f"host {host} is a child provider", field="host")
+            rows = session.scalars(
+                select(VmRow)
+                .where(
+                    or_(VmRow.host_id == root.id, VmRow.target_host_id == root.id),
+                    VmRow.state.in_(("pending", "running", "migrating")),
+                )
+                .order_by(VmRow.id)
+            ).all()
+            flavors = {
+                f.id: f
+                for f in session.scalars(
+                    select(FlavorRow).where(FlavorRow.id.in_({r.flavor_id for r in rows}))
+                )
+            }
+            others = {r.target_host_id for r in rows} | {r.host_id for r in rows}
+            names = dict(
+                session.execute(
+                    select(HostRow.id, HostRow.name).where(HostRow.id.in_(others))
+                ).all()
+            )
+            uris = dict(
+                session.execute(
+                    select(HostAgentRow.host_id, HostAgentRow.hypervisor_uri).where(
+                        HostAgentRow.host_id.in_(others)
+                    )
+                ).all()
+            )
+            items = []
+            for r in rows:
+                resources = lookup.effective_resources(flavors[r.flavor_id].resources, r.overrides)
+                if r.state == "pending":
+                    action = "launch"
+                elif r.state == "running":
+                    action = "run"
+                elif r.host_id == root.id:
+                    action = "migrate_out"
+                else:
+                    action = "migrate_in"
+                items.append(
+                    WorkItem(
+                        vm=r.uuid,
+                        name=r.name,
+                        action=action,
+                        memory_mb=int(resources.get("MEMORY_MB", 0)),
+                        vcpus=int(resources.get("VCPU", 0)),
+                        tags=tuple(r.tags),
+                        resources=resources,
+                        target_host=names.get(r.target_host_id) if r.target_host_id else None,
+                        target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
+                    )
+                )
+            return WorkList(root.name, root.generation, root.state, tuple(items))
+
+    # -- what the agent says ---------------------------------------------------------------
+    def report(
+        self,
+        host: str,
+        running: Sequence[str],
+        *,
+        launching: Sequence[str] = (),
+        seen_generation: int | None = None,
+        as_of: datetime | None = None,
+        usage: Mapping[str, float] | None = None,
+        load: Mapping[str, float] | None = None,
+    ) -> ReconcileResult:
+        """Store the measurements, note the agent is alive, then reconcile the ledger."""
+        if seen_generation is not None and (
+            isinstance(seen_generation, bool)
+            or not isinstance(seen_generation, int)
+            or seen_generation < 0
+        ):
+            raise ValidationError(
+                "seen_generation must be a host generation (an integer of at least 0)",
+                field="seen_generation",
+            )
+        self._scheduler.record_report(host, usage or {}, load or {}, running)
+        result = self._ledger.reconcile(
+            host, running, as_of=as_of, seen_generation=seen_generation, launching=launching
+        )
+        self._seen(host, seen_generation)
+        return result
+
+    def _seen(self, host: str, generation: int | None) -> None:
+        with self._store.write() as session:
+            row = lookup.host_row(session, host)
+            agent = session.get(HostAgentRow, row.id)
+            if agent is not None:
+                agent.last_seen_at = now()
+                if generation is not None:
+                    agent.seen_generation = max(agent.seen_generation, generation)
+
+    def launch_failed(self, vm: str, host: str, reason: str) -> LaunchFailure:
+        """The host refused ``vm`` or could not start it: give the claim up and place the VM
+        again, excluding every host that gave it up, while attempts are left."""
+        outcome = self._ledger.fail(vm, host, reason)
+        if outcome.kind != "launch":
+            return LaunchFailure(outcome.vm, outcome.kind)
+        tried = self._tried(vm)
+        if len(tried) >= self.max_launch_attempts:
+            self._give_up(vm, f"gave up after {len(tried)} hosts refused it ({', '.join(tried)})")
+            return LaunchFailure(self._vm(vm), "launch")
+        result = self._scheduler.schedule([RequestSpec(vms=[vm], exclude_hosts=tried)])
+        placement = result.placements[0]
+        if placement.error is not None:
+            self._give_up(vm, f"no other host fits: {placement.error}")
+        return LaunchFailure(self._vm(vm), "launch", placement)
+
+    def migration_failed(self, vm: str, host: str, reason: str) -> LaunchFailure:
+        outcome = self._ledger.fail(vm, host, reason)
+        return LaunchFailure(outcome.vm, outcome.kind)
+
+    def _tried(self, vm: str) -> list[str]:
+        with self._store.read() as session:
+            return list(lookup.vm_row(session, vm).tried_hosts)
+
+    def _give_up(self, vm: str, why: str) -> None:
+        with self._store.write() as session:
+            row = lookup.vm_row(session, vm, lock=True)
+            if row.state == "requested":
+                # A fresh start later gets a fresh set of hosts to try.
+                row.fault = f"{row.fault}; {why}" if row.fault else why
+                row.tried_hosts = []
+
+    def _vm(self, vm: str) -> VmRecord:
+        with self._store.read() as session:
+            return vm_records(session, [lookup.vm_row(session, vm)])[0]
+
+    # -- liveness --------------------------------------------------------------------------
+    def status(self, host: str) -> AgentStatus:
+        with self._store.read() as session:
+            row = lookup.host_row(session, host)
+            agent = session.get(HostAgentRow, row.root_id or row.id)
+            if agent is None:
+                return AgentStatus(row.name, "none")
+            silent = now() - agent.last_seen_at > self.silent_after
+            return AgentStatus(
+                row.name, "silent" if silent else "ok", agent.hypervisor_uri, agent.last_seen_at
+            )
