@@ -33,7 +33,9 @@ class Loadmaster:
         self.allocations = Ledger(store)
         self.groups = GroupService(store)
         self.scheduler = Scheduler(store)
-        self.host_agents = HostControl(store, self.hosts, self.allocations, self.scheduler)
+        self.host_agents = HostControl(
+            store, self.hosts, self.resource_classes, self.allocations, self.scheduler
+        )
 
     def close(self) -> None:
         self.store.dispose()

@@ -176,8 +176,12 @@ class Agent:
         policy_loader: PolicyLoader = load_policy_dir,
         clock: Callable[[], float] = time.monotonic,
         journal: AppliedJournal | None = None,
+        report_context: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.hypervisor = hypervisor
+        # Taken just before the guests are listed and sent with the report: the host
+        # manager's sequence and the VMs it is launching (see ``HostManager``).
+        self.report_context = report_context
         # The journal is written, never read back to decide what to apply: the controllers
         # start from the values sampled from the hypervisor, journal or not. A kill between
         # a hypervisor call and its journal record leaves the hypervisor one call ahead of
@@ -225,6 +229,7 @@ class Agent:
         # Wall-clock time of the listing: the API must judge the report as of now, not as of
         # its arrival, or claims made in between would look disproven.
         listed_at = datetime.now(UTC)
+        context = dict(self.report_context()) if self.report_context is not None else {}
         try:
             guests = self.hypervisor.list_guests()
         except Exception as exc:  # any hypervisor failure: report it, try again next cycle
@@ -268,7 +273,7 @@ class Agent:
         report.missing_stats = sorted(set(report.missing_stats))
         self._log_missing(report.missing_stats)
         if self.reporter is not None and (self.cycles - 1) % self.report_every == 0:
-            self._report(host, snapshots, guests, listed_at, report)
+            self._report(host, snapshots, guests, listed_at, context, report)
         report.duration_s = self.clock() - started
         return report
 
@@ -362,11 +367,13 @@ class Agent:
         snapshots: list[EntitySnapshot],
         guests: list[GuestInfo],
         listed_at: datetime,
+        context: Mapping[str, Any],
         report: CycleReport,
     ) -> None:
         assert self.reporter is not None
+        payload = {**usage_payload(host, snapshots, guests, listed_at), **context}
         try:
-            self.reporter(self.host_name, usage_payload(host, snapshots, guests, listed_at))
+            self.reporter(self.host_name, payload)
         except Exception as exc:  # the API being down must not stop the host's control
             log.warning("report to the loadmaster API failed: %s", exc)
             report.failures.append(

@@ -6,6 +6,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,16 @@ import httpx
 from loadmaster.agent.journal import AppliedJournal
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.loop import Agent, CycleReport
+from loadmaster.agent.manager import HostManager, ManagerConfig
 
 log = logging.getLogger(__name__)
 
 
 class ApiClient:
-    """The two calls the agent makes: host usage reports and migration requests."""
+    """The agent's calls to the loadmaster API. A 503 (the store away) is retried after the
+    ``Retry-After`` the server sends, a few times; every call here is safe to repeat."""
+
+    RETRIES_ON_503 = 3
 
     def __init__(self, api_url: str, token: str | None = None, timeout: float = 5.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -28,11 +33,60 @@ class ApiClient:
     def close(self) -> None:
         self._client.close()
 
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for attempt in range(self.RETRIES_ON_503 + 1):
+            response = self._client.request(method, path, **kwargs)
+            if response.status_code != 503 or attempt == self.RETRIES_ON_503:
+                break
+            time.sleep(_retry_after(response))
+        if response.is_error:
+            raise ApiError(method, path, response)
+        return response
+
     def report(self, host_name: str, payload: dict[str, Any]) -> None:
-        self._client.post(f"/hosts/{host_name}/report", json=payload).raise_for_status()
+        self._call("POST", f"/hosts/{host_name}/report", json=payload)
 
     def request_migration(self, vm_uuid: str, reason: str) -> None:
-        self._client.post(f"/vms/{vm_uuid}/migrate", json={"reason": reason}).raise_for_status()
+        self._call("POST", f"/vms/{vm_uuid}/migrate", json={"reason": reason})
+
+    def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = self._call("PUT", f"/hosts/{host}/agent", json=body).json()
+        return answer
+
+    def work(self, host: str, after: int, wait: float) -> dict[str, Any]:
+        answer: dict[str, Any] = self._call(
+            "GET",
+            f"/hosts/{host}/work",
+            params={"after": after, "wait": wait},
+            timeout=wait + self._client.timeout.read + 5 if self._client.timeout.read else None,
+        ).json()
+        return answer
+
+    def up(self, vm: str) -> None:
+        self._call("POST", f"/vms/{vm}/up")
+
+    def launch_failed(self, vm: str, host: str, reason: str) -> None:
+        self._call("POST", f"/vms/{vm}/launch-failed", json={"host": host, "reason": reason})
+
+    def migration_failed(self, vm: str, host: str, reason: str) -> None:
+        self._call("POST", f"/vms/{vm}/migration-failed", json={"host": host, "reason": reason})
+
+
+class ApiError(Exception):
+    def __init__(self, method: str, path: str, response: httpx.Response) -> None:
+        self.status = response.status_code
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        super().__init__(f"{method} {path}: {response.status_code} {detail}")
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(30.0, max(0.1, float(response.headers.get("Retry-After", "1"))))
+    except ValueError:
+        return 1.0
 
 
 def run_agent(
@@ -44,6 +98,7 @@ def run_agent(
     host_name: str | None,
     cycles: int | None,
     state_dir: Path | None = None,
+    config_file: Path | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
@@ -51,10 +106,14 @@ def run_agent(
     ``cycles`` it runs that many cycles, ``interval`` apart, and returns their reports;
     otherwise it runs until SIGINT or SIGTERM and returns the empty list. With
     ``state_dir`` every applied control is journalled there (``AppliedJournal``).
+    With ``api_url`` the agent is also the host's manager (``HostManager``): it registers
+    the host with the inventory it discovers (plus ``config_file``, see ``ManagerConfig``)
+    and launches, moves and removes guests as the ledger says, in a thread of its own.
     Raises ``PolicyError`` when the policy directory does not load, ``HypervisorError``
     when the hypervisor cannot be reached, ``JournalError`` when the state directory
-    cannot be used.
+    cannot be used, ``ValidationError`` for a bad config file.
     """
+    config = ManagerConfig.from_file(config_file) if config_file else ManagerConfig()
     journal = AppliedJournal(state_dir) if state_dir is not None else None
     last = journal.state_at_open.open_cycle if journal is not None else None
     if last is not None:
@@ -66,19 +125,35 @@ def run_agent(
         )
     hypervisor: LibvirtHypervisor | None = None
     client: ApiClient | None = None
+    manager: HostManager | None = None
+    stop = threading.Event()
     try:
         hypervisor = LibvirtHypervisor(hypervisor_uri)
-        client = ApiClient(api_url, token) if api_url else None
+        client = ApiClient(api_url, token, timeout=10.0) if api_url else None
+        host_name = host_name or config.name or socket.gethostname()
+        if client is not None:
+            # A separate connection: the manager's long-polls must not hold up reports.
+            manager = HostManager(
+                hypervisor,
+                ApiClient(api_url or "", token, timeout=10.0),
+                config,
+                host_name=host_name,
+                hypervisor_uri=hypervisor_uri,
+            )
+            manager.register()
+            threading.Thread(
+                target=manager.run_forever, args=(stop,), name="host-manager", daemon=True
+            ).start()
         agent = Agent(
             hypervisor,
             policy_dir,
             interval,
             reporter=client.report if client else None,
-            host_name=host_name or socket.gethostname(),
+            host_name=host_name,
             migration_sender=client.request_migration if client else None,
             journal=journal,
+            report_context=manager.report_context if manager else None,
         )
-        stop = threading.Event()
         if cycles is not None:
             reports = []
             for i in range(cycles):
@@ -90,6 +165,9 @@ def run_agent(
         agent.run_forever(stop)
         return []
     finally:
+        stop.set()
+        if manager is not None:
+            manager.close()
         if client is not None:
             client.close()
         if hypervisor is not None:

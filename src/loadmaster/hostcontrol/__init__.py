@@ -4,7 +4,8 @@ which agents have gone silent.
 
 Public API::
 
-    HostControl(store, hosts, ledger, scheduler, max_launch_attempts=3, silent_after_s=60)
+    HostControl(store, hosts, classes, ledger, scheduler, max_launch_attempts=3,
+                silent_after_s=60)
         .register(name, hypervisor_uri=, inventories=, children=) -> Registration
         .generation(host) -> int; .work(host) -> WorkList
         .report(host, running, launching=, seen_generation=, as_of=, usage=, load=)

@@ -10,13 +10,14 @@ host that refused it, up to ``max_launch_attempts`` hosts (Nova's alternates).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select
 
-from loadmaster.cluster import HostRecord, HostService, lookup
+from loadmaster.cluster import HostRecord, HostService, ResourceClassService, lookup
 from loadmaster.cluster.hosts import now, parse_inventories
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
@@ -124,6 +125,7 @@ class HostControl:
         self,
         store: Store,
         hosts: HostService,
+        classes: ResourceClassService,
         ledger: Ledger,
         scheduler: Scheduler,
         *,
@@ -132,6 +134,7 @@ class HostControl:
     ) -> None:
         self._store = store
         self._hosts = hosts
+        self._classes = classes
         self._ledger = ledger
         self._scheduler = scheduler
         self.max_launch_attempts = max_launch_attempts
@@ -161,10 +164,11 @@ class HostControl:
             child: parse_inventories(inv, f"children.{child}")
             for child, inv in sorted((children or {}).items())
         }
+        self._ensure_custom_classes([wanted, *parsed_children.values()])
         refused: dict[str, str] = {}
         root = self._ensure(name, None, wanted, refused)
         for child, child_inventories in parsed_children.items():
-            self._ensure(child, root.name, child_inventories, refused)
+            self._ensure(child, root.uuid, child_inventories, refused)
         with self._store.write() as session:
             row = lookup.host_row(session, name)
             agent = session.get(HostAgentRow, row.id)
@@ -183,6 +187,19 @@ class HostControl:
                 agent.hypervisor_uri = hypervisor_uri
                 agent.last_seen_at = stamp
         return Registration(self._hosts.get(name), refused)
+
+    def _ensure_custom_classes(self, inventories: Sequence[Mapping[str, Inventory]]) -> None:
+        """Custom classes the host's config names come into being with it, as Nova's compute
+        creates them in Placement; a standard class unknown here is an error."""
+        for name in sorted({n for inv in inventories for n in inv}):
+            if not name.startswith("CUSTOM_"):
+                continue
+            try:
+                self._classes.get(name)
+            except NotFound:
+                # Another agent may create it meanwhile, maybe with another description.
+                with contextlib.suppress(Conflict):
+                    self._classes.create(name, description="announced by a host agent")
 
     def _ensure(
         self,
@@ -204,7 +221,9 @@ class HostControl:
                 record = self._hosts.get(name)  # another registration won the race
         if record.parent != parent:
             raise Conflict(
-                f"host {name} exists with parent {record.parent!r}, not {parent!r}", field="name"
+                f"provider {name} exists under another parent ({record.parent or 'none'}); "
+                "a host's child providers must have names of their own",
+                field="name",
             )
         for _ in range(5):
             try:

@@ -362,10 +362,8 @@ class Ledger:
         elif row.state == "migrating":
             row.target_host_id = None
             move(row, "running")
-        row.fault, row.tried_hosts = None, []
         session.flush()
         touch_generations(session, touched)
-        row.host_seq = _generation(session, row.host_id)
         return len(doomed)
 
     def stop(self, vm: str) -> VmRecord:

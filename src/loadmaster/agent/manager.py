@@ -1,0 +1,436 @@
+"""The host's manager: registers the host, then carries out what the ledger puts on it.
+
+As vdsm does for oVirt and nova-compute for Nova, the manager is the only component that
+starts, stops and moves guests on its host. It reads the host's *work list* from the API
+(long-polled: it returns as soon as the host's generation moves), and makes the
+hypervisor match it:
+
+- ``launch``: the host has the final say. If the VM cannot run here (not enough real free
+  memory, a device the host does not have), it is refused with the reason and the API
+  places it elsewhere. Otherwise it is started from its flavor, in a worker thread, and
+  ``up`` is said as soon as it runs.
+- ``run``: the VM's tags (its SLA tier) are kept in the domain metadata, where the SLA
+  policy reads them.
+- ``migrate_out``: the guest is moved to the destination's hypervisor, then ``up``
+  completes the migration; a failure rolls back (the VM keeps running here).
+- ``migrate_in``: the source moves it; if it already runs here (the source's agent died
+  after the move), ``up`` completes it.
+- A guest this manager launched that is on no item any more (stopped, deleted, moved
+  away) is removed. Guests it did not launch are never touched.
+
+Reports carry ``seen_generation`` (the generation of the last work list acted on before
+the guests were listed) and the VMs still launching, so the ledger ends a claim only when
+this agent knew of it and no longer runs it, whatever the clocks say.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import tomllib
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor
+from loadmaster.errors import ValidationError
+
+log = logging.getLogger(__name__)
+
+STANDARD_DISCOVERED = ("VCPU", "MEMORY_MB")
+KIB_PER_MB = 1024
+
+
+class ManagerApi(Protocol):
+    """The API calls a host manager makes (``runner.ApiClient`` over HTTP)."""
+
+    def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def work(self, host: str, after: int, wait: float) -> dict[str, Any]: ...
+
+    def up(self, vm: str) -> None: ...
+
+    def launch_failed(self, vm: str, host: str, reason: str) -> None: ...
+
+    def migration_failed(self, vm: str, host: str, reason: str) -> None: ...
+
+    def report(self, host: str, payload: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    """The design's "resource configuration on the compute node": what the host offers
+    beyond what the hypervisor shows, what it keeps for itself and its overcommit.
+
+    A TOML file::
+
+        [host]
+        name = "host-1"                  # default: the hypervisor's host name
+        migration_uri = "qemu+tcp://host-1/system"  # how other hosts reach this hypervisor
+        memory_headroom_mb = 512         # real free memory a launch must leave
+
+        [reserved]                       # kept for the host itself
+        MEMORY_MB = 2048
+        VCPU = 1
+
+        [allocation_ratio]
+        VCPU = 4.0
+
+        [resources]                      # custom classes and devices, by amount
+        DISK_GB = 500
+        CUSTOM_LICENSE_X = 4
+    """
+
+    name: str | None = None
+    migration_uri: str | None = None
+    memory_headroom_mb: int = 0
+    reserved: Mapping[str, int] = field(default_factory=dict)
+    allocation_ratio: Mapping[str, float] = field(default_factory=dict)
+    resources: Mapping[str, int] = field(default_factory=dict)
+    launch_workers: int = 4
+
+    @classmethod
+    def from_file(cls, path: Path) -> ManagerConfig:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValidationError(f"{path}: {exc}", field="config") from exc
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "config") -> ManagerConfig:
+        known = {"host", "reserved", "allocation_ratio", "resources"}
+        for key in data:
+            if key not in known:
+                raise ValidationError(
+                    f"{where}: [{key}] is not a section (known: {', '.join(sorted(known))})",
+                    field=key,
+                )
+        host = _table(data, "host", where)
+        for key in host:
+            if key not in ("name", "migration_uri", "memory_headroom_mb", "launch_workers"):
+                raise ValidationError(f"{where}: host.{key} is not a setting", field=f"host.{key}")
+        return cls(
+            name=_opt_str(host, "name", where),
+            migration_uri=_opt_str(host, "migration_uri", where),
+            memory_headroom_mb=_int(host.get("memory_headroom_mb", 0), "host.memory_headroom_mb"),
+            launch_workers=max(1, _int(host.get("launch_workers", 4), "host.launch_workers")),
+            reserved={
+                k: _int(v, f"reserved.{k}") for k, v in _table(data, "reserved", where).items()
+            },
+            allocation_ratio={
+                k: _ratio(v, f"allocation_ratio.{k}")
+                for k, v in _table(data, "allocation_ratio", where).items()
+            },
+            resources={
+                k: _int(v, f"resources.{k}") for k, v in _table(data, "resources", where).items()
+            },
+        )
+
+
+def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str, Any]:
+    """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
+    providers when there are several, as Placement models them), the configured classes on
+    the root, reserved amounts and ratios from the config."""
+
+    def inventory(name: str, total: int, reserved: int = 0) -> dict[str, Any]:
+        return {
+            "total": total,
+            "reserved": min(reserved, total),
+            "allocation_ratio": float(config.allocation_ratio.get(name, 1.0)),
+        }
+
+    root: dict[str, Any] = {
+        name: inventory(name, amount, config.reserved.get(name, 0))
+        for name, amount in sorted(config.resources.items())
+    }
+    children: dict[str, Any] = {}
+    measured = {"VCPU": info.cpus, "MEMORY_MB": info.memory_kib // KIB_PER_MB}
+    if len(info.numa_cells) > 1:
+        # The host's own reservation comes out of the first cell, where the kernel lives.
+        for i, cell in enumerate(info.numa_cells):
+            cell_measured = {"VCPU": cell.cpus, "MEMORY_MB": cell.memory_kib // KIB_PER_MB}
+            children[f"{host_name}-numa{cell.id}"] = {
+                name: inventory(name, total, config.reserved.get(name, 0) if i == 0 else 0)
+                for name, total in cell_measured.items()
+                if total > 0
+            }
+    else:
+        for name, total in measured.items():
+            root[name] = inventory(name, total, config.reserved.get(name, 0))
+    return {"inventories": root, "children": children}
+
+
+@dataclass
+class StepReport:
+    """What one pass over the work list did."""
+
+    generation: int
+    launched: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    migrating: list[str] = field(default_factory=list)
+    completed: list[str] = field(default_factory=list)
+    retagged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class HostManager:
+    def __init__(
+        self,
+        hypervisor: Hypervisor,
+        api: ManagerApi,
+        config: ManagerConfig,
+        *,
+        host_name: str | None = None,
+        hypervisor_uri: str,
+    ) -> None:
+        self.hypervisor = hypervisor
+        self.api = api
+        self.config = config
+        self.hypervisor_uri = config.migration_uri or hypervisor_uri
+        self.host_name = host_name or config.name or hypervisor.host_info().hostname
+        # The generation of the last work list whose launches and moves are all under way:
+        # what a report may claim to know.
+        self.acted_generation = -1
+        self._seen = -1
+        self._lock = threading.Lock()
+        self._launching: dict[str, Future[None]] = {}
+        self._migrating: dict[str, Future[None]] = {}
+        # Memory promised to launches under way, not yet visible in the host's free memory.
+        self._launch_kib: dict[str, int] = {}
+        self._pool = ThreadPoolExecutor(
+            max_workers=config.launch_workers, thread_name_prefix=f"lm-{self.host_name}"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # -- registration ----------------------------------------------------------------------
+    def register(self) -> dict[str, Any]:
+        body = discover(self.hypervisor.host_info(), self.config, self.host_name)
+        body["hypervisor_uri"] = self.hypervisor_uri
+        answer = self.api.register(self.host_name, body)
+        for where, why in dict(answer.get("refused") or {}).items():
+            log.warning("inventory %s not changed: %s", where, why)
+        return answer
+
+    # -- the loop --------------------------------------------------------------------------
+    def run_forever(self, stop: threading.Event, *, wait: float = 20.0) -> None:
+        """Act on the work list whenever it changes, until ``stop``; ``register`` first."""
+        while not stop.is_set():
+            try:
+                self.step(wait=wait)
+                self.report()
+            except Exception as exc:  # the API or the hypervisor away: try again shortly
+                log.warning("host manager step failed: %s", exc)
+                stop.wait(1.0)
+
+    def step(self, *, wait: float = 0.0) -> StepReport:
+        """Read the work list (waiting up to ``wait`` s for a change) and act on it."""
+        work = self.api.work(self.host_name, self._seen, wait)
+        generation = int(work["generation"])
+        self._seen = generation
+        report = StepReport(generation)
+        guests = {g.uuid: g for g in self.hypervisor.list_guests()}
+        wanted: set[str] = set()
+        for item in work["items"]:
+            vm = str(item["vm"]).lower()
+            wanted.add(vm)
+            action = item["action"]
+            try:
+                if action == "launch":
+                    self._launch(item, vm, vm in guests, report)
+                elif action == "run":
+                    self._retag(item, vm, guests, report)
+                elif action == "migrate_out":
+                    self._migrate_out(item, vm, vm in guests, report)
+                elif action == "migrate_in" and vm in guests:
+                    # The source moved it and died before saying so.
+                    self._say_up(vm, report)
+            except Exception as exc:  # one VM's trouble must not stop the others
+                log.warning("%s of %s failed: %s", action, vm, exc)
+                report.errors.append(f"{vm}: {action}: {exc}")
+        with self._lock:
+            busy = set(self._launching) | set(self._migrating)
+        for uuid, guest in guests.items():
+            if guest.managed and uuid not in wanted and uuid not in busy:
+                try:
+                    self.hypervisor.remove_guest(uuid)
+                    report.removed.append(uuid)
+                except Exception as exc:
+                    report.errors.append(f"{uuid}: remove: {exc}")
+        self.acted_generation = generation
+        return report
+
+    def report_context(self) -> dict[str, Any]:
+        """Taken just before the guests are listed for a report: what the agent knew then."""
+        with self._lock:
+            launching = sorted(self._launching)
+        context: dict[str, Any] = {"launching": launching}
+        if self.acted_generation >= 0:
+            context["seen_generation"] = self.acted_generation
+        return context
+
+    def report(self) -> None:
+        context = self.report_context()
+        running = [g.uuid for g in self.hypervisor.list_guests()]
+        with self._lock:
+            # A launch that finished between the two reads is running or still listed.
+            context["launching"] = sorted(set(context["launching"]) | set(self._launching))
+        self.api.report(self.host_name, {"running_vms": running, **context})
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait for every launch and migration under way (tests, shutdown)."""
+        with self._lock:
+            futures = [*self._launching.values(), *self._migrating.values()]
+        for future in futures:
+            try:
+                future.result(timeout=timeout)
+            except Exception:  # already logged and reported by the worker
+                continue
+        return True
+
+    # -- actions ---------------------------------------------------------------------------
+    def _launch(self, item: Mapping[str, Any], vm: str, running: bool, report: StepReport) -> None:
+        if running:
+            self._say_up(vm, report)  # started before a restart, or by the last pass
+            return
+        with self._lock:
+            if vm in self._launching:
+                return
+        refusal = self._refusal(item)
+        if refusal is not None:
+            log.info("refusing %s: %s", vm, refusal)
+            self.api.launch_failed(vm, self.host_name, refusal)
+            report.refused.append(vm)
+            return
+        spec = GuestSpec(
+            uuid=vm,
+            name=str(item["name"]),
+            memory_kib=int(item["memory_mb"]) * KIB_PER_MB,
+            vcpus=max(1, int(item["vcpus"])),
+            tags=frozenset(item.get("tags") or ()),
+        )
+        with self._lock:
+            self._launch_kib[vm] = spec.memory_kib
+            self._launching[vm] = self._pool.submit(self._run_launch, spec)
+        report.launched.append(vm)
+
+    def _refusal(self, item: Mapping[str, Any]) -> str | None:
+        """The host's final say: why this VM cannot run here, or None."""
+        offered = set(self.config.resources) | set(STANDARD_DISCOVERED) | {"DISK_GB"}
+        missing = sorted(set(item.get("resources") or {}) - offered)
+        if missing:
+            return f"host {self.host_name} has no {', '.join(missing)} (not in its agent config)"
+        need_kib = int(item["memory_mb"]) * KIB_PER_MB
+        info = self.hypervisor.host_info()
+        with self._lock:
+            promised = sum(self._launch_kib.values())
+        free = info.free_memory_kib - promised - self.config.memory_headroom_mb * KIB_PER_MB
+        if need_kib > free:
+            return (
+                f"host {self.host_name} has {max(0, free) // KIB_PER_MB} MiB of real memory free "
+                f"(after {self.config.memory_headroom_mb} MiB headroom and launches under way), "
+                f"the VM needs {need_kib // KIB_PER_MB} MiB"
+            )
+        return None
+
+    def _run_launch(self, spec: GuestSpec) -> None:
+        try:
+            self.hypervisor.launch_guest(spec)
+        except Exception as exc:
+            log.warning("launch of %s failed: %s", spec.uuid, exc)
+            reason = f"launch failed: {exc}"
+            self._finish(self._launching, spec.uuid, self.api.launch_failed, self.host_name, reason)
+            return
+        self._finish(self._launching, spec.uuid, self.api.up)
+
+    def _retag(
+        self, item: Mapping[str, Any], vm: str, guests: Mapping[str, Any], report: StepReport
+    ) -> None:
+        guest = guests.get(vm)
+        tags = frozenset(item.get("tags") or ())
+        if guest is not None and guest.managed and guest.tags != tags:
+            self.hypervisor.set_tags(vm, tags)
+            report.retagged.append(vm)
+
+    def _migrate_out(
+        self, item: Mapping[str, Any], vm: str, here: bool, report: StepReport
+    ) -> None:
+        with self._lock:
+            if vm in self._migrating:
+                return
+        if not here:
+            return  # moved already (an earlier run of this agent): the destination says up
+        target_uri = item.get("target_uri")
+        if not target_uri:
+            self.api.migration_failed(
+                vm, self.host_name, f"destination {item.get('target_host')} has no agent"
+            )
+            return
+        with self._lock:
+            self._migrating[vm] = self._pool.submit(self._run_migration, vm, str(target_uri))
+        report.migrating.append(vm)
+
+    def _run_migration(self, vm: str, target_uri: str) -> None:
+        try:
+            self.hypervisor.migrate_guest(vm, target_uri)
+        except Exception as exc:
+            log.warning("migration of %s to %s failed: %s", vm, target_uri, exc)
+            reason = f"migration to {target_uri} failed: {exc}"
+            self._finish(self._migrating, vm, self.api.migration_failed, self.host_name, reason)
+            return
+        self._finish(self._migrating, vm, self.api.up)
+
+    def _finish(
+        self,
+        under_way: dict[str, Future[None]],
+        vm: str,
+        say: Callable[..., None],
+        *args: str,
+    ) -> None:
+        """Tell the API ``say(vm, *args)``. The VM stays under way until the API has heard
+        the outcome, so no report in between can take it for gone."""
+        try:
+            say(vm, *args)
+        except Exception as exc:
+            log.warning("could not tell the API about %s: %s", vm, exc)
+        finally:
+            with self._lock:
+                under_way.pop(vm, None)
+                self._launch_kib.pop(vm, None)
+
+    def _say_up(self, vm: str, report: StepReport) -> None:
+        self.api.up(vm)
+        report.completed.append(vm)
+
+
+def _table(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ValidationError(f"{where}: [{key}] must be a table", field=key)
+    return value
+
+
+def _opt_str(data: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValidationError(
+            f"{where}: host.{key} must be a non-empty string", field=f"host.{key}"
+        )
+    return value
+
+
+def _int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(f"{name} must be an integer of at least 0, got {value!r}", field=name)
+    return value
+
+
+def _ratio(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1e6:
+        raise ValidationError(f"{name} must be a number above 0, got {value!r}", field=name)
+    return float(value)

@@ -1,0 +1,246 @@
+"""The control plane's side of host agents: registration, work lists, claims judged by
+sequence (never by clocks), launch and migration failures."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loadmaster.errors import Conflict, LoadmasterError, ValidationError
+from loadmaster.pending import audit
+from loadmaster.service import Loadmaster
+
+NODE = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}
+FAR_FUTURE = datetime(2999, 1, 1)
+
+
+def _cluster(lm: Loadmaster, hosts: int = 3) -> None:
+    for i in range(hosts):
+        lm.host_agents.register(f"h{i}", hypervisor_uri=f"test:///h{i}", inventories=NODE)
+    lm.flavors.create({"name": "small", "resources": {"VCPU": 2, "MEMORY_MB": 2048}})
+
+
+def _pending_on(lm: Loadmaster, host: str, name: str = "vm") -> str:
+    vm = lm.vms.create(name, "small")
+    lm.allocations.claim(vm.uuid, host)
+    return vm.uuid
+
+
+def test_register_creates_then_updates_with_numa_children(lm: Loadmaster) -> None:
+    children = {"h0-numa0": {"VCPU": {"total": 4}}, "h0-numa1": {"VCPU": {"total": 4}}}
+    first = lm.host_agents.register(
+        "h0",
+        hypervisor_uri="qemu:///h0",
+        inventories={"CUSTOM_LICENSE_X": {"total": 4}},
+        children=children,
+    )
+    assert first.refused == {}
+    assert set(first.host.inventories) == {"CUSTOM_LICENSE_X"}
+    assert lm.hosts.get("h0-numa1").parent == first.host.uuid
+    assert lm.hosts.get("h0-numa1").inventories["VCPU"].total == 4
+    again = lm.host_agents.register(
+        "h0", hypervisor_uri="qemu:///h0", inventories={"CUSTOM_LICENSE_X": {"total": 6}}
+    )
+    assert again.host.inventories["CUSTOM_LICENSE_X"].total == 6
+    assert again.host.generation > first.host.generation
+    assert lm.host_agents.status("h0").status == "ok"
+    assert lm.host_agents.status("h0").hypervisor_uri == "qemu:///h0"
+
+
+def test_register_never_shrinks_below_what_is_allocated(lm: Loadmaster) -> None:
+    _cluster(lm, 1)
+    for i in range(3):
+        _pending_on(lm, "h0", f"vm{i}")  # 6 VCPU, 6144 MB
+    result = lm.host_agents.register(
+        "h0",
+        hypervisor_uri="test:///h0",
+        inventories={"VCPU": {"total": 4}, "MEMORY_MB": {"total": 16384}},
+    )
+    assert list(result.refused) == ["h0.VCPU"]
+    assert "below the 6 allocated" in result.refused["h0.VCPU"]
+    # The refused class kept its inventory; the other one still changed.
+    assert result.host.inventories["VCPU"].total == 8
+    assert result.host.inventories["MEMORY_MB"].total == 16384
+    assert audit(lm.store) == []
+
+
+def test_bad_registration_changes_nothing(lm: Loadmaster) -> None:
+    with pytest.raises(ValidationError) as err:
+        lm.host_agents.register(
+            "h9",
+            hypervisor_uri="test:///h9",
+            inventories=NODE,
+            children={"h9-numa0": {"VCPU": {"total": -1}}},
+        )
+    assert err.value.field is not None and "children.h9-numa0" in err.value.field
+    assert lm.hosts.list() == []
+    with pytest.raises(ValidationError) as err:
+        lm.host_agents.register("h9", hypervisor_uri="", inventories=NODE)
+    assert err.value.field == "hypervisor_uri"
+
+
+def test_work_list_says_what_to_do_with_each_vm(lm: Loadmaster) -> None:
+    _cluster(lm, 2)
+    launching = _pending_on(lm, "h0", "a")
+    running = _pending_on(lm, "h0", "b")
+    lm.allocations.activate(running)
+    moving = _pending_on(lm, "h0", "c")
+    lm.allocations.activate(moving)
+    lm.allocations.claim(moving, "h1")
+    work = lm.host_agents.work("h0")
+    actions = {i.vm: i.action for i in work.items}
+    assert actions == {launching: "launch", running: "run", moving: "migrate_out"}
+    out = next(i for i in work.items if i.vm == moving)
+    assert (out.target_host, out.target_uri) == ("h1", "test:///h1")
+    assert (out.memory_mb, out.vcpus) == (2048, 2)
+    assert {i.vm: i.action for i in lm.host_agents.work("h1").items} == {moving: "migrate_in"}
+    assert work.generation == lm.hosts.get("h0").generation
+
+
+def test_tag_change_moves_the_hosts_generation(lm: Loadmaster) -> None:
+    _cluster(lm, 1)
+    vm = _pending_on(lm, "h0")
+    before = lm.host_agents.generation("h0")
+    lm.vms.set_tags(vm, ["gold"])
+    assert lm.host_agents.generation("h0") > before
+    assert lm.host_agents.work("h0").items[0].tags == ("gold",)
+
+
+def test_slow_launch_keeps_its_claim_whatever_the_clocks(lm: Loadmaster) -> None:
+    _cluster(lm, 1)
+    vm = _pending_on(lm, "h0")
+    seen = lm.host_agents.generation("h0")
+    # A report from a host whose clock runs centuries ahead, still launching the VM.
+    result = lm.host_agents.report("h0", [], launching=[vm], seen_generation=seen, as_of=FAR_FUTURE)
+    assert result.released == ()
+    assert lm.vms.get(vm).state == "pending"
+    # Once the agent knew of it and neither runs nor launches it, the claim ends.
+    result = lm.host_agents.report("h0", [], seen_generation=seen)
+    assert result.released == (vm,)
+    assert lm.vms.get(vm).state == "requested"
+    assert "neither running nor launching" in (lm.vms.get(vm).fault or "")
+    assert audit(lm.store) == []
+
+
+def test_claim_newer_than_what_the_agent_saw_is_left_alone(lm: Loadmaster) -> None:
+    _cluster(lm, 1)
+    seen = lm.host_agents.generation("h0")
+    vm = _pending_on(lm, "h0")
+    result = lm.host_agents.report("h0", [], seen_generation=seen, as_of=FAR_FUTURE)
+    assert result.released == ()
+    assert lm.vms.get(vm).state == "pending"
+
+
+def test_running_vm_gone_is_stopped_only_if_the_agent_knew_it_ran(lm: Loadmaster) -> None:
+    _cluster(lm, 1)
+    old, new = _pending_on(lm, "h0", "old"), _pending_on(lm, "h0", "new")
+    lm.allocations.activate(old)
+    seen = lm.host_agents.generation("h0")
+    lm.allocations.activate(new)  # came up after the agent's last read
+    result = lm.host_agents.report("h0", [], seen_generation=seen)
+    assert result.stopped == (old,)
+    assert lm.vms.get(new).state == "running"
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    skew=st.integers(min_value=-(10**6), max_value=10**6),
+    launching=st.booleans(),
+    claim_after_read=st.booleans(),
+)
+def test_reports_by_sequence_ignore_the_clock(
+    lm: Loadmaster, skew: int, launching: bool, claim_after_read: bool
+) -> None:
+    """Property: with a seen generation, the outcome depends on what the agent knew and
+    said, never on ``as_of``."""
+    if not lm.hosts.list():
+        _cluster(lm, 1)
+    for vm in lm.vms.list():
+        lm.allocations.delete(vm.uuid)
+    if claim_after_read:
+        seen = lm.host_agents.generation("h0")
+        vm = _pending_on(lm, "h0")
+    else:
+        vm = _pending_on(lm, "h0")
+        seen = lm.host_agents.generation("h0")
+    as_of = datetime(2026, 1, 1) + timedelta(seconds=skew)
+    result = lm.host_agents.report(
+        "h0", [], launching=[vm] if launching else [], seen_generation=seen, as_of=as_of
+    )
+    expect_released = not launching and not claim_after_read
+    assert (vm in result.released) == expect_released
+    assert lm.vms.get(vm).state == ("requested" if expect_released else "pending")
+
+
+def test_refused_launch_lands_elsewhere_then_gives_up(lm: Loadmaster) -> None:
+    _cluster(lm, 3)
+    vm = _pending_on(lm, "h0")
+    first = lm.host_agents.launch_failed(vm, "h0", "no /dev/vfio here")
+    assert first.kind == "launch"
+    assert first.placement is not None and first.placement.host in ("h1", "h2")
+    assert lm.vms.get(vm).state == "pending"
+    assert "no /dev/vfio here" in (lm.vms.get(vm).fault or "")
+    second_host = first.placement.host
+    # Saying it again about a claim that already ended changes nothing.
+    assert lm.host_agents.launch_failed(vm, "h0", "again").kind is None
+    assert lm.vms.get(vm).host == second_host
+    second = lm.host_agents.launch_failed(vm, second_host, "out of memory")
+    assert second.placement is not None
+    third_host = second.placement.host
+    assert third_host not in ("h0", second_host)
+    third = lm.host_agents.launch_failed(vm, third_host, "broken")
+    assert third.placement is None
+    final = lm.vms.get(vm)
+    assert final.state == "requested"
+    assert final.fault is not None and "gave up after 3 hosts" in final.fault
+    assert audit(lm.store) == []
+
+
+def test_failed_migration_rolls_back(lm: Loadmaster) -> None:
+    _cluster(lm, 2)
+    vm = _pending_on(lm, "h0")
+    lm.allocations.activate(vm)
+    lm.allocations.claim(vm, "h1")
+    outcome = lm.host_agents.migration_failed(vm, "h0", "connection refused")
+    assert outcome.kind == "migration"
+    after = lm.vms.get(vm)
+    assert (after.state, after.host, after.target_host) == ("running", "h0", None)
+    assert lm.allocations.allocations(host="h1") == []
+    assert lm.host_agents.migration_failed(vm, "h0", "again").kind is None
+    assert audit(lm.store) == []
+
+
+def test_failure_needs_a_reason(lm: Loadmaster) -> None:
+    _cluster(lm, 1)
+    vm = _pending_on(lm, "h0")
+    with pytest.raises(ValidationError) as err:
+        lm.host_agents.launch_failed(vm, "h0", " ")
+    assert err.value.field == "reason"
+    assert lm.vms.get(vm).state == "pending"
+
+
+def test_silent_agent_is_shown_and_keeps_its_claims(lm: Loadmaster) -> None:
+    _cluster(lm, 1)
+    vm = _pending_on(lm, "h0")
+    lm.host_agents.silent_after = timedelta(seconds=0)
+    assert lm.host_agents.status("h0").status == "silent"
+    assert lm.vms.get(vm).state == "pending"
+    lm.hosts.create("bare", inventories=NODE)
+    assert lm.host_agents.status("bare").status == "none"
+
+
+def test_registering_a_child_name_under_another_parent_is_refused(lm: Loadmaster) -> None:
+    _cluster(lm, 2)
+    lm.host_agents.register(
+        "h0", hypervisor_uri="x", inventories=NODE, children={"cell": {"VCPU": {"total": 1}}}
+    )
+    with pytest.raises(LoadmasterError) as err:
+        lm.host_agents.register(
+            "h1", hypervisor_uri="y", inventories=NODE, children={"cell": {"VCPU": {"total": 1}}}
+        )
+    assert isinstance(err.value, Conflict)
