@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Response
@@ -23,6 +24,7 @@ DEFAULT_MAX_BODY = 1024 * 1024
 TOKENS_FILE_ENV = "LOADMASTER_TOKENS_FILE"
 NO_AUTH_ENV = "LOADMASTER_NO_AUTH"
 MAX_BODY_ENV = "LOADMASTER_MAX_BODY"
+SILENT_AFTER_ENV = "LOADMASTER_AGENT_SILENT_AFTER"
 DESCRIPTION = """Where virtual machines run, and what each host has promised.
 
 Placement's resources and JSON shapes where the concept is the same (resource classes,
@@ -90,7 +92,11 @@ def app_from_env() -> FastAPI:
         no_auth=os.environ.get(NO_AUTH_ENV) == "1", tokens_file=os.environ.get(TOKENS_FILE_ENV)
     )
     max_body = int(os.environ.get(MAX_BODY_ENV) or DEFAULT_MAX_BODY)
-    return create_app(os.environ.get("LOADMASTER_DB"), auth, max_body_size=max_body)
+    app = create_app(os.environ.get("LOADMASTER_DB"), auth, max_body_size=max_body)
+    silent_after = os.environ.get(SILENT_AFTER_ENV)
+    if silent_after:
+        app.state.lm.host_agents.silent_after = timedelta(seconds=float(silent_after))
+    return app
 
 
 def _operations_router() -> APIRouter:

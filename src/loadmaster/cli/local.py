@@ -35,11 +35,19 @@ def serve(
         Path | None, typer.Option(help="token file (.toml/.yaml/.json): [tokens] TOKEN = ROLE")
     ] = None,
     max_body: Annotated[int, typer.Option(help="largest request body in bytes")] = 1024 * 1024,
+    agent_silent_after: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="seconds without a word from a host's agent before the host and its VMs "
+            "are shown as silent (their claims are kept)",
+        ),
+    ] = 60.0,
 ) -> None:
     """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...")."""
     import uvicorn
 
-    from loadmaster.api.app import MAX_BODY_ENV, NO_AUTH_ENV, TOKENS_FILE_ENV
+    from loadmaster.api.app import MAX_BODY_ENV, NO_AUTH_ENV, SILENT_AFTER_ENV, TOKENS_FILE_ENV
     from loadmaster.api.auth import resolve_auth
     from loadmaster.service import open_loadmaster
 
@@ -61,6 +69,7 @@ def serve(
         fail(f"cannot read {tokens}: {exc}", Exit.USAGE)
     os.environ["LOADMASTER_DB"] = db
     os.environ[MAX_BODY_ENV] = str(max_body)
+    os.environ[SILENT_AFTER_ENV] = str(agent_silent_after)
     if no_auth:
         os.environ[NO_AUTH_ENV] = "1"
     if tokens is not None:
@@ -98,13 +107,24 @@ def agent(
             "(see agent-journal); default: no journal"
         ),
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="the host's resource configuration (TOML: [host], [reserved], "
+            "[allocation_ratio], [resources]); see loadmaster.agent.manager.ManagerConfig",
+        ),
+    ] = None,
 ) -> None:
-    """Run the host agent: collect, apply the SLA policy, report to the API."""
+    """Run the host agent. With --api it is the host's manager: it registers the host with
+    the inventory it discovers, launches, moves and removes guests as the scheduler placed
+    them, and reports; always, it applies the SLA policy every --interval."""
     from loadmaster.agent import run_agent
 
     try:
         reports = run_agent(
-            hypervisor, policy_dir, interval, api_url, token, host_name, cycles, state_dir
+            hypervisor, policy_dir, interval, api_url, token, host_name, cycles, state_dir, config
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)

@@ -109,7 +109,8 @@ def host_show(name: str, as_json: JsonOpt = False) -> None:
     host = client.get(f"/resource_providers/{name}")
     usages = client.get(f"/resource_providers/{name}/usages")
     inventories = client.get(f"/resource_providers/{name}/inventories")["inventories"]
-    data = {**host, "inventories": inventories, "usages": usages["classes"]}
+    agent = client.get(f"/hosts/{name}/agent")
+    data = {**host, "inventories": inventories, "usages": usages["classes"], "agent": agent}
     rows = [
         (
             rc,
@@ -124,7 +125,11 @@ def host_show(name: str, as_json: JsonOpt = False) -> None:
         for rc, inv in inventories.items()
         for u in [usages["classes"].get(rc, {})]
     ]
-    title = f"{host['name']} ({host['state']}, generation {host['generation']})"
+    seen = f", last heard {agent['last_seen_at']}" if agent["last_seen_at"] else ""
+    title = (
+        f"{host['name']} ({host['state']}, generation {host['generation']}; "
+        f"agent {agent['status']}{seen})"
+    )
     show(
         data,
         as_json,
@@ -291,6 +296,8 @@ def vm_show(vm: str, as_json: JsonOpt = False) -> None:
         if amounts
     ]
     title = f"VM {data['name']} ({data['state']}, host {data['host'] or '-'}) {uuid}"
+    if data.get("fault"):
+        title += f"\nlast fault: {data['fault']}"
     show(data, as_json, title, ("host", "state", "resources"), rows)
 
 

@@ -43,7 +43,11 @@ def create_vm(lm: LM, body: VmCreate) -> dict[str, Any]:
 
 @router.get(VM, tags=["vms"])
 def get_vm(lm: LM, uuid: str) -> dict[str, Any]:
-    return views.vm(lm.vms.get(uuid))
+    """``host_agent``: ``ok``, ``silent`` (its host's agent has not been heard from for a
+    while; the VM's claim is kept) or ``none``; null when it is on no host."""
+    vm = lm.vms.get(uuid)
+    agent = lm.host_agents.status(vm.host).status if vm.host else None
+    return {**views.vm(vm), "host_agent": agent}
 
 
 @router.delete(VM, status_code=204, tags=["vms"])
