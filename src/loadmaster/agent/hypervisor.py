@@ -54,6 +54,8 @@ class GuestInfo:
     vcpu_user_limit: float = 100.0
     disks: tuple[str, ...] = ()
     io_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # True when loadmaster launched it (the <lm:managed/> marker): the only guests it removes.
+    managed: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,41 @@ class BlockStats:
     rd_bytes: int
     wr_req: int
     wr_bytes: int
+
+
+# -- guest lifecycle and host discovery ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuestSpec:
+    """What the agent launches: a flavor's size and the VM's API tags."""
+
+    uuid: str
+    name: str
+    memory_kib: int
+    vcpus: int
+    tags: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class NumaCell:
+    id: int
+    cpus: int
+    memory_kib: int
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """What the host has, as the hypervisor discovers it."""
+
+    hostname: str
+    cpus: int
+    memory_kib: int
+    free_memory_kib: int
+    numa_cells: tuple[NumaCell, ...] = ()
+
+
+# ----------------------------------------------------------------------------------------
 
 
 class Hypervisor(Protocol):
@@ -123,6 +160,30 @@ class Hypervisor(Protocol):
         ...
 
     def ksm_write(self, key: str, value: int) -> None: ...
+
+    # -- guest lifecycle and host discovery --------------------------------------------
+
+    def host_info(self) -> HostInfo: ...
+
+    def launch_guest(self, spec: GuestSpec) -> None:
+        """Define (persistently) and start; idempotent: running already -> no-op, defined but
+        off -> start. The domain carries loadmaster metadata: its tags and an <lm:managed/>
+        marker."""
+        ...
+
+    def remove_guest(self, uuid: str) -> None:
+        """Destroy and undefine; no-op when absent."""
+        ...
+
+    def set_tags(self, uuid: str, tags: frozenset[str]) -> None:
+        """Rewrite the tags in the loadmaster metadata (live and persistent config)."""
+        ...
+
+    def migrate_guest(self, uuid: str, destination_uri: str) -> None:
+        """Move the running guest to the hypervisor at destination_uri. On return it runs
+        there and is gone here. On failure raise HypervisorError with the guest still
+        running here (rolled back)."""
+        ...
 
 
 class SysfsKsm:

@@ -10,13 +10,18 @@ VM tags and policy facts live in the domain's metadata, in loadmaster's namespac
       </lm:vm>
     </metadata>
 
+A guest loadmaster launched also carries ``<lm:managed/>`` in that element; the agent only
+ever removes such guests.
+
 KSM is not a libvirt feature: it is read and written in sysfs (``SysfsKsm``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +32,10 @@ from loadmaster.agent.hypervisor import (
     CpuStats,
     CpuTune,
     GuestInfo,
+    GuestSpec,
+    HostInfo,
     HypervisorError,
+    NumaCell,
     SysfsKsm,
 )
 
@@ -77,8 +85,115 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
+# -- guest lifecycle: domain XML -----------------------------------------------------------
+
+# Written with the "lm" prefix, as the module docstring shows it.
+ET.register_namespace("lm", METADATA_NS)
+# The guest's kernel command line when none is given: console on the serial port, and a
+# kernel that panics reboots rather than hanging.
+DEFAULT_GUEST_CMDLINE = "console=ttyS0 panic=1"
+# How often the guest's balloon driver reports memory stats, set in the domain XML.
+LAUNCH_STATS_PERIOD = 2
+
+
+def is_managed(xml: str | None) -> bool:
+    """Whether a ``<lm:vm>`` metadata element carries the ``<lm:managed/>`` marker."""
+    if not xml:
+        return False
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as exc:
+        raise HypervisorError(f"malformed loadmaster metadata: {exc}") from exc
+    return any(_local(el.tag) == "managed" for el in root.iter())
+
+
+def with_tags(xml: str | None, tags: frozenset[str]) -> str:
+    """The ``<lm:vm>`` element ``xml`` (or a new one) with its tags replaced by ``tags``;
+    everything else in it (the managed marker, limits) is kept. Written without namespace,
+    as ``setMetadata`` wants it: libvirt puts the element in its namespace itself (and
+    refuses one that declares it already)."""
+    try:
+        root = ET.fromstring(xml) if xml else ET.Element("vm")
+    except ET.ParseError as exc:
+        raise HypervisorError(f"malformed loadmaster metadata: {exc}") from exc
+    for el in root.iter():
+        el.tag = _local(el.tag)
+    for el in [el for el in root if el.tag == "tag"]:
+        root.remove(el)
+    for tag in sorted(tags):
+        ET.SubElement(root, "tag").text = tag
+    return ET.tostring(root, encoding="unicode")
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    """How a QEMU guest boots: direct kernel boot, no disk. ``log_dir`` receives each guest's
+    serial console as ``<name>.serial`` (None: no serial port)."""
+
+    kernel: Path
+    initrd: Path
+    cmdline: str = DEFAULT_GUEST_CMDLINE
+    log_dir: Path | None = None
+
+
+def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
+    """The persistent definition of a launched guest. ``driver`` is the connection's
+    ``getType()``: the test driver gets the minimal domain it accepts; QEMU a TCG guest
+    (nested KVM does not work on the CI machines) booting ``image`` with a stats balloon."""
+    test = driver.upper() == "TEST"
+    if not test and image is None:
+        raise HypervisorError(
+            f"cannot launch {spec.name} on {driver}: no guest kernel and initrd configured"
+        )
+    dom = ET.Element("domain", type="test" if test else "qemu")
+    ET.SubElement(dom, "name").text = spec.name
+    ET.SubElement(dom, "uuid").text = spec.uuid
+    ET.SubElement(dom, "memory", unit="KiB").text = str(spec.memory_kib)
+    ET.SubElement(dom, "currentMemory", unit="KiB").text = str(spec.memory_kib)
+    ET.SubElement(dom, "vcpu").text = str(spec.vcpus)
+    vm = ET.SubElement(ET.SubElement(dom, "metadata"), f"{{{METADATA_NS}}}vm")
+    ET.SubElement(vm, f"{{{METADATA_NS}}}managed")
+    for tag in sorted(spec.tags):
+        ET.SubElement(vm, f"{{{METADATA_NS}}}tag").text = tag
+    os_el = ET.SubElement(dom, "os")
+    if test or image is None:
+        ET.SubElement(os_el, "type").text = "hvm"
+        return ET.tostring(dom, encoding="unicode")
+    ET.SubElement(os_el, "type", arch="x86_64", machine="pc").text = "hvm"
+    ET.SubElement(os_el, "kernel").text = str(image.kernel)
+    ET.SubElement(os_el, "initrd").text = str(image.initrd)
+    ET.SubElement(os_el, "cmdline").text = image.cmdline
+    # ACPI, so that a graceful shutdown (the power button) reaches the guest.
+    ET.SubElement(ET.SubElement(dom, "features"), "acpi")
+    for event, action in (("on_poweroff", "destroy"), ("on_reboot", "restart")):
+        ET.SubElement(dom, event).text = action
+    ET.SubElement(dom, "on_crash").text = "destroy"
+    devices = ET.SubElement(dom, "devices")
+    if image.log_dir is not None:
+        serial = ET.SubElement(devices, "serial", type="file")
+        ET.SubElement(serial, "source", path=str(image.log_dir / f"{spec.name}.serial"))
+        ET.SubElement(serial, "target", port="0")
+    balloon = ET.SubElement(devices, "memballoon", model="virtio")
+    ET.SubElement(balloon, "stats", period=str(LAUNCH_STATS_PERIOD))
+    return ET.tostring(dom, encoding="unicode")
+
+
+# ------------------------------------------------------------------------------------------
+
+
 class LibvirtHypervisor:
-    def __init__(self, uri: str, sys_root: Path = Path("/sys")) -> None:
+    """``guest_image`` is how launched QEMU guests boot (not needed on the test driver);
+    ``migration_uri`` is where the destination QEMU listens for a live migration's data
+    (``tcp://ADDRESS``; None: the destination's host name, as libvirt resolves it)."""
+
+    def __init__(
+        self,
+        uri: str,
+        sys_root: Path = Path("/sys"),
+        *,
+        guest_image: GuestImage | None = None,
+        migration_uri: str | None = None,
+    ) -> None:
         self._libvirt = _import_libvirt()
         # libvirt prints every error on stderr by default; they are raised and logged instead.
         self._libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -90,6 +205,8 @@ class LibvirtHypervisor:
         self.ksm = SysfsKsm(sys_root)
         self._domains: dict[str, Any] = {}
         self._balloon_min: dict[str, int] = {}
+        self.guest_image = guest_image
+        self.migration_uri = migration_uri
 
     def close(self) -> None:
         self._conn.close()
@@ -136,7 +253,6 @@ class LibvirtHypervisor:
             return
 
     def _guest_info(self, uuid: str, dom: Any) -> GuestInfo:
-        lv = self._libvirt
         desc = ET.fromstring(self._call("domain XML", lambda: dom.XMLDesc(0)))
         disks = tuple(
             t.get("dev", "")
@@ -145,14 +261,20 @@ class LibvirtHypervisor:
         )
         min_guarantee = desc.findtext("./memtune/min_guarantee")
         self._balloon_min[uuid] = int(min_guarantee) if min_guarantee else 0
+        meta = self._metadata(uuid, dom)
+        tags, limit, io_limits = parse_metadata(meta)
+        return GuestInfo(uuid, dom.name(), tags, limit, disks, io_limits, managed=is_managed(meta))
+
+    def _metadata(self, uuid: str, dom: Any, flags: int = 0) -> str | None:
+        """The domain's ``<lm:vm>`` element, None when it has none."""
+        lv = self._libvirt
         try:
-            meta = dom.metadata(lv.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
+            meta: str = dom.metadata(lv.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, flags)
         except lv.libvirtError as exc:
             if exc.get_error_code() != lv.VIR_ERR_NO_DOMAIN_METADATA:
                 raise HypervisorError(f"metadata of {uuid}: {exc}") from exc
-            meta = None
-        tags, limit, io_limits = parse_metadata(meta)
-        return GuestInfo(uuid, dom.name(), tags, limit, disks, io_limits)
+            return None
+        return meta
 
     def memory_stats(self, uuid: str) -> Mapping[str, int]:
         dom = self._domain(uuid)
@@ -227,3 +349,185 @@ class LibvirtHypervisor:
 
     def ksm_write(self, key: str, value: int) -> None:
         self.ksm.write(key, value)
+
+    # -- guest lifecycle and host discovery --------------------------------------------
+
+    def host_info(self) -> HostInfo:
+        _model, memory_mib, cpus, *_ = self._call("node info", self._conn.getInfo)
+        free = self._call("free memory", self._conn.getFreeMemory)
+        caps = ET.fromstring(self._call("capabilities", self._conn.getCapabilities))
+        cells = tuple(
+            NumaCell(
+                id=int(cell.get("id", "0")),
+                cpus=len(cell.findall("./cpus/cpu")),
+                memory_kib=int(cell.findtext("memory") or 0),
+            )
+            for cell in caps.findall("./host/topology/cells/cell")
+        )
+        return HostInfo(
+            hostname=self._call("host name", self._conn.getHostname),
+            cpus=int(cpus),
+            memory_kib=int(memory_mib) * 1024,
+            free_memory_kib=int(free) // 1024,
+            numa_cells=cells,
+        )
+
+    def _lookup(self, uuid: str) -> Any | None:
+        """The domain with this UUID, running or not; None when there is none."""
+        lv = self._libvirt
+        try:
+            return self._conn.lookupByUUIDString(uuid)
+        except lv.libvirtError as exc:
+            if exc.get_error_code() == lv.VIR_ERR_NO_DOMAIN:
+                return None
+            raise HypervisorError(f"lookup {uuid}: {exc}") from exc
+
+    def _forget(self, uuid: str) -> None:
+        self._domains.pop(uuid, None)
+        self._balloon_min.pop(uuid, None)
+
+    def launch_guest(self, spec: GuestSpec) -> None:
+        what = f"launch {spec.name} ({spec.uuid})"
+        dom = self._lookup(spec.uuid)
+        defined_now = dom is None
+        if dom is None:
+            xml = domain_xml(spec, self._call("driver type", self._conn.getType), self.guest_image)
+            dom = self._call(f"{what}: define", lambda: self._conn.defineXML(xml))
+        elif self._call(f"{what}: state", dom.isActive):
+            return
+        try:
+            dom.create()
+        except self._libvirt.libvirtError as exc:
+            if defined_now:
+                # Nothing half done: a retry defines it afresh, and no stopped husk remains.
+                self._undefine_quietly(dom)
+            raise HypervisorError(f"{what}: start: {exc}") from exc
+
+    def _undefine_quietly(self, dom: Any) -> None:
+        # The error that led here is the one worth reporting.
+        with contextlib.suppress(self._libvirt.libvirtError):
+            dom.undefine()
+
+    def remove_guest(self, uuid: str) -> None:
+        lv = self._libvirt
+        dom = self._lookup(uuid)
+        if dom is None:
+            return
+        self._forget(uuid)
+        # Asked before destroying: a transient domain is gone once destroyed.
+        persistent = self._call(f"remove {uuid}: persistence", dom.isPersistent)
+        try:
+            dom.destroy()
+        except lv.libvirtError as exc:
+            # Already off (or stopped between the lookup and here) is what was wanted.
+            if exc.get_error_code() not in (lv.VIR_ERR_OPERATION_INVALID, lv.VIR_ERR_NO_DOMAIN):
+                raise HypervisorError(f"remove {uuid}: destroy: {exc}") from exc
+        if persistent:
+            try:
+                dom.undefine()
+            except lv.libvirtError as exc:
+                if exc.get_error_code() != lv.VIR_ERR_NO_DOMAIN:
+                    raise HypervisorError(f"remove {uuid}: undefine: {exc}") from exc
+
+    def set_tags(self, uuid: str, tags: frozenset[str]) -> None:
+        lv = self._libvirt
+        dom = self._lookup(uuid)
+        if dom is None:
+            raise HypervisorError(f"set tags of {uuid}: no such guest")
+        active = self._call(f"set tags of {uuid}: state", dom.isActive)
+        persistent = self._call(f"set tags of {uuid}: persistence", dom.isPersistent)
+        # The live and the persistent definitions can differ (other facts in the element):
+        # each keeps its own, with the new tags.
+        targets = [lv.VIR_DOMAIN_AFFECT_LIVE] if active else []
+        if persistent:
+            targets.append(lv.VIR_DOMAIN_AFFECT_CONFIG)
+        for flags in targets:
+            xml = with_tags(self._metadata(uuid, dom, flags), tags)
+            try:
+                dom.setMetadata(lv.VIR_DOMAIN_METADATA_ELEMENT, xml, "lm", METADATA_NS, flags)
+            except lv.libvirtError as exc:
+                raise HypervisorError(f"set tags of {uuid} to {sorted(tags)}: {exc}") from exc
+
+    def migrate_guest(self, uuid: str, destination_uri: str) -> None:
+        lv = self._libvirt
+        what = f"migrate {uuid} to {destination_uri}"
+        dom = self._lookup(uuid)
+        if dom is None or not self._call(f"{what}: state", dom.isActive):
+            raise HypervisorError(f"{what}: no running guest {uuid} here")
+        try:
+            dest = lv.open(destination_uri)
+        except lv.libvirtError as exc:
+            raise HypervisorError(f"{what}: cannot connect to the destination: {exc}") from exc
+        try:
+            try:
+                self._migrate_live(dom, dest)
+            except lv.libvirtError as exc:
+                if exc.get_error_code() != lv.VIR_ERR_NO_SUPPORT:
+                    self._resume_after_failed_migration(dom, what)
+                    raise HypervisorError(f"{what}: live migration failed: {exc}") from exc
+                # The driver cannot migrate (the test driver): a cold move instead.
+                self._move_cold(dom, dest, what)
+        finally:
+            # The guest's fate is decided; a failed close changes nothing.
+            with contextlib.suppress(lv.libvirtError):
+                dest.close()
+        self._forget(uuid)
+
+    def _migrate_live(self, dom: Any, dest: Any) -> None:
+        lv = self._libvirt
+        # Persistent on the destination, undefined here: the guest moves, definition and all.
+        flags = lv.VIR_MIGRATE_LIVE | lv.VIR_MIGRATE_PERSIST_DEST
+        if dom.isPersistent():
+            flags |= lv.VIR_MIGRATE_UNDEFINE_SOURCE
+        params = {lv.VIR_MIGRATE_PARAM_URI: self.migration_uri} if self.migration_uri else {}
+        dom.migrate3(dest, params, flags)
+
+    def _resume_after_failed_migration(self, dom: Any, what: str) -> None:
+        """libvirt rolls a failed migration back, but a guest can be left paused (failure
+        after the switch-over started): it must run here again."""
+        lv = self._libvirt
+        try:
+            state, _reason = dom.state()
+            if state == lv.VIR_DOMAIN_PAUSED:
+                dom.resume()
+            elif state != lv.VIR_DOMAIN_RUNNING:
+                raise HypervisorError(f"{what}: failed, and the guest is not running here")
+        except lv.libvirtError as exc:
+            raise HypervisorError(
+                f"{what}: failed, and the guest cannot be resumed here: {exc}"
+            ) from exc
+
+    def _move_cold(self, dom: Any, dest: Any, what: str) -> None:
+        """Define and start on the destination, then destroy and undefine here. On any
+        failure the destination is cleaned and the guest keeps running here."""
+        lv = self._libvirt
+        uuid = dom.UUIDString()
+        xml = self._call(f"{what}: definition", lambda: dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))
+        persistent = self._call(f"{what}: persistence", dom.isPersistent)
+        try:
+            dest.defineXML(xml).create()
+        except lv.libvirtError as exc:
+            self._clean_destination(dest, uuid)
+            raise HypervisorError(f"{what}: cold move, start on the destination: {exc}") from exc
+        try:
+            dom.destroy()
+        except lv.libvirtError as exc:
+            self._clean_destination(dest, uuid)
+            raise HypervisorError(f"{what}: cold move, stop here: {exc}") from exc
+        if persistent:
+            # The guest runs there; a definition left here is only a stale record.
+            self._undefine_quietly(dom)
+
+    def _clean_destination(self, dest: Any, uuid: str) -> None:
+        lv = self._libvirt
+        try:
+            left = dest.lookupByUUIDString(uuid)
+        except lv.libvirtError:
+            return  # nothing was defined there
+        try:
+            if left.isActive():
+                left.destroy()
+            if left.isPersistent():
+                left.undefine()
+        except lv.libvirtError:
+            pass  # reported with the failure that led here

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+import time
 import uuid as uuidlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import weakref
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from loadmaster.agent.collectors import HostCollector, HostKsmCollector, Stats
 from loadmaster.agent.controllers import (
@@ -33,7 +37,10 @@ from loadmaster.agent.hypervisor import (
     CpuStats,
     CpuTune,
     GuestInfo,
+    GuestSpec,
+    HostInfo,
     HypervisorError,
+    NumaCell,
 )
 from loadmaster.policy.snapshot import StatValue
 
@@ -88,6 +95,7 @@ class _Guest:
     wr_bytes: int = 0
     io_tune: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IO_KEYS, 0))
     shutting_down: bool = False
+    managed: bool = False
 
     @property
     def resident(self) -> int:
@@ -95,6 +103,16 @@ class _Guest:
 
 
 class SimulatedHypervisor:
+    """Guest lifecycle knobs: ``launch_delay`` seconds each launch takes (blocking the
+    caller, like a real define and boot); ``failing_launches`` UUIDs or names whose launch
+    raises; ``uri`` makes this host a migration destination for the other simulators of
+    the process (``serve_at``). ``numa_nodes`` splits CPUs and memory into equal cells."""
+
+    # Simulators that accept migrations, by URI (weak: a dropped simulator stops serving).
+    _serving: ClassVar[weakref.WeakValueDictionary[str, SimulatedHypervisor]] = (
+        weakref.WeakValueDictionary()
+    )
+
     def __init__(
         self,
         guests: Sequence[SimGuestSpec],
@@ -104,7 +122,21 @@ class SimulatedHypervisor:
         seed: int = 0,
         ramp_steps: int = 100,
         step_seconds: float = 10.0,
+        hostname: str = "sim-host",
+        uri: str | None = None,
+        launch_delay: float = 0.0,
+        failing_launches: Collection[str] = (),
+        numa_nodes: int = 1,
     ) -> None:
+        self.hostname = hostname
+        self.launch_delay = launch_delay
+        self.failing_launches: set[str] = set(failing_launches)
+        self.numa_nodes = max(1, numa_nodes)
+        # Launches and migrations may come from the agent's worker threads.
+        self._lifecycle_lock = threading.RLock()
+        self.uri: str | None = None
+        if uri is not None:
+            self.serve_at(uri)
         self.host_memory_kib = host_memory_kib
         self.cpus = cpus
         self.ramp_steps = max(1, ramp_steps)
@@ -287,6 +319,7 @@ class SimulatedHypervisor:
                 g.spec.vcpu_limit,
                 tuple(g.spec.io_limits) or ("vda",),
                 g.spec.io_limits,
+                managed=g.managed,
             )
             for g in self._guests.values()
         ]
@@ -388,6 +421,98 @@ class SimulatedHypervisor:
             self._update_memory()
         self.ksm[key] = int(value)
         self.ksm_writes.append((key, int(value)))
+
+    # -- guest lifecycle and host discovery --------------------------------------------
+
+    def serve_at(self, uri: str) -> None:
+        """Accept migrations sent to ``uri`` by any simulator of this process."""
+        self.uri = uri
+        SimulatedHypervisor._serving[uri] = self
+
+    def host_info(self) -> HostInfo:
+        self._check("host_info")
+        n = self.numa_nodes
+        cells = tuple(
+            NumaCell(i, self.cpus // n + (i < self.cpus % n), self.host_memory_kib // n)
+            for i in range(n)
+        )
+        free = max(0, self.host_memory_kib - self.host_used_kib)
+        return HostInfo(self.hostname, self.cpus, self.host_memory_kib, free, cells)
+
+    def launch_guest(self, spec: GuestSpec) -> None:
+        self._check("launch_guest")
+        if self._restart(spec.uuid):
+            return
+        if spec.uuid in self.failing_launches or spec.name in self.failing_launches:
+            raise HypervisorError(f"launch {spec.name} ({spec.uuid}): simulated failure")
+        if self.launch_delay > 0:
+            time.sleep(self.launch_delay)
+        with self._lifecycle_lock:
+            if self._restart(spec.uuid):  # launched by another caller while this one slept
+                return
+            self._guests[spec.uuid] = launched_guest(spec)
+            self._update_memory()
+
+    def _restart(self, uuid: str) -> bool:
+        """True when the guest is here already; a graceful stop not yet done is called
+        off, as starting a domain that is shutting down would."""
+        with self._lifecycle_lock:
+            guest = self._guests.get(uuid)
+            if guest is None:
+                return False
+            guest.shutting_down = False
+            return True
+
+    def remove_guest(self, uuid: str) -> None:
+        self._check("remove_guest")
+        with self._lifecycle_lock:
+            if self._guests.pop(uuid, None) is not None:
+                self._update_memory()
+
+    def set_tags(self, uuid: str, tags: frozenset[str]) -> None:
+        self._check("set_tags")
+        guest = self._guest(uuid)
+        guest.spec = replace(guest.spec, tags=frozenset(tags))
+
+    def migrate_guest(self, uuid: str, destination_uri: str) -> None:
+        """Moves the guest, with its balloon, counters and demand curve, to the simulator
+        serving ``destination_uri``. ``broken`` holding "migrate_guest" here, or
+        "receive_guest" there, makes it fail with the guest still here."""
+        self._check("migrate_guest")
+        guest = self._guest(uuid)
+        destination = SimulatedHypervisor._serving.get(destination_uri)
+        if destination is None or destination is self:
+            raise HypervisorError(
+                f"migrate {uuid} to {destination_uri}: no other simulated host serves it"
+            )
+        destination._receive(guest, destination_uri)
+        with self._lifecycle_lock:
+            self._guests.pop(uuid, None)
+            self._update_memory()
+
+    def _receive(self, guest: _Guest, uri: str) -> None:
+        self._check("receive_guest")
+        with self._lifecycle_lock:
+            if guest.uuid in self._guests:
+                raise HypervisorError(f"migrate {guest.uuid} to {uri}: already there")
+            self._guests[guest.uuid] = guest
+            self._update_memory()
+
+
+def launched_guest(spec: GuestSpec) -> _Guest:
+    """A guest launched from a ``GuestSpec``: the default demand curve, a quarter of its
+    memory as balloon minimum, randomness seeded by its UUID (the same on every run)."""
+    rng = random.Random(spec.uuid)
+    sim_spec = SimGuestSpec(
+        name=spec.name,
+        memory_kib=spec.memory_kib,
+        min_kib=spec.memory_kib // 4,
+        vcpus=spec.vcpus,
+        tags=spec.tags,
+    )
+    return _Guest(
+        sim_spec, spec.uuid, rng, rng.uniform(0, 2 * math.pi), spec.memory_kib, managed=True
+    )
 
 
 class SimulatedHostCollector:
