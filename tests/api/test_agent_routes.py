@@ -116,6 +116,7 @@ def test_report_by_sequence_and_launch_failure_over_http(
     assert lm.vms.get(vm).host == "h1"
     # The refusing agent may no longer act on the VM; the new host's agent may.
     assert c["h0"].post(f"/vms/{vm}/up").status_code == 403
-    assert ok(c["h1"].post(f"/vms/{vm}/up"))["fault"] is None
+    up = ok(c["h1"].post(f"/vms/{vm}/up"))
+    assert up["state"] == "running" and "no hugepages" in up["fault"]
     status = ok(c["admin"].get("/hosts/h0/agent"))
     assert status["status"] == "ok" and status["hypervisor_uri"] == "test:///h0"

@@ -269,10 +269,9 @@ class HostManager:
         """Taken just before the guests are listed for a report: what the agent knew then."""
         with self._lock:
             launching = sorted(self._launching)
-        context: dict[str, Any] = {"launching": launching}
-        if self.acted_generation >= 0:
-            context["seen_generation"] = self.acted_generation
-        return context
+        # Before its first pass the agent knows of no claim: generation 0 says so, where
+        # leaving it out would have the report judged by the clock.
+        return {"launching": launching, "seen_generation": max(0, self.acted_generation)}
 
     def report(self) -> None:
         context = self.report_context()

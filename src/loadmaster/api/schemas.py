@@ -174,3 +174,7 @@ class HostFailure(Body):
 
     host: Name
     reason: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+class VmTags(Body):
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]]

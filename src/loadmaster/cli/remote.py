@@ -356,6 +356,17 @@ def vm_migrate(
     _lifecycle(vm, "migrate", {"host": host, "reason": reason}, as_json)
 
 
+@vm_app.command("tag")
+def vm_tag(
+    vm: str,
+    tags: Annotated[list[str], typer.Argument(help="the VM's new tags, e.g. gold priority:2")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Replace a VM's tags; its host's agent applies them (SLA tier) within a cycle."""
+    data = api().put(f"/vms/{vm_uuid(vm)}/tags", {"tags": tags})
+    show(data, as_json, f"VM {data['name']}", ("tags",), [(" ".join(data["tags"]),)])
+
+
 @vm_app.command("delete")
 def vm_delete(vm: str) -> None:
     uuid = vm_uuid(vm)

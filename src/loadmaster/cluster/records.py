@@ -52,7 +52,7 @@ class VmRecord:
     generation: int
     created_at: datetime
     updated_at: datetime
-    # Why its last launch or migration failed, as its host said; None once it runs.
+    # Why its last launch or migration failed, as its host said (kept once it runs).
     fault: str | None = None
     host_seq: int | None = None
 

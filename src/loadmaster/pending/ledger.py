@@ -311,7 +311,8 @@ class Ledger:
             .execution_options(synchronize_session=False)
         )
         move(row, "running")
-        row.fault, row.tried_hosts = None, []
+        # The fault stays, as the last one the VM had (Nova keeps its instance faults too).
+        row.tried_hosts = []
         session.flush()
         touch_generations(session, touched)
         row.host_seq = _generation(session, row.host_id)
@@ -425,7 +426,9 @@ class Ledger:
 
         def known(vm: VmRow, since: datetime) -> bool:
             if seen_generation is not None:
-                return (vm.host_seq or 0) <= seen_generation
+                # Every claim moves its host past generation 0; a VM claimed before
+                # stamps existed counts as claimed at 1.
+                return (vm.host_seq or 1) <= seen_generation
             return since <= as_of
 
         with self._store.write() as session:

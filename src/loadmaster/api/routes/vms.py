@@ -12,7 +12,7 @@ from loadmaster.api import views
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.observability import Metrics
 from loadmaster.api.routes.agents import check_vm_of_agent
-from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart
+from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart, VmTags
 from loadmaster.cluster import VmSpec
 from loadmaster.errors import InvalidTransition
 from loadmaster.scheduler import Placement, RequestSpec
@@ -48,6 +48,14 @@ def get_vm(lm: LM, uuid: str) -> dict[str, Any]:
     vm = lm.vms.get(uuid)
     agent = lm.host_agents.status(vm.host).status if vm.host else None
     return {**views.vm(vm), "host_agent": agent}
+
+
+@router.put(VM + "/tags", tags=["vms"])
+def set_vm_tags(lm: LM, uuid: str, body: VmTags) -> dict[str, Any]:
+    """Replace the VM's tags (its SLA tier and priority among them). Its host's agent
+    writes them into the domain's metadata, where the SLA policy reads them, within a
+    cycle."""
+    return views.vm(lm.vms.set_tags(uuid, body.tags))
 
 
 @router.delete(VM, status_code=204, tags=["vms"])

@@ -1,0 +1,201 @@
+"""The agent as the host's manager, end to end over HTTP: launches from pending claims,
+the host's final say, migrations (and their rollback), stops, tags, and agents killed
+mid-launch and mid-migration."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from manager_helpers import cloud
+
+from loadmaster.agent.manager import ManagerConfig, discover
+from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.errors import ValidationError
+
+HOSTS = [f"h{i}" for i in range(8)]
+
+
+def test_mass_start_with_slow_launches_loses_no_claim(db_url: str) -> None:
+    """200 VMs through 8 agents, half of them launching slowly, with reports every 0.2 s
+    racing the launches: every VM ends running exactly once, and none was ever given up."""
+    with cloud(db_url, HOSTS) as c:
+        for i, name in enumerate(HOSTS):
+            c.add_host(name, launch_delay=0.4 if i % 2 else 0.0)
+        uuids = c.create_vms(200)
+        started = time.monotonic()
+        for chunk in range(0, 200, 50):
+            placed = c.schedule(uuids[chunk : chunk + 50])
+            assert all(p["host"] for p in placed["placements"]), placed
+        c.wait_for(lambda: c.states().get("running") == 200, 90, "200 VMs running")
+        took = time.monotonic() - started
+        print(f"mass start: 200 VMs from request to up in {took:.1f} s ({200 / took:.0f}/s)")
+        c.assert_consistent()
+        assert sorted(c.where_running()) == sorted(uuids)
+        assert all(vm.fault is None for vm in c.lm.vms.list()), "a claim was given up"
+        slow = {h for i, h in enumerate(HOSTS) if i % 2}
+        assert any(vm.host in slow for vm in c.lm.vms.list())
+
+
+def test_host_has_the_final_say(db_url: str) -> None:
+    with cloud(db_url, ["tight", "roomy"]) as c:
+        # The ledger sees 64 GiB on "tight", its agent keeps all but 0.5 GiB for the host.
+        c.add_host("tight", config=ManagerConfig(memory_headroom_mb=64 * 1024 - 512))
+        c.add_host("roomy", memory_gib=8)
+        [vm] = c.create_vms(1)
+        response = c.admin.put(f"/allocations/{vm}", json={"host": "tight"})
+        assert response.status_code == 200, response.text
+        c.wait_for(lambda: c.lm.vms.get(vm).state == "running", 30, "the VM running")
+        record = c.lm.vms.get(vm)
+        assert record.host == "roomy"
+        assert record.fault is not None and "real memory free" in record.fault
+        assert c.where_running() == {vm: ["roomy"]}
+        c.assert_consistent()
+
+
+def test_failed_launch_is_placed_elsewhere(db_url: str) -> None:
+    with cloud(db_url, ["a", "b"]) as c:
+        c.add_host("a")
+        c.add_host("b")
+        [vm] = c.create_vms(1)
+        c.sims["a"].failing_launches.add(vm)
+        assert c.admin.put(f"/allocations/{vm}", json={"host": "a"}).status_code == 200
+        c.wait_for(lambda: c.lm.vms.get(vm).state == "running", 30, "the VM running")
+        assert c.lm.vms.get(vm).host == "b"
+        assert "simulated failure" in (c.lm.vms.get(vm).fault or "")
+
+
+def test_migration_runs_and_a_failed_one_rolls_back(db_url: str) -> None:
+    with cloud(db_url, ["src", "dst"]) as c:
+        c.add_host("src")
+        c.add_host("dst")
+        first, second = c.create_vms(2)
+        for vm in (first, second):
+            assert c.admin.put(f"/allocations/{vm}", json={"host": "src"}).status_code == 200
+        c.wait_for(lambda: c.states().get("running") == 2, 30, "both running")
+        moved = c.admin.post(f"/vms/{first}/migrate", json={"host": "dst"})
+        assert moved.status_code == 200, moved.text
+        c.wait_for(lambda: c.lm.vms.get(first).host == "dst", 30, "the migration")
+        assert c.lm.vms.get(first).state == "running"
+        assert c.where_running()[first] == ["dst"]
+        assert c.lm.allocations.allocations(vm=first, host="src") == []
+
+        c.sims["dst"].broken.add("receive_guest")
+        failed = c.admin.post(f"/vms/{second}/migrate", json={"host": "dst"})
+        assert failed.status_code == 200, failed.text
+        c.wait_for(lambda: c.lm.vms.get(second).state == "running", 30, "the rollback")
+        record = c.lm.vms.get(second)
+        assert (record.host, record.target_host) == ("src", None)
+        assert "migration to sim://dst failed" in (record.fault or "")
+        assert c.where_running()[second] == ["src"]
+        assert c.lm.allocations.allocations(vm=second, host="dst") == []
+        c.assert_consistent()
+
+
+def test_stop_and_delete_are_carried_out(db_url: str) -> None:
+    with cloud(db_url, ["h"]) as c:
+        c.add_host("h")
+        stopped, deleted = c.create_vms(2)
+        c.schedule([stopped, deleted])
+        c.wait_for(lambda: len(c.where_running()) == 2, 30, "both running")
+        assert c.admin.post(f"/vms/{stopped}/stop").status_code == 200
+        assert c.admin.delete(f"/vms/{deleted}").status_code == 204
+        c.wait_for(lambda: not c.where_running(), 30, "both guests gone")
+        assert c.lm.vms.get(stopped).state == "stopped"
+        c.assert_consistent()
+
+
+def test_tags_changed_in_the_api_reach_the_guest_within_a_cycle(db_url: str) -> None:
+    with cloud(db_url, ["h"]) as c:
+        host = c.add_host("h", start=False)
+        [vm] = c.create_vms(1, tags=["vapor"])
+        c.schedule([vm])
+        host.manager.step()
+        host.manager.wait_idle()
+        assert c.lm.vms.get(vm).state == "running"
+        assert c.sims["h"].list_guests()[0].tags == frozenset({"vapor"})
+        assert c.admin.put(f"/vms/{vm}/tags", json={"tags": ["gold"]}).status_code == 200
+        step = host.manager.step()  # one pass of the manager, as one agent cycle
+        assert step.retagged == [vm]
+        assert c.sims["h"].list_guests()[0].tags == frozenset({"gold"})
+
+
+def test_agent_killed_mid_launch_and_mid_migration_converges(db_url: str) -> None:
+    with cloud(db_url, ["x", "y"]) as c:
+        x = c.add_host("x", launch_delay=0.3)
+        c.add_host("y")
+        uuids = c.create_vms(12)
+        for vm in uuids:
+            assert c.admin.put(f"/allocations/{vm}", json={"host": "x"}).status_code == 200
+        c.wait_for(lambda: len(c.sims["x"].list_guests()) >= 3, 30, "some launches")
+        x.kill()  # launches under way finish on the hypervisor, unannounced
+        time.sleep(1.0)
+        assert c.states().get("pending", 0) > 0, "nothing was left half done to converge"
+        c.hosts["x"] = restarted = c.manager_for("x")
+        restarted.manager.register()
+        restarted.start()
+        c.wait_for(lambda: c.states().get("running") == 12, 60, "all 12 running")
+        c.assert_consistent()
+
+        # Mid-migration: the source's agent dies once the first guest has moved, with the
+        # others unmoved or moved but not yet announced.
+        moving = uuids[:6]
+        for vm in moving:
+            assert c.admin.post(f"/vms/{vm}/migrate", json={"host": "y"}).status_code == 200
+        c.wait_for(
+            lambda: any(g.uuid in moving for g in c.sims["y"].list_guests()), 30, "a first move"
+        )
+        restarted.kill()
+        c.hosts["x"] = again = c.manager_for("x")
+        again.manager.register()
+        again.start()
+        c.wait_for(
+            lambda: all(
+                c.lm.vms.get(vm).host == "y" and c.lm.vms.get(vm).state == "running"
+                for vm in moving
+            ),
+            60,
+            "the moves completed",
+        )
+        c.assert_consistent()
+        assert {vm: c.where_running()[vm] for vm in moving} == {vm: ["y"] for vm in moving}
+        assert sum(len(v) for v in c.where_running().values()) == 12
+
+
+@pytest.mark.parametrize("cells", [1, 2])
+def test_discovery_from_the_hypervisor_and_the_config(cells: int) -> None:
+    sim = SimulatedHypervisor([], host_memory_kib=16 * GIB, cpus=8, numa_nodes=cells)
+    config = ManagerConfig(
+        reserved={"MEMORY_MB": 1024},
+        allocation_ratio={"VCPU": 4.0},
+        resources={"CUSTOM_LICENSE_X": 4, "DISK_GB": 100},
+    )
+    body = discover(sim.host_info(), config, "n1")
+    assert body["inventories"]["CUSTOM_LICENSE_X"]["total"] == 4
+    if cells == 1:
+        assert body["children"] == {}
+        assert body["inventories"]["VCPU"] == {
+            "total": 8,
+            "reserved": 0,
+            "allocation_ratio": 4.0,
+        }
+        assert body["inventories"]["MEMORY_MB"]["reserved"] == 1024
+    else:
+        assert "VCPU" not in body["inventories"]
+        assert sorted(body["children"]) == ["n1-numa0", "n1-numa1"]
+        assert body["children"]["n1-numa0"]["MEMORY_MB"]["reserved"] == 1024
+        assert body["children"]["n1-numa1"]["MEMORY_MB"]["reserved"] == 0
+        assert sum(c["VCPU"]["total"] for c in body["children"].values()) == 8
+
+
+def test_config_file_errors_name_the_setting(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text("[resources]\nCUSTOM_X = -1\n")
+    with pytest.raises(ValidationError) as err:
+        ManagerConfig.from_file(path)
+    assert err.value.field == "resources.CUSTOM_X"
+    path.write_text("[gpus]\nx = 1\n")
+    with pytest.raises(ValidationError) as err:
+        ManagerConfig.from_file(path)
+    assert err.value.field == "gpus"
