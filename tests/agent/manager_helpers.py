@@ -19,6 +19,7 @@ from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.runner import ApiClient
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.api import AuthConfig, create_app
+from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
 
@@ -130,13 +131,10 @@ class Cloud:
         return Host(name, self.sims[name], manager, client)
 
     def create_vms(self, count: int, flavor: str = "small", **fields: Any) -> list[str]:
-        uuids = []
-        for i in range(count):
-            body = {"name": f"{flavor}-{len(self.lm.vms.list()) + i}", "flavor": flavor, **fields}
-            response = self.admin.post("/vms", json=body)
-            assert response.status_code == 201, response.text
-            uuids.append(response.json()["uuid"])
-        return uuids
+        """Created in one go in-process: the subject is what agents do with them."""
+        first = len(self.lm.vms.list())
+        specs = [VmSpec(f"{flavor}-{first + i}", flavor, **fields) for i in range(count)]
+        return [vm.uuid for vm in self.lm.vms.create_many(specs)]
 
     def schedule(self, uuids: list[str]) -> dict[str, Any]:
         response = self.admin.post("/schedule", json={"requests": [{"vms": uuids}]})
@@ -187,6 +185,8 @@ def cloud(db_url: str, host_names: list[str]) -> Iterator[Cloud]:
     try:
         yield made
     finally:
+        for host in made.hosts.values():
+            host.stop.set()  # all at once: each may be in a long-poll of up to 2 s
         for host in made.hosts.values():
             host.halt()
         admin.close()
