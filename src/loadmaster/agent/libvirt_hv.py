@@ -171,7 +171,10 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
     devices = ET.SubElement(dom, "devices")
     if image.log_dir is not None:
         serial = ET.SubElement(devices, "serial", type="file")
-        ET.SubElement(serial, "source", path=str(image.log_dir / f"{spec.name}.serial"))
+        # Appended to, not truncated: a restart or a live migration keeps the console's past.
+        ET.SubElement(
+            serial, "source", path=str(image.log_dir / f"{spec.name}.serial"), append="on"
+        )
         ET.SubElement(serial, "target", port="0")
     balloon = ET.SubElement(devices, "memballoon", model="virtio")
     ET.SubElement(balloon, "stats", period=str(LAUNCH_STATS_PERIOD))
