@@ -13,6 +13,15 @@ if [ "$want_system" = full ]; then
   ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || need+=(postgresql)
   command -v chromium >/dev/null || need+=(chromium)
   [ -x /usr/sbin/libvirtd ] || need+=(libvirt-daemon)  # the agent kill -9 test runs its own libvirtd
+  # The real-guest tests (tests/realvm): private libvirtd instances with the QEMU driver,
+  # TCG guests booting a distribution kernel straight into a busybox initramfs.
+  command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+  [ -e /usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so ] \
+    || need+=(libvirt-daemon-driver-qemu)
+  command -v virsh >/dev/null || need+=(libvirt-clients)
+  ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need+=(linux-image-cloud-amd64)
+  [ -x /bin/busybox ] || need+=(busybox-static)
+  command -v cpio >/dev/null || need+=(cpio)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
@@ -22,6 +31,13 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "setup: missing system packages (${need[*]}); run as root or install them" >&2
     exit 1
   fi
+fi
+
+if [ "$want_system" = full ] && [ "$(id -u)" = 0 ]; then
+  # libvirtd's QEMU driver will not load until the user and groups it runs guests as exist.
+  getent group kvm >/dev/null || groupadd -r kvm
+  getent group libvirt-qemu >/dev/null || groupadd -r libvirt-qemu
+  getent passwd libvirt-qemu >/dev/null || useradd -r -g kvm -s /usr/sbin/nologin libvirt-qemu
 fi
 
 if [ ! -x .venv/bin/python ]; then

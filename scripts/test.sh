@@ -14,4 +14,6 @@ trap 'bash scripts/postgres.sh stop "$pgdir"' EXIT
 .venv/bin/ruff check src tests bench
 .venv/bin/ruff format --check src tests bench
 .venv/bin/mypy
-.venv/bin/python -m pytest -n 2 -q -p no:cacheprovider "$@"
+# loadgroup: tests marked with one xdist_group (the real-QEMU ones share two libvirtd) run
+# in one worker; the others spread as before.
+.venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider "$@"

@@ -86,7 +86,7 @@ def test_sim_failing_and_slow_launches() -> None:
     started = time.monotonic()
     hv.launch_guest(SPEC)
     assert time.monotonic() - started < 0.1
-    assert set(by_uuid(hv)) - {SPEC.uuid} and SPEC.uuid in by_uuid(hv)
+    assert {g.name for g in hv.list_guests()} == {"pre-existing", SPEC.name}  # no "doomed"
 
 
 def test_sim_concurrent_launches_of_one_guest_make_one_guest() -> None:
@@ -292,3 +292,14 @@ def test_failed_migrations_leave_the_guest_running_here(
     assert SPEC.uuid not in by_uuid(default_hv)
     with pytest.raises(HypervisorError, match="no running guest"):
         node_hv.migrate_guest("00000000-0000-4000-8000-00000000dead", "test:///default")
+
+
+def test_cold_move_never_touches_a_guest_running_there_under_that_uuid(
+    node_hv: LibvirtHypervisor, default_hv: LibvirtHypervisor
+) -> None:
+    node_hv.launch_guest(SPEC)
+    default_hv.launch_guest(GuestSpec(SPEC.uuid, "already-there", GIB, 1))
+    with pytest.raises(HypervisorError, match="already runs on the destination"):
+        node_hv.migrate_guest(SPEC.uuid, "test:///default")
+    assert by_uuid(default_hv)[SPEC.uuid].name == "already-there"
+    assert by_uuid(node_hv)[SPEC.uuid].name == SPEC.name

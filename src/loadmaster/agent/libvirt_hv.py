@@ -171,7 +171,10 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
     devices = ET.SubElement(dom, "devices")
     if image.log_dir is not None:
         serial = ET.SubElement(devices, "serial", type="file")
-        ET.SubElement(serial, "source", path=str(image.log_dir / f"{spec.name}.serial"))
+        # Appended to, not truncated: a restart or a live migration keeps the console's past.
+        ET.SubElement(
+            serial, "source", path=str(image.log_dir / f"{spec.name}.serial"), append="on"
+        )
         ET.SubElement(serial, "target", port="0")
     balloon = ET.SubElement(devices, "memballoon", model="virtio")
     ET.SubElement(balloon, "stats", period=str(LAUNCH_STATS_PERIOD))
@@ -499,35 +502,36 @@ class LibvirtHypervisor:
 
     def _move_cold(self, dom: Any, dest: Any, what: str) -> None:
         """Define and start on the destination, then destroy and undefine here. On any
-        failure the destination is cleaned and the guest keeps running here."""
+        failure what this defined on the destination goes, and the guest keeps running
+        here."""
         lv = self._libvirt
         uuid = dom.UUIDString()
         xml = self._call(f"{what}: definition", lambda: dom.XMLDesc(lv.VIR_DOMAIN_XML_INACTIVE))
         persistent = self._call(f"{what}: persistence", dom.isPersistent)
         try:
-            dest.defineXML(xml).create()
-        except lv.libvirtError as exc:
-            self._clean_destination(dest, uuid)
-            raise HypervisorError(f"{what}: cold move, start on the destination: {exc}") from exc
+            there = dest.lookupByUUIDString(uuid)
+        except lv.libvirtError:
+            there = None
+        if there is not None and there.isActive():
+            # Never touched: whatever runs there under this UUID is not this move's to undo.
+            raise HypervisorError(f"{what}: cold move, the guest already runs on the destination")
         try:
+            moved = dest.defineXML(xml)
+        except lv.libvirtError as exc:
+            raise HypervisorError(f"{what}: cold move, define on the destination: {exc}") from exc
+        try:
+            moved.create()
             dom.destroy()
         except lv.libvirtError as exc:
-            self._clean_destination(dest, uuid)
-            raise HypervisorError(f"{what}: cold move, stop here: {exc}") from exc
+            self._undo_on_destination(moved)
+            raise HypervisorError(f"{what}: cold move: {exc}") from exc
         if persistent:
             # The guest runs there; a definition left here is only a stale record.
             self._undefine_quietly(dom)
 
-    def _clean_destination(self, dest: Any, uuid: str) -> None:
-        lv = self._libvirt
-        try:
-            left = dest.lookupByUUIDString(uuid)
-        except lv.libvirtError:
-            return  # nothing was defined there
-        try:
-            if left.isActive():
-                left.destroy()
-            if left.isPersistent():
-                left.undefine()
-        except lv.libvirtError:
-            pass  # reported with the failure that led here
+    def _undo_on_destination(self, moved: Any) -> None:
+        # The error that led here is the one worth reporting.
+        with contextlib.suppress(self._libvirt.libvirtError):
+            if moved.isActive():
+                moved.destroy()
+        self._undefine_quietly(moved)

@@ -1,0 +1,149 @@
+"""Two hosts with real QEMU guests on one machine: two private libvirtd instances with the
+QEMU driver (scripts/private-libvirtd.sh: own mount and cgroup namespaces, sockets, state,
+virtlogd), and the tiny guest image (scripts/guest-image.sh). Started once per test
+session and torn down at its end; guests are TCG (nested KVM does not work on these
+machines) and boot in about two seconds.
+
+Needs root and the packages ``scripts/setup.sh full`` installs; without them the tests fail
+rather than skip, so CI cannot go green without having run a real guest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import libvirt
+import pytest
+
+from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
+
+ROOT = Path(__file__).resolve().parents[2]
+# The first start of a libvirtd probes the QEMU binary's capabilities (~8 s on 2 cores).
+DAEMON_START_S = 90.0
+# Each daemon gets its own range of incoming migration ports.
+MIGRATION_PORTS = {"a": 49300, "b": 49320}
+# Where the destination QEMU listens for a migration: both "hosts" are this machine.
+MIGRATION_URI = "tcp://127.0.0.1"
+
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+@dataclass(frozen=True)
+class PrivateLibvirtd:
+    name: str
+    base: Path
+    uri: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def log(self) -> Path:
+        return self.base / "log" / "libvirtd.log"
+
+
+@dataclass(frozen=True)
+class RealHosts:
+    a: PrivateLibvirtd
+    b: PrivateLibvirtd
+    image: GuestImage
+
+    def hypervisor(self, daemon: PrivateLibvirtd, **kwargs: object) -> LibvirtHypervisor:
+        options: dict[str, object] = {"guest_image": self.image, "migration_uri": MIGRATION_URI}
+        options.update(kwargs)
+        return LibvirtHypervisor(daemon.uri, **options)  # type: ignore[arg-type]
+
+
+def require_system() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the real-guest tests need root (a privileged libvirtd with cgroups)")
+    missing = [
+        tool
+        for tool in ("libvirtd", "virtlogd", "qemu-system-x86_64", "unshare", "cpio")
+        if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None
+    ]
+    if missing:
+        pytest.fail(f"missing {missing}: run scripts/setup.sh full (as root)")
+
+
+def start_daemon(name: str, run_id: str, scratch: Path) -> PrivateLibvirtd:
+    base = scratch / name
+    # Unix socket paths are limited to 108 bytes: the scratch directory is short.
+    sock = scratch / f"{name}-sock"
+    log = (scratch / f"{name}.out").open("wb")
+    process = subprocess.Popen(
+        [
+            "bash",
+            str(ROOT / "scripts/private-libvirtd.sh"),
+            f"{run_id}-{name}",
+            str(base),
+            str(sock),
+            str(MIGRATION_PORTS[name]),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # Its own process group: a Ctrl-C of pytest does not kill it before the teardown.
+        start_new_session=True,
+    )
+    log.close()
+    return PrivateLibvirtd(name, base, f"qemu+unix:///system?socket={sock}/libvirt-sock", process)
+
+
+def wait_ready(daemon: PrivateLibvirtd, scratch: Path) -> None:
+    deadline = time.monotonic() + DAEMON_START_S
+    while True:
+        if daemon.process.poll() is not None:
+            out = (scratch / f"{daemon.name}.out").read_text(errors="replace")
+            pytest.fail(f"private libvirtd {daemon.name} exited: {out[-2000:]}")
+        try:
+            conn = libvirt.open(daemon.uri)
+            # The first call that needs the QEMU capabilities: it waits for the probe.
+            conn.getCapabilities()
+            conn.close()
+            return
+        except libvirt.libvirtError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"private libvirtd {daemon.name} did not come up")
+            time.sleep(0.1)
+
+
+def stop_daemon(daemon: PrivateLibvirtd) -> None:
+    """Guests destroyed through libvirt (which removes their cgroups), then the daemons
+    this fixture started, by pid, then the cgroups the launcher made."""
+    with contextlib.suppress(libvirt.libvirtError):
+        conn = libvirt.open(daemon.uri)
+        for dom in conn.listAllDomains():
+            with contextlib.suppress(libvirt.libvirtError):
+                if dom.isActive():
+                    dom.destroy()
+        conn.close()
+    daemon.process.terminate()
+    try:
+        daemon.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        daemon.process.kill()
+        daemon.process.wait()
+    # A guest libvirt could not stop (a crashed test run), and virtlogd.
+    for pid_file in [*daemon.base.glob("run/qemu/*.pid"), daemon.base / "run/virtlogd.pid"]:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+    time.sleep(0.2)
+    cgroups = daemon.base / "cgroups"
+    if cgroups.exists():
+        for top in cgroups.read_text().split():
+            for path, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+
+
+def share_capabilities_cache(probed: PrivateLibvirtd, base: Path) -> None:
+    """Copies a running daemon's QEMU capabilities cache into the base directory of one
+    not yet started."""
+    cache = probed.base / "cache" / "qemu" / "capabilities"
+    if cache.is_dir():
+        shutil.copytree(cache, base / "cache" / "qemu" / "capabilities", dirs_exist_ok=True)
