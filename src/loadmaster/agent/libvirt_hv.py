@@ -10,7 +10,9 @@ VM tags and policy facts live in the domain's metadata, in loadmaster's namespac
       </lm:vm>
     </metadata>
 
-KSM is not a libvirt feature: it is read and written in sysfs (``SysfsKsm``).
+KSM is not a libvirt feature: it is read and written in sysfs under ``sys_root``, or, for
+the test driver without a ``sys_root``, in memory (``ksm_for``): a test driver host is
+made up, and must never change the KSM of the machine the agent runs on.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from typing import Any, TypeVar
 
 from loadmaster.agent.hypervisor import (
     IO_KEYS,
+    NET_KEYS,
+    NUMA_MODES,
     BalloonInfo,
     BlockStats,
     CpuStats,
     CpuTune,
     GuestInfo,
     HypervisorError,
-    SysfsKsm,
+    NumaTune,
+    ksm_for,
 )
 
 METADATA_NS = "https://loadmaster.dev/xmlns/vm/1"
@@ -78,7 +83,7 @@ def _local(tag: str) -> str:
 
 
 class LibvirtHypervisor:
-    def __init__(self, uri: str, sys_root: Path = Path("/sys")) -> None:
+    def __init__(self, uri: str, sys_root: Path | None = None) -> None:
         self._libvirt = _import_libvirt()
         # libvirt prints every error on stderr by default; they are raised and logged instead.
         self._libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -87,7 +92,7 @@ class LibvirtHypervisor:
         except self._libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot connect to {uri}: {exc}") from exc
         self.uri = uri
-        self.ksm = SysfsKsm(sys_root)
+        self.ksm = ksm_for(uri, sys_root)
         self._domains: dict[str, Any] = {}
         self._balloon_min: dict[str, int] = {}
 
@@ -152,7 +157,10 @@ class LibvirtHypervisor:
                 raise HypervisorError(f"metadata of {uuid}: {exc}") from exc
             meta = None
         tags, limit, io_limits = parse_metadata(meta)
-        return GuestInfo(uuid, dom.name(), tags, limit, disks, io_limits)
+        interfaces = tuple(
+            t.get("dev", "") for t in desc.findall("./devices/interface/target") if t.get("dev")
+        )
+        return GuestInfo(uuid, dom.name(), tags, limit, disks, io_limits, interfaces)
 
     def memory_stats(self, uuid: str) -> Mapping[str, int]:
         dom = self._domain(uuid)
@@ -227,3 +235,46 @@ class LibvirtHypervisor:
 
     def ksm_write(self, key: str, value: int) -> None:
         self.ksm.write(key, value)
+
+    # -- network bandwidth and NUMA memory tuning ----------------------------------------
+
+    def interface_bandwidth(self, uuid: str, interface: str) -> Mapping[str, int]:
+        dom = self._domain(uuid)
+        params = self._call(
+            f"interface parameters of {uuid} {interface}",
+            lambda: dom.interfaceParameters(interface, 0),
+        )
+        return {k: int(params.get(k, 0)) for k in NET_KEYS}
+
+    def set_interface_bandwidth(self, uuid: str, interface: str, limits: Mapping[str, int]) -> None:
+        dom = self._domain(uuid)
+        live = self._libvirt.VIR_DOMAIN_AFFECT_LIVE
+        self._call(
+            f"set interface parameters of {uuid} {interface} {dict(limits)}",
+            lambda: dom.setInterfaceParameters(interface, dict(limits), live),
+        )
+
+    def numa_tune(self, uuid: str) -> NumaTune:
+        dom = self._domain(uuid)
+        params = self._call(f"NUMA parameters of {uuid}", lambda: dom.numaParameters(0))
+        mode = int(params.get("numa_mode", 0))
+        if not 0 <= mode < len(NUMA_MODES):
+            raise HypervisorError(f"NUMA parameters of {uuid}: unknown mode {mode}")
+        return NumaTune(NUMA_MODES[mode], str(params.get("numa_nodeset", "")))
+
+    def set_numa_tune(self, uuid: str, *, mode: str | None, nodeset: str | None) -> None:
+        params: dict[str, Any] = {}
+        if mode is not None:
+            if mode not in NUMA_MODES:
+                raise HypervisorError(f"unknown NUMA mode {mode!r}")
+            params["numa_mode"] = NUMA_MODES.index(mode)
+        if nodeset is not None:
+            params["numa_nodeset"] = nodeset
+        if not params:
+            return
+        dom = self._domain(uuid)
+        live = self._libvirt.VIR_DOMAIN_AFFECT_LIVE
+        self._call(
+            f"set NUMA parameters of {uuid} {params}",
+            lambda: dom.setNumaParameters(params, live),
+        )

@@ -44,13 +44,16 @@ def run_agent(
     host_name: str | None,
     cycles: int | None,
     state_dir: Path | None = None,
+    sys_root: Path | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
     Without ``api_url`` nothing is reported and migration requests are not sent. With
     ``cycles`` it runs that many cycles, ``interval`` apart, and returns their reports;
     otherwise it runs until SIGINT or SIGTERM and returns the empty list. With
-    ``state_dir`` every applied control is journalled there (``AppliedJournal``).
+    ``state_dir`` every applied control is journalled there (``AppliedJournal``). KSM is
+    written under ``sys_root``; without it, the machine's /sys for a real driver and
+    memory for the test driver (``ksm_for``).
     Raises ``PolicyError`` when the policy directory does not load, ``HypervisorError``
     when the hypervisor cannot be reached, ``JournalError`` when the state directory
     cannot be used.
@@ -67,7 +70,7 @@ def run_agent(
     hypervisor: LibvirtHypervisor | None = None
     client: ApiClient | None = None
     try:
-        hypervisor = LibvirtHypervisor(hypervisor_uri)
+        hypervisor = LibvirtHypervisor(hypervisor_uri, sys_root)
         client = ApiClient(api_url, token) if api_url else None
         agent = Agent(
             hypervisor,

@@ -98,13 +98,28 @@ def agent(
             "(see agent-journal); default: no journal"
         ),
     ] = None,
+    sys_root: Annotated[
+        Path | None,
+        typer.Option(
+            help="where KSM is written (<root>/kernel/mm/ksm); default: /sys for a real "
+            "hypervisor, in memory for the test driver (test:///...)"
+        ),
+    ] = None,
 ) -> None:
     """Run the host agent: collect, apply the SLA policy, report to the API."""
     from loadmaster.agent import run_agent
 
     try:
         reports = run_agent(
-            hypervisor, policy_dir, interval, api_url, token, host_name, cycles, state_dir
+            hypervisor,
+            policy_dir,
+            interval,
+            api_url,
+            token,
+            host_name,
+            cycles,
+            state_dir,
+            sys_root,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
