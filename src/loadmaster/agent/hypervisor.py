@@ -261,8 +261,8 @@ def parse_nodeset(text: str) -> frozenset[int]:
         if not part:
             raise ValueError(f"empty element in node set {text!r}")
         target = excluded if part.startswith("^") else included
-        first, _, last = part.lstrip("^").partition("-")
-        if not first.isdigit() or (last and not last.isdigit()):
+        first, dash, last = part.lstrip("^").partition("-")
+        if not (first + last).isascii() or not first.isdigit() or (dash and not last.isdigit()):
             raise ValueError(f"bad node set element {part!r}")
         low, high = int(first), int(last or first)
         if low > high:
