@@ -262,7 +262,7 @@ def test_migration_asked_once_per_episode_and_retried_on_failure() -> None:
     ctl.apply(context(sim, asking, host_stats=host))
     assert len(sent) == 1
     assert sent[0][0] == uuid_of(sim, "be")
-    assert "best-effort" in sent[0][1] and "10.0% memory free" in sent[0][1]
+    assert "vapor VM (priority 0)" in sent[0][1] and "10.0% memory free" in sent[0][1]
     ctl.apply(context(sim, {}))
     ctl.apply(context(sim, asking, host_stats=host))
     assert len(sent) == 2

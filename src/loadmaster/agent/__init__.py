@@ -2,8 +2,8 @@
 
 Every cycle collectors read the host and its guests into ``EntitySnapshot``s, the policy
 (``loadmaster.policy``, hot-reloaded from a directory) decides controls, and controllers
-apply them: balloon, KSM, CPU tune, IO tune, stopping best-effort VMs and asking the
-scheduler to migrate VMs. Usage is reported to the loadmaster API.
+apply them: balloon, KSM, CPU tune, IO tune, network bandwidth, NUMA placement, stopping
+vapor VMs and asking the scheduler to migrate VMs. Usage is reported to the loadmaster API.
 
 Public API::
 
@@ -13,7 +13,7 @@ Public API::
     Agent(hypervisor, policy_dir, interval, host_collectors=None, guest_collectors=None,
           controllers=None, reporter=None, *, host_name=..., migration_sender=...)
         .run_cycle() -> CycleReport; .run_forever(stop_event)
-    LibvirtHypervisor(uri, sys_root=Path("/sys")), SimulatedHypervisor(...).mixed(...)
+    LibvirtHypervisor(uri, sys_root=None), SimulatedHypervisor(...).mixed(...)
     AppliedJournal(state_dir) .cycle_start/.applied/.cycle_end; read_journal(state_dir)
         -> JournalState(last, interrupted, open_cycle, ...)
 """

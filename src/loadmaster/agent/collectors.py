@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from loadmaster.agent.hypervisor import KSM_KEYS, GuestInfo, Hypervisor
+from loadmaster.agent.hypervisor import KSM_KEYS, NET_KEYS, GuestInfo, Hypervisor
 from loadmaster.policy.snapshot import StatValue
 
 log = logging.getLogger(__name__)
@@ -326,6 +326,48 @@ class GuestIoCollector:
         return {"io_read_bytes": read, "io_write_bytes": written}, properties
 
 
+# -- network bandwidth and NUMA memory tuning ---------------------------------------------
+
+
+class GuestNetCollector:
+    """``net_interfaces`` (how many), and the bandwidth limits every interface has now:
+    property ``net_bandwidth`` = {interface: {"inbound.average": KiB/s, ...}} for the
+    controller, and the first interface's limits as stats ``net_inbound_average`` ...
+    ``net_outbound_burst`` for policies (absent, not missing, without an interface)."""
+
+    name = "guest-net"
+    fields: tuple[str, ...] = ("net_interfaces",)
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        self.hypervisor = hypervisor
+
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        bandwidth = {
+            interface: dict(self.hypervisor.interface_bandwidth(guest.uuid, interface))
+            for interface in guest.interfaces
+        }
+        stats: Stats = {"net_interfaces": len(guest.interfaces)}
+        if guest.interfaces:
+            first = bandwidth[guest.interfaces[0]]
+            stats.update({f"net_{k.replace('.', '_')}": first.get(k) for k in NET_KEYS})
+        return stats, {"net_bandwidth": bandwidth}
+
+
+class GuestNumaCollector:
+    """The guest's memory placement as properties ``numa_mode`` ("strict", ...) and
+    ``numa_nodeset`` ("" = any node): strings, which stats cannot be."""
+
+    name = "guest-numa"
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        self.hypervisor = hypervisor
+
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        tune = self.hypervisor.numa_tune(guest.uuid)
+        return {}, {"numa_mode": tune.mode, "numa_nodeset": tune.nodeset}
+
+
 def default_guest_collectors(
     hypervisor: Hypervisor, clock: Callable[[], float] = time.monotonic
 ) -> list[GuestCollector]:
@@ -334,6 +376,8 @@ def default_guest_collectors(
         GuestMemoryCollector(hypervisor),
         GuestCpuCollector(hypervisor, clock),
         GuestIoCollector(hypervisor),
+        GuestNetCollector(hypervisor),
+        GuestNumaCollector(hypervisor),
     ]
 
 

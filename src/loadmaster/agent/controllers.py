@@ -15,8 +15,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadmaster.agent.hypervisor import SLA_TIERS, GuestInfo, Hypervisor, HypervisorError
+from loadmaster.agent.hypervisor import (
+    NET_DIRECTIONS,
+    NET_KEYS,
+    NET_LIMIT_MAX,
+    NET_PARAMS,
+    NUMA_MODES,
+    GuestInfo,
+    Hypervisor,
+    HypervisorError,
+    format_nodeset,
+    parse_nodeset,
+)
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
+from loadmaster.tiers import priority_of, tier_of
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +291,9 @@ class IoTuneController(Controller):
 
 
 class StopController(Controller):
-    """``stop`` = 1 on a best-effort VM: a clean shutdown first; if the VM is still running
-    at a later cycle that asks again, it is destroyed. Other tiers are never stopped."""
+    """``stop`` = 1 on a VM of a stoppable tier (vapor): a clean shutdown first; if the VM
+    is still running at a later cycle that asks again, it is destroyed. Other tiers are
+    never stopped, whatever the policy asks."""
 
     name = "stop"
 
@@ -293,9 +306,10 @@ class StopController(Controller):
         for guest, _snap, value in self._guest_controls(ctx, "stop"):
             if int(value) != 1:
                 continue
-            if "best-effort" not in guest.tags:
+            tier = tier_of(guest.tags)
+            if not tier.stoppable:
                 out.failures.append(
-                    Failure(self.name, guest.name, "refused: only best-effort VMs are stopped")
+                    Failure(self.name, guest.name, f"refused: a {tier.name} VM is never stopped")
                 )
                 continue
             force = self._applied.get((guest.uuid, "stop")) == "shutdown"
@@ -342,10 +356,155 @@ class MigrationController(Controller):
 
     @staticmethod
     def _reason(ctx: ControlContext, guest: GuestInfo) -> str:
-        tier = next((t for t in SLA_TIERS if t in guest.tags), "untiered")
+        tier, priority = tier_of(guest.tags).name, priority_of(guest.tags)
         total, free = ctx.host.stats.get("mem_available"), ctx.host.stats.get("mem_free")
         pressure = f", {100 * free / total:.1f}% memory free" if total and free is not None else ""
-        return f"SLA policy on host {ctx.host.name}: {tier} VM moved off{pressure}"
+        return (
+            f"SLA policy on host {ctx.host.name}: {tier} VM (priority {priority}) "
+            f"moved off{pressure}"
+        )
+
+
+# -- network bandwidth and NUMA memory tuning ---------------------------------------------
+
+# The guest control for each libvirt interface parameter: "inbound.average" is set by
+# ``net_inbound_average``. ``<control>@<interface>`` sets it for one interface only and
+# wins over the plain control, which applies to every interface of the guest.
+NET_CONTROLS: dict[str, str] = {key: f"net_{key.replace('.', '_')}" for key in NET_KEYS}
+NET_INTERFACE_SEPARATOR = "@"
+
+
+def net_limit(value: Any) -> int:
+    """A policy limit as libvirt accepts it: non-positive is "no limit" (0), and the
+    value is capped at libvirt's unsigned int."""
+    return min(NET_LIMIT_MAX, max(0, int(value)))
+
+
+class NetTuneController(Controller):
+    """Per interface, the ``net_<direction>_<average|peak|burst>`` controls (KiB/s, burst
+    KiB; 0 = no limit). libvirt wants a direction's average whenever its peak or burst is
+    set, so a change sends the whole direction: the new values and the last known rest."""
+
+    name = "nettune"
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        super().__init__()
+        self.hypervisor = hypervisor
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = ctx.outcome()
+        for name, controls in ctx.result.guest_controls.items():
+            guest = ctx.guests.get(name)
+            if guest is None:
+                continue
+            sampled = ctx.snapshots[name].properties.get("net_bandwidth") or {}
+            for interface in guest.interfaces:
+                self._apply_interface(guest, interface, controls, sampled.get(interface, {}), out)
+        return out
+
+    def _apply_interface(
+        self,
+        guest: GuestInfo,
+        interface: str,
+        controls: Mapping[str, Any],
+        sampled: Mapping[str, int],
+        out: Outcome,
+    ) -> None:
+        current = {
+            key: self._last(guest.uuid, self._control(key, interface), sampled.get(key))
+            for key in NET_KEYS
+        }
+        wanted: dict[str, int] = {}
+        for key, control in NET_CONTROLS.items():
+            value = controls.get(f"{control}{NET_INTERFACE_SEPARATOR}{interface}")
+            if value is None:
+                value = controls.get(control)
+            if value is not None:
+                wanted[key] = net_limit(value)
+        changed = {k for k, v in wanted.items() if v != current[k]}
+        if not changed:
+            return
+        limits: dict[str, int] = {}
+        for direction in NET_DIRECTIONS:
+            keys = [f"{direction}.{p}" for p in NET_PARAMS]
+            if changed.intersection(keys):
+                limits.update({k: wanted.get(k, current[k] or 0) for k in keys})
+        try:
+            self.hypervisor.set_interface_bandwidth(guest.uuid, interface, limits)
+        except HypervisorError as exc:
+            out.failures.append(Failure(self.name, guest.name, f"{interface}: {exc}"))
+            return
+        for key, value in limits.items():
+            control = self._control(key, interface)
+            self._applied[(guest.uuid, control)] = value
+            if key in changed:
+                out.applied(Action(self.name, guest.name, control, value, guest.uuid))
+
+    @staticmethod
+    def _control(key: str, interface: str) -> str:
+        """How an applied limit is remembered and journalled: per interface."""
+        return f"{NET_CONTROLS[key]}{NET_INTERFACE_SEPARATOR}{interface}"
+
+
+class NumaTuneController(Controller):
+    """``numa_mode`` (one of ``NUMA_MODES``) and ``numa_nodeset`` (libvirt's syntax, e.g.
+    "0-1"; a number is one node): where the guest's memory is placed, set in one call
+    when either changed. A value libvirt would refuse is reported and not sent. libvirt
+    (QEMU) changes a running guest's node set only in strict mode and never its mode:
+    those refusals come back as failures, retried while the policy asks."""
+
+    name = "numatune"
+
+    def __init__(self, hypervisor: Hypervisor) -> None:
+        super().__init__()
+        self.hypervisor = hypervisor
+
+    def apply(self, ctx: ControlContext) -> Outcome:
+        out = ctx.outcome()
+        for name, controls in ctx.result.guest_controls.items():
+            guest = ctx.guests.get(name)
+            mode, nodeset = controls.get("numa_mode"), controls.get("numa_nodeset")
+            if guest is None or (mode is None and nodeset is None):
+                continue
+            try:
+                wanted = self._wanted(mode, nodeset)
+            except ValueError as exc:
+                out.failures.append(Failure(self.name, guest.name, f"refused: {exc}"))
+                continue
+            props = ctx.snapshots[name].properties
+            changed = {
+                control: value
+                for control, value in wanted.items()
+                if value != self._last(guest.uuid, control, props.get(control))
+            }
+            if not changed:
+                continue
+            try:
+                self.hypervisor.set_numa_tune(
+                    guest.uuid,
+                    mode=changed.get("numa_mode"),
+                    nodeset=changed.get("numa_nodeset"),
+                )
+            except HypervisorError as exc:
+                out.failures.append(Failure(self.name, guest.name, str(exc)))
+                continue
+            for control, value in changed.items():
+                self._applied[(guest.uuid, control)] = value
+                out.applied(Action(self.name, guest.name, control, value, guest.uuid))
+        return out
+
+    @staticmethod
+    def _wanted(mode: Any, nodeset: Any) -> dict[str, str]:
+        wanted: dict[str, str] = {}
+        if mode is not None:
+            if mode not in NUMA_MODES:
+                raise ValueError(f"numa_mode {mode!r} is not one of {', '.join(NUMA_MODES)}")
+            wanted["numa_mode"] = mode
+        if nodeset is not None:
+            # The policy language has no integers-as-strings: node 0 arrives as 0 or 0.0.
+            text = str(int(nodeset)) if isinstance(nodeset, int | float) else str(nodeset)
+            wanted["numa_nodeset"] = format_nodeset(parse_nodeset(text))
+        return wanted
 
 
 def default_controllers(
@@ -356,6 +515,8 @@ def default_controllers(
         KsmController(hypervisor),
         CpuTuneController(hypervisor),
         IoTuneController(hypervisor),
+        NetTuneController(hypervisor),
+        NumaTuneController(hypervisor),
         StopController(hypervisor),
     ]
     if migration_sender is not None:

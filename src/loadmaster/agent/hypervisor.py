@@ -2,7 +2,8 @@
 
 Every call either returns data or raises ``HypervisorError``; implementations translate
 their own failures, so collectors and controllers need exactly one ``except``.
-Memory sizes are KiB, CPU times nanoseconds, quota and period microseconds.
+Memory sizes are KiB, CPU times nanoseconds, quota and period microseconds, network
+averages and peaks KiB/s, bursts KiB.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Protocol
 
 from loadmaster.errors import LoadmasterError
 
-SLA_TIERS = ("platinum", "gold", "silver", "best-effort")
 # The six IO limits MOM's IoTune objects carry; libvirt uses the same names.
 IO_KEYS = (
     "total_bytes_sec",
@@ -35,6 +35,9 @@ KSM_KEYS = (
     "full_scans",
     "merge_across_nodes",
 )
+# Where the kernel's sysfs is on a real host. Only a real hypervisor connection may use
+# it by default; see ``ksm_for``.
+DEFAULT_SYS_ROOT = Path("/sys")
 
 
 class HypervisorError(LoadmasterError):
@@ -54,6 +57,8 @@ class GuestInfo:
     vcpu_user_limit: float = 100.0
     disks: tuple[str, ...] = ()
     io_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Network interfaces by the name libvirt's interface calls take (the target dev).
+    interfaces: tuple[str, ...] = ()
     # True when loadmaster launched it (the <lm:managed/> marker): the only guests it removes.
     managed: bool = False
 
@@ -185,11 +190,36 @@ class Hypervisor(Protocol):
         running here (rolled back)."""
         ...
 
+    # -- network bandwidth and NUMA memory tuning ----------------------------------------
+
+    def interface_bandwidth(self, uuid: str, interface: str) -> Mapping[str, int]:
+        """The ``NET_KEYS`` limits of one interface (0 = no limit)."""
+        ...
+
+    def set_interface_bandwidth(self, uuid: str, interface: str, limits: Mapping[str, int]) -> None:
+        """Set the given ``NET_KEYS`` limits of one interface, live."""
+        ...
+
+    def numa_tune(self, uuid: str) -> NumaTune: ...
+
+    def set_numa_tune(self, uuid: str, *, mode: str | None, nodeset: str | None) -> None:
+        """Set the memory placement mode and/or node set (``None`` leaves one), live."""
+        ...
+
+
+class Ksm(Protocol):
+    """Where a hypervisor reads and writes the KSM knobs."""
+
+    def read(self) -> dict[str, int | None]: ...
+
+    def write(self, key: str, value: int) -> None: ...
+
 
 class SysfsKsm:
-    """KSM as the kernel shows it under ``<sys_root>/kernel/mm/ksm``."""
+    """KSM as the kernel shows it under ``<sys_root>/kernel/mm/ksm``. The root is always
+    given: writing the machine's own /sys must be a decision (see ``ksm_for``)."""
 
-    def __init__(self, sys_root: Path = Path("/sys")) -> None:
+    def __init__(self, sys_root: Path) -> None:
         self.directory = Path(sys_root) / "kernel" / "mm" / "ksm"
 
     def read(self) -> dict[str, int | None]:
@@ -208,3 +238,109 @@ class SysfsKsm:
             (self.directory / key).write_text(f"{int(value)}\n")
         except OSError as exc:
             raise HypervisorError(f"cannot write KSM {key}={value}: {exc}") from exc
+
+
+class MemoryKsm:
+    """KSM knobs held in memory, refusing what the kernel refuses: for the libvirt test
+    driver and the simulator, whose hosts are not this machine. The simulator's page
+    scanner updates the counters in ``values`` directly."""
+
+    def __init__(self) -> None:
+        # The kernel's defaults on a fresh boot.
+        self.values: dict[str, int] = {
+            "run": 0,
+            "sleep_millisecs": 20,
+            "pages_shared": 0,
+            "pages_sharing": 0,
+            "pages_unshared": 0,
+            "pages_to_scan": 100,
+            "pages_volatile": 0,
+            "full_scans": 0,
+            "merge_across_nodes": 1,
+        }
+        self.writes: list[tuple[str, int]] = []
+
+    def read(self) -> dict[str, int | None]:
+        return dict(self.values)
+
+    def write(self, key: str, value: int) -> None:
+        if key not in KSM_KEYS:
+            raise HypervisorError(f"unknown KSM knob {key!r}")
+        if key == "merge_across_nodes" and self.values["pages_shared"] > 0:
+            raise HypervisorError("merge_across_nodes: Device or resource busy (pages shared)")
+        if key == "run" and value == 2:
+            self.values["pages_shared"] = self.values["pages_sharing"] = 0
+        self.values[key] = int(value)
+        self.writes.append((key, int(value)))
+
+
+def is_test_driver(uri: str) -> bool:
+    """libvirt's test driver (``test:///default``, ``test:///path/to/host.xml``): a
+    made-up host, whatever machine the agent runs on."""
+    return uri.split(":", 1)[0].split("+", 1)[0] == "test"
+
+
+def ksm_for(uri: str, sys_root: Path | None) -> Ksm:
+    """KSM for a hypervisor connection: under ``sys_root`` when one is given; otherwise
+    the machine's own /sys for a real driver, and in memory for the test driver, so a
+    test or demo can never change the KSM of the machine it runs on."""
+    if sys_root is not None:
+        return SysfsKsm(sys_root)
+    if is_test_driver(uri):
+        return MemoryKsm()
+    return SysfsKsm(DEFAULT_SYS_ROOT)
+
+
+# -- network bandwidth and NUMA memory tuning ---------------------------------------------
+
+NET_DIRECTIONS = ("inbound", "outbound")
+NET_PARAMS = ("average", "peak", "burst")
+# libvirt's interface parameter names (``inbound.average``, ...), the keys of every
+# bandwidth mapping here.
+NET_KEYS: tuple[str, ...] = tuple(f"{d}.{p}" for d in NET_DIRECTIONS for p in NET_PARAMS)
+# libvirt stores the limits as unsigned ints.
+NET_LIMIT_MAX = 2**32 - 1
+# Memory placement modes, in the order of libvirt's virDomainNumatuneMemMode enum.
+NUMA_MODES = ("strict", "preferred", "interleave", "restrictive")
+
+
+@dataclass(frozen=True)
+class NumaTune:
+    """``mode`` one of ``NUMA_MODES``; ``nodeset`` in libvirt's canonical form ("0-1,3"),
+    "" when the memory may come from any node."""
+
+    mode: str
+    nodeset: str
+
+
+def parse_nodeset(text: str) -> frozenset[int]:
+    """libvirt's node set syntax: ``0-3,^2,5`` (ranges, single nodes, ``^`` excludes).
+    Raises ValueError on anything else."""
+    included: set[int] = set()
+    excluded: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise ValueError(f"empty element in node set {text!r}")
+        target = excluded if part.startswith("^") else included
+        first, dash, last = part.lstrip("^").partition("-")
+        if not (first + last).isascii() or not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"bad node set element {part!r}")
+        low, high = int(first), int(last or first)
+        if low > high:
+            raise ValueError(f"bad node range {part!r}")
+        target.update(range(low, high + 1))
+    nodes = included - excluded
+    if not nodes:
+        raise ValueError(f"node set {text!r} names no node")
+    return frozenset(nodes)
+
+
+def format_nodeset(nodes: frozenset[int]) -> str:
+    """The canonical form libvirt reports, so a requested and a read-back set compare."""
+    ranges: list[str] = []
+    for node in sorted(nodes):
+        if ranges and node - 1 == int(ranges[-1].rsplit("-", 1)[-1]):
+            ranges[-1] = f"{ranges[-1].split('-', 1)[0]}-{node}"
+        else:
+            ranges.append(str(node))
+    return ",".join(ranges)

@@ -13,7 +13,9 @@ VM tags and policy facts live in the domain's metadata, in loadmaster's namespac
 A guest loadmaster launched also carries ``<lm:managed/>`` in that element; the agent only
 ever removes such guests.
 
-KSM is not a libvirt feature: it is read and written in sysfs (``SysfsKsm``).
+KSM is not a libvirt feature: it is read and written in sysfs under ``sys_root``, or, for
+the test driver without a ``sys_root``, in memory (``ksm_for``): a test driver host is
+made up, and must never change the KSM of the machine the agent runs on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any, TypeVar
 
 from loadmaster.agent.hypervisor import (
     IO_KEYS,
+    NET_KEYS,
+    NUMA_MODES,
     BalloonInfo,
     BlockStats,
     CpuStats,
@@ -36,7 +40,8 @@ from loadmaster.agent.hypervisor import (
     HostInfo,
     HypervisorError,
     NumaCell,
-    SysfsKsm,
+    NumaTune,
+    ksm_for,
 )
 
 METADATA_NS = "https://loadmaster.dev/xmlns/vm/1"
@@ -187,12 +192,13 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
 class LibvirtHypervisor:
     """``guest_image`` is how launched QEMU guests boot (not needed on the test driver);
     ``migration_uri`` is where the destination QEMU listens for a live migration's data
-    (``tcp://ADDRESS``; None: the destination's host name, as libvirt resolves it)."""
+    (``tcp://ADDRESS``; None: the destination's host name, as libvirt resolves it).
+    KSM is written under ``sys_root``; see ``ksm_for`` for the default."""
 
     def __init__(
         self,
         uri: str,
-        sys_root: Path = Path("/sys"),
+        sys_root: Path | None = None,
         *,
         guest_image: GuestImage | None = None,
         migration_uri: str | None = None,
@@ -205,7 +211,7 @@ class LibvirtHypervisor:
         except self._libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot connect to {uri}: {exc}") from exc
         self.uri = uri
-        self.ksm = SysfsKsm(sys_root)
+        self.ksm = ksm_for(uri, sys_root)
         self._domains: dict[str, Any] = {}
         self._balloon_min: dict[str, int] = {}
         self.guest_image = guest_image
@@ -266,7 +272,12 @@ class LibvirtHypervisor:
         self._balloon_min[uuid] = int(min_guarantee) if min_guarantee else 0
         meta = self._metadata(uuid, dom)
         tags, limit, io_limits = parse_metadata(meta)
-        return GuestInfo(uuid, dom.name(), tags, limit, disks, io_limits, managed=is_managed(meta))
+        interfaces = tuple(
+            t.get("dev", "") for t in desc.findall("./devices/interface/target") if t.get("dev")
+        )
+        return GuestInfo(
+            uuid, dom.name(), tags, limit, disks, io_limits, interfaces, managed=is_managed(meta)
+        )
 
     def _metadata(self, uuid: str, dom: Any, flags: int = 0) -> str | None:
         """The domain's ``<lm:vm>`` element, None when it has none."""
@@ -535,3 +546,46 @@ class LibvirtHypervisor:
             if moved.isActive():
                 moved.destroy()
         self._undefine_quietly(moved)
+
+    # -- network bandwidth and NUMA memory tuning ----------------------------------------
+
+    def interface_bandwidth(self, uuid: str, interface: str) -> Mapping[str, int]:
+        dom = self._domain(uuid)
+        params = self._call(
+            f"interface parameters of {uuid} {interface}",
+            lambda: dom.interfaceParameters(interface, 0),
+        )
+        return {k: int(params.get(k, 0)) for k in NET_KEYS}
+
+    def set_interface_bandwidth(self, uuid: str, interface: str, limits: Mapping[str, int]) -> None:
+        dom = self._domain(uuid)
+        live = self._libvirt.VIR_DOMAIN_AFFECT_LIVE
+        self._call(
+            f"set interface parameters of {uuid} {interface} {dict(limits)}",
+            lambda: dom.setInterfaceParameters(interface, dict(limits), live),
+        )
+
+    def numa_tune(self, uuid: str) -> NumaTune:
+        dom = self._domain(uuid)
+        params = self._call(f"NUMA parameters of {uuid}", lambda: dom.numaParameters(0))
+        mode = int(params.get("numa_mode", 0))
+        if not 0 <= mode < len(NUMA_MODES):
+            raise HypervisorError(f"NUMA parameters of {uuid}: unknown mode {mode}")
+        return NumaTune(NUMA_MODES[mode], str(params.get("numa_nodeset", "")))
+
+    def set_numa_tune(self, uuid: str, *, mode: str | None, nodeset: str | None) -> None:
+        params: dict[str, Any] = {}
+        if mode is not None:
+            if mode not in NUMA_MODES:
+                raise HypervisorError(f"unknown NUMA mode {mode!r}")
+            params["numa_mode"] = NUMA_MODES.index(mode)
+        if nodeset is not None:
+            params["numa_nodeset"] = nodeset
+        if not params:
+            return
+        dom = self._domain(uuid)
+        live = self._libvirt.VIR_DOMAIN_AFFECT_LIVE
+        self._call(
+            f"set NUMA parameters of {uuid} {params}",
+            lambda: dom.setNumaParameters(params, live),
+        )

@@ -98,6 +98,7 @@ def run_agent(
     host_name: str | None,
     cycles: int | None,
     state_dir: Path | None = None,
+    sys_root: Path | None = None,
     config_file: Path | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
@@ -105,7 +106,9 @@ def run_agent(
     Without ``api_url`` nothing is reported and migration requests are not sent. With
     ``cycles`` it runs that many cycles, ``interval`` apart, and returns their reports;
     otherwise it runs until SIGINT or SIGTERM and returns the empty list. With
-    ``state_dir`` every applied control is journalled there (``AppliedJournal``).
+    ``state_dir`` every applied control is journalled there (``AppliedJournal``). KSM is
+    written under ``sys_root``; without it, the machine's /sys for a real driver and
+    memory for the test driver (``ksm_for``).
     With ``api_url`` the agent is also the host's manager (``HostManager``): it registers
     the host with the inventory it discovers (plus ``config_file``, see ``ManagerConfig``)
     and launches, moves and removes guests as the ledger says, in a thread of its own.
@@ -128,7 +131,7 @@ def run_agent(
     manager: HostManager | None = None
     stop = threading.Event()
     try:
-        hypervisor = LibvirtHypervisor(hypervisor_uri)
+        hypervisor = LibvirtHypervisor(hypervisor_uri, sys_root)
         client = ApiClient(api_url, token, timeout=10.0) if api_url else None
         host_name = host_name or config.name or socket.gethostname()
         if client is not None:

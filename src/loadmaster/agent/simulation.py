@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import html
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +18,7 @@ from loadmaster.agent.collectors import default_guest_collectors
 from loadmaster.agent.loop import Agent
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.policy import shipped_policy_dir
-
-TIERS = ("platinum", "gold", "silver", "best-effort")
+from loadmaster.tiers import TIERS
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class SimulationResult:
     min_platinum_balloon_ratio: float
     min_gold_balloon_ratio: float
     min_silver_balloon_ratio: float
+    # Every tier's smallest balloon / allocation over the run (1.0 for a tier never seen).
+    min_balloon_ratio: Mapping[str, float]
     max_guest_swap_kib: int
     stopped_guests: tuple[str, ...]
     migration_requests: int
@@ -60,7 +62,7 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
         migration_sender=lambda uuid, reason: migrations.append((uuid, reason)),
     )
     rows: list[dict[str, float]] = []
-    min_ratio = dict.fromkeys(TIERS, 1.0)
+    min_ratio = {t.name: 1.0 for t in TIERS}
     max_guest_swap = failures = 0
     for step in range(1, steps + 1):
         with_policy.advance()
@@ -82,10 +84,10 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
         }
         for tier in TIERS:
             # NaN once a tier has no running VM left: a gap in the plot, not a full balloon.
-            values = ratios.get(tier)
-            row[f"{tier}_min_balloon"] = min(values) if values else math.nan
+            values = ratios.get(tier.name)
+            row[f"{tier.name}_min_balloon"] = min(values) if values else math.nan
             if values:
-                min_ratio[tier] = min(min_ratio[tier], *values)
+                min_ratio[tier.name] = min(min_ratio[tier.name], *values)
         max_guest_swap = max(max_guest_swap, with_policy.guest_swap_kib())
         rows.append(row)
 
@@ -110,6 +112,7 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
         min_platinum_balloon_ratio=min_ratio["platinum"],
         min_gold_balloon_ratio=min_ratio["gold"],
         min_silver_balloon_ratio=min_ratio["silver"],
+        min_balloon_ratio=min_ratio,
         max_guest_swap_kib=max_guest_swap,
         stopped_guests=tuple(with_policy.stopped),
         migration_requests=len(migrations),
@@ -151,8 +154,13 @@ def _plot(rows: list[dict[str, float]], path: Path) -> None:
     mem.set_ylabel("GiB")
     mem.set_title("Host memory under rising guest demand")
     mem.legend(loc="upper left", fontsize="small")
-    for tier, style in zip(TIERS, ("g-", "y-", "c-", "m-"), strict=True):
-        balloons.plot(steps, [r[f"{tier}_min_balloon"] for r in rows], style, label=tier)
+    for tier, color in zip(TIERS, ("g", "y", "c", "b", "m"), strict=True):
+        balloons.plot(
+            steps, [r[f"{tier.name}_min_balloon"] for r in rows], f"{color}-", label=tier.name
+        )
+        if tier.memory_guarantee > 0:
+            # The guarantee the line must stay on or above.
+            balloons.axhline(tier.memory_guarantee, color=color, linestyle=":", linewidth=0.8)
     balloons.set_ylim(0, 1.05)
     balloons.set_ylabel("smallest balloon / allocation")
     balloons.set_xlabel("agent cycle")
@@ -169,11 +177,15 @@ def _write_html(result: SimulationResult, path: Path) -> None:
         ("host memory", f"{result.host_memory_kib / gib:.1f} GiB"),
         ("max host swap without policy", f"{result.max_swap_kib_without_policy / gib:.2f} GiB"),
         ("max host swap with SLA policy", f"{result.max_swap_kib_with_policy / gib:.2f} GiB"),
-        ("smallest platinum balloon", f"{result.min_platinum_balloon_ratio:.0%}"),
-        ("smallest gold balloon", f"{result.min_gold_balloon_ratio:.0%}"),
-        ("smallest silver balloon", f"{result.min_silver_balloon_ratio:.0%}"),
+        *(
+            (
+                f"smallest {t.name} balloon (guaranteed {t.memory_guarantee:.0%})",
+                f"{result.min_balloon_ratio[t.name]:.0%}",
+            )
+            for t in TIERS
+        ),
         ("max swap inside guests", f"{result.max_guest_swap_kib / gib:.2f} GiB"),
-        ("best-effort VMs stopped", str(len(result.stopped_guests))),
+        ("vapor VMs stopped", str(len(result.stopped_guests))),
         ("migration requests", str(result.migration_requests)),
     ]
     rows = "\n".join(

@@ -5,7 +5,9 @@ Each guest's memory demand follows its own seeded curve (a base, a slow rise tow
 identically whatever the agent does to either. A guest holds ``min(demand, balloon)``
 resident and swaps inside itself for the rest; the host swaps whatever its guests hold
 beyond its memory. KSM, CPU tune and IO tune validate their input like the kernel and
-libvirt do, so a controller sending a value they would refuse fails here too.
+libvirt do, so a controller sending a value they would refuse fails here too. Network
+bandwidth and NUMA placement are only recorded and validated: they do not change the
+simulated demand.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from loadmaster.agent.controllers import (
 )
 from loadmaster.agent.hypervisor import (
     IO_KEYS,
-    KSM_KEYS,
+    NET_DIRECTIONS,
+    NET_KEYS,
+    NET_LIMIT_MAX,
+    NET_PARAMS,
+    NUMA_MODES,
     BalloonInfo,
     BlockStats,
     CpuStats,
@@ -40,9 +46,14 @@ from loadmaster.agent.hypervisor import (
     GuestSpec,
     HostInfo,
     HypervisorError,
+    MemoryKsm,
     NumaCell,
+    NumaTune,
+    format_nodeset,
+    parse_nodeset,
 )
 from loadmaster.policy.snapshot import StatValue
+from loadmaster.tiers import PRIORITY_PREFIX, tier_of
 
 GIB = 1024 * 1024  # in KiB
 PAGE_KIB = 4
@@ -50,13 +61,20 @@ PAGE_KIB = 4
 KSM_MERGEABLE = 0.05
 # The host OS and qemu overhead, outside any guest.
 HOST_OVERHEAD_KIB = 2 * GIB
-# Tier mix of ``SimulatedHypervisor.mixed``: (tags, share of the guests).
-TIER_MIX: tuple[tuple[frozenset[str], float], ...] = (
-    (frozenset({"platinum"}), 0.2),
-    (frozenset({"gold"}), 0.3),
-    (frozenset({"silver"}), 0.25),
-    (frozenset({"best-effort"}), 0.25),
+# Tier mix of ``SimulatedHypervisor.mixed``: (tier tag, share of the guests). Some vapor
+# VMs use the ``best-effort`` alias, as VMs tagged before the design's name would.
+TIER_MIX: tuple[tuple[str, float], ...] = (
+    ("platinum", 0.15),
+    ("gold", 0.25),
+    ("silver", 0.15),
+    ("compute", 0.15),
+    ("vapor", 0.2),
+    ("best-effort", 0.1),
 )
+# ``mixed`` gives guest i the priority i % PRIORITY_LEVELS within its tier.
+PRIORITY_LEVELS = 3
+# NUMA cells of a simulated host.
+NUMA_NODES = 2
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,7 @@ class SimGuestSpec:
     wave: float = 0.03
     vcpu_limit: float = 100.0
     io_limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    interfaces: int = 1
 
 
 @dataclass
@@ -96,6 +115,9 @@ class _Guest:
     io_tune: dict[str, int] = field(default_factory=lambda: dict.fromkeys(IO_KEYS, 0))
     shutting_down: bool = False
     managed: bool = False
+    interfaces: dict[str, dict[str, int]] = field(default_factory=dict)
+    # No <numatune> in the domain: libvirt reports strict mode over any node.
+    numa: NumaTune = field(default_factory=lambda: NumaTune("strict", ""))
 
     @property
     def resident(self) -> int:
@@ -143,26 +165,25 @@ class SimulatedHypervisor:
         self.step_seconds = step_seconds
         self.step = 0
         self.cpu_load = 0.0
+        self.numa_nodes = NUMA_NODES
         rng = random.Random(seed)
         self._guests: dict[str, _Guest] = {}
+        nics = 0
         for spec in guests:
             uuid = str(uuidlib.UUID(int=rng.getrandbits(128), version=4))
             guest_rng = random.Random(rng.getrandbits(64))
-            self._guests[uuid] = _Guest(
+            guest = _Guest(
                 spec, uuid, guest_rng, guest_rng.uniform(0, 2 * math.pi), spec.memory_kib
             )
-        self.ksm: dict[str, int] = {
-            "run": 0,
-            "sleep_millisecs": 20,
-            "pages_shared": 0,
-            "pages_sharing": 0,
-            "pages_unshared": 0,
-            "pages_to_scan": 100,
-            "pages_volatile": 0,
-            "full_scans": 0,
-            "merge_across_nodes": 1,
-        }
-        self.ksm_writes: list[tuple[str, int]] = []
+            # Host-wide tap names, as libvirt gives them (vnet0, vnet1, ...).
+            for _ in range(spec.interfaces):
+                guest.interfaces[f"vnet{nics}"] = dict.fromkeys(NET_KEYS, 0)
+                nics += 1
+            self._guests[uuid] = guest
+        # KSM of this made-up host, never the machine's own.
+        self._ksm = MemoryKsm()
+        self.ksm = self._ksm.values
+        self.ksm_writes = self._ksm.writes
         # Method names that raise, to test how the agent lives with a failing hypervisor.
         self.broken: set[str] = set()
         self.stopped: list[str] = []
@@ -182,9 +203,11 @@ class SimulatedHypervisor:
         their total size divided by ``overcommit``; demand rises from ~40 % to ~85 %."""
         rng = random.Random(seed)
         specs = []
-        tiers = [tags for tags, share in TIER_MIX for _ in range(round(share * 100))]
+        tiers = [tag for tag, share in TIER_MIX for _ in range(round(share * 100))]
         for i in range(guests):
-            tags = tiers[(i * 37) % len(tiers)]
+            tags = frozenset(
+                {tiers[(i * 37) % len(tiers)], f"{PRIORITY_PREFIX}{i % PRIORITY_LEVELS}"}
+            )
             memory = rng.choice([2, 4, 4, 8]) * GIB
             specs.append(
                 SimGuestSpec(
@@ -272,11 +295,11 @@ class SimulatedHypervisor:
     # -- observations for the simulation report ----------------------------------------
 
     def balloon_ratios(self) -> dict[str, list[float]]:
-        """Balloon / allocation of every running guest, by SLA tier tag."""
+        """Balloon / allocation of every running guest, by SLA tier name."""
         ratios: dict[str, list[float]] = {}
         for g in self._guests.values():
-            for tag in g.spec.tags:
-                ratios.setdefault(tag, []).append(g.balloon / g.spec.memory_kib)
+            tier = tier_of(g.spec.tags).name
+            ratios.setdefault(tier, []).append(g.balloon / g.spec.memory_kib)
         return ratios
 
     def guest_swap_kib(self) -> int:
@@ -319,6 +342,7 @@ class SimulatedHypervisor:
                 g.spec.vcpu_limit,
                 tuple(g.spec.io_limits) or ("vda",),
                 g.spec.io_limits,
+                tuple(g.interfaces),
                 managed=g.managed,
             )
             for g in self._guests.values()
@@ -412,15 +436,61 @@ class SimulatedHypervisor:
 
     def ksm_write(self, key: str, value: int) -> None:
         self._check("ksm_write")
-        if key not in KSM_KEYS:
-            raise HypervisorError(f"unknown KSM knob {key!r}")
-        if key == "merge_across_nodes" and self.ksm["pages_shared"] > 0:
-            raise HypervisorError("merge_across_nodes: Device or resource busy (pages shared)")
-        if key == "run" and value == 2:
-            self.ksm["pages_shared"] = self.ksm["pages_sharing"] = 0
-            self._update_memory()
-        self.ksm[key] = int(value)
-        self.ksm_writes.append((key, int(value)))
+        self._ksm.write(key, value)
+        # An unmerge gives the merged pages back to the guests.
+        self._update_memory()
+
+    # -- network bandwidth and NUMA memory tuning ----------------------------------------
+
+    def _interface(self, uuid: str, interface: str) -> dict[str, int]:
+        limits = self._guest(uuid).interfaces.get(interface)
+        if limits is None:
+            raise HypervisorError(f"invalid argument: {interface!r} is not a known interface")
+        return limits
+
+    def interface_bandwidth(self, uuid: str, interface: str) -> Mapping[str, int]:
+        self._check("interface_bandwidth")
+        return dict(self._interface(uuid, interface))
+
+    def set_interface_bandwidth(self, uuid: str, interface: str, limits: Mapping[str, int]) -> None:
+        self._check("set_interface_bandwidth")
+        current = self._interface(uuid, interface)
+        for key, value in limits.items():
+            if key not in NET_KEYS:
+                raise HypervisorError(f"unsupported interface parameter {key!r}")
+            if not 0 <= value <= NET_LIMIT_MAX:
+                raise HypervisorError(f"{key} {value} out of range [0, {NET_LIMIT_MAX}]")
+        current.update(limits)
+        # As libvirt does: a direction without an average has no limit at all.
+        for direction in NET_DIRECTIONS:
+            if current[f"{direction}.average"] == 0:
+                current.update({f"{direction}.{p}": 0 for p in NET_PARAMS})
+
+    def numa_tune(self, uuid: str) -> NumaTune:
+        self._check("numa_tune")
+        return self._guest(uuid).numa
+
+    def set_numa_tune(self, uuid: str, *, mode: str | None, nodeset: str | None) -> None:
+        self._check("set_numa_tune")
+        g = self._guest(uuid)
+        # QEMU's rules for a running guest (qemuDomainSetNumaParameters).
+        if mode is not None and mode != g.numa.mode:
+            if mode not in NUMA_MODES:
+                raise HypervisorError(f"unsupported numa_mode {mode!r}")
+            raise HypervisorError("can't change numatune mode for running domain")
+        if nodeset is None:
+            return
+        if g.numa.mode not in ("strict", "restrictive"):
+            raise HypervisorError(
+                "change of nodeset for running domain requires strict or restrictive numa mode"
+            )
+        try:
+            nodes = parse_nodeset(nodeset)
+        except ValueError as exc:
+            raise HypervisorError(f"invalid nodeset: {exc}") from exc
+        if max(nodes) >= self.numa_nodes:
+            raise HypervisorError(f"NUMA node {max(nodes)} is unavailable")
+        g.numa = NumaTune(g.numa.mode, format_nodeset(nodes))
 
     # -- guest lifecycle and host discovery --------------------------------------------
 

@@ -26,12 +26,13 @@ from rich.table import Table
 
 from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, fail
-from loadmaster.cluster import SLA_TIERS, VmSpec
+from loadmaster.cluster import VmSpec
 from loadmaster.cluster.hosts import now
 from loadmaster.errors import LoadmasterError
 from loadmaster.pending import audit
 from loadmaster.scheduler import NoHostFits, RequestSpec
 from loadmaster.service import Loadmaster, open_loadmaster
+from loadmaster.tiers import TIER_NAMES
 
 console = Console(highlight=False)
 BATCH = 100
@@ -229,7 +230,7 @@ def create_vms(lm: Loadmaster, count: int, rng: random.Random) -> list[str]:
                     f"vm-{i:05d}",
                     flavor,
                     project_id=f"project-{rng.randint(1, 8)}",
-                    tags=[rng.choice(SLA_TIERS)],
+                    tags=[rng.choice(TIER_NAMES)],
                     group=group,
                 )
             )

@@ -107,6 +107,13 @@ def agent(
             "(see agent-journal); default: no journal"
         ),
     ] = None,
+    sys_root: Annotated[
+        Path | None,
+        typer.Option(
+            help="where KSM is written (<root>/kernel/mm/ksm); default: /sys for a real "
+            "hypervisor, in memory for the test driver (test:///...)"
+        ),
+    ] = None,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -124,7 +131,16 @@ def agent(
 
     try:
         reports = run_agent(
-            hypervisor, policy_dir, interval, api_url, token, host_name, cycles, state_dir, config
+            hypervisor,
+            policy_dir,
+            interval,
+            api_url,
+            token,
+            host_name,
+            cycles,
+            state_dir,
+            sys_root,
+            config,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)

@@ -15,11 +15,10 @@ from loadmaster.cluster.records import (
     HostRecord,
     VmRecord,
 )
-from loadmaster.cluster.vms import SLA_TIERS, VM_STATES, VmService, VmSpec
+from loadmaster.cluster.vms import VM_STATES, VmService, VmSpec
 
 __all__ = [
     "GROUP_POLICIES",
-    "SLA_TIERS",
     "VM_STATES",
     "AllocationRecord",
     "ClassUsage",

@@ -17,6 +17,7 @@ from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
 from loadmaster.store import Store
 from loadmaster.store.schema import FlavorRow, HostRow, ServerGroupRow, VmRow
+from loadmaster.tiers import parse_priority, tiers_in
 
 # requested -> pending on a host -> running -> stopped/deleted; migrating = active on the
 # source plus pending on the destination. A pending VM that fails to start goes back to
@@ -33,7 +34,6 @@ VM_STATES = tuple(TRANSITIONS)
 # A VM counts on a host (for VM counts and server groups) while it is headed there or runs
 # there: pending VMs count exactly like running ones.
 PLACED_STATES = ("pending", "running", "migrating")
-SLA_TIERS = ("platinum", "gold", "silver", "best-effort")
 
 
 def move(row: VmRow, target: str) -> None:
@@ -56,10 +56,17 @@ def _tags(tags: Iterable[object]) -> list[str]:
             raise ValidationError(
                 f"tags[{i}] must be a non-empty string of at most 64 characters", field=f"tags[{i}]"
             )
+        try:
+            parse_priority(tag)
+        except ValueError as exc:
+            raise ValidationError(str(exc), field=f"tags[{i}]") from None
         result.append(tag)
-    tiers = [t for t in result if t in SLA_TIERS]
+    tiers = tiers_in(result)
     if len(tiers) > 1:
-        raise ValidationError(f"tags name more than one SLA tier: {', '.join(tiers)}", field="tags")
+        names = ", ".join(t.name for t in tiers)
+        raise ValidationError(f"tags name more than one SLA tier: {names}", field="tags")
+    if len({t for t in result if parse_priority(t) is not None}) > 1:
+        raise ValidationError("tags name more than one priority", field="tags")
     return sorted(set(result))
 
 

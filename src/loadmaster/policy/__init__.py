@@ -17,8 +17,12 @@ policy recorded or raises ``PolicyError`` and nothing is applied. Language detai
 the few deliberate differences from MOM are in ``evaluator`` and ``syntax``.
 
 Loadmaster extensions to MOM's entity API: ``(e.HasTag "gold")`` is true when the
-entity carries that tag; ``(e.Tags)`` is the sorted list of its tags. ``(e.Prop "name")``
-is always the entity's name; other properties are nil when absent.
+entity carries that tag; ``(e.Tags)`` is the sorted list of its tags. The SLA tier its
+tags give (``loadmaster.tiers``): ``(e.Tier)`` is "platinum", "gold", "silver",
+"compute", "vapor" (tag ``best-effort`` too) or "none"; ``(e.MemoryGuarantee)`` the
+fraction of its allocation the tier guarantees (1, 0.75, 0.5, 0); ``(e.Priority)`` the N
+of its ``priority:N`` tag, 0 without one. ``(e.Prop "name")`` is always the entity's
+name; other properties are nil when absent.
 
 Snapshot JSON (``eval_files``; the CLI's ``policy eval --snapshot``)::
 
@@ -67,8 +71,8 @@ Shipped policies (``shipped_policy_dir()``), what the agent's collectors must pr
 - guest stats: ``balloon_cur``, ``balloon_max`` (the VM's allocation), ``balloon_min``
   (all KiB), ``mem_unused`` (KiB, from the guest agent; history used), ``vcpu_quota``,
   ``vcpu_period`` (µs), ``vcpu_user_limit`` (%, 100 = unlimited), ``vcpu_count``;
-- guest properties: ``io_tune`` (optional); guest tags: ``platinum``, ``gold``,
-  ``silver``, ``best-effort``, ``compute``.
+- guest properties: ``io_tune`` (optional); guest tags: the tiers ``platinum``, ``gold``,
+  ``silver``, ``compute``, ``vapor`` (or ``best-effort``), and ``priority:N``.
 
 A guest lacking a stat a rule needs is skipped by that rule (the policies test with
 ``valid`` first) and the stat is listed under ``missing_stats``; a host lacking memory
@@ -76,18 +80,27 @@ stats is treated as under no pressure and KSM is left alone.
 
 Controls written: host ``ksm_run`` (0 stop, 1 run, 2 unmerge), ``ksm_pages_to_scan``,
 ``ksm_sleep_millisecs``, ``ksm_merge_across_nodes``; guest ``balloon_target`` (KiB),
-``vcpu_quota``, ``vcpu_period`` (µs, -1 quota = unlimited), ``io_tune``, and
-loadmaster's requests for low tiers: ``migrate`` = 1 (move this VM to another host) and
-``stop`` = 1 (power this best-effort VM off).
+``vcpu_quota``, ``vcpu_period`` (µs, -1 quota = unlimited), ``io_tune``; network
+bandwidth per interface ``net_inbound_average``, ``net_inbound_peak``,
+``net_inbound_burst``, ``net_outbound_average``, ``net_outbound_peak``,
+``net_outbound_burst`` (KiB/s, bursts KiB, 0 = no limit; ``<control>@<interface>`` for
+one interface, see ``06-nettune``); NUMA placement ``numa_mode`` ("strict",
+"preferred", "interleave", "restrictive") and ``numa_nodeset`` ("0-1", see
+``07-numatune``); and loadmaster's requests for low tiers: ``migrate`` = 1 (move this VM
+to another host) and ``stop`` = 1 (power this vapor VM off). ``06-nettune`` and
+``07-numatune`` are examples, inert until ``netTuneEnabled`` / ``numaTuneEnabled`` are
+set.
 
 SLA tiers (``10-sla-tiers.policy``, needs ``02-balloon``): a platinum VM's balloon
 target is never below ``balloon_max``; gold never below 75 % and silver 50 % of it (nor
-below ``balloon_min``); a VM already below its floor is given the floor back. Best-effort
+below ``balloon_min``); a VM already below its floor is given the floor back. Vapor
 VMs may go down to ``balloon_min``; when host free memory is below ``pressure_threshold``
 (20 %) they get ``migrate``, at or below ``pressure_critical`` (5 %) also ``stop``, and
-silver VMs get ``migrate``. ``compute`` VMs always get an unlimited CPU quota, and under
-pressure are ballooned twice as fast, keeping only 5 % free. Several tier tags: the
-highest wins.
+silver VMs get ``migrate`` once no vapor VM is left. ``compute`` VMs always get an
+unlimited CPU quota, and under pressure are ballooned twice as fast, keeping only 5 %
+free. Several tier tags: the strongest wins. Within a tier lower priority goes first:
+while some VMs of a tier are shrunk, those of a higher priority keep their memory, and
+only the lowest-priority VMs of a tier are asked to migrate or stop in a cycle.
 """
 
 from loadmaster.policy.engine import (

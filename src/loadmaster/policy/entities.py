@@ -2,7 +2,8 @@
 
 An entity shows its stats as attributes (``guest.balloon_cur``) and MOM's methods
 (``Stat``, ``StatAvg``, ``Prop``, ``Control``, ``GetControl``, ``SetVar``, ``GetVar``)
-plus two loadmaster extensions, ``HasTag`` and ``Tags``. Every stat read that comes back
+plus loadmaster extensions: ``HasTag`` and ``Tags``, and the SLA tier the tags give
+(``loadmaster.tiers``): ``Tier``, ``Priority`` and ``MemoryGuarantee``. Every stat read that comes back
 nil is remembered, so the cycle result can say which stats a policy wanted but did not get.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from loadmaster.policy.snapshot import EntitySnapshot, StatValue
 from loadmaster.policy.values import MISSING, Builtin, Exposed, Fault, Value, describe
+from loadmaster.tiers import priority_of, tier_of
 
 # The fields MOM's collectors declare. A declared field a snapshot lacks reads as nil
 # (MOM's "optional field not collected"); a name that is neither declared here nor
@@ -220,6 +222,15 @@ class Entity(Exposed):
     def _m_tags(self) -> Value:
         return sorted(self.snapshot.tags)
 
+    def _m_tier(self) -> Value:
+        return tier_of(self.snapshot.tags).name
+
+    def _m_priority(self) -> Value:
+        return priority_of(self.snapshot.tags)
+
+    def _m_memory_guarantee(self) -> Value:
+        return tier_of(self.snapshot.tags).memory_guarantee
+
     def io_tune_control(self) -> list[dict[str, Any]] | None:
         """MOM's IoTune controller input: the entries whose current limits the policy changed."""
         if self.io_tune is None:
@@ -239,6 +250,9 @@ _METHODS: dict[str, tuple[int, int, str]] = {
     "GetVar": (1, 1, "_m_get_var"),
     "HasTag": (1, 1, "_m_has_tag"),
     "Tags": (0, 0, "_m_tags"),
+    "Tier": (0, 0, "_m_tier"),
+    "Priority": (0, 0, "_m_priority"),
+    "MemoryGuarantee": (0, 0, "_m_memory_guarantee"),
 }
 
 
