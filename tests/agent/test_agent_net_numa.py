@@ -39,6 +39,7 @@ def sim() -> SimulatedHypervisor:
             SimGuestSpec("no-nic", 4 * GIB, GIB, interfaces=0),
         ],
         host_memory_kib=16 * GIB,
+        numa_nodes=2,
     )
 
 

@@ -73,8 +73,6 @@ TIER_MIX: tuple[tuple[str, float], ...] = (
 )
 # ``mixed`` gives guest i the priority i % PRIORITY_LEVELS within its tier.
 PRIORITY_LEVELS = 3
-# NUMA cells of a simulated host.
-NUMA_NODES = 2
 
 
 @dataclass(frozen=True)
@@ -165,7 +163,6 @@ class SimulatedHypervisor:
         self.step_seconds = step_seconds
         self.step = 0
         self.cpu_load = 0.0
-        self.numa_nodes = NUMA_NODES
         rng = random.Random(seed)
         self._guests: dict[str, _Guest] = {}
         nics = 0
