@@ -127,6 +127,29 @@ def test_net_limits_per_interface_on_change_only_and_whole_directions() -> None:
     assert [(a.control, a.value) for a in out.actions] == [("net_inbound_burst@vnet0", 64)]
 
 
+def test_no_average_means_no_peak_and_a_bad_value_is_refused() -> None:
+    hv = sim()
+    calls = Calls(hv)
+    ctl = NetTuneController(calls)  # type: ignore[arg-type]
+    ctl.apply(context(hv, {"two-nics": {"net_outbound_average": 100, "net_outbound_peak": 200}}))
+    calls.net.clear()
+    out = ctl.apply(
+        context(hv, {"two-nics": {"net_outbound_average": 0, "net_outbound_peak": 200}})
+    )
+    lifted = {"outbound.average": 0, "outbound.peak": 0, "outbound.burst": 0}
+    assert calls.net == [("vnet0", lifted), ("vnet1", lifted)]
+    assert {(a.control, a.value) for a in out.actions} == {
+        ("net_outbound_average@vnet0", 0),
+        ("net_outbound_peak@vnet0", 0),
+        ("net_outbound_average@vnet1", 0),
+        ("net_outbound_peak@vnet1", 0),
+    }
+    out = ctl.apply(context(hv, {"two-nics": {"net_inbound_average": "fast"}}))
+    assert [f.error for f in out.failures] == [
+        "refused: net_inbound_average='fast' is no number"
+    ] * 2
+
+
 def test_net_limit_is_what_libvirt_takes() -> None:
     assert net_limit(-5) == 0  # no limit
     assert net_limit(12.9) == 12

@@ -140,6 +140,24 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         "tags",
         "more than one SLA tier",
     ),
+    (
+        "tier and its alias's other tier",
+        lambda lm: lm.vms.create("x", "small", tags=["best-effort", "compute"]),
+        "tags",
+        "more than one SLA tier: compute, vapor",
+    ),
+    (
+        "bad priority",
+        lambda lm: lm.vms.create("x", "small", tags=["gold", "priority:high"]),
+        "tags[1]",
+        "priority:N",
+    ),
+    (
+        "two priorities",
+        lambda lm: lm.vms.create("x", "small", tags=["priority:1", "priority:2"]),
+        "tags",
+        "more than one priority",
+    ),
     ("bad uuid", lambda lm: lm.vms.create("x", "small", uuid="not-a-uuid"), "uuid", "not a UUID"),
     ("duplicate host name", lambda lm: lm.hosts.create("h1"), "name", "already used"),
     ("delete host with allocations", lambda lm: lm.hosts.delete("h1"), "host", "has allocations"),
@@ -169,3 +187,8 @@ def test_batch_of_vms_is_all_or_nothing(seeded: Loadmaster) -> None:
         )
     assert err.value.field == "vms[2].flavor"
     assert dump(seeded) == before
+
+
+def test_vapor_and_its_alias_with_a_priority_are_one_tier(seeded: Loadmaster) -> None:
+    vm = seeded.vms.create("x", "small", tags=["vapor", "best-effort", "priority:7"])
+    assert sorted(vm.tags) == ["best-effort", "priority:7", "vapor"]

@@ -419,8 +419,20 @@ class NetTuneController(Controller):
             value = controls.get(f"{control}{NET_INTERFACE_SEPARATOR}{interface}")
             if value is None:
                 value = controls.get(control)
-            if value is not None:
+            if value is None:
+                continue
+            try:
                 wanted[key] = net_limit(value)
+            except (TypeError, ValueError):
+                out.failures.append(
+                    Failure(self.name, guest.name, f"refused: {control}={value!r} is no number")
+                )
+                return
+        for direction in NET_DIRECTIONS:
+            # As libvirt does: a direction without an average has no peak or burst either,
+            # so what is remembered is what the interface really has.
+            if wanted.get(f"{direction}.average") == 0:
+                wanted.update({f"{direction}.{p}": 0 for p in NET_PARAMS})
         changed = {k for k, v in wanted.items() if v != current[k]}
         if not changed:
             return
