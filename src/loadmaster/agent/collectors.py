@@ -298,7 +298,8 @@ class GuestCpuCollector:
         now = self.clock()
         previous = self._prev.get(guest.uuid)
         self._prev[guest.uuid] = (now, cpu.cpu_time_ns)
-        if previous is not None and now > previous[0] and cpu.vcpu_count > 0:
+        # A hypervisor that could not count the vCPUs gives None: no usage then.
+        if previous is not None and now > previous[0] and (cpu.vcpu_count or 0) > 0:
             busy = (cpu.cpu_time_ns - previous[1]) / 1e9
             stats["cpu_usage"] = max(0.0, busy / ((now - previous[0]) * cpu.vcpu_count))
         return stats, {}
@@ -401,6 +402,8 @@ class CollectorSources:
     clock: Callable[[], float] = time.monotonic
 
 
+# Fields a guest collector returns among its properties rather than its stats.
+PROPERTY_FIELDS = ("io_tune",)
 _GUEST_MEMORY = ("mem_available", "mem_unused", "major_fault", "minor_fault", "swap_in", "swap_out")
 _GUEST_SWAP = ("swap_total", "swap_usage")
 _BALLOON = ("balloon_cur", "balloon_max", "balloon_min")

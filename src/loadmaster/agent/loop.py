@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from loadmaster.agent.collectors import (
     DEFAULT_HISTORY,
+    PROPERTY_FIELDS,
     CollectorSet,
     CollectorSources,
     Declaration,
@@ -347,6 +348,9 @@ class Agent:
         else:
             result = self._evaluate(host, snapshots, report)
         if result is not None:
+            for name, reason in result.left_out.items():
+                report.left_out[name] = reason
+                self._journal_left_out(report, name, by_name[name].uuid, reason)
             for name, refused in result.refused_controls.items():
                 uuid = by_name[name].uuid if name in by_name else None
                 for control, reason in refused.items():
@@ -436,6 +440,10 @@ class Agent:
                 if stats.get(name) is None:
                     stats[name] = value
             properties.update(props)
+        # A field given as a property is no stat: an absent io_tune means "no IO policy",
+        # not a failed read.
+        for name in PROPERTY_FIELDS:
+            stats.pop(name, None)
         report.missing_stats += [f"{guest.name}.{k}" for k, v in stats.items() if v is None]
         declared = self.guest_declaration.fields
         missing = self.guest_declaration.missing(stats, properties)

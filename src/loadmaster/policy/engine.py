@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 
 from loadmaster.policy.entities import GUEST_STATS, HOST_STATS, Entity, declared_stats
-from loadmaster.policy.errors import PolicyError
+from loadmaster.policy.errors import PolicyError, PolicyLimitError
 from loadmaster.policy.evaluator import DEFAULT_MAX_STEPS, Evaluator, global_scope
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 from loadmaster.policy.syntax import Node, parse
@@ -113,27 +114,48 @@ class Policy:
         self.max_steps = max_steps
         self.max_seconds = max_seconds
 
-    def file_named(self, filename: str) -> PolicyFile | None:
-        return next((f for f in self.files if f.filename == filename), None)
-
-    def replacing(self, name: str, replacement: PolicyFile | None) -> Policy:
-        """This policy with the file of MOM name ``name`` replaced (or left out when None)."""
-        files = [f for f in self.files if f.name != name]
-        if replacement is not None:
-            files.append(replacement)
-        return Policy(files, self.max_steps, self.max_seconds)
-
     @classmethod
     def from_text(cls, text: str, filename: str = "policy.policy") -> Policy:
         return cls([PolicyFile(policy_name(filename), filename, parse(text, filename))])
 
     def evaluate(self, host: EntitySnapshot, guests: Sequence[EntitySnapshot]) -> CycleResult:
-        """Run one cycle. Any error raises ``PolicyError`` and no control is returned."""
+        """Run one cycle. Any error raises ``PolicyError`` and no control is returned.
+
+        One exception, so that one guest's missing statistic never costs the others their
+        controls: when the error is raised while evaluating a guest (inside ``with
+        Guests``) that read a statistic which came back nil, that guest is left out
+        (``CycleResult.left_out``) and the cycle evaluated again without it. MOM drops
+        the whole tick there. An error on a complete guest is the policy's own fault and
+        fails the cycle as in MOM; so does any bound exceeded. All evaluations of one
+        cycle share one wall-time deadline.
+        """
         seen: set[str] = set()
         for guest in guests:
             if guest.name in seen:
                 raise PolicyError(SNAPSHOT, 0, 0, f"two guests are named {guest.name!r}")
             seen.add(guest.name)
+        deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
+        left_out: dict[str, str] = {}
+        while True:
+            remaining = [g for g in guests if g.name not in left_out]
+            try:
+                return self._evaluate_once(host, remaining, deadline, left_out)
+            except PolicyLimitError:
+                raise
+            except PolicyError as exc:
+                culprit = exc.subject
+                if not isinstance(culprit, Entity) or not culprit.missing:
+                    raise
+                missing = ", ".join(sorted(culprit.missing))
+                left_out[culprit.snapshot.name] = f"policy failed on its nil {missing}: {exc}"
+
+    def _evaluate_once(
+        self,
+        host: EntitySnapshot,
+        guests: Sequence[EntitySnapshot],
+        deadline: float | None,
+        left_out: Mapping[str, str],
+    ) -> CycleResult:
         # Collectors' declarations decide what is readable; snapshots without one (policy
         # eval) share MOM's full field list plus whatever any of them carries.
         host_declared = host.declared
@@ -148,7 +170,10 @@ class Policy:
             steps = DEFAULT_MAX_STEPS + STEPS_PER_GUEST * len(guests)
         guest_values: list[Value] = list(guest_entities)
         evaluator = Evaluator(
-            global_scope(host_entity, guest_values), steps, max_seconds=self.max_seconds
+            global_scope(host_entity, guest_values),
+            steps,
+            max_seconds=self.max_seconds,
+            deadline=deadline,
         )
         evaluator.run(node for f in self.files for node in f.program)
 
@@ -172,6 +197,7 @@ class Policy:
             missing_host_stats=tuple(sorted(host_entity.missing)),
             missing_guest_stats=missing_guest,
             refused_controls=refused,
+            left_out=dict(left_out),
         )
 
 

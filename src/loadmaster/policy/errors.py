@@ -21,6 +21,10 @@ class PolicyError(LoadmasterError):
         self.line = line
         self.column = column
         self.message = message
+        # The guest entity being evaluated when this was raised (the innermost iteration
+        # of ``with Guests``), set by the evaluator: lets a cycle leave out the guest whose
+        # incomplete sample made the policy fail.
+        self.subject: object | None = None
         where = f"{file}:{line}:{column}" if line > 0 else file
         super().__init__(f"{where}: {message}")
 

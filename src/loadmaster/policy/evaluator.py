@@ -177,7 +177,8 @@ class Evaluator:
     """One cycle's interpreter state: the scope stack, the function table and the budgets.
 
     ``max_seconds`` bounds the cycle's wall time (None: unbounded), measured with ``clock``
-    from the evaluator's creation.
+    from the evaluator's creation, or up to ``deadline`` when given (a cycle evaluated
+    more than once shares one deadline).
     """
 
     def __init__(
@@ -188,6 +189,7 @@ class Evaluator:
         max_seconds: float | None = None,
         max_allocated: int = DEFAULT_MAX_ALLOCATED,
         clock: Callable[[], float] = time.monotonic,
+        deadline: float | None = None,
     ) -> None:
         self.scopes: list[dict[str, Value]] = [bottom]
         self.functions: dict[str, tuple[tuple[str, ...], Node]] = {}
@@ -198,7 +200,9 @@ class Evaluator:
         self.max_allocated = max_allocated
         self.clock = clock
         self.max_seconds = max_seconds
-        self.deadline = None if max_seconds is None else clock() + max_seconds
+        if deadline is None and max_seconds is not None:
+            deadline = clock() + max_seconds
+        self.deadline = deadline
         # Where evaluation stands, for errors that have no node of their own (MemoryError).
         self.where: Node | None = None
 
@@ -468,6 +472,7 @@ class Evaluator:
             raise PolicyError(*source.pos, f"with: {source.name} is {describe(items)}, not a list")
         results: list[Value] = []
         body = args[2]
+        over_guests = items is self.scopes[0].get("Guests")
         for element in items:
             # Counted here, not only in eval: a body that is a bare name or number costs no
             # step of its own, and ``(with s a 0)`` over a long string must still be bounded.
@@ -475,7 +480,11 @@ class Evaluator:
             self._charge(node, 1)
             self.scopes.append({item: element})
             try:
-                results.append(self.eval(args[2]))
+                results.append(self.eval(body))
+            except PolicyError as exc:
+                if over_guests and exc.subject is None:
+                    exc.subject = element
+                raise
             finally:
                 self.scopes.pop()
         return results

@@ -49,7 +49,8 @@ class CycleResult:
 
     ``refused_controls`` maps a guest name to the controls refused for it and why (its
     ``io_tune`` when an IO policy entry lacks one of the six limit keys); the policy ran
-    without them and every other control stands.
+    without them and every other control stands. ``left_out`` maps a guest the cycle
+    was evaluated without to the reason: the policy failed on a statistic it lacked.
     """
 
     host_controls: Mapping[str, Any]
@@ -57,3 +58,4 @@ class CycleResult:
     missing_host_stats: tuple[str, ...] = ()
     missing_guest_stats: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     refused_controls: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    left_out: Mapping[str, str] = field(default_factory=dict)
