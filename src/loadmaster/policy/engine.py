@@ -56,12 +56,18 @@ def read_policy_bytes(path: Path) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:
         raise PolicyError(path.name, 0, 0, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise PolicyError(path.name, 0, 0, f"cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise PolicyError(path.name, 0, 0, "not a regular file; refused")
+    if info.st_size > MAX_POLICY_BYTES:
+        os.close(fd)
+        raise PolicyError(path.name, 0, 0, f"larger than {MAX_POLICY_BYTES} bytes; refused")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise PolicyError(path.name, 0, 0, "not a regular file; refused")
-        if info.st_size > MAX_POLICY_BYTES:
-            raise PolicyError(path.name, 0, 0, f"larger than {MAX_POLICY_BYTES} bytes; refused")
         try:
             data = f.read(MAX_POLICY_BYTES + 1)
         except OSError as exc:
