@@ -44,6 +44,7 @@ def run_agent(
     host_name: str | None,
     cycles: int | None,
     state_dir: Path | None = None,
+    collectors: str | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
@@ -53,7 +54,8 @@ def run_agent(
     ``state_dir`` every applied control is journalled there (``AppliedJournal``).
     Raises ``PolicyError`` when the policy directory does not load, ``HypervisorError``
     when the hypervisor cannot be reached, ``JournalError`` when the state directory
-    cannot be used.
+    cannot be used. ``collectors`` names the collector set (``vdsm``, ``mom-libvirt``;
+    default ``loadmaster``); an unknown name raises ``ValueError``.
     """
     journal = AppliedJournal(state_dir) if state_dir is not None else None
     last = journal.state_at_open.open_cycle if journal is not None else None
@@ -77,6 +79,7 @@ def run_agent(
             host_name=host_name or socket.gethostname(),
             migration_sender=client.request_migration if client else None,
             journal=journal,
+            collectors=collectors,
         )
         stop = threading.Event()
         if cycles is not None:

@@ -98,20 +98,41 @@ def agent(
             "(see agent-journal); default: no journal"
         ),
     ] = None,
+    collectors: Annotated[
+        str | None,
+        typer.Option(
+            help="collector set, as MOM's [host]/[guest] collectors: vdsm, mom-libvirt or "
+            "loadmaster (default); it decides which fields policies can read"
+        ),
+    ] = None,
 ) -> None:
     """Run the host agent: collect, apply the SLA policy, report to the API."""
     from loadmaster.agent import run_agent
+    from loadmaster.agent.collectors import COLLECTOR_SETS, DEFAULT_COLLECTOR_SET
 
+    known = sorted([DEFAULT_COLLECTOR_SET, *COLLECTOR_SETS])
+    if collectors is not None and collectors not in known:
+        fail(f"--collectors: unknown set {collectors!r} (known: {', '.join(known)})", Exit.USAGE)
     try:
         reports = run_agent(
-            hypervisor, policy_dir, interval, api_url, token, host_name, cycles, state_dir
+            hypervisor,
+            policy_dir,
+            interval,
+            api_url,
+            token,
+            host_name,
+            cycles,
+            state_dir,
+            collectors=collectors,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
+
     for report in reports:
         err_console.print(
             f"cycle {report.cycle}: {report.guests} guests, {len(report.actions)} actions, "
-            f"{len(report.failures)} failures, reported={report.reported}"
+            f"{len(report.failures)} failures, {len(report.left_out)} guests left out, "
+            f"{len(report.not_applied)} controls not applied, reported={report.reported}"
         )
 
 
