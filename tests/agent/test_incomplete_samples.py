@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import FIXTURES
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scripted_hv import Sample, ScriptedHypervisor
 
@@ -311,12 +311,15 @@ def vdsm_guest(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Mapping[str, 
     return sample, io
 
 
-@st.composite
-def snapshots_and_damage(
-    draw: st.DrawFn,
-) -> tuple[
+# Guest samples, IO policies, the damaged guest, the fields it loses, and whether one of
+# its IO limit keys goes too.
+Damage = tuple[
     dict[str, dict[str, Any]], dict[str, dict[str, Mapping[str, int]]], str, list[str], bool
-]:
+]
+
+
+@st.composite
+def snapshots_and_damage(draw: st.DrawFn) -> Damage:
     guests = draw(st.lists(vdsm_guest(), min_size=2, max_size=6))
     samples = {f"vm-{i}": g[0] for i, g in enumerate(guests)}
     io_max = {f"vm-{i}": g[1] for i, g in enumerate(guests) if g[1]}
@@ -330,7 +333,6 @@ def controls_of(
     policy_dir: Path,
     samples: Mapping[str, Sample],
     io_max: Mapping[str, Mapping[str, Mapping[str, int]]],
-    workdir: Path,
 ) -> Mapping[str, Any]:
     hv = ScriptedHypervisor(dict(samples), {k: dict(v) for k, v in io_max.items()})
     agent = Agent(hv, policy_dir, collectors="vdsm", proc_root=FIXTURES / "proc")
@@ -342,24 +344,18 @@ def controls_of(
 @pytest.mark.parametrize(
     "policy_dir", [VDSM_POLICIES, shipped_policy_dir()], ids=["vdsm", "shipped"]
 )
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, deadline=None)
 @given(data=snapshots_and_damage())
 def test_removing_a_field_from_one_guest_never_changes_another_guests_controls(
-    policy_dir: Path,
-    data: tuple[
-        dict[str, dict[str, Any]], dict[str, dict[str, Mapping[str, int]]], str, list[str], bool
-    ],
-    tmp_path: Path,
+    policy_dir: Path, data: Damage
 ) -> None:
     samples, io_max, victim, removed, cut_io_key = data
-    before = controls_of(policy_dir, samples, io_max, tmp_path)
+    before = controls_of(policy_dir, samples, io_max)
     damaged = {**samples, victim: without(samples[victim], *removed)}
     damaged_io = dict(io_max)
     if cut_io_key and victim in io_max:
         damaged_io[victim] = {d: without(m, "write_iops_sec") for d, m in io_max[victim].items()}
-    after = controls_of(policy_dir, damaged, damaged_io, tmp_path)
+    after = controls_of(policy_dir, damaged, damaged_io)
     for name in samples:
         if name != victim:
             assert after.get(name) == before.get(name), name
