@@ -367,7 +367,9 @@ class _Declared:
     """A collector under one of MOM's names: it declares MOM's mandatory and optional
     fields and passes on only those, so a policy reads exactly what MOM would offer."""
 
-    def __init__(self, name: str, inner: Any, mandatory: Sequence[str], optional: Sequence[str]):
+    def __init__(
+        self, name: str, inner: Any, mandatory: Sequence[str], optional: Sequence[str]
+    ) -> None:
         self.name = name
         self.inner = inner
         self.mandatory_fields = tuple(mandatory)

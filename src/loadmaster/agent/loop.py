@@ -310,6 +310,8 @@ class Agent:
         self.history = History(history_length)
         self.cycles = 0
         self._missing_logged: frozenset[str] = frozenset()
+        self._left_out_before: set[str] = set()
+        self._left_out_now: set[str] = set()
 
     def run_forever(self, stop_event: threading.Event) -> None:
         while not stop_event.is_set():
@@ -376,6 +378,7 @@ class Agent:
                 lambda j: j.cycle_end(report.cycle, len(report.actions), len(report.failures)),
             )
 
+        self._left_out_before, self._left_out_now = self._left_out_now, set()
         report.missing_stats = sorted(set(report.missing_stats))
         self._log_missing(report.missing_stats)
         report.policy_file_errors = [str(e) for e in self.watcher.errors]
@@ -410,7 +413,11 @@ class Agent:
         return None
 
     def _journal_left_out(self, report: CycleReport, name: str, uuid: str, reason: str) -> None:
-        log.info("guest %s left out of this cycle: %s", name, reason)
+        # Warn when a guest starts being left out; a guest that stays out every cycle (no
+        # balloon device, say) would otherwise flood the log, as MOM's monitors avoid too.
+        level = logging.DEBUG if name in self._left_out_before else logging.WARNING
+        log.log(level, "guest %s left out of cycle %d: %s", name, report.cycle, reason)
+        self._left_out_now.add(name)
         self._journal(report, lambda j: j.left_out(report.cycle, name, uuid, reason))
 
     def _not_applied(self, report: CycleReport, item: NotApplied) -> None:
