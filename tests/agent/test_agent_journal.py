@@ -246,7 +246,12 @@ def test_cycles_that_run_no_controller_are_not_framed(tmp_path: Path) -> None:
     sim.broken.add("list_guests")
     agent.run_cycle()
     journal.close()
-    assert (tmp_path / "state" / JOURNAL_FILE).read_bytes() == b""
+    # Only the explanation of the failed cycle: no cycle-start or cycle-end frame.
+    lines = (tmp_path / "state" / JOURNAL_FILE).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [(r["kind"], r["target"], r["control"]) for r in records] == [("not-applied", "*", "*")]
+    assert records[0]["reason"] == "policy error: a.policy:1:1: undefined symbol x"
+    assert read_journal(tmp_path / "state").explained == 1
 
 
 # -- properties ----------------------------------------------------------------------

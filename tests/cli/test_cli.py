@@ -175,7 +175,13 @@ def test_policy_commands(tmp_path: Path) -> None:
     )
     evaluated = run_cli("policy", "eval", *shipped, "--snapshot", str(snapshot))
     assert evaluated.returncode == 0, evaluated.stderr
-    assert set(json.loads(evaluated.stdout)) == {"host", "guests", "missing_stats"}
+    assert set(json.loads(evaluated.stdout)) == {
+        "host",
+        "guests",
+        "missing_stats",
+        "left_out",
+        "refused",
+    }
 
 
 def test_agent_and_host_simulation(tmp_path: Path) -> None:

@@ -101,6 +101,33 @@ def test_eval_files_returns_json() -> None:
     assert out["host"] == {}
 
 
+def test_eval_files_reports_refused_io_tune_and_left_out_guests(tmp_path: Path) -> None:
+    policy = tmp_path / "p.policy"
+    policy.write_text(
+        "(with Guests g {\n"
+        '  (g.Control "vcpu_quota" (* 2 g.vcpu_count))\n'
+        "  (if (valid g.io_tune) (with g.io_tune t (t.setTotalIopsSec 5)) 0)})"
+    )
+    limits = dict.fromkeys(["total_bytes_sec", "read_bytes_sec", "write_bytes_sec"], 0)
+    snapshot = {
+        "guests": [
+            {"name": "ok", "stats": {"vcpu_count": 2}},
+            {"name": "nil", "stats": {"vcpu_count": None}},
+            {
+                "name": "short",
+                "stats": {"vcpu_count": 1},
+                "properties": {"io_tune": [{"name": "vda", "maximum": limits}]},
+            },
+        ]
+    }
+    out = eval_files([policy], snapshot)
+    assert out["guests"] == {"ok": {"vcpu_quota": 4}, "short": {"vcpu_quota": 2}}
+    assert out["refused"] == {
+        "short": {"io_tune": "io_tune entry 'vda': maximum lacks the limit key total_iops_sec"}
+    }
+    assert out["left_out"]["nil"].startswith("policy failed on its nil vcpu_count: p.policy:2:")
+
+
 @pytest.mark.parametrize(
     ("snapshot", "message"),
     [

@@ -205,12 +205,24 @@ def test_set_of_an_undeclared_knob_aborts_the_whole_cycle(tmp_path: Path) -> Non
     )
 
 
-def test_vdsm_crashes_on_nil_stats_where_mom_does() -> None:
-    # vdsm's 04-cputune does not check its stats: a guest without vcpu_user_limit fails the
-    # whole cycle, as it would in MOM. Loadmaster's shipped policy skips the guest instead.
-    g = guest("g", vcpu_count=2, vcpu_quota=-1, vcpu_period=100_000)
+def test_vdsm_nil_stat_leaves_only_that_guest_out() -> None:
+    # vdsm's 04-cputune does not check its stats: in MOM a guest without vcpu_user_limit
+    # fails the whole cycle. Here that guest is left out and the others keep their controls
+    # (docs/mom-differences.md).
+    bad = guest("bad", vcpu_count=2, vcpu_quota=-1, vcpu_period=100_000)
+    good = guest("good", vcpu_user_limit=50, vcpu_count=2, vcpu_quota=-1, vcpu_period=100_000)
+    files = [VDSM / "00-defines.policy", VDSM / "04-cputune.policy"]
+    result = load_policy_files(files).evaluate(host(cpu_count=2), [bad, good])
+    assert result.guest_controls == {"good": {"vcpu_quota": 50000.0}}
+    reason = result.left_out["bad"]
+    assert reason.startswith("policy failed on its nil vcpu_user_limit: 04-cputune.policy:")
+    assert "cannot apply < to nil" in reason
+
+
+def test_vdsm_error_on_a_complete_guest_still_fails_the_cycle() -> None:
+    # Nothing was missing, so the policy itself is at fault: as in MOM, no control at all.
+    g = guest("g", vcpu_user_limit="fifty", vcpu_count=2, vcpu_quota=-1, vcpu_period=100_000)  # type: ignore[arg-type]
     files = [VDSM / "00-defines.policy", VDSM / "04-cputune.policy"]
     with pytest.raises(PolicyError) as info:
         load_policy_files(files).evaluate(host(cpu_count=2), [g])
     assert info.value.file == "04-cputune.policy"
-    assert "cannot apply < to nil" in info.value.message

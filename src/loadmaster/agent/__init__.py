@@ -11,7 +11,8 @@ Public API::
         -> list[CycleReport]
     simulate_host(guests, steps, seed, out_dir) -> SimulationResult
     Agent(hypervisor, policy_dir, interval, host_collectors=None, guest_collectors=None,
-          controllers=None, reporter=None, *, host_name=..., migration_sender=...)
+          controllers=None, reporter=None, *, host_name=..., migration_sender=...,
+          collectors=None)   # collectors="vdsm" / "mom-libvirt": MOM's sets by name
         .run_cycle() -> CycleReport; .run_forever(stop_event)
     LibvirtHypervisor(uri, sys_root=None), SimulatedHypervisor(...).mixed(...)
     AppliedJournal(state_dir) .cycle_start/.applied/.cycle_end; read_journal(state_dir)

@@ -1,9 +1,16 @@
 """Collectors: read the host and its guests into the stats a policy sees.
 
-A collector declares the ``fields`` it provides. A field it cannot read comes back
-``None``; a collector that raises is reported by the agent with all its fields ``None``.
-Host collectors also see this cycle's guest stats, for host figures that summarise
-guests (``ksm_shareable``).
+A collector declares the ``fields`` it provides and, as MOM's do, which of them are
+mandatory (``mandatory_fields``, a subset; absent = none). A field it cannot read comes
+back ``None``; a collector that raises is reported by the agent with all its fields
+``None``. A sample lacking a mandatory field makes its entity not ready for the cycle
+(see ``loop.Agent``). Host collectors also see this cycle's guest stats, for host
+figures that summarise guests (``ksm_shareable``).
+
+The agent's configuration picks collectors by MOM's names (``HostMemory``,
+``GuestCpuTune``, ...; ``MOM_COLLECTORS``) or a whole set by name (``COLLECTOR_SETS``:
+``vdsm``, ``mom-libvirt``, ``loadmaster``, the default). A MOM-named collector declares
+exactly MOM's mandatory and optional fields, so the fields a policy can read are MOM's.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,6 +64,9 @@ class History:
             samples = self._samples[entity] = deque(maxlen=self.length)
         samples.append(stats)
         return tuple(samples)
+
+    def samples(self, entity: str) -> tuple[Mapping[str, StatValue], ...]:
+        return tuple(self._samples.get(entity, ()))
 
     def keep_only(self, entities: set[str]) -> None:
         for name in [n for n in self._samples if n not in entities]:
@@ -286,7 +298,8 @@ class GuestCpuCollector:
         now = self.clock()
         previous = self._prev.get(guest.uuid)
         self._prev[guest.uuid] = (now, cpu.cpu_time_ns)
-        if previous is not None and now > previous[0] and cpu.vcpu_count > 0:
+        # A hypervisor that could not count the vCPUs gives None: no usage then.
+        if previous is not None and now > previous[0] and (cpu.vcpu_count or 0) > 0:
             busy = (cpu.cpu_time_ns - previous[1]) / 1e9
             stats["cpu_usage"] = max(0.0, busy / ((now - previous[0]) * cpu.vcpu_count))
         return stats, {}
@@ -366,6 +379,223 @@ class GuestNumaCollector:
     def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
         tune = self.hypervisor.numa_tune(guest.uuid)
         return {}, {"numa_mode": tune.mode, "numa_nodeset": tune.nodeset}
+
+
+class HostTimeCollector:
+    """MOM's HostTime: the local date and time, for policies that act by time of day."""
+
+    name = "host-time"
+    fields: tuple[str, ...] = (
+        "time_year",
+        "time_month",
+        "time_day",
+        "time_hour",
+        "time_minute",
+        "time_second",
+        "time_microsecond",
+    )
+    mandatory_fields = fields
+
+    def __init__(self, now: Callable[[], datetime] = datetime.now) -> None:
+        self.now = now
+
+    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats:
+        t = self.now()
+        values = (t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
+        return dict(zip(self.fields, values, strict=True))
+
+
+class _Declared:
+    """A collector under one of MOM's names: it declares MOM's mandatory and optional
+    fields and passes on only those, so a policy reads exactly what MOM would offer."""
+
+    def __init__(
+        self, name: str, inner: Any, mandatory: Sequence[str], optional: Sequence[str]
+    ) -> None:
+        self.name = name
+        self.inner = inner
+        self.mandatory_fields = tuple(mandatory)
+        self.fields = (*mandatory, *(f for f in optional if f not in mandatory))
+
+    def _only_declared(self, stats: Mapping[str, StatValue]) -> Stats:
+        return {k: v for k, v in stats.items() if k in self.fields}
+
+    def forget(self, uuids: set[str]) -> None:
+        forget = getattr(self.inner, "forget", None)
+        if forget is not None:
+            forget(uuids)
+
+
+class DeclaredHostCollector(_Declared):
+    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats:
+        return self._only_declared(self.inner.collect(guests))
+
+
+class DeclaredGuestCollector(_Declared):
+    def collect(self, guest: GuestInfo) -> tuple[Stats, dict[str, Any]]:
+        stats, properties = self.inner.collect(guest)
+        return self._only_declared(stats), {k: v for k, v in properties.items() if k in self.fields}
+
+
+@dataclass(frozen=True)
+class CollectorSources:
+    """What collectors are built from."""
+
+    hypervisor: Hypervisor
+    proc_root: Path = Path("/proc")
+    clock: Callable[[], float] = time.monotonic
+
+
+# Fields a guest collector returns among its properties rather than its stats.
+PROPERTY_FIELDS = ("io_tune",)
+_GUEST_MEMORY = ("mem_available", "mem_unused", "major_fault", "minor_fault", "swap_in", "swap_out")
+_GUEST_SWAP = ("swap_total", "swap_usage")
+_BALLOON = ("balloon_cur", "balloon_max", "balloon_min")
+_CPU_TUNE = ("vcpu_quota", "vcpu_period", "vcpu_user_limit", "vcpu_count")
+_HOST_MEMORY = (
+    "mem_available",
+    "mem_unused",
+    "mem_free",
+    "anon_pages",
+    "swap_total",
+    "swap_usage",
+    "swap_in",
+    "swap_out",
+)
+_HOST_KSM = (*(f"ksm_{k}" for k in KSM_KEYS), "ksm_shareable")
+
+
+def _host(
+    name: str,
+    build: Callable[[CollectorSources], Any],
+    mandatory: Sequence[str],
+    optional: Sequence[str] = (),
+) -> Callable[[CollectorSources], HostCollector]:
+    return lambda src: DeclaredHostCollector(name, build(src), mandatory, optional)
+
+
+def _guest(
+    name: str,
+    build: Callable[[CollectorSources], Any],
+    mandatory: Sequence[str],
+    optional: Sequence[str] = (),
+) -> Callable[[CollectorSources], GuestCollector]:
+    return lambda src: DeclaredGuestCollector(name, build(src), mandatory, optional)
+
+
+def _memory(src: CollectorSources) -> GuestMemoryCollector:
+    return GuestMemoryCollector(src.hypervisor)
+
+
+def _balloon(src: CollectorSources) -> GuestBalloonCollector:
+    return GuestBalloonCollector(src.hypervisor)
+
+
+def _io(src: CollectorSources) -> GuestIoCollector:
+    return GuestIoCollector(src.hypervisor)
+
+
+# MOM's collectors by name, with MOM's declarations (mom/Collectors/*.py). ``ksmd_cpu_usage``
+# is declared but not measured (nil): MOM reads it from ksmd's /proc entry, which a test
+# host or the simulator does not have. ``io_tune`` is a property of the guest here.
+# GuestQemuProc, GuestQemuAgent and GuestNetworkDaemon need a qemu pid or an agent inside
+# the guest, which the hypervisor interface does not give; they are not offered.
+MOM_HOST_COLLECTORS: dict[str, Callable[[CollectorSources], HostCollector]] = {
+    "HostMemory": _host("HostMemory", lambda s: HostMemoryCollector(s.proc_root), _HOST_MEMORY),
+    "HostKSM": _host(
+        "HostKSM", lambda s: HostKsmCollector(s.hypervisor), _HOST_KSM, ("ksmd_cpu_usage",)
+    ),
+    "HostCpu": _host("HostCpu", lambda s: HostCpuCollector(s.proc_root), ("cpu_count",)),
+    "HostTime": lambda s: HostTimeCollector(),
+}
+MOM_GUEST_COLLECTORS: dict[str, Callable[[CollectorSources], GuestCollector]] = {
+    "GuestMemory": _guest("GuestMemory", _memory, _GUEST_MEMORY, _GUEST_SWAP),
+    "GuestMemoryOptional": _guest(
+        "GuestMemoryOptional", _memory, (), (*_GUEST_MEMORY, *_GUEST_SWAP)
+    ),
+    "GuestBalloon": _guest("GuestBalloon", _balloon, _BALLOON),
+    "GuestBalloonOptional": _guest("GuestBalloonOptional", _balloon, (), _BALLOON),
+    "GuestCpuTune": _guest(
+        "GuestCpuTune", lambda s: GuestCpuCollector(s.hypervisor, s.clock), _CPU_TUNE
+    ),
+    "GuestIoTune": _guest("GuestIoTune", _io, ("io_tune",)),
+    "GuestIoTuneOptional": _guest("GuestIoTuneOptional", _io, (), ("io_tune",)),
+}
+
+
+@dataclass(frozen=True)
+class CollectorSet:
+    """Host and guest collector names, in priority order (the first non-nil value wins)."""
+
+    host: tuple[str, ...]
+    guest: tuple[str, ...]
+
+
+DEFAULT_COLLECTOR_SET = "loadmaster"
+COLLECTOR_SETS: dict[str, CollectorSet] = {
+    # vdsm's mom.conf: [host] collectors, [guest] collectors.
+    "vdsm": CollectorSet(
+        ("HostMemory", "HostKSM", "HostCpu"),
+        ("GuestMemoryOptional", "GuestBalloonOptional", "GuestCpuTune", "GuestIoTuneOptional"),
+    ),
+    # MOM's built-in defaults for the libvirt interface, without GuestQemuProc (see above).
+    "mom-libvirt": CollectorSet(("HostMemory",), ("GuestMemory",)),
+}
+
+
+def named_collectors(
+    selection: str | CollectorSet, sources: CollectorSources
+) -> tuple[list[HostCollector], list[GuestCollector]]:
+    """The collectors a configuration names: a set (``vdsm``) or MOM collector names.
+    Raises ``ValueError`` naming an unknown set or collector."""
+    if isinstance(selection, str):
+        if selection == DEFAULT_COLLECTOR_SET:
+            return (
+                default_host_collectors(sources.hypervisor, sources.proc_root),
+                default_guest_collectors(sources.hypervisor, sources.clock),
+            )
+        if selection not in COLLECTOR_SETS:
+            known = ", ".join(sorted([DEFAULT_COLLECTOR_SET, *COLLECTOR_SETS]))
+            raise ValueError(f"unknown collector set {selection!r} (known: {known})")
+        selection = COLLECTOR_SETS[selection]
+    for names, registry, side in (
+        (selection.host, MOM_HOST_COLLECTORS, "host"),
+        (selection.guest, MOM_GUEST_COLLECTORS, "guest"),
+    ):
+        unknown = [n for n in names if n not in registry]
+        if unknown:
+            raise ValueError(
+                f"unknown {side} collector {unknown[0]!r} (known: {', '.join(sorted(registry))})"
+            )
+    return (
+        [MOM_HOST_COLLECTORS[n](sources) for n in selection.host],
+        [MOM_GUEST_COLLECTORS[n](sources) for n in selection.guest],
+    )
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What a list of collectors declares for one kind of entity, as a MOM monitor sees it."""
+
+    fields: frozenset[str]
+    mandatory: frozenset[str]
+
+    @classmethod
+    def of(cls, collectors: Sequence[HostCollector] | Sequence[GuestCollector]) -> Declaration:
+        mandatory: set[str] = set()
+        fields: set[str] = set()
+        for collector in collectors:
+            # Collectors written before the split declare no mandatory field.
+            mandatory.update(getattr(collector, "mandatory_fields", ()))
+            fields.update(collector.fields)
+        return cls(frozenset(fields | mandatory), frozenset(mandatory))
+
+    def missing(self, stats: Mapping[str, StatValue], properties: Mapping[str, Any]) -> list[str]:
+        """The mandatory fields a sample lacks. ``None`` counts as lacking: these
+        collectors answer None for what they could not read, where MOM's leave it out."""
+        return sorted(
+            f for f in self.mandatory if stats.get(f) is None and properties.get(f) is None
+        )
 
 
 def default_guest_collectors(

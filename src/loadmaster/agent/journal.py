@@ -8,6 +8,20 @@ policy cycle that reaches the controllers is framed::
      "uuid": "...", "control": "balloon_target", "value": 3984588, "time": ...}
     {"kind": "cycle-end", "cycle": 7, "actions": 1, "failures": 0, "time": ...}
 
+What the cycle did *not* do is journalled too, with its reason, so the journal alone
+explains a guest whose controls stopped changing::
+
+    {"kind": "left-out", "cycle": 7, "target": "vm-2", "uuid": "...",
+     "reason": "not ready: mandatory vcpu_count missing", "time": ...}
+    {"kind": "not-applied", "cycle": 7, "target": "vm-3", "uuid": "...", "control": "io_tune",
+     "reason": "io_tune entry 'vda': maximum lacks the limit key write_iops_sec", "time": ...}
+
+A ``not-applied`` record with target and control ``*`` means no control at all was applied
+that cycle (the policy failed); target ``host`` with control ``*`` means the tick was
+skipped because the host's sample was incomplete. These records are not framed by
+cycle-start/cycle-end (a skipped cycle never reaches the controllers) and a compaction
+drops them: they explain, they are not state.
+
 An ``applied`` line is written only after the hypervisor call returned, and every line is
 fsync'd before the agent makes its next call. So whenever the agent dies, the journal is
 behind the hypervisor by at most the one call in flight, and never ahead of it: nothing
@@ -88,6 +102,8 @@ class JournalState:
     interrupted: list[CycleInfo] = field(default_factory=list)
     open_cycle: CycleInfo | None = None
     cycles_ended: int = 0
+    # left-out and not-applied records read (since the last compaction).
+    explained: int = 0
     torn_bytes: int = 0
     # Where the last complete record ends: the length a torn tail is cut back to.
     valid_bytes: int = 0
@@ -137,6 +153,10 @@ def parse_journal(raw: bytes) -> JournalState:
                 state.cycles_ended += 1
             elif kind == "compacted":
                 state.interrupted += [_carried(c) for c in data["interrupted"]]
+            elif kind in ("left-out", "not-applied"):
+                if not isinstance(data["target"], str) or not isinstance(data["reason"], str):
+                    raise ValueError(f"{kind} record without a target and a reason")
+                state.explained += 1
             else:
                 raise ValueError(f"unknown record kind {kind!r}")
         except (ValueError, KeyError, TypeError) as exc:
@@ -293,6 +313,35 @@ class AppliedJournal:
     def applied(self, cycle: int, action: Action) -> None:
         """Record a control the hypervisor has already accepted; never call it before."""
         self._append({"kind": "applied", "cycle": cycle, **asdict(action), "time": self.clock()})
+
+    def left_out(self, cycle: int, target: str, uuid: str | None, reason: str) -> None:
+        """A guest the cycle did not give to the policy (not ready), and why."""
+        self._append(
+            {
+                "kind": "left-out",
+                "cycle": cycle,
+                "target": target,
+                "uuid": uuid,
+                "reason": reason,
+                "time": self.clock(),
+            }
+        )
+
+    def not_applied(
+        self, cycle: int, target: str, uuid: str | None, control: str, reason: str
+    ) -> None:
+        """A control the cycle did not apply (``*``: all of the target's), and why."""
+        self._append(
+            {
+                "kind": "not-applied",
+                "cycle": cycle,
+                "target": target,
+                "uuid": uuid,
+                "control": control,
+                "reason": reason,
+                "time": self.clock(),
+            }
+        )
 
     def cycle_end(self, cycle: int, actions: int, failures: int) -> None:
         self._append(

@@ -4,6 +4,18 @@ A cycle is all-or-nothing as in MOM: if the policy raises, no controller runs. U
 MOM, a failing controller, collector or reporter never stops the agent: it is logged
 and listed in that cycle's ``CycleReport``. With a journal, the controller phase of each
 cycle is framed in it and every action recorded as soon as its call succeeded.
+
+Incomplete samples are handled as MOM's monitors do: a guest whose sample lacks a field
+its collectors declare mandatory is not ready and is left out of ``Guests`` for the
+cycle, and its sample is not kept for ``StatAvg``. A host sample lacking a mandatory
+field skips the whole tick (no controller runs, nothing on the host changes) until a
+complete sample arrives. Every guest left out and every control not applied is listed
+with its reason in the ``CycleReport`` and the journal.
+
+Policy files are loaded one by one (``PolicyDirectory``): a file that does not parse is
+reported and the others run, keeping that file's previous version on a hot reload. A
+file whose version exceeds an evaluation bound (steps, memory, wall time) is rejected at
+run time and the cycle is evaluated again with that file's previous version.
 """
 
 from __future__ import annotations
@@ -20,12 +32,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from loadmaster.agent.collectors import (
     DEFAULT_HISTORY,
+    PROPERTY_FIELDS,
+    CollectorSet,
+    CollectorSources,
+    Declaration,
     GuestCollector,
     History,
     HostCollector,
     Stats,
     default_guest_collectors,
     default_host_collectors,
+    named_collectors,
 )
 from loadmaster.agent.controllers import (
     Action,
@@ -37,7 +54,9 @@ from loadmaster.agent.controllers import (
 )
 from loadmaster.agent.hypervisor import GuestInfo, Hypervisor
 from loadmaster.agent.journal import AppliedJournal, JournalError
-from loadmaster.policy import PolicyError, load_policy_dir
+from loadmaster.policy import PolicyError
+from loadmaster.policy.engine import PolicyDirectory, read_policy_bytes
+from loadmaster.policy.errors import PolicyLimitError
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 log = logging.getLogger(__name__)
@@ -58,11 +77,27 @@ class _RemembersGuests(Protocol):
     def forget(self, uuids: set[str]) -> None: ...
 
 
+@dataclass(frozen=True)
+class NotApplied:
+    """A control the cycle did not apply and why; ``control`` "*" means all of the target's
+    (``target`` "*": every target, when the policy failed)."""
+
+    target: str
+    control: str
+    reason: str
+    uuid: str | None = None
+
+
 @dataclass
 class CycleReport:
     """What one cycle saw and did. ``missing_stats`` are ``entity.stat`` names that came back
-    ``None``; ``policy_error`` means no controller ran; ``rejected_policy`` means new policy
-    files failed to load and the previous policy kept running."""
+    ``None``; ``policy_error`` means no controller ran; ``rejected_policy`` means policy files
+    failed to load (or exceeded a bound) and their previous versions kept running.
+
+    ``left_out`` maps each guest not given to the policy (not ready) to the reason;
+    ``host_not_ready`` is why the tick was skipped; ``not_applied`` lists every control
+    that was not applied, with its reason; ``policy_file_errors`` has one entry per
+    refused policy file, ``file:line:col: message``."""
 
     cycle: int
     guests: int = 0
@@ -76,18 +111,30 @@ class CycleReport:
     policy_reloaded: bool = False
     reported: bool = False
     duration_s: float = 0.0
+    left_out: dict[str, str] = field(default_factory=dict)
+    host_not_ready: str | None = None
+    not_applied: list[NotApplied] = field(default_factory=list)
+    policy_file_errors: list[str] = field(default_factory=list)
 
 
 class PolicyWatcher:
     """The policy of a directory, reloaded when a file's mtime, size or name set changes and
-    its contents differ. A policy that fails to load is rejected; the previous one stays."""
+    its contents differ.
 
-    def __init__(self, directory: Path, loader: PolicyLoader = load_policy_dir) -> None:
+    By default the files are loaded one by one (``PolicyDirectory``): a file that fails is
+    reported in ``errors`` and its previous version, if any, keeps running; the others run.
+    With a ``loader`` the directory is loaded as a whole and a policy that fails to load is
+    rejected while the previous one stays.
+    """
+
+    def __init__(self, directory: Path, loader: PolicyLoader | None = None) -> None:
         self.directory = Path(directory)
         self.loader = loader
+        self.files = PolicyDirectory(self.directory) if loader is None else None
         self._stamp: tuple[tuple[str, int, int], ...] | None = None
         self._digest = ""
         self.error: PolicyError | None = None
+        self.errors: list[PolicyError] = []
         # Raises PolicyError: an agent that starts with no valid policy must not run.
         self.policy: PolicyLike = self._load()
 
@@ -104,9 +151,21 @@ class PolicyWatcher:
     def _load(self) -> PolicyLike:
         files = self._files()
         stamp = self._stamp_of(files)
-        policy = self.loader(self.directory)
+        if self.files is not None:
+            self.files.reload()
+            self._errors_from(self.files)
+            if not self.files.running and self.errors:
+                raise self.errors[0]
+            policy: PolicyLike = self.files.policy
+        else:
+            assert self.loader is not None
+            policy = self.loader(self.directory)
         self._stamp, self._digest = stamp, self._digest_of(files)
         return policy
+
+    def _errors_from(self, files: PolicyDirectory) -> None:
+        self.errors = [files.errors[name] for name in sorted(files.errors)]
+        self.error = self.errors[0] if self.errors else None
 
     @staticmethod
     def _stamp_of(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
@@ -125,15 +184,15 @@ class PolicyWatcher:
         for path in files:
             digest.update(path.name.encode() + b"\0")
             try:
-                digest.update(path.read_bytes())
-            except OSError as exc:
+                digest.update(read_policy_bytes(path))
+            except PolicyError as exc:
                 digest.update(str(exc).encode())
         return digest.hexdigest()
 
     @property
     def digest(self) -> str:
-        """SHA-256 of the policy files last seen, names included."""
-        return self._digest
+        """SHA-256 of the policy running: its files' names and contents."""
+        return self.files.digest if self.files is not None else self._digest
 
     def refresh(self) -> bool:
         """True when a new policy was loaded."""
@@ -142,19 +201,49 @@ class PolicyWatcher:
         if stamp == self._stamp:
             return False
         self._stamp = stamp
+        if self.files is not None:
+            try:
+                changed = self.files.reload()
+            except PolicyError as exc:  # the directory itself is gone: keep what runs
+                self.errors, self.error = [exc], exc
+                log.error("policy directory unusable, policy kept: %s", exc)
+                return False
+            self._errors_from(self.files)
+            for error in self.errors:
+                log.error("policy file refused, its previous version kept: %s", error)
+            self.policy = self.files.policy
+            if changed:
+                log.info("policy reloaded from %s", self.directory)
+            return changed
         digest = self._digest_of(files)
         if digest == self._digest:
             return False
         self._digest = digest
+        assert self.loader is not None
         try:
             policy = self.loader(self.directory)
         except PolicyError as exc:
             self.error = exc
+            self.errors = [exc]
             log.error("policy in %s rejected, previous policy kept: %s", self.directory, exc)
             return False
-        self.policy, self.error = policy, None
+        self.policy, self.error, self.errors = policy, None, []
         log.info("policy reloaded from %s", self.directory)
         return True
+
+    def reject(self, error: PolicyLimitError) -> bool:
+        """Stop running the file version that exceeded a bound; True when another policy
+        (that file's previous version, or none of it) is now in place."""
+        if self.files is None or not self.files.reject(error):
+            return False
+        log.error("policy file rejected, its previous version restored: %s", error)
+        self._errors_from(self.files)
+        self.policy = self.files.policy
+        return True
+
+    def cycle_succeeded(self) -> None:
+        if self.files is not None:
+            self.files.cycle_succeeded()
 
 
 class Agent:
@@ -173,11 +262,16 @@ class Agent:
         proc_root: Path = Path("/proc"),
         history_length: int = DEFAULT_HISTORY,
         report_every: int = 1,
-        policy_loader: PolicyLoader = load_policy_dir,
+        policy_loader: PolicyLoader | None = None,
         clock: Callable[[], float] = time.monotonic,
         journal: AppliedJournal | None = None,
         report_context: Callable[[], Mapping[str, Any]] | None = None,
+        collectors: str | CollectorSet | None = None,
     ) -> None:
+        """``collectors`` picks the collectors by name: a set (``"vdsm"``,
+        ``"mom-libvirt"``) or a ``CollectorSet`` of MOM collector names; it cannot be
+        combined with explicit ``host_collectors``/``guest_collectors``. Without either,
+        the default set. Raises ``ValueError`` for an unknown name."""
         self.hypervisor = hypervisor
         # Taken just before the guests are listed and sent with the report: the host
         # manager's sequence and the VMs it is launching (see ``HostManager``).
@@ -192,6 +286,12 @@ class Agent:
         self.host_name = host_name
         self.clock = clock
         self.watcher = PolicyWatcher(Path(policy_dir), policy_loader)
+        if collectors is not None:
+            if host_collectors is not None or guest_collectors is not None:
+                raise ValueError("give collectors by name or as objects, not both")
+            host_collectors, guest_collectors = named_collectors(
+                collectors, CollectorSources(hypervisor, proc_root, clock)
+            )
         self.host_collectors = list(
             default_host_collectors(hypervisor, proc_root)
             if host_collectors is None
@@ -202,6 +302,8 @@ class Agent:
             if guest_collectors is None
             else guest_collectors
         )
+        self.host_declaration = Declaration.of(self.host_collectors)
+        self.guest_declaration = Declaration.of(self.guest_collectors)
         self.controllers = list(
             default_controllers(hypervisor, migration_sender)
             if controllers is None
@@ -212,6 +314,8 @@ class Agent:
         self.history = History(history_length)
         self.cycles = 0
         self._missing_logged: frozenset[str] = frozenset()
+        self._left_out_before: set[str] = set()
+        self._left_out_now: set[str] = set()
 
     def run_forever(self, stop_event: threading.Event) -> None:
         while not stop_event.is_set():
@@ -224,8 +328,6 @@ class Agent:
         self.cycles += 1
         report = CycleReport(cycle=self.cycles)
         report.policy_reloaded = self.watcher.refresh()
-        if self.watcher.error is not None:
-            report.rejected_policy = str(self.watcher.error)
         # Wall-clock time of the listing: the API must judge the report as of now, not as of
         # its arrival, or claims made in between would look disproven.
         listed_at = datetime.now(UTC)
@@ -239,16 +341,27 @@ class Agent:
             return report
         report.guests = len(guests)
         by_name = {g.name: g for g in guests}
-        snapshots = [self._guest_snapshot(g, report) for g in guests]
-        host = self._host_snapshot(snapshots, report)
+        collected = [self._guest_snapshot(g, report) for g in guests]
+        snapshots = [s for s in collected if s.name not in report.left_out]
+        host = self._host_snapshot(collected, report)
         self._forget_gone({g.uuid for g in guests})
+        for name, reason in report.left_out.items():
+            self._journal_left_out(report, name, by_name[name].uuid, reason)
 
-        try:
-            result = self.watcher.policy.evaluate(host, snapshots)
-        except PolicyError as exc:
-            log.error("policy cycle failed, no control applied: %s", exc)
-            report.policy_error = str(exc)
+        result = None
+        if report.host_not_ready is not None:
+            log.warning("host not ready, tick skipped: %s", report.host_not_ready)
+            self._not_applied(report, NotApplied("host", "*", report.host_not_ready))
         else:
+            result = self._evaluate(host, snapshots, report)
+        if result is not None:
+            for name, reason in result.left_out.items():
+                report.left_out[name] = reason
+                self._journal_left_out(report, name, by_name[name].uuid, reason)
+            for name, refused in result.refused_controls.items():
+                uuid = by_name[name].uuid if name in by_name else None
+                for control, reason in refused.items():
+                    self._not_applied(report, NotApplied(name, control, reason, uuid))
             report.host_controls = result.host_controls
             report.guest_controls = result.guest_controls
             report.missing_stats += [f"host.{s}" for s in result.missing_host_stats]
@@ -270,14 +383,60 @@ class Agent:
                 lambda j: j.cycle_end(report.cycle, len(report.actions), len(report.failures)),
             )
 
+        self._left_out_before, self._left_out_now = self._left_out_now, set()
         report.missing_stats = sorted(set(report.missing_stats))
         self._log_missing(report.missing_stats)
+        report.policy_file_errors = [str(e) for e in self.watcher.errors]
+        report.rejected_policy = "; ".join(report.policy_file_errors) or None
         if self.reporter is not None and (self.cycles - 1) % self.report_every == 0:
-            self._report(host, snapshots, guests, listed_at, context, report)
+            self._report(host, collected, guests, listed_at, context, report)
         report.duration_s = self.clock() - started
         return report
 
+    def _evaluate(
+        self, host: EntitySnapshot, guests: list[EntitySnapshot], report: CycleReport
+    ) -> CycleResult | None:
+        """One evaluation; a file version over a bound is rejected and the cycle evaluated
+        once more without it (at most once: a cycle's time stays bounded)."""
+        for attempt in (1, 2):
+            try:
+                result = self.watcher.policy.evaluate(host, guests)
+            except PolicyLimitError as exc:
+                if attempt == 1 and self.watcher.reject(exc):
+                    report.policy_reloaded = True
+                    continue
+                error: PolicyError = exc
+            except PolicyError as exc:
+                error = exc
+            else:
+                self.watcher.cycle_succeeded()
+                return result
+            log.error("policy cycle failed, no control applied: %s", error)
+            report.policy_error = str(error)
+            self._not_applied(report, NotApplied("*", "*", f"policy error: {error}"))
+            return None
+        return None
+
+    def _journal_left_out(self, report: CycleReport, name: str, uuid: str, reason: str) -> None:
+        # Warn when a guest starts being left out; a guest that stays out every cycle (no
+        # balloon device, say) would otherwise flood the log, as MOM's monitors avoid too.
+        level = logging.DEBUG if name in self._left_out_before else logging.WARNING
+        log.log(level, "guest %s left out of cycle %d: %s", name, report.cycle, reason)
+        self._left_out_now.add(name)
+        self._journal(report, lambda j: j.left_out(report.cycle, name, uuid, reason))
+
+    def _not_applied(self, report: CycleReport, item: NotApplied) -> None:
+        report.not_applied.append(item)
+        self._journal(
+            report,
+            lambda j: j.not_applied(
+                report.cycle, item.target, item.uuid, item.control, item.reason
+            ),
+        )
+
     def _guest_snapshot(self, guest: GuestInfo, report: CycleReport) -> EntitySnapshot:
+        """The guest's sample this cycle; lacking a mandatory field, the guest goes into
+        ``report.left_out`` and the sample is not kept in its history."""
         stats: Stats = {}
         properties: dict[str, Any] = {"uuid": guest.uuid}
         for collector in self.guest_collectors:
@@ -293,9 +452,19 @@ class Agent:
                 if stats.get(name) is None:
                     stats[name] = value
             properties.update(props)
+        # A field given as a property is no stat: an absent io_tune means "no IO policy",
+        # not a failed read.
+        for name in PROPERTY_FIELDS:
+            stats.pop(name, None)
         report.missing_stats += [f"{guest.name}.{k}" for k, v in stats.items() if v is None]
-        history = self.history.add(guest.uuid, stats)
-        return EntitySnapshot(guest.name, stats, history, properties, guest.tags)
+        declared = self.guest_declaration.fields
+        missing = self.guest_declaration.missing(stats, properties)
+        if missing:
+            report.left_out[guest.name] = f"not ready: mandatory {', '.join(missing)} missing"
+            history = self.history.samples(guest.uuid)
+        else:
+            history = self.history.add(guest.uuid, stats)
+        return EntitySnapshot(guest.name, stats, history, properties, guest.tags, declared)
 
     def _host_snapshot(self, guests: list[EntitySnapshot], report: CycleReport) -> EntitySnapshot:
         stats: Stats = {}
@@ -313,9 +482,19 @@ class Agent:
                 if stats.get(name) is None:
                     stats[name] = value
         report.missing_stats += [f"host.{k}" for k, v in stats.items() if v is None]
-        history = self.history.add("\0host", stats)
+        missing = self.host_declaration.missing(stats, {})
+        if missing:
+            report.host_not_ready = f"host not ready: mandatory {', '.join(missing)} missing"
+            history = self.history.samples("\0host")
+        else:
+            history = self.history.add("\0host", stats)
         return EntitySnapshot(
-            self.host_name, stats, history, {"interval": self.interval}, frozenset()
+            self.host_name,
+            stats,
+            history,
+            {"interval": self.interval},
+            frozenset(),
+            self.host_declaration.fields,
         )
 
     def _forget_gone(self, uuids: set[str]) -> None:

@@ -100,6 +100,7 @@ def run_agent(
     state_dir: Path | None = None,
     sys_root: Path | None = None,
     config_file: Path | None = None,
+    collectors: str | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
@@ -115,6 +116,8 @@ def run_agent(
     Raises ``PolicyError`` when the policy directory does not load, ``HypervisorError``
     when the hypervisor cannot be reached, ``JournalError`` when the state directory
     cannot be used, ``ValidationError`` for a bad config file.
+    cannot be used. ``collectors`` names the collector set (``vdsm``, ``mom-libvirt``;
+    default ``loadmaster``); an unknown name raises ``ValueError``.
     """
     config = ManagerConfig.from_file(config_file) if config_file else ManagerConfig()
     journal = AppliedJournal(state_dir) if state_dir is not None else None
@@ -156,6 +159,7 @@ def run_agent(
             migration_sender=client.request_migration if client else None,
             journal=journal,
             report_context=manager.report_context if manager else None,
+            collectors=collectors,
         )
         if cycles is not None:
             reports = []

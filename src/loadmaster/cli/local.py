@@ -123,12 +123,23 @@ def agent(
             "[allocation_ratio], [resources]); see loadmaster.agent.manager.ManagerConfig",
         ),
     ] = None,
+    collectors: Annotated[
+        str | None,
+        typer.Option(
+            help="collector set, as MOM's [host]/[guest] collectors: vdsm, mom-libvirt or "
+            "loadmaster (default); it decides which fields policies can read"
+        ),
+    ] = None,
 ) -> None:
     """Run the host agent. With --api it is the host's manager: it registers the host with
     the inventory it discovers, launches, moves and removes guests as the scheduler placed
     them, and reports; always, it applies the SLA policy every --interval."""
     from loadmaster.agent import run_agent
+    from loadmaster.agent.collectors import COLLECTOR_SETS, DEFAULT_COLLECTOR_SET
 
+    known = sorted([DEFAULT_COLLECTOR_SET, *COLLECTOR_SETS])
+    if collectors is not None and collectors not in known:
+        fail(f"--collectors: unknown set {collectors!r} (known: {', '.join(known)})", Exit.USAGE)
     try:
         reports = run_agent(
             hypervisor,
@@ -141,13 +152,16 @@ def agent(
             state_dir,
             sys_root,
             config,
+            collectors=collectors,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
+
     for report in reports:
         err_console.print(
             f"cycle {report.cycle}: {report.guests} guests, {len(report.actions)} actions, "
-            f"{len(report.failures)} failures, reported={report.reported}"
+            f"{len(report.failures)} failures, {len(report.left_out)} guests left out, "
+            f"{len(report.not_applied)} controls not applied, reported={report.reported}"
         )
 
 

@@ -52,12 +52,18 @@ Snapshot JSON (``eval_files``; the CLI's ``policy eval --snapshot``)::
 
 Stat values are finite numbers or null (null = the collector could not read it). The
 io_tune limit objects use MOM's six keys: total/read/write_bytes_sec, total/read/write_iops_sec.
+A ``maximum`` or ``guaranteed`` object lacking one of them refuses that guest's IO tune (it
+is listed under ``refused``; the rest of the cycle runs). Every field MOM's collectors
+know is readable here; the agent narrows that to its configured collectors'
+(``EntitySnapshot.declared``).
 
 Result JSON::
 
     {"host": {"ksm_run": 1, ...},
      "guests": {"vm-1": {"balloon_target": 3984588.8, ...}},   # only guests with controls
-     "missing_stats": {"host": [...], "guests": {"vm-2": ["mem_unused"]}}}
+     "missing_stats": {"host": [...], "guests": {"vm-2": ["mem_unused"]}},
+     "left_out": {"vm-3": "policy failed on its nil vcpu_count: ..."},  # see Policy.evaluate
+     "refused": {"vm-4": {"io_tune": "io_tune entry 'vda': maximum lacks ..."}}}
 
 Control values are raw policy numbers (often floats); the controllers truncate with
 ``int()`` as MOM's do. ``io_tune`` is MOM's IoTune request: a list of

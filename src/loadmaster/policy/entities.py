@@ -88,13 +88,48 @@ _CONTROL_TYPES = (int, float, str)
 
 
 def declared_stats(known: frozenset[str], snapshots: Sequence[EntitySnapshot]) -> frozenset[str]:
-    """The attribute names entities of one kind answer: MOM's fields plus any collected."""
+    """The attribute names entities of one kind answer when the snapshots carry no
+    declaration of their own: MOM's fields plus any collected."""
     names = set(known)
     for snap in snapshots:
         names.update(snap.stats)
         for sample in snap.history:
             names.update(sample)
     return frozenset(names)
+
+
+def io_tune_problem(raw: object) -> str | None:
+    """Why an ``io_tune`` property cannot be used, or None when it can.
+
+    MOM's IoTune objects raise on a limit key the IO policy entry lacks, which aborts the
+    whole tick; here the entry is refused up front so only that guest's IO tune is lost.
+    A ``maximum`` or ``guaranteed`` object, when given, must carry all six keys (a value
+    may be null: "no limit"); ``current`` is the device's state and may lack keys.
+    """
+    if not isinstance(raw, list | tuple):
+        return f"io_tune must be a list of entries, got {type(raw).__name__}"
+    for index, entry in enumerate(raw):
+        if not isinstance(entry, Mapping):
+            return f"io_tune entry {index} is not an object"
+        label = f"io_tune entry {entry.get('name') or index!r}"
+        for part in ("guaranteed", "maximum", "current"):
+            limits = entry.get(part)
+            if limits is None:
+                continue
+            if not isinstance(limits, Mapping):
+                return f"{label}: {part} is not an object"
+            for key in IO_KEYS:
+                if part != "current" and key not in limits:
+                    return f"{label}: {part} lacks the limit key {key}"
+                value = limits.get(key)
+                if value is not None and (
+                    isinstance(value, bool)
+                    or not isinstance(value, int | float)
+                    or not math.isfinite(value)
+                    or value < 0
+                ):
+                    return f"{label}: {part}.{key} is not a non-negative number"
+    return None
 
 
 class Entity(Exposed):
@@ -104,6 +139,7 @@ class Entity(Exposed):
         "controls",
         "declared",
         "io_tune",
+        "io_tune_refused",
         "missing",
         "snapshot",
         "variables",
@@ -118,8 +154,12 @@ class Entity(Exposed):
         self._averages: dict[str, float] = {}
         self._methods: dict[str, Builtin] = {}
         raw = snapshot.properties.get("io_tune")
+        self.io_tune_refused = None if raw is None else io_tune_problem(raw)
+        # A refused IO policy reads as none at all: the guest's other rules still run.
         self.io_tune: list[IoTune] | None = (
-            None if raw is None else [IoTune.from_mapping(entry) for entry in raw]
+            None
+            if raw is None or self.io_tune_refused is not None
+            else [IoTune.from_mapping(entry) for entry in raw]
         )
 
     def __repr__(self) -> str:

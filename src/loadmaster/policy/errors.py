@@ -21,8 +21,24 @@ class PolicyError(LoadmasterError):
         self.line = line
         self.column = column
         self.message = message
+        # The guest entity being evaluated when this was raised (the innermost iteration
+        # of ``with Guests``), set by the evaluator: lets a cycle leave out the guest whose
+        # incomplete sample made the policy fail.
+        self.subject: object | None = None
         where = f"{file}:{line}:{column}" if line > 0 else file
         super().__init__(f"{where}: {message}")
 
     def __reduce__(self) -> tuple[type[PolicyError], tuple[str, int, int, str]]:
-        return (PolicyError, (self.file, self.line, self.column, self.message))
+        return (type(self), (self.file, self.line, self.column, self.message))
+
+
+class PolicyLimitError(PolicyError):
+    """A cycle stopped because the policy exceeded a bound: steps, memory or wall time.
+
+    Raised where evaluation stood when the bound was hit. Unlike other evaluation errors,
+    which MOM also has, this one says the policy *text* is unfit to run, so the agent
+    falls back to the previous version of the file named here.
+    """
+
+    code = "loadmaster.policy_limit"
+    title = "Policy exceeded a bound"

@@ -10,18 +10,22 @@ built-ins shadow user functions; operators answer to their internal names too
 
 Different from MOM, on purpose: every error is a ``PolicyError`` with file, line and
 column; only attributes an object exposes are reachable (no ``x.real``); ``a.b.c`` is an
-error instead of silently meaning ``a.b``; nesting depth, evaluation steps and the size
-of integers and strings are bounded, so no policy can crash Python's stack or hang a cycle.
+error instead of silently meaning ``a.b``; a cycle is bounded in nesting depth, steps
+(every ``with`` iteration counts, whatever it iterates over), memory (each string or list
+at most ``MAX_SEQUENCE`` long, and at most ``DEFAULT_MAX_ALLOCATED`` items or characters
+built per cycle) and wall time, so no policy can crash Python's stack, exhaust memory or
+hang a cycle. Exceeding a bound raises ``PolicyLimitError`` where evaluation stood.
 """
 
 from __future__ import annotations
 
 import logging
 import operator
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from loadmaster.policy.errors import PolicyError
+from loadmaster.policy.errors import PolicyError, PolicyLimitError
 from loadmaster.policy.syntax import MAX_INT_BITS, ListExpr, Node, Number, Operator, String, Symbol
 from loadmaster.policy.values import MISSING, Builtin, Exposed, Fault, Value, describe
 
@@ -31,7 +35,13 @@ log = logging.getLogger("loadmaster.policy")
 # Python's default recursion limit of 1000 even when the caller is itself deep.
 MAX_DEPTH = 150
 DEFAULT_MAX_STEPS = 2_000_000
-MAX_SEQUENCE = 1_000_000
+# No MOM policy builds strings or lists beyond a few names; these bounds leave a wide
+# margin while keeping one cycle's memory in the tens of megabytes whatever the text.
+MAX_SEQUENCE = 100_000
+DEFAULT_MAX_ALLOCATED = 4_000_000
+# Wall time is read every this many steps: often enough to stop within milliseconds of
+# the deadline, rarely enough not to slow the interpreter's hot loop.
+_CLOCK_EVERY = 256
 
 OPERATOR_NAMES = {
     "+": "add",
@@ -50,9 +60,13 @@ OPERATOR_NAMES = {
 _SYMBOL_OF = {name: op for op, name in OPERATOR_NAMES.items()}
 
 
+class Limit(Fault):
+    """A built-in refused to build a value beyond a memory bound."""
+
+
 def _check_int(value: Value) -> Value:
     if type(value) is int and value.bit_length() > MAX_INT_BITS:
-        raise Fault(f"integer result exceeds {MAX_INT_BITS} bits")
+        raise Limit(f"integer result exceeds {MAX_INT_BITS} bits")
     return value
 
 
@@ -63,7 +77,7 @@ def _sequence_len(value: Value) -> int | None:
 def _add(x: Value, y: Value) -> Value:
     lx, ly = _sequence_len(x), _sequence_len(y)
     if lx is not None and ly is not None and lx + ly > MAX_SEQUENCE:
-        raise Fault(f"result longer than {MAX_SEQUENCE} items")
+        raise Limit(f"result longer than {MAX_SEQUENCE} items or characters")
     return _check_int(x + y)  # type: ignore[operator]
 
 
@@ -75,13 +89,13 @@ def _mul(x: Value, y: Value) -> Value:
     for seq, count in ((x, y), (y, x)):
         length = _sequence_len(seq)
         if length is not None and isinstance(count, int) and length * count > MAX_SEQUENCE:
-            raise Fault(f"result longer than {MAX_SEQUENCE} items")
+            raise Limit(f"result longer than {MAX_SEQUENCE} items or characters")
     return _check_int(x * y)  # type: ignore[operator]
 
 
 def _shl(x: Value, y: Value) -> Value:
     if isinstance(x, int) and isinstance(y, int) and x and x.bit_length() + y > MAX_INT_BITS:
-        raise Fault(f"integer result exceeds {MAX_INT_BITS} bits")
+        raise Limit(f"integer result exceeds {MAX_INT_BITS} bits")
     return x << y  # type: ignore[operator]
 
 
@@ -160,22 +174,81 @@ def global_scope(host: Value, guests: list[Value]) -> dict[str, Value]:
 
 
 class Evaluator:
-    """One cycle's interpreter state: the scope stack and the function table."""
+    """One cycle's interpreter state: the scope stack, the function table and the budgets.
 
-    def __init__(self, bottom: dict[str, Value], max_steps: int = DEFAULT_MAX_STEPS) -> None:
+    ``max_seconds`` bounds the cycle's wall time (None: unbounded), measured with ``clock``
+    from the evaluator's creation, or up to ``deadline`` when given (a cycle evaluated
+    more than once shares one deadline).
+    """
+
+    def __init__(
+        self,
+        bottom: dict[str, Value],
+        max_steps: int = DEFAULT_MAX_STEPS,
+        *,
+        max_seconds: float | None = None,
+        max_allocated: int = DEFAULT_MAX_ALLOCATED,
+        clock: Callable[[], float] = time.monotonic,
+        deadline: float | None = None,
+    ) -> None:
         self.scopes: list[dict[str, Value]] = [bottom]
         self.functions: dict[str, tuple[tuple[str, ...], Node]] = {}
         self.depth = 0
         self.steps = 0
         self.max_steps = max_steps
+        self.allocated = 0
+        self.max_allocated = max_allocated
+        self.clock = clock
+        self.max_seconds = max_seconds
+        if deadline is None and max_seconds is not None:
+            deadline = clock() + max_seconds
+        self.deadline = deadline
+        # Where evaluation stands, for errors that have no node of their own (MemoryError).
+        self.where: Node | None = None
 
     def run(self, program: Iterable[Node]) -> None:
         try:
             for expr in program:
+                self.where = expr
                 self.eval(expr)
         except RecursionError:
             # A safety net only: MAX_DEPTH is meant to trigger first.
-            raise PolicyError("<policy>", 0, 0, "evaluation nested too deeply") from None
+            raise self._limit("evaluation nested too deeply") from None
+        except MemoryError:
+            # A safety net only: the sequence and allocation bounds are meant to trigger first.
+            raise self._limit("out of memory") from None
+
+    def _limit(self, message: str, node: Node | None = None) -> PolicyLimitError:
+        node = node or self.where
+        if node is None:
+            return PolicyLimitError("<policy>", 0, 0, message)
+        return PolicyLimitError(*node.pos, message)
+
+    def _step(self, node: Node) -> None:
+        """Count one step of the cycle's budget at ``node``, and watch the clock."""
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise self._limit(f"evaluation exceeded {self.max_steps} steps", node)
+        if (
+            self.deadline is not None
+            and self.steps % _CLOCK_EVERY == 0
+            and self.clock() > self.deadline
+        ):
+            raise self._limit(f"evaluation exceeded {self.max_seconds:g} s", node)
+
+    def _charge(self, node: Node, size: int) -> None:
+        """Charge ``size`` new list items or characters to the cycle's memory budget."""
+        self.allocated += size
+        if self.allocated > self.max_allocated:
+            raise self._limit(
+                f"evaluation built more than {self.max_allocated} list items or characters",
+                node,
+            )
+
+    def _allocate(self, node: Node, value: Value) -> Value:
+        if isinstance(value, str | list):
+            self._charge(node, len(value))
+        return value
 
     # -- lookup -------------------------------------------------------------------------
 
@@ -218,9 +291,8 @@ class Evaluator:
         items = node.items
         if not items:
             raise PolicyError(*node.pos, "empty expression ()")
-        self.steps += 1
-        if self.steps > self.max_steps:
-            raise PolicyError(*node.pos, f"evaluation exceeded {self.max_steps} steps")
+        self.where = node
+        self._step(node)
         if self.depth >= MAX_DEPTH:
             raise PolicyError(*node.pos, f"evaluation nested deeper than {MAX_DEPTH} levels")
         self.depth += 1
@@ -261,7 +333,9 @@ class Evaluator:
             x = self.eval(args[0])
             y = self.eval(args[1])
             try:
-                return binary(x, y)
+                return self._allocate(node, binary(x, y))
+            except Limit as exc:
+                raise self._limit(str(exc), node) from None
             except Fault as exc:
                 raise PolicyError(*node.pos, str(exc)) from None
             except ZeroDivisionError:
@@ -397,10 +471,20 @@ class Evaluator:
         if not isinstance(items, list | tuple | str):
             raise PolicyError(*source.pos, f"with: {source.name} is {describe(items)}, not a list")
         results: list[Value] = []
+        body = args[2]
+        over_guests = items is self.scopes[0].get("Guests")
         for element in items:
+            # Counted here, not only in eval: a body that is a bare name or number costs no
+            # step of its own, and ``(with s a 0)`` over a long string must still be bounded.
+            self._step(body)
+            self._charge(node, 1)
             self.scopes.append({item: element})
             try:
-                results.append(self.eval(args[2]))
+                results.append(self.eval(body))
+            except PolicyError as exc:
+                if over_guests and exc.subject is None:
+                    exc.subject = element
+                raise
             finally:
                 self.scopes.pop()
         return results

@@ -81,6 +81,8 @@ def result_to_json(result: CycleResult) -> dict[str, Any]:
             "host": list(result.missing_host_stats),
             "guests": {name: list(s) for name, s in result.missing_guest_stats.items()},
         },
+        "left_out": dict(result.left_out),
+        "refused": {name: dict(c) for name, c in result.refused_controls.items()},
     }
 
 

@@ -22,6 +22,12 @@ class EntitySnapshot:
     retained samples, oldest first, the latest included, for ``StatAvg``. ``properties``
     are static facts (``Prop "name"``); ``tags`` carry the SLA tier (platinum, gold, ...).
     A stat a collector could not read is ``None``.
+
+    ``declared`` is the set of fields the configured collectors declare (MOM's mandatory
+    and optional fields): exactly those are readable, a declared field absent from
+    ``stats`` reads nil and any other name is an undefined symbol, as in MOM. ``None``
+    (a snapshot not built by collectors, e.g. ``policy eval``) declares every field MOM's
+    collectors know plus those the snapshots carry.
     """
 
     name: str
@@ -29,6 +35,7 @@ class EntitySnapshot:
     history: tuple[Mapping[str, StatValue], ...] = ()
     properties: Mapping[str, Any] = field(default_factory=dict)
     tags: frozenset[str] = frozenset()
+    declared: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,9 +46,16 @@ class CycleResult:
     cycle that came back nil (not collected, or no sample in the history), so the agent
     can report a broken collector instead of silently running with less data. Guests
     without controls or missing stats are left out of the mappings.
+
+    ``refused_controls`` maps a guest name to the controls refused for it and why (its
+    ``io_tune`` when an IO policy entry lacks one of the six limit keys); the policy ran
+    without them and every other control stands. ``left_out`` maps a guest the cycle
+    was evaluated without to the reason: the policy failed on a statistic it lacked.
     """
 
     host_controls: Mapping[str, Any]
     guest_controls: Mapping[str, Mapping[str, Any]]
     missing_host_stats: tuple[str, ...] = ()
     missing_guest_stats: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    refused_controls: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    left_out: Mapping[str, str] = field(default_factory=dict)
