@@ -22,7 +22,7 @@ def test_mass_start_with_slow_launches_loses_no_claim(db_url: str) -> None:
     racing the launches: every VM ends running exactly once, and none was ever given up."""
     with cloud(db_url, HOSTS) as c:
         for i, name in enumerate(HOSTS):
-            c.add_host(name, launch_delay=0.4 if i % 2 else 0.0)
+            c.add(name, launch_delay=0.4 if i % 2 else 0.0)
         uuids = c.create_vms(200)
         started = time.monotonic()
         for chunk in range(0, 200, 50):
@@ -41,8 +41,8 @@ def test_mass_start_with_slow_launches_loses_no_claim(db_url: str) -> None:
 def test_host_has_the_final_say(db_url: str) -> None:
     with cloud(db_url, ["tight", "roomy"]) as c:
         # The ledger sees 64 GiB on "tight", its agent keeps all but 0.5 GiB for the host.
-        c.add_host("tight", config=ManagerConfig(memory_headroom_mb=64 * 1024 - 512))
-        c.add_host("roomy", memory_gib=8)
+        c.add("tight", config=ManagerConfig(memory_headroom_mb=64 * 1024 - 512))
+        c.add("roomy", memory_gib=8)
         [vm] = c.create_vms(1)
         response = c.admin.put(f"/allocations/{vm}", json={"host": "tight"})
         assert response.status_code == 200, response.text
@@ -56,8 +56,8 @@ def test_host_has_the_final_say(db_url: str) -> None:
 
 def test_failed_launch_is_placed_elsewhere(db_url: str) -> None:
     with cloud(db_url, ["a", "b"]) as c:
-        c.add_host("a")
-        c.add_host("b")
+        c.add("a")
+        c.add("b")
         [vm] = c.create_vms(1)
         c.sims["a"].failing_launches.add(vm)
         assert c.admin.put(f"/allocations/{vm}", json={"host": "a"}).status_code == 200
@@ -68,8 +68,8 @@ def test_failed_launch_is_placed_elsewhere(db_url: str) -> None:
 
 def test_migration_runs_and_a_failed_one_rolls_back(db_url: str) -> None:
     with cloud(db_url, ["src", "dst"]) as c:
-        c.add_host("src")
-        c.add_host("dst")
+        c.add("src")
+        c.add("dst")
         first, second = c.create_vms(2)
         for vm in (first, second):
             assert c.admin.put(f"/allocations/{vm}", json={"host": "src"}).status_code == 200
@@ -95,7 +95,7 @@ def test_migration_runs_and_a_failed_one_rolls_back(db_url: str) -> None:
 
 def test_stop_and_delete_are_carried_out(db_url: str) -> None:
     with cloud(db_url, ["h"]) as c:
-        c.add_host("h")
+        c.add("h")
         stopped, deleted = c.create_vms(2)
         c.schedule([stopped, deleted])
         c.wait_for(lambda: len(c.where_running()) == 2, 30, "both running")
@@ -108,7 +108,7 @@ def test_stop_and_delete_are_carried_out(db_url: str) -> None:
 
 def test_tags_changed_in_the_api_reach_the_guest_within_a_cycle(db_url: str) -> None:
     with cloud(db_url, ["h"]) as c:
-        host = c.add_host("h", start=False)
+        host = c.add("h", start=False)
         [vm] = c.create_vms(1, tags=["vapor"])
         c.schedule([vm])
         host.manager.step()
@@ -123,8 +123,8 @@ def test_tags_changed_in_the_api_reach_the_guest_within_a_cycle(db_url: str) -> 
 
 def test_agent_killed_mid_launch_and_mid_migration_converges(db_url: str) -> None:
     with cloud(db_url, ["x", "y"]) as c:
-        x = c.add_host("x", launch_delay=0.3)
-        c.add_host("y")
+        x = c.add("x", launch_delay=0.3)
+        c.add("y")
         uuids = c.create_vms(12)
         for vm in uuids:
             assert c.admin.put(f"/allocations/{vm}", json={"host": "x"}).status_code == 200
@@ -132,9 +132,7 @@ def test_agent_killed_mid_launch_and_mid_migration_converges(db_url: str) -> Non
         x.kill()  # launches under way finish on the hypervisor, unannounced
         time.sleep(1.0)
         assert c.states().get("pending", 0) > 0, "nothing was left half done to converge"
-        c.hosts["x"] = restarted = c.manager_for("x")
-        restarted.manager.register()
-        restarted.start()
+        restarted = c.restart("x")
         c.wait_for(lambda: c.states().get("running") == 12, 60, "all 12 running")
         c.assert_consistent()
 
@@ -147,9 +145,7 @@ def test_agent_killed_mid_launch_and_mid_migration_converges(db_url: str) -> Non
             lambda: any(g.uuid in moving for g in c.sims["y"].list_guests()), 30, "a first move"
         )
         restarted.kill()
-        c.hosts["x"] = again = c.manager_for("x")
-        again.manager.register()
-        again.start()
+        c.restart("x")
         c.wait_for(
             lambda: all(
                 c.lm.vms.get(vm).host == "y" and c.lm.vms.get(vm).state == "running"

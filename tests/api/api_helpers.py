@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +10,7 @@ import httpx
 import uvicorn
 from sqlalchemy import select
 
+from loadmaster.api.server import serve_in_thread
 from loadmaster.service import Loadmaster
 from loadmaster.store.schema import Base
 
@@ -26,19 +25,8 @@ class Live:
 
 
 def run_server(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.01)
-    return server, thread, f"http://127.0.0.1:{port}"
+    served = serve_in_thread(app)  # type: ignore[arg-type]
+    return served.server, served.thread, served.url
 
 
 def table_rows(lm: Loadmaster) -> dict[str, list[tuple[Any, ...]]]:
