@@ -11,16 +11,28 @@ import matplotlib
 # No display on servers and in CI; chosen before pyplot is imported.
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-ACTIVE = "#2b6cb0"
-PENDING = "#f6ad55"
-BEFORE = "#9b2c2c"
+# One colour per VM state, the same in every chart and in the test that reads the pixels.
+STATE_COLOURS = {
+    "requested": "#a0aec0",
+    "pending": "#f6ad55",
+    "running": "#2b6cb0",
+    "migrating": "#d53f8c",
+    "stopped": "#4a5568",
+}
+TIER_COLOURS = {
+    "platinum": "#805ad5",
+    "gold": "#d69e2e",
+    "silver": "#718096",
+    "compute": "#38a169",
+    "vapor": "#e53e3e",
+    "none": "#a0aec0",
+}
+PHASE_SHADES = ("#ebf8ff", "#fffaf0", "#f0fff4", "#fff5f7")
 
-# host -> (capacity, active, pending) of one resource class
-Usage = Mapping[str, tuple[int, int, int]]
+Phases = Sequence[tuple[str, float, float]]
 
 
 def _png(figure: Figure) -> str:
@@ -30,70 +42,64 @@ def _png(figure: Figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def utilisation(
-    hosts: Sequence[str], before: Mapping[str, Usage], after: Mapping[str, Usage]
+def _phases(ax: Axes, phases: Phases) -> None:
+    for i, (name, start, end) in enumerate(phases):
+        ax.axvspan(start, end, color=PHASE_SHADES[i % len(PHASE_SHADES)], zorder=0)
+        ax.text(start, 1.0, f" {name}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+
+
+def vm_states(times: Sequence[float], counts: Mapping[str, Sequence[int]], phases: Phases) -> str:
+    """Stacked VM counts by state over time, phases shaded behind."""
+    figure, ax = plt.subplots(figsize=(12, 3.8))
+    _phases(ax, phases)
+    shown = [s for s in STATE_COLOURS if any(counts.get(s, ()))]
+    ax.stackplot(
+        times,
+        [counts[s] for s in shown],
+        labels=shown,
+        colors=[STATE_COLOURS[s] for s in shown],
+        zorder=2,
+    )
+    ax.set_xlabel("seconds since the mass start")
+    ax.set_ylabel("VMs")
+    ax.set_xlim(times[0] if times else 0, times[-1] if times else 1)
+    ax.legend(loc="center right", fontsize=8)
+    ax.set_title("VM states: placed (pending), launched by the agents (running), moved")
+    return _png(figure)
+
+
+def tier_memory(
+    times: Sequence[float],
+    minimum: Mapping[str, Sequence[float]],
+    guarantees: Mapping[str, float],
+    phases: Phases,
 ) -> str:
-    """One panel per class: after the mass start as stacked active + pending bars per
-    host, before as a line; hosts ordered by their final utilisation."""
-    classes = list(after)
-    figure, axes = plt.subplots(len(classes), 1, figsize=(12, 3.2 * len(classes)), squeeze=False)
-    for ax, name in zip(axes[:, 0], classes, strict=True):
-        cap = np.array([max(after[name].get(h, (0, 0, 0))[0], 1) for h in hosts], float)
-        active = np.array([after[name].get(h, (0, 0, 0))[1] for h in hosts]) / cap * 100
-        pending = np.array([after[name].get(h, (0, 0, 0))[2] for h in hosts]) / cap * 100
-        prior = np.array([sum(before[name].get(h, (0, 0, 0))[1:]) for h in hosts]) / cap * 100
-        order = np.argsort(-(active + pending), kind="stable")
-        x = np.arange(len(hosts))
-        ax.bar(x, active[order], width=1.0, color=ACTIVE, label="active (after)")
-        ax.bar(
-            x,
-            pending[order],
-            width=1.0,
-            bottom=active[order],
-            color=PENDING,
-            label="pending (after)",
-        )
-        ax.step(x, prior[order], where="mid", color=BEFORE, linewidth=1.2, label="used before")
-        ax.set_xlim(-0.5, len(hosts) - 0.5)
-        ax.set_ylim(0, 105)
-        ax.set_ylabel(f"{name} used %")
-        ax.set_xlabel(f"{len(hosts)} hosts, fullest first")
-        ax.legend(loc="upper right", fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    figure.suptitle("Utilisation per host: before and after the mass start")
+    """Per tier, the smallest share of its memory any running guest keeps, against the
+    tier's guarantee (dashed)."""
+    figure, ax = plt.subplots(figsize=(12, 3.8))
+    _phases(ax, phases)
+    for tier, values in minimum.items():
+        colour = TIER_COLOURS.get(tier, "#000000")
+        ax.plot(times, [v * 100 for v in values], color=colour, label=tier, zorder=3)
+        if guarantees.get(tier):
+            ax.axhline(guarantees[tier] * 100, color=colour, linestyle="--", linewidth=1, zorder=2)
+    ax.set_ylim(0, 105)
+    ax.set_xlabel("seconds since the mass start")
+    ax.set_ylabel("memory kept, % (lowest guest)")
+    ax.legend(loc="lower left", fontsize=8, ncol=len(minimum))
+    ax.set_title("Memory each tier keeps under pressure; dashed: its guarantee")
     return _png(figure)
 
 
-def placement_times(decision_ms: Sequence[float]) -> str:
-    figure, ax = plt.subplots(figsize=(6, 3.4))
-    values = np.array(decision_ms, float)
-    if len(values):
-        low, high = max(values.min(), 1e-3), max(values.max(), 1e-2)
-        bins = np.logspace(np.log10(low), np.log10(high * 1.01), 40)
-        ax.hist(values, bins=list(bins), color=ACTIVE)
-        ax.set_xscale("log")
-        # Plain numbers: log-scale minor labels like "3x10^-2" pile up unreadably.
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        for q, style in ((50, "--"), (99, ":")):
-            ax.axvline(np.percentile(values, q), color=BEFORE, linestyle=style, label=f"p{q}")
-        ax.legend(fontsize=8)
-    ax.set_xlabel("decision time per VM (ms, log scale)")
-    ax.set_ylabel("VMs")
-    ax.set_title("Placement time")
-    return _png(figure)
-
-
-def timeline(points: Sequence[tuple[float, int, int]]) -> str:
-    """``(elapsed seconds, placed so far, failed so far)`` after each batch."""
-    figure, ax = plt.subplots(figsize=(6, 3.4))
-    if points:
-        seconds = [0.0, *(p[0] for p in points)]
-        ax.plot(seconds, [0, *(p[1] for p in points)], color=ACTIVE, marker=".", label="placed")
-        ax.plot(seconds, [0, *(p[2] for p in points)], color=BEFORE, marker=".", label="no host")
-        ax.legend(fontsize=8)
-    ax.set_xlabel("seconds since the mass start began")
-    ax.set_ylabel("VMs")
-    ax.set_title("Mass start timeline (schedule + pending claim)")
-    ax.grid(alpha=0.3)
+def host_memory(times: Sequence[float], used: Mapping[str, Sequence[float]], phases: Phases) -> str:
+    """Each host's resident memory against its physical memory (100 %)."""
+    figure, ax = plt.subplots(figsize=(12, 3.4))
+    _phases(ax, phases)
+    for host, values in sorted(used.items()):
+        ax.plot(times, [v * 100 for v in values], linewidth=1, label=host, zorder=3)
+    ax.axhline(100, color="#9b2c2c", linewidth=1.2, zorder=2)
+    ax.set_xlabel("seconds since the mass start")
+    ax.set_ylabel("host memory used %")
+    ax.set_title("Host memory in use (100 % = physical; beyond it the host would swap)")
+    ax.legend(loc="upper left", fontsize=7, ncol=6)
     return _png(figure)
