@@ -41,11 +41,14 @@ DEFAULT_CONFLICT_RETRIES = 10
 class Claim:
     """Put ``vm`` on ``host``. With ``expected_generation`` the claim only lands if the host
     is still as the caller saw it (a scheduler's snapshot); without, the ledger re-reads and
-    retries by itself on a race, as Placement does."""
+    retries by itself on a race, as Placement does. ``move``: a VM that is only pending
+    (claimed, not started) may be re-placed: its pending records elsewhere go in the same
+    transaction (a drain), so it is never on no host nor on two."""
 
     vm: str
     host: str
     expected_generation: int | None = None
+    move: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,12 @@ class Ledger:
         groups = GroupRules.lock(
             session, {v.group_id for v in vms.values() if v.group_id is not None}
         )
+        # Pending VMs this batch re-places: until their own claim, where they are now does
+        # not bind their affinity siblings (they follow); ``split_groups`` checks the end.
+        moving = {
+            vms[c.vm].id for c in claims if c.move and c.vm in vms and vms[c.vm].state == "pending"
+        }
+        watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
         hosts = _hosts_by_ident(session, {c.host for c in claims})
         trees = _load_trees(session, {h.root_id or h.id for h in hosts.values()})
         flavors = {
@@ -129,6 +138,7 @@ class Ledger:
         class_ids = lookup.class_ids(session)
         class_names = {v: k for k, v in class_ids.items()}
         outcomes: list[ClaimOutcome] = []
+        moved_from: set[int] = set()
         new_rows: list[dict[str, object]] = []
         touched: dict[int, int] = {}
         seen_vms: set[str] = set()
@@ -154,7 +164,7 @@ class Ledger:
                 planned = self._plan(
                     vm, host, tree, flavors[vm.flavor_id], class_ids, claim, prefix[i]
                 )
-                groups.check(vm, tree.root, prefix[i])
+                groups.check(vm, tree.root, prefix[i], moving=moving)
             except LoadmasterError as exc:
                 if all_or_nothing:
                     raise
@@ -162,6 +172,7 @@ class Ledger:
                 continue
             seen_vms.add(claim.vm)
             groups.add(vm, tree.root)
+            moving.discard(vm.id)
             records = []
             for provider, class_id, amount in planned:
                 tree.used.setdefault((provider.id, class_id), {"active": 0, "pending": 0})[
@@ -187,15 +198,31 @@ class Ledger:
             if vm.state == "running":
                 vm.target_host_id = tree.root.id
                 move(vm, "migrating")
+            elif vm.state == "pending":
+                moved_from.update(_drop_pending(session, vm))
+                vm.host_id = tree.root.id
+                vm.generation += 1
+                vm.updated_at = stamp
             else:
                 vm.host_id = tree.root.id
                 move(vm, "pending")
             outcomes.append(ClaimOutcome(vm.uuid, host.name, tuple(records)))
+        split = groups.split_groups(watched)
+        if split:
+            # A re-placed member's sibling did not land (the host filled meanwhile): the
+            # group would be split at commit. A race: the caller decides again.
+            raise ConcurrentUpdate(
+                f"affinity group {groups.groups[split[0]].name} would be split by this "
+                "batch; retry",
+                field="host",
+            )
         if new_rows:
             # One executemany; nothing reads these rows back as objects.
             session.execute(insert(AllocationRow), new_rows)
         session.flush()
         bump_generations(session, touched)
+        if moved_from:
+            touch_generations(session, moved_from - set(touched))
         return outcomes
 
     def _plan(
@@ -223,13 +250,15 @@ class Ledger:
             raise Conflict(
                 f"{prefix}host {host.name} is {host.state}, not up", field=f"{prefix}host"
             )
-        if vm.state not in ("requested", "stopped", "running"):
+        movable = ("requested", "stopped", "running") + (("pending",) if claim.move else ())
+        if vm.state not in movable:
             raise InvalidTransition(
                 f"{prefix}vm {vm.uuid} is {vm.state}; it already holds a claim", field=f"{prefix}vm"
             )
-        if vm.state == "running" and vm.host_id == host.id:
+        if vm.state in ("running", "pending") and vm.host_id == host.id:
+            where = "runs" if vm.state == "running" else "is pending"
             raise ValidationError(
-                f"{prefix}vm {vm.uuid} already runs on {host.name}", field=f"{prefix}host"
+                f"{prefix}vm {vm.uuid} already {where} on {host.name}", field=f"{prefix}host"
             )
         wanted = lookup.effective_resources(flavor.resources, vm.overrides)
         plan: list[tuple[HostRow, int, int]] = []
@@ -558,6 +587,14 @@ def _load_trees(session: Session, root_ids: set[int]) -> dict[int, _Tree]:
     for (host_id, class_id), used in sums.items():
         trees[root_of[host_id]].used[(host_id, class_id)] = used
     return trees
+
+
+def _drop_pending(session: Session, vm: VmRow) -> set[int]:
+    """Delete a pending VM's records (it is re-placed); the providers they were on."""
+    rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == vm.id)))
+    for r in rows:
+        session.delete(r)
+    return _with_roots(session, {r.host_id for r in rows})
 
 
 def _tree_ids(session: Session, root_id: int | None) -> set[int]:
