@@ -153,3 +153,7 @@ class HostReport(Body):
     load: dict[str, Annotated[float, Field(ge=0, le=1)]] = {}
     # ISO 8601 text only: not strict (which refuses text) and not lax (which takes numbers).
     as_of: Annotated[datetime, Field(strict=False), BeforeValidator(_text_only)] | None = None
+
+
+class DrainRequest(Body):
+    force: bool = False
