@@ -17,14 +17,21 @@ from tests.scheduler.conftest import add_hosts, small_flavor
 
 import loadmaster
 from loadmaster.cluster import VmRecord
-from loadmaster.errors import Conflict, LoadmasterError, NotFound, ValidationError
+from loadmaster.errors import (
+    Conflict,
+    InvalidTransition,
+    LoadmasterError,
+    NotFound,
+    ValidationError,
+)
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.drain import DrainResult
 from loadmaster.service import Loadmaster
 from loadmaster.store.schema import HostRow, ServerGroupRow, VmRow
 
 PLACED = ("pending", "running", "migrating")
-AGENT_PAUSE = 0.02
+AGENT_PAUSE = 0.03
 
 
 def group_violations(lm: Loadmaster) -> list[str]:
@@ -152,6 +159,7 @@ def test_drain_keeps_group_rules_at_every_step_against_a_concurrent_client(
     stop = threading.Event()
     client_errors: list[BaseException] = []
     started: list[str] = []
+    ready = threading.Event()  # the client is under way: the drain may start
     probes: list[bool] = []  # claimed directly: landed or refused
     rng_client = random.Random(11)
 
@@ -195,6 +203,7 @@ def test_drain_keeps_group_rules_at_every_step_against_a_concurrent_client(
                     except LoadmasterError:
                         probes.append(False)
                     check.step(f"client probe {group}")
+                    ready.set()
                 other.allocations.delete(uuid)
                 check.step("client delete")
         except BaseException as exc:  # reported by the main thread
@@ -211,6 +220,7 @@ def test_drain_keeps_group_rules_at_every_step_against_a_concurrent_client(
     for t in threads:
         t.start()
     try:
+        assert ready.wait(timeout=60)
         first = lm.maintenance.drain("h0")
         check.step("drain")
         time.sleep(20 * AGENT_PAUSE)
@@ -240,7 +250,7 @@ def test_drain_keeps_group_rules_at_every_step_against_a_concurrent_client(
     assert not client_errors, client_errors
     assert aborted_total > 0, "the test must exercise aborted migrations"
     assert started, "the concurrent client must have started members"
-    assert len(probes) > 20 and any(probes) and not all(probes), probes
+    assert len(probes) > 10 and any(probes) and not all(probes), probes
     assert check.steps > 50
     assert check.problems == []
     status = lm.maintenance.status("h0")
@@ -287,6 +297,11 @@ def test_a_vm_that_fits_nowhere_is_explained_then_force_stops_it(lm: Loadmaster)
     assert result.to_dict()["unplaced"][0]["explanation"]["message"] == explanation.message
     assert (result.status.status, lm.vms.get(big).state) == ("draining", "running")
     lm.allocations.activate(small)  # the agents complete the migration
+    # force stops only a VM still on the host: one that moved meanwhile is left alone.
+    before = dump(lm)
+    with pytest.raises(InvalidTransition):
+        lm.allocations.stop(small, if_on="h0")
+    assert dump(lm) == before
     forced = lm.maintenance.drain("h0", force=True)
     assert forced.moved == {} and forced.stopped == [big]
     assert lm.vms.get(big).state == "stopped"
@@ -367,3 +382,61 @@ def test_an_anti_affinity_member_has_nowhere_to_go(lm: Loadmaster) -> None:
     assert "anti-affinity(group apart)" in unplaced.explanation.message
     assert group_violations(lm) == []
     assert lm.vms.get(members[0]).state == "running"
+
+
+def test_two_drains_at_once_move_each_vm_once(lm: Loadmaster, db_url: str) -> None:
+    add_hosts(lm, 4, vcpu=32, memory=65536)
+    small_flavor(lm)
+    lm.groups.create("apart", "anti-affinity")
+    vms = [lm.vms.create(f"v{i}", "small").uuid for i in range(12)]
+    vms.append(lm.vms.create("a", "small", group="apart").uuid)
+    for vm in vms:
+        start_on(lm, vm, "h0")
+    others = [loadmaster.open(db_url, migrate=False) for _ in range(2)]
+    results: list[DrainResult] = []
+    barrier = threading.Barrier(2)
+
+    def drain(other: Loadmaster) -> None:
+        barrier.wait()
+        results.append(other.maintenance.drain("h0", force=True))
+
+    threads = [threading.Thread(target=drain, args=(o,)) for o in others]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for o in others:
+        o.close()
+    assert len(results) == 2
+    moved = [vm for r in results for vm in r.moved]
+    assert sorted(moved) == sorted(vms)  # each VM placed by exactly one of the drains
+    assert all(r.unplaced == () for r in results)  # force stopped nothing
+    assert {lm.vms.get(v).state for v in vms} == {"migrating"}
+    assert group_violations(lm) == [] and audit(lm.store) == []
+
+
+def test_an_affinity_member_failing_after_its_sibling_switched_splits_the_group(
+    lm: Loadmaster,
+) -> None:
+    """The known limit: a migration that fails is a fact, not a request the ledger may
+    refuse. If one member of an affinity group has already switched to the destination
+    when another's migration fails, the group is split until the next drain, which puts
+    the straggler back with the group."""
+    add_hosts(lm, 3)
+    small_flavor(lm)
+    lm.groups.create("together", "affinity")
+    a, b = (lm.vms.create(n, "small", group="together").uuid for n in ("a", "b"))
+    start_on(lm, a, "h0")
+    start_on(lm, b, "h0")
+    first = lm.maintenance.drain("h0")
+    destination = first.moved[a]
+    assert first.moved == {a: destination, b: destination}
+    lm.allocations.activate(a)
+    assert group_violations(lm) == []  # b is on h0 and headed where a is
+    lm.allocations.release(b, host=destination)  # b's migration fails
+    assert group_violations(lm) != []
+    healed = lm.maintenance.drain("h0")
+    assert healed.moved == {b: destination}
+    assert group_violations(lm) == []
+    lm.allocations.activate(b)
+    assert lm.maintenance.status("h0").status == "maintenance"

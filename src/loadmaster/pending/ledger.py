@@ -220,9 +220,9 @@ class Ledger:
             # One executemany; nothing reads these rows back as objects.
             session.execute(insert(AllocationRow), new_rows)
         session.flush()
-        bump_generations(session, touched)
-        if moved_from:
-            touch_generations(session, moved_from - set(touched))
+        # The hosts re-placed VMs left are bumped too (no compare-and-swap: the records
+        # only went), locked in one id order with the others.
+        bump_generations(session, touched, touch=moved_from)
         return outcomes
 
     def _plan(
@@ -379,9 +379,17 @@ class Ledger:
         touch_generations(session, touched)
         return len(doomed)
 
-    def stop(self, vm: str) -> VmRecord:
+    def stop(self, vm: str, *, if_on: str | None = None) -> VmRecord:
+        """``if_on``: only a VM still running or pending on that host (a drain's force: a
+        VM that began to migrate or moved meanwhile is left alone, InvalidTransition)."""
         with self._store.write() as session:
             row = lookup.vm_row(session, vm, lock=True)
+            if if_on is not None:
+                host = lookup.host_row(session, if_on)
+                if row.state not in ("running", "pending") or row.host_id != host.id:
+                    raise InvalidTransition(
+                        f"VM {vm} is no longer running or pending on {host.name}", field="vm"
+                    )
             if row.state == "stopped":
                 return vm_records(session, [row])[0]
             if "stopped" not in TRANSITIONS[row.state]:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from loadmaster.cluster import lookup
 from loadmaster.cluster.hosts import HostService
 from loadmaster.cluster.vms import PLACED_STATES
-from loadmaster.errors import Conflict, LoadmasterError, ValidationError
+from loadmaster.errors import Conflict, InvalidTransition, LoadmasterError, ValidationError
 from loadmaster.pending import Ledger
 from loadmaster.scheduler.request import RequestSpec
 from loadmaster.scheduler.results import Explanation
@@ -171,23 +171,34 @@ class DrainService:
             )
             seconds = result.seconds
             moved = result.placed
-            for placement in result.failed:
+            failed = result.failed
+            # A VM another drain (or a migrate call) moved meanwhile is not unplaced: it is
+            # under way, or gone from here.
+            stuck = self._still_here(name)
+            in_flight += tuple(p.vm for p in failed if p.vm not in stuck)
+            for placement in failed:
+                if placement.vm not in stuck:
+                    continue
                 assert placement.error is not None
-                stopped = force and self._stop(placement.vm)
+                stopped = force and self._stop(placement.vm, name)
                 unplaced.append(Unplaced(placement.vm, placement.error, stopped))
         return DrainResult(moved, tuple(unplaced), in_flight, self.status(name), seconds)
 
-    def _stop(self, vm: str) -> bool:
-        """Stop a VM that cannot move; one that started migrating meanwhile (another
-        drain got it) is left to that migration."""
-        if self._ledger.allocations(vm=vm) and self._vm_state(vm) in ("running", "pending"):
-            self._ledger.stop(vm)
-            return True
-        return False
+    def _still_here(self, host: str) -> set[str]:
+        return {
+            v.vm
+            for v in self.status(host).vms_left
+            if v.state in ("running", "pending") and v.host == host
+        }
 
-    def _vm_state(self, vm: str) -> str:
-        with self._store.read() as session:
-            return lookup.vm_row(session, vm).state
+    def _stop(self, vm: str, host: str) -> bool:
+        """Stop a VM that cannot move. The ledger locks the VM row: if it began to migrate
+        since it was read (another drain got a host for it), it is left to that migration."""
+        try:
+            self._ledger.stop(vm, if_on=host)
+        except InvalidTransition:
+            return False
+        return True
 
 
 def _root(session: Session, host: str) -> HostRow:
