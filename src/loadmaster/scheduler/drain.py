@@ -23,13 +23,21 @@ from sqlalchemy.orm import Session
 from loadmaster.cluster import lookup
 from loadmaster.cluster.hosts import HostService
 from loadmaster.cluster.vms import PLACED_STATES
-from loadmaster.errors import Conflict, InvalidTransition, LoadmasterError, ValidationError
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    Conflict,
+    InvalidTransition,
+    LoadmasterError,
+    ValidationError,
+)
 from loadmaster.pending import Ledger
 from loadmaster.scheduler.request import RequestSpec
 from loadmaster.scheduler.results import Explanation
 from loadmaster.scheduler.scheduler import Scheduler
 from loadmaster.store import Store
 from loadmaster.store.schema import HostRow, VmRow
+
+MAINTENANCE_RETRIES = 20
 
 
 @dataclass(frozen=True)
@@ -147,18 +155,7 @@ class DrainService:
         Bad input (no such host, a child provider, a host that is down) changes nothing."""
         if not isinstance(force, bool):
             raise ValidationError("force must be true or false", field="force")
-        with self._store.read() as session:
-            row = _root(session, host)
-            if row.state == "down":
-                raise Conflict(
-                    f"host {row.name} is down: its VMs cannot be migrated away; bring it up "
-                    "or stop them",
-                    field="host",
-                )
-            name, state = row.name, row.state
-        if state != "maintenance":
-            # From here on neither the scheduler nor the ledger puts anything new on it.
-            self._hosts.set_state(name, "maintenance")
+        name = self._enter_maintenance(host)
         before = self.status(name)
         in_flight = tuple(v.vm for v in before.vms_left if v.state == "migrating")
         movable = [v.vm for v in before.vms_left if v.state in ("running", "pending")]
@@ -183,6 +180,30 @@ class DrainService:
                 stopped = force and self._stop(placement.vm, name)
                 unplaced.append(Unplaced(placement.vm, placement.error, stopped))
         return DrainResult(moved, tuple(unplaced), in_flight, self.status(name), seconds)
+
+    def _enter_maintenance(self, host: str) -> str:
+        """From here on neither the scheduler nor the ledger puts anything new on the host.
+        Claims and activations bump its generation meanwhile; the state change only needs
+        the newest one, so a lost compare-and-swap is read again and retried."""
+        for attempt in range(MAINTENANCE_RETRIES):
+            with self._store.read() as session:
+                row = _root(session, host)
+                if row.state == "down":
+                    raise Conflict(
+                        f"host {row.name} is down: its VMs cannot be migrated away; bring it "
+                        "up or stop them",
+                        field="host",
+                    )
+                name, state, generation = row.name, row.state, row.generation
+            if state == "maintenance":
+                return name
+            try:
+                self._hosts.set_state(name, "maintenance", generation=generation)
+                return name
+            except ConcurrentUpdate:
+                if attempt == MAINTENANCE_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _still_here(self, host: str) -> set[str]:
         return {
