@@ -170,9 +170,11 @@ class DrainService:
             moved = result.placed
             failed = result.failed
             # A VM another drain (or a migrate call) moved meanwhile is not unplaced: it is
-            # under way, or gone from here.
-            stuck = self._still_here(name)
-            in_flight += tuple(p.vm for p in failed if p.vm not in stuck)
+            # under way (in flight), or gone from here.
+            now = self.status(name).vms_left
+            stuck = {v.vm for v in now if v.state in ("running", "pending") and v.host == name}
+            leaving = {v.vm for v in now if v.state == "migrating"}
+            in_flight += tuple(p.vm for p in failed if p.vm in leaving)
             for placement in failed:
                 if placement.vm not in stuck:
                     continue
@@ -204,13 +206,6 @@ class DrainService:
                 if attempt == MAINTENANCE_RETRIES - 1:
                     raise
         raise AssertionError("unreachable")
-
-    def _still_here(self, host: str) -> set[str]:
-        return {
-            v.vm
-            for v in self.status(host).vms_left
-            if v.state in ("running", "pending") and v.host == host
-        }
 
     def _stop(self, vm: str, host: str) -> bool:
         """Stop a VM that cannot move. The ledger locks the VM row: if it began to migrate
