@@ -16,12 +16,14 @@ from loadmaster.cluster import (
 from loadmaster.hostcontrol import HostControl
 from loadmaster.pending import Ledger
 from loadmaster.scheduler import Scheduler
+from loadmaster.scheduler.drain import DrainService
 from loadmaster.store import DEFAULT_URL, Store
 
 
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
-    ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``."""
+    ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
+    ``lm.maintenance`` (drain a host)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -36,6 +38,7 @@ class Loadmaster:
         self.host_agents = HostControl(
             store, self.hosts, self.resource_classes, self.allocations, self.scheduler
         )
+        self.maintenance = DrainService(store, self.scheduler, self.allocations)
 
     def close(self) -> None:
         self.store.dispose()

@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 from dbstate import dump
 
-from loadmaster.errors import GroupPolicyViolation
-from loadmaster.pending import Claim
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    GroupPolicyViolation,
+    InvalidTransition,
+    ValidationError,
+)
+from loadmaster.pending import Claim, audit
 from loadmaster.service import Loadmaster
 
 
@@ -88,3 +93,58 @@ def test_a_batch_sees_its_own_earlier_claims(cluster: Loadmaster) -> None:
     c, d = _vms(lm, "apart", 2)
     outcomes = lm.allocations.claim_many([Claim(c, "h2"), Claim(d, "h2")], all_or_nothing=False)
     assert [o.error is None for o in outcomes] == [True, False]
+
+
+def test_an_affinity_group_moves_through_migrating_members(cluster: Loadmaster) -> None:
+    """A migrating member counts on its source and its destination: the group may move
+    from h0 to h1 member by member, and meanwhile it may grow only where all are headed."""
+    lm = cluster
+    a, b, c = _vms(lm, "together", 3)
+    for vm in (a, b):
+        lm.allocations.claim(vm, "h0")
+        lm.allocations.activate(vm)
+    lm.allocations.claim(a, "h1")  # a: h0 -> h1, b still only on h0
+    assert lm.vms.get(a).state == "migrating"
+    _refused(lm, c, "h1")  # b is only on h0: a new member on h1 would split the group
+    lm.allocations.claim(b, "h1")  # now both are on h0 and headed to h1
+    _refused(lm, c, "h2")
+    lm.allocations.claim(c, "h1")
+    lm.allocations.activate(a)
+    lm.allocations.activate(b)
+    assert {lm.vms.get(v).host for v in (a, b, c)} == {"h1"}
+
+
+def test_a_pending_vm_is_re_placed_in_one_transaction(cluster: Loadmaster) -> None:
+    lm = cluster
+    (a,) = _vms(lm, "apart", 1)
+    lm.allocations.claim(a, "h0")
+    # Without ``move`` a pending VM already holds a claim.
+    before = dump(lm)
+    with pytest.raises(InvalidTransition):
+        lm.allocations.claim(a, "h1")
+    with pytest.raises(ValidationError):
+        lm.allocations.claim_many([Claim(a, "h0", move=True)])
+    assert dump(lm) == before
+    lm.allocations.claim_many([Claim(a, "h1", move=True)])
+    vm = lm.vms.get(a)
+    assert (vm.state, vm.host, vm.target_host) == ("pending", "h1", None)
+    assert {r.host for r in lm.allocations.allocations(vm=a)} == {"h1"}
+    assert audit(lm.store) == []
+
+
+def test_pending_affinity_members_move_together_or_not_at_all(cluster: Loadmaster) -> None:
+    lm = cluster
+    a, b = _vms(lm, "together", 2)
+    lm.allocations.claim_many([Claim(a, "h0"), Claim(b, "h0")])
+    # Alone, a cannot leave b behind; in one batch both move.
+    with pytest.raises(GroupPolicyViolation):
+        lm.allocations.claim_many([Claim(a, "h1", move=True)])
+    lm.allocations.claim_many([Claim(a, "h1", move=True), Claim(b, "h1", move=True)])
+    assert {lm.vms.get(v).host for v in (a, b)} == {"h1"}
+    # A batch that would land one and not the other is a race to decide again: nothing lands.
+    before = dump(lm)
+    with pytest.raises(ConcurrentUpdate):
+        lm.allocations.claim_many(
+            [Claim(a, "h2", move=True), Claim(b, "nowhere", move=True)], all_or_nothing=False
+        )
+    assert dump(lm) == before

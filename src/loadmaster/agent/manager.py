@@ -50,7 +50,9 @@ class ManagerApi(Protocol):
 
     def work(self, host: str, after: int, wait: float) -> dict[str, Any]: ...
 
-    def up(self, vm: str) -> None: ...
+    def up(self, vm: str, host: str) -> None:
+        """``host``: where the VM now runs."""
+        ...
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None: ...
 
@@ -345,7 +347,7 @@ class HostManager:
             reason = f"launch failed: {exc}"
             self._finish(self._launching, spec.uuid, self.api.launch_failed, self.host_name, reason)
             return
-        self._finish(self._launching, spec.uuid, self.api.up)
+        self._finish(self._launching, spec.uuid, self.api.up, self.host_name)
 
     def _retag(
         self, item: Mapping[str, Any], vm: str, guests: Mapping[str, Any], report: StepReport
@@ -371,10 +373,12 @@ class HostManager:
             )
             return
         with self._lock:
-            self._migrating[vm] = self._pool.submit(self._run_migration, vm, str(target_uri))
+            self._migrating[vm] = self._pool.submit(
+                self._run_migration, vm, str(target_uri), str(item.get("target_host"))
+            )
         report.migrating.append(vm)
 
-    def _run_migration(self, vm: str, target_uri: str) -> None:
+    def _run_migration(self, vm: str, target_uri: str, target_host: str) -> None:
         try:
             self.hypervisor.migrate_guest(vm, target_uri)
         except Exception as exc:
@@ -382,7 +386,7 @@ class HostManager:
             reason = f"migration to {target_uri} failed: {exc}"
             self._finish(self._migrating, vm, self.api.migration_failed, self.host_name, reason)
             return
-        self._finish(self._migrating, vm, self.api.up)
+        self._finish(self._migrating, vm, self.api.up, target_host)
 
     def _finish(
         self,
@@ -403,7 +407,7 @@ class HostManager:
                 self._launch_kib.pop(vm, None)
 
     def _say_up(self, vm: str, report: StepReport) -> None:
-        self.api.up(vm)
+        self.api.up(vm, self.host_name)
         report.completed.append(vm)
 
 

@@ -62,8 +62,8 @@ class ApiClient:
         ).json()
         return answer
 
-    def up(self, vm: str) -> None:
-        self._call("POST", f"/vms/{vm}/up")
+    def up(self, vm: str, host: str) -> None:
+        self._call("POST", f"/vms/{vm}/up", json={"host": host})
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None:
         self._call("POST", f"/vms/{vm}/launch-failed", json={"host": host, "reason": reason})

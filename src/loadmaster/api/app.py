@@ -16,7 +16,15 @@ from loadmaster.api import errors
 from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, resolve_auth
 from loadmaster.api.deps import MetricsDep
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
-from loadmaster.api.routes import agents, catalog, providers, scheduling, vms, vocabulary
+from loadmaster.api.routes import (
+    agents,
+    catalog,
+    maintenance,
+    providers,
+    scheduling,
+    vms,
+    vocabulary,
+)
 from loadmaster.service import Loadmaster, open_loadmaster
 
 DEFAULT_MAX_BODY = 1024 * 1024
@@ -70,7 +78,7 @@ def create_app(
     app.state.lm = service
     app.state.metrics = Metrics(service)
     errors.install(app)
-    for module in (vocabulary, providers, catalog, vms, scheduling, agents):
+    for module in (vocabulary, providers, catalog, vms, scheduling, maintenance, agents):
         app.include_router(module.router)
     app.include_router(_operations_router())
     # Starlette runs the middleware added last first: request context, auth, size guard.

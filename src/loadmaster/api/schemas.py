@@ -178,3 +178,11 @@ class HostFailure(Body):
 
 class VmTags(Body):
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]]
+
+
+class DrainRequest(Body):
+    force: bool = False
+
+
+class VmUp(Body):
+    host: Name | None = None

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from loadmaster.cli.app import api, app
-from loadmaster.cli.client import Exit, fail, format_explanation, print_json
+from loadmaster.cli.client import Exit, err_console, fail, format_explanation, print_json
 
 console = Console(highlight=False, markup=False)  # names from the server are not markup
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
@@ -173,6 +175,88 @@ def host_state(
 ) -> None:
     host = api().put(f"/resource_providers/{name}", {"state": state})
     console.print(f"host {host['name']} is {host['state']} (generation {host['generation']})")
+
+
+@host_app.command("drain")
+def host_drain(
+    name: str,
+    force: Annotated[
+        bool, typer.Option("--force", help="stop the VMs that fit nowhere else")
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="follow the migrations until none is left")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 600.0,
+    interval: Annotated[float, typer.Option(help="seconds between two looks")] = 1.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Put HOST in maintenance and place every VM on it elsewhere in one batch; the host
+    agents carry out the migrations. Draining again places what is left (an aborted
+    migration, a VM that did not fit before). Exits 4 if VMs are left on the host: VMs
+    that fit nowhere (listed with the scheduler's explanation) or, with --wait, migrations
+    still under way at the timeout or aborted."""
+    if timeout < 0 or interval <= 0:
+        fail("--timeout must be at least 0 and --interval above 0", Exit.USAGE)
+    client = api()
+    result = client.post(f"/hosts/{name}/drain", {"force": force})
+    final = _follow_drain(name, result, timeout, interval, quiet=as_json) if wait else None
+    if as_json:
+        print_json({**result, "final": final} if wait else result)
+    else:
+        _print_drain(name, result, final)
+    left = (final or result)["vms_left"]
+    if left:
+        raise typer.Exit(int(Exit.CONFLICT))
+
+
+def _follow_drain(
+    name: str, result: dict[str, Any], timeout: float, interval: float, *, quiet: bool
+) -> dict[str, Any]:
+    """Poll the host until no migration from or to it is under way (or the timeout); a
+    progress bar shows the migrations done. Returns the host's last drain status."""
+    client = api()
+    status: dict[str, Any] = client.get(f"/hosts/{name}")["drain"]
+    total = status["migrating"]
+    deadline = time.monotonic() + timeout
+    with Progress(
+        TextColumn(f"draining {name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("migrations done"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet or total == 0,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("drain", total=total)
+        while status["migrating"] and time.monotonic() < deadline:
+            time.sleep(min(interval, max(deadline - time.monotonic(), 0)))
+            status = client.get(f"/hosts/{name}")["drain"]
+            progress.update(task, completed=max(total - status["migrating"], 0))
+    return status
+
+
+def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None) -> None:
+    moved = result["moved"]
+    if moved:
+        show(
+            result,
+            False,
+            f"{len(moved)} VMs placed elsewhere",
+            ("vm", "destination"),
+            sorted(moved.items()),
+        )
+    for u in result["unplaced"]:
+        what = "fits nowhere, stopped (--force)" if u["stopped"] else "fits nowhere"
+        why = format_explanation(u["explanation"]) if u["explanation"] else u["reason"]
+        console.print(f"VM {u['vm']} {what}: {why}")
+    if result["in_flight"]:
+        console.print(f"{len(result['in_flight'])} migrations were already under way")
+    status = final or result
+    console.print(
+        f"host {name} is {status['status']}: {status['vms_left']} VMs left, "
+        f"{status['migrating']} migrating"
+    )
 
 
 def _replace_set(name: str, kind: str, values: list[str]) -> Any:

@@ -483,14 +483,22 @@ def _check_host(
     )
 
 
-def bump_generations(session: Session, expected: Mapping[int, int]) -> None:
+def bump_generations(
+    session: Session, expected: Mapping[int, int], *, touch: Iterable[int] = ()
+) -> None:
     """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
 
     The rows are locked in id order first, so two PostgreSQL transactions touching the same
     hosts queue up instead of deadlocking; then one UPDATE per chunk bumps them all. The lock
     is FOR NO KEY UPDATE (``key_share``): a plain FOR UPDATE would conflict with the key-share
     locks our own allocation inserts hold through their foreign key, and deadlock.
+    ``touch``: more hosts to bump without the compare-and-swap (as ``touch_generations``),
+    locked in the same id order as the others (two separate passes could deadlock).
     """
+    extra = set(touch) - set(expected)
+    if extra:
+        for chunk in _chunks(sorted(extra | set(expected))):
+            _lock_in_id_order(session, chunk)
     ids = sorted(expected)
     for chunk in _chunks(ids):
         _lock_in_id_order(session, chunk)
@@ -504,6 +512,8 @@ def bump_generations(session: Session, expected: Mapping[int, int]) -> None:
             raise ConcurrentUpdate(
                 "a host was changed by another writer; retry", field="generation"
             )
+    if extra:
+        touch_generations(session, extra)
 
 
 def touch_generations(session: Session, host_ids: Iterable[int]) -> None:

@@ -35,7 +35,11 @@ from loadmaster.tiers import TIERS, tier_of
 FLAVORS = (("small", 1, 2048, 0.4), ("medium", 2, 4096, 0.4), ("large", 4, 8192, 0.2))
 # (tier tag, share of the VMs); vapor VMs also get a priority 0..2.
 TIER_MIX = (("platinum", 0.15), ("gold", 0.25), ("silver", 0.15), ("compute", 0.1), ("vapor", 0.35))
-GROUPS = (("web", "anti-affinity", None, 6), ("db", "affinity", None, 3), ("cache", "anti-affinity", 2, 10))
+GROUPS = (
+    ("web", "anti-affinity", None, 6),
+    ("db", "affinity", None, 3),
+    ("cache", "anti-affinity", 2, 10),
+)
 # The ledger lets a host promise 1.5 times its memory: ballooning makes the difference.
 HOST_CONFIG = ManagerConfig(
     allocation_ratio={"VCPU": 4.0, "MEMORY_MB": 1.5}, resources={"DISK_GB": 2000}
@@ -266,7 +270,9 @@ def run(
 
         wait_until(empty, 90)
         result.drain_seconds = sampler.now() - drain_began
-        result.drain_moved = sum(1 for m in result.migrations if m.why == "drain" and m.outcome == "done")
+        result.drain_moved = sum(
+            1 for m in result.migrations if m.why == "drain" and m.outcome == "done"
+        )
         status = cloud.admin.get(f"/hosts/{target}").json()
         result.drain_status = str(status.get("status", status.get("state", "")))
         result.phases.append(("drain " + target, drain_began, sampler.now()))

@@ -12,13 +12,21 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 
 from loadmaster.cluster import lookup
+from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.store import Store
-from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, InventoryRow, VmRow
+from loadmaster.store.schema import (
+    AllocationRow,
+    FlavorRow,
+    HostRow,
+    InventoryRow,
+    ServerGroupRow,
+    VmRow,
+)
 
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # over_capacity | orphaned | partial_claim | state_mismatch
+    kind: str  # over_capacity | orphaned | partial_claim | state_mismatch | group_rule
     subject: str
     detail: str
 
@@ -62,6 +70,46 @@ def audit(store: Store) -> list[Problem]:
         for vm_id, rows in records.items():
             problems.append(
                 Problem("orphaned", str(vm_id), f"{len(rows)} records for a VM that does not exist")
+            )
+    return problems + group_rule_problems(store)
+
+
+def group_rule_problems(store: Store) -> list[Problem]:
+    """Every broken hard server-group rule, read in one statement (one snapshot).
+
+    A member counts on its host and, while migrating, on its destination too (it holds
+    both). Anti-affinity and ``max_per_host`` cap the members per host; affinity needs one
+    host shared by every member."""
+    with store.read() as session:
+        rows = session.execute(
+            select(
+                ServerGroupRow.name,
+                ServerGroupRow.policy,
+                ServerGroupRow.max_per_host,
+                VmRow.host_id,
+                VmRow.target_host_id,
+            )
+            .join(VmRow, VmRow.group_id == ServerGroupRow.id)
+            .where(VmRow.state.in_(PLACED_STATES))
+        ).all()
+    members: dict[tuple[str, str, int | None], list[set[int]]] = defaultdict(list)
+    for name, policy, cap, host, target in rows:
+        members[(name, policy, cap)].append({h for h in (host, target) if h is not None})
+    problems = []
+    for (name, policy, cap), hosts in sorted(members.items()):
+        if policy == "affinity" and not set.intersection(*hosts):
+            problems.append(Problem("group_rule", name, f"affinity group split over {hosts}"))
+        limit = cap or (1 if policy == "anti-affinity" else None)
+        if limit is None:
+            continue
+        per_host: dict[int, int] = defaultdict(int)
+        for member in hosts:
+            for h in member:
+                per_host[h] += 1
+        over = {h: n for h, n in sorted(per_host.items()) if n > limit}
+        if over:
+            problems.append(
+                Problem("group_rule", name, f"{policy}: more than {limit} per host on {over}")
             )
     return problems
 

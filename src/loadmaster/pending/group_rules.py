@@ -6,11 +6,16 @@ generation, so the second claim fails. Generations cannot catch the first member
 affinity group sent to two *different* hosts at once. So a claim locks the rows of its
 VMs' groups (in id order, before any host row) and checks the members as committed: claims
 for one group take turns, claims for different groups do not wait for each other.
+
+A migrating VM counts on its source *and* its destination (it holds records on both until
+the migration completes or aborts). So max_per_host and anti-affinity count it on both, and
+affinity holds while some host is shared by every member's set of hosts: a whole group can
+move from A to B through the state where every member is on A and headed to B.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -52,15 +57,30 @@ class GroupRules:
             hosts.update(h for h in (host_id, target_id) if h is not None)
         return rules
 
-    def check(self, vm: VmRow, host: HostRow, prefix: str = "") -> None:
-        """Refuse ``vm`` on root ``host`` if that breaks its group's hard rule."""
+    def check(
+        self,
+        vm: VmRow,
+        host: HostRow,
+        prefix: str = "",
+        *,
+        moving: Collection[int] = (),
+    ) -> None:
+        """Refuse ``vm`` on root ``host`` if that breaks its group's hard rule.
+
+        ``moving``: VMs of this batch that are pending and re-placed later in it (a drain);
+        where they are now does not bind ``vm``, since they are about to follow. The batch's
+        end is checked by ``split_groups``."""
         group = self.groups.get(vm.group_id) if vm.group_id is not None else None
         if group is None:
             return
         others = [hosts for vm_id, hosts in self.members[group.id].items() if vm_id != vm.id]
         if group.policy == "affinity":
-            elsewhere = set().union(*others) - {host.id}
-            if elsewhere:
+            binding = [
+                hosts
+                for vm_id, hosts in self.members[group.id].items()
+                if vm_id != vm.id and vm_id not in moving
+            ]
+            if not _shared(binding, self.hosts_after(vm, host)):
                 raise GroupPolicyViolation(
                     f"{prefix}vm {vm.uuid}: affinity group {group.name} already has members "
                     f"on another host; it cannot go to {host.name}",
@@ -75,6 +95,35 @@ class GroupRules:
             )
 
     def add(self, vm: VmRow, host: HostRow) -> None:
-        """A claim of this batch landed: later claims of the batch see it."""
+        """A claim of this batch landed: later claims of the batch see it. Call before
+        the VM's row changes: ``hosts_after`` reads its state."""
         if vm.group_id is not None and vm.group_id in self.members:
-            self.members[vm.group_id].setdefault(vm.id, set()).add(host.id)
+            self.members[vm.group_id][vm.id] = self.hosts_after(vm, host)
+
+    @staticmethod
+    def hosts_after(vm: VmRow, host: HostRow) -> set[int]:
+        """Where ``vm`` counts once claimed on ``host``: a running VM migrates (source and
+        destination); a pending VM re-placed leaves its old host; a new one is only there."""
+        if vm.state == "running" and vm.host_id is not None:
+            return {vm.host_id, host.id}
+        return {host.id}
+
+    def split_groups(self, only: Collection[int | None] | None = None) -> list[int]:
+        """Ids of the affinity groups (of ``only``) whose members share no host."""
+        return [
+            gid
+            for gid, group in self.groups.items()
+            if (only is None or gid in only)
+            and group.policy == "affinity"
+            and not _shared(self.members[gid].values(), set())
+        ]
+
+
+def _shared(member_hosts: Iterable[set[int]], hosts: set[int]) -> bool:
+    """Whether some host is common to ``hosts`` (if not empty) and every member's set."""
+    common: set[int] | None = set(hosts) if hosts else None
+    for member in member_hosts:
+        common = set(member) if common is None else common & member
+        if not common:
+            return False
+    return True

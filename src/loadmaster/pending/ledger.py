@@ -41,11 +41,14 @@ DEFAULT_CONFLICT_RETRIES = 10
 class Claim:
     """Put ``vm`` on ``host``. With ``expected_generation`` the claim only lands if the host
     is still as the caller saw it (a scheduler's snapshot); without, the ledger re-reads and
-    retries by itself on a race, as Placement does."""
+    retries by itself on a race, as Placement does. ``move``: a VM that is only pending
+    (claimed, not started) may be re-placed: its pending records elsewhere go in the same
+    transaction (a drain), so it is never on no host nor on two."""
 
     vm: str
     host: str
     expected_generation: int | None = None
+    move: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,12 @@ class Ledger:
         groups = GroupRules.lock(
             session, {v.group_id for v in vms.values() if v.group_id is not None}
         )
+        # Pending VMs this batch re-places: until their own claim, where they are now does
+        # not bind their affinity siblings (they follow); ``split_groups`` checks the end.
+        moving = {
+            vms[c.vm].id for c in claims if c.move and c.vm in vms and vms[c.vm].state == "pending"
+        }
+        watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
         hosts = _hosts_by_ident(session, {c.host for c in claims})
         trees = _load_trees(session, {h.root_id or h.id for h in hosts.values()})
         flavors = {
@@ -138,6 +147,7 @@ class Ledger:
         class_ids = lookup.class_ids(session)
         class_names = {v: k for k, v in class_ids.items()}
         outcomes: list[ClaimOutcome] = []
+        moved_from: set[int] = set()
         new_rows: list[dict[str, object]] = []
         touched: dict[int, int] = {}
         launches: list[tuple[VmRow, int]] = []
@@ -164,7 +174,7 @@ class Ledger:
                 planned = self._plan(
                     vm, host, tree, flavors[vm.flavor_id], class_ids, claim, prefix[i]
                 )
-                groups.check(vm, tree.root, prefix[i])
+                groups.check(vm, tree.root, prefix[i], moving=moving)
             except LoadmasterError as exc:
                 if all_or_nothing:
                     raise
@@ -172,6 +182,7 @@ class Ledger:
                 continue
             seen_vms.add(claim.vm)
             groups.add(vm, tree.root)
+            moving.discard(vm.id)
             records = []
             for provider, class_id, amount in planned:
                 tree.used.setdefault((provider.id, class_id), {"active": 0, "pending": 0})[
@@ -197,16 +208,33 @@ class Ledger:
             if vm.state == "running":
                 vm.target_host_id = tree.root.id
                 move(vm, "migrating")
+            elif vm.state == "pending":
+                moved_from.update(_drop_pending(session, vm))
+                vm.host_id = tree.root.id
+                vm.generation += 1
+                vm.updated_at = stamp
+                launches.append((vm, tree.root.id))
             else:
                 vm.host_id = tree.root.id
                 move(vm, "pending")
                 launches.append((vm, tree.root.id))
             outcomes.append(ClaimOutcome(vm.uuid, host.name, tuple(records)))
+        split = groups.split_groups(watched)
+        if split:
+            # A re-placed member's sibling did not land (the host filled meanwhile): the
+            # group would be split at commit. A race: the caller decides again.
+            raise ConcurrentUpdate(
+                f"affinity group {groups.groups[split[0]].name} would be split by this "
+                "batch; retry",
+                field="host",
+            )
         if new_rows:
             # One executemany; nothing reads these rows back as objects.
             session.execute(insert(AllocationRow), new_rows)
         session.flush()
-        bump_generations(session, touched)
+        # The hosts re-placed VMs left are bumped too (no compare-and-swap: the records
+        # only went), locked in one id order with the others.
+        bump_generations(session, touched, touch=moved_from)
         for vm, root_id in launches:
             # The compare-and-swap moved the root exactly one past what was read.
             vm.host_seq = touched[root_id] + 1
@@ -237,13 +265,15 @@ class Ledger:
             raise Conflict(
                 f"{prefix}host {host.name} is {host.state}, not up", field=f"{prefix}host"
             )
-        if vm.state not in ("requested", "stopped", "running"):
+        movable = ("requested", "stopped", "running") + (("pending",) if claim.move else ())
+        if vm.state not in movable:
             raise InvalidTransition(
                 f"{prefix}vm {vm.uuid} is {vm.state}; it already holds a claim", field=f"{prefix}vm"
             )
-        if vm.state == "running" and vm.host_id == host.id:
+        if vm.state in ("running", "pending") and vm.host_id == host.id:
+            where = "runs" if vm.state == "running" else "is pending"
             raise ValidationError(
-                f"{prefix}vm {vm.uuid} already runs on {host.name}", field=f"{prefix}host"
+                f"{prefix}vm {vm.uuid} already {where} on {host.name}", field=f"{prefix}host"
             )
         wanted = lookup.effective_resources(flavor.resources, vm.overrides)
         plan: list[tuple[HostRow, int, int]] = []
@@ -282,10 +312,23 @@ class Ledger:
         return plan
 
     # -- lifecycle ---------------------------------------------------------------------
-    def activate(self, vm: str) -> VmRecord:
-        """The VM reported up: its pending records become active (a migration completes)."""
+    def activate(self, vm: str, host: str | None = None) -> VmRecord:
+        """The VM reported up: its pending records become active (a migration completes).
+
+        ``host``: where the VM now runs, as its agent says. The claim must be there: an
+        agent that launched a VM whose claim has meanwhile moved elsewhere (a drain
+        re-placed it) must not activate the claim on another host."""
         with self._store.write() as session:
             row = lookup.vm_row(session, vm, lock=True)
+            claimed = row.target_host_id if row.state == "migrating" else row.host_id
+            if host is not None:
+                where = lookup.host_row(session, host)
+                if (where.root_id or where.id) != claimed:
+                    raise Conflict(
+                        f"VM {vm} is {row.state} and not claimed on {where.name}; it cannot "
+                        "come up there",
+                        field="host",
+                    )
             if row.state == "running":
                 return vm_records(session, [row])[0]
             if row.state not in ("pending", "migrating"):
@@ -367,9 +410,17 @@ class Ledger:
         touch_generations(session, touched)
         return len(doomed)
 
-    def stop(self, vm: str) -> VmRecord:
+    def stop(self, vm: str, *, if_on: str | None = None) -> VmRecord:
+        """``if_on``: only a VM still running or pending on that host (a drain's force: a
+        VM that began to migrate or moved meanwhile is left alone, InvalidTransition)."""
         with self._store.write() as session:
             row = lookup.vm_row(session, vm, lock=True)
+            if if_on is not None:
+                host = lookup.host_row(session, if_on)
+                if row.state not in ("running", "pending") or row.host_id != host.id:
+                    raise InvalidTransition(
+                        f"VM {vm} is no longer running or pending on {host.name}", field="vm"
+                    )
             if row.state == "stopped":
                 return vm_records(session, [row])[0]
             if "stopped" not in TRANSITIONS[row.state]:
@@ -631,6 +682,14 @@ def _load_trees(session: Session, root_ids: set[int]) -> dict[int, _Tree]:
 
 def _generation(session: Session, host_id: int | None) -> int:
     return int(session.scalar(select(HostRow.generation).where(HostRow.id == host_id)) or 0)
+
+
+def _drop_pending(session: Session, vm: VmRow) -> set[int]:
+    """Delete a pending VM's records (it is re-placed); the providers they were on."""
+    rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == vm.id)))
+    for r in rows:
+        session.delete(r)
+    return _with_roots(session, {r.host_id for r in rows})
 
 
 def _tree_ids(session: Session, root_id: int | None) -> set[int]:

@@ -1,56 +1,66 @@
-"""The demo's HTML report: one self-contained page (charts inlined as base64 PNG)."""
+"""The demo's HTML report: one self-contained page (charts inlined as base64 PNG) that
+tells a newcomer what happened and why."""
 
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from string import Template
 
+from loadmaster.demo.scenario import VM_STATES, DemoResult, tier_guarantees
 from loadmaster.report import charts
-from loadmaster.report.charts import Usage
 
 
-@dataclass
-class ReportData:
-    subtitle: str
-    facts: Sequence[tuple[str, str]]
-    hosts: Sequence[str]
-    before: Mapping[str, Usage]
-    after: Mapping[str, Usage]
-    decision_ms: Sequence[float]
-    timeline: Sequence[tuple[float, int, int]]
-    top_head: Sequence[str]
-    top_rows: Sequence[Sequence[object]]
-    explanation: str = ""
-
-
-def render(data: ReportData) -> str:
-    template = Template(resources.files(__package__).joinpath("report.html").read_text())
-    escape = html.escape
-    return template.substitute(
-        subtitle=escape(data.subtitle),
-        facts="\n".join(
-            f'<div class="fact"><b>{escape(value)}</b>{escape(label)}</div>'
-            for label, value in data.facts
-        ),
-        chart_utilisation=charts.utilisation(data.hosts, data.before, data.after),
-        chart_histogram=charts.placement_times(data.decision_ms),
-        chart_timeline=charts.timeline(data.timeline),
-        top_head="".join(f"<th>{escape(h)}</th>" for h in data.top_head),
-        top_rows="\n".join(
-            "<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>"
-            for row in data.top_rows
-        ),
-        explanation=escape(data.explanation or "every VM found a host"),
+def _rows(rows: Sequence[Sequence[object]]) -> str:
+    return "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
     )
 
 
-def write_report(data: ReportData, out_dir: str | Path) -> Path:
+def render(result: DemoResult, subtitle: str, facts: Sequence[tuple[str, str]]) -> str:
+    template = Template(resources.files(__package__).joinpath("report.html").read_text())
+    samples = result.samples
+    times = [s.t for s in samples]
+    counts = {state: [s.states.get(state, 0) for s in samples] for state in VM_STATES}
+    tiers = sorted({t for s in samples for t in s.tier_min})
+    minimum = {t: [s.tier_min.get(t, 1.0) for s in samples] for t in tiers}
+    hosts = sorted({h for s in samples for h in s.host_memory_used})
+    used = {h: [s.host_memory_used.get(h, 0.0) for s in samples] for h in hosts}
+    moves = [
+        (
+            m.name,
+            m.tier,
+            m.why,
+            f"{m.source} → {m.destination}",
+            f"{m.started:.1f}",
+            "" if m.finished is None else f"{m.finished - m.started:.1f}",
+            m.outcome,
+        )
+        for m in result.migrations
+    ]
+    return template.substitute(
+        subtitle=html.escape(subtitle),
+        facts="\n".join(
+            f'<div class="fact"><b>{html.escape(value)}</b>{html.escape(label)}</div>'
+            for label, value in facts
+        ),
+        chart_states=charts.vm_states(times, counts, result.phases),
+        chart_tiers=charts.tier_memory(times, minimum, tier_guarantees(), result.phases),
+        chart_hosts=charts.host_memory(times, used, result.phases),
+        migration_rows=_rows(moves) or "<tr><td>none</td></tr>",
+        unplaced=html.escape("\n".join(result.drain_unplaced) or "every VM found a new host"),
+        explanation=html.escape(result.explanation or "-"),
+        audit=html.escape("\n".join(result.audit_problems) or "no problem"),
+    )
+
+
+def write_report(
+    result: DemoResult, subtitle: str, facts: Sequence[tuple[str, str]], out_dir: str | Path
+) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.html"
-    path.write_text(render(data), encoding="utf-8")
+    path.write_text(render(result, subtitle, facts), encoding="utf-8")
     return path

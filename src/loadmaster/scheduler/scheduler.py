@@ -125,6 +125,10 @@ class Scheduler:
         self._scorings: dict[str, _Scoring] = {}
         self._static: dict[tuple[object, ...], tuple[Bools, list[tuple[str, Verdict]]]] = {}
         self._groups: dict[str, GroupRecord] = {}
+        self._move_pending = False
+        # Hard-affinity members of the batch that leave a host (migrate, re-placed): the
+        # group follows them, so they must not pin it to where they are leaving.
+        self._leaving: dict[str, list[int]] = {}
         # One decision at a time per Scheduler object: the arrays are not thread-safe.
         self._lock = threading.RLock()
 
@@ -136,13 +140,17 @@ class Scheduler:
         gang: bool = False,
         dry_run: bool = False,
         policy: str | None = None,
+        move_pending: bool = False,
     ) -> ScheduleResult:
         """Place every VM of ``requests``. ``gang``: all of them or none (nothing is claimed
         unless every VM has a host). ``dry_run``: decide the same way, claim nothing.
+        ``move_pending``: a VM pending on a host (claimed, not started) is re-placed
+        elsewhere in the claim's transaction (a drain) instead of being refused.
         Failures come back per VM in the result; bad requests raise."""
         started = time.perf_counter()
         chosen = self._policy(policy or self.default_policy, "policy")
         with self._lock:
+            self._move_pending = move_pending
             self._begin()
             items = self._resolve(requests, dry_run)
             scoring = self._scoring(chosen)
@@ -255,6 +263,7 @@ class Scheduler:
                 )
         items: list[_Item] = []
         groups: dict[str, GroupRecord] = {}
+        self._leaving = {}
         with self._store.read() as session:
             for i, spec in enumerate(requests):
                 items.extend(self._resolve_one(session, spec, f"requests[{i}]", len(items), groups))
@@ -265,7 +274,7 @@ class Scheduler:
                 raise ValidationError(f"vm {vm} appears twice in one call", field="requests")
             seen.add(vm or "")
         self._groups = groups
-        self._hosts.load_groups(groups.values())
+        self._load_groups()
         return items
 
     def _resolve_one(
@@ -361,16 +370,20 @@ class Scheduler:
             )
             request.vm = request.label = uuid
             error: LoadmasterError | None = None
-            if row.state not in SCHEDULABLE_STATES:
+            movable = SCHEDULABLE_STATES + (("pending",) if self._move_pending else ())
+            if row.state not in movable:
                 error = InvalidTransition(
                     f"VM {uuid} is {row.state}; only a requested, stopped or running VM can be "
                     "placed",
                     field=f"{where}.vms[{j}]",
                 )
-            elif row.state == "running" and row.host_id is not None:
-                # Scheduling a running VM is a live migration: anywhere but where it runs.
-                current = self._hosts.names[self._hosts.root_of[self._hosts.row_of[row.host_id]]]
-                request.exclude_hosts = request.exclude_hosts | {current}
+            elif row.state in ("running", "pending") and row.host_id is not None:
+                # Scheduling a running VM is a live migration (a pending one is re-placed):
+                # anywhere but where it is.
+                current = self._hosts.root_of[self._hosts.row_of[row.host_id]]
+                request.exclude_hosts = request.exclude_hosts | {self._hosts.names[current]}
+                if group is not None and group.policy == "affinity":
+                    self._leaving.setdefault(group.name, []).append(int(current))
             items.append(_Item(position + j, request, error))
         return items
 
@@ -649,18 +662,30 @@ class Scheduler:
         self._hosts.refresh_hosts(missed)
         if missed and self._groups:
             # A member counted where its claim failed would mislead the next decision.
-            self._hosts.load_groups(self._groups.values())
+            self._load_groups()
         return retry
 
     def _claims(self, chosen: list[tuple[_Item, int, int]]) -> list[Claim]:
         return [
-            Claim(item.request.vm or "", self._hosts.names[host], expected_generation=generation)
+            Claim(
+                item.request.vm or "",
+                self._hosts.names[host],
+                expected_generation=generation,
+                move=self._move_pending,
+            )
             for item, host, generation in chosen
         ]
 
     def _reload(self) -> None:
         self._hosts.refresh()
+        self._load_groups()
+
+    def _load_groups(self) -> None:
         self._hosts.load_groups(self._groups.values())
+        for name, leaving in self._leaving.items():
+            counts = self._hosts.group_members[name]
+            np.subtract.at(counts, leaving, 1)
+            np.maximum(counts, 0, out=counts)
 
     def _abort(
         self, items: list[_Item], culprit: _Item | None, cause: LoadmasterError

@@ -12,7 +12,7 @@ from loadmaster.api import views
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.observability import Metrics
 from loadmaster.api.routes.agents import check_vm_of_agent
-from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart, VmTags
+from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart, VmTags, VmUp
 from loadmaster.cluster import VmSpec
 from loadmaster.errors import InvalidTransition
 from loadmaster.scheduler import Placement, RequestSpec
@@ -84,10 +84,12 @@ def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None
 
 
 @router.post(VM + "/up", tags=["vms"])
-def vm_up(lm: LM, request: Request, uuid: str) -> dict[str, Any]:
-    """The VM runs: its pending records become active (a migration completes)."""
+def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> dict[str, Any]:
+    """The VM runs: its pending records become active (a migration completes). With
+    ``host`` (agents send it) the claim must be on that host, else 409: a VM whose claim
+    moved elsewhere meanwhile cannot come up where it no longer belongs."""
     check_vm_of_agent(lm, request, uuid)
-    return views.vm(lm.allocations.activate(uuid))
+    return views.vm(lm.allocations.activate(uuid, body.host if body else None))
 
 
 @router.post(VM + "/stop", tags=["vms"])

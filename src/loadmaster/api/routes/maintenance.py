@@ -1,0 +1,33 @@
+"""Maintenance: drain a host (its VMs are placed elsewhere, the agents move them) and
+follow the drain's progress on the host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from loadmaster.api import views
+from loadmaster.api.deps import LM
+from loadmaster.api.schemas import DrainRequest
+
+router = APIRouter(tags=["maintenance"])
+
+
+@router.get("/hosts/{host_name}")
+def get_host(lm: LM, host_name: str) -> dict[str, Any]:
+    """The host as a provider, plus ``status`` (``draining`` while VMs are still on or
+    headed to a host in maintenance) and the VMs left on it."""
+    host = lm.hosts.get(host_name)
+    drain = lm.maintenance.status(host.uuid)
+    return {**views.provider(host), "status": drain.status, "drain": drain.to_dict()}
+
+
+@router.post("/hosts/{host_name}/drain")
+def drain_host(lm: LM, host_name: str, body: DrainRequest | None = None) -> dict[str, Any]:
+    """Put the host in maintenance and place every VM on it elsewhere in one batch
+    (running ones migrate, pending ones are re-placed). Draining again places what is
+    left; ``force`` stops what fits nowhere. Lists the VMs that fit nowhere, with the
+    scheduler's explanation."""
+    force = body.force if body is not None else False
+    return lm.maintenance.drain(host_name, force=force).to_dict()

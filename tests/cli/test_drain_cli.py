@@ -1,0 +1,106 @@
+"""``loadmaster host drain``: the result for people and for scripts, ``--wait`` following
+the migrations the host agents carry out, ``--force``, and the exit codes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_helpers import ADMIN, READER
+from tests.api.api_helpers import run_server
+from typer.testing import CliRunner
+
+import loadmaster
+from loadmaster.api import AuthConfig, create_app
+from loadmaster.cli import app
+from loadmaster.service import Loadmaster
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Loadmaster]]:
+    """An API over a fresh SQLite database: h0 runs three small VMs and one big one that
+    fits on no other host."""
+    lm = loadmaster.open(f"sqlite:///{tmp_path / 'drain.db'}")
+    for name, vcpu in (("h0", 16), ("h1", 8), ("h2", 8)):
+        lm.hosts.create(name, inventories={"VCPU": {"total": vcpu}, "MEMORY_MB": {"total": 32768}})
+    lm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 1024}})
+    lm.flavors.create({"name": "big", "resources": {"VCPU": 12, "MEMORY_MB": 1024}})
+    for name, flavor in (("s0", "small"), ("s1", "small"), ("s2", "small"), ("huge", "big")):
+        vm = lm.vms.create(name, flavor).uuid
+        lm.allocations.claim(vm, "h0")
+        lm.allocations.activate(vm)
+    server, thread, url = run_server(create_app(lm, AuthConfig({ADMIN: "admin", READER: "reader"})))
+    try:
+        yield url, lm
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        lm.close()
+
+
+def cli(url: str, *args: str, token: str = ADMIN) -> tuple[int, str]:
+    result = runner.invoke(app, ["--url", url, "--token", token, *args])
+    return result.exit_code, result.output
+
+
+def agents(lm: Loadmaster, stop: threading.Event) -> None:
+    """The host agents: each migration completes a little after it was asked for."""
+    while not stop.is_set():
+        for vm in lm.vms.list(state="migrating"):
+            time.sleep(0.1)
+            lm.allocations.activate(vm.uuid)
+        time.sleep(0.05)
+
+
+def test_drain_waits_for_the_agents_and_lists_what_fits_nowhere(
+    served: tuple[str, Loadmaster],
+) -> None:
+    url, lm = served
+    huge = lm.vms.list(host="h0")[-1]
+    assert huge.name == "huge"
+    code, output = cli(url, "host", "drain", "h0", token=READER)
+    assert code == 1 and "may only read" in output
+    assert lm.hosts.get("h0").state == "up"  # the refused drain changed nothing
+
+    stop = threading.Event()
+    thread = threading.Thread(target=agents, args=(lm, stop))
+    thread.start()
+    try:
+        code, output = cli(url, "host", "drain", "h0", "--wait", "--interval", "0.1")
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 4, output  # a VM is left: the host is not empty
+    assert "3 VMs placed elsewhere" in output
+    assert f"VM {huge.uuid} fits nowhere" in output and "no host fits" in output
+    assert "resources" in output  # the filter that ruled the hosts out
+    assert "host h0 is draining: 1 VMs left, 0 migrating" in output
+    assert "migrations done" in output  # the progress bar
+    assert {v.host for v in lm.vms.list(state="running") if v.name.startswith("s")} <= {"h1", "h2"}
+
+    code, output = cli(url, "host", "drain", "h0", "--force", "--json")
+    assert code == 0, output
+    data = json.loads(output)
+    assert data["stopped"] == [huge.uuid] and data["status"] == "maintenance"
+    assert data["unplaced"][0]["explanation"]["candidates"] == 0
+    assert lm.vms.get(huge.uuid).state == "stopped"
+
+
+def test_drain_json_and_bad_input(served: tuple[str, Loadmaster]) -> None:
+    url, lm = served
+    code, output = cli(url, "host", "drain", "nosuch")
+    assert code == 3 and "nosuch" in output and "(host)" in output
+    code, output = cli(url, "host", "drain", "h0", "--timeout", "-1")
+    assert code == 2
+    assert lm.hosts.get("h0").state == "up"
+    code, output = cli(url, "host", "drain", "h0", "--json", "--wait", "--timeout", "0")
+    assert code == 4
+    data = json.loads(output)  # nothing but JSON on stdout, even with --wait
+    assert len(data["moved"]) == 3 and data["final"]["migrating"] == 3
+    assert data["final"]["status"] == "draining"
