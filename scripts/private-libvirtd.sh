@@ -49,14 +49,16 @@ migration_port_max = $((port_min + 15))
 EOF
 
 # One cgroup per controller for this daemon and its guests, made the root of its namespace.
+# Hierarchies are directories named after their controllers ("cpu,cpuacct" where they are
+# mounted together); symlinks to them ("cpu") are skipped.
 for hierarchy in /sys/fs/cgroup/*/; do
   hierarchy=${hierarchy%/}
-  [ -e "$hierarchy/cgroup.procs" ] || continue
+  [ -e "$hierarchy/cgroup.procs" ] && [ ! -L "$hierarchy" ] || continue
   controller=${hierarchy##*/}
   # This process's cgroup in that hierarchy ("0::" is the cgroup2 one, mounted as "unified").
   current=$(awk -F: -v c="$controller" '
     c == "unified" && $1 == "0" { print $3 }
-    { n = split($2, a, ","); for (i = 1; i <= n; i++) if (a[i] == c || a[i] == "name=" c) print $3 }
+    $2 == c || $2 == "name=" c { print $3 }
   ' /proc/self/cgroup | head -n 1)
   group="$hierarchy${current%/}/lm-$name"
   mkdir -p "$group"
@@ -72,7 +74,8 @@ done
 export LM_BASE=$base
 exec unshare --mount --cgroup --propagation private bash -euc '
   # The cgroup hierarchies again, on a fresh tmpfs, now rooted at this namespace'"'"'s cgroups.
-  controllers=$(for h in /sys/fs/cgroup/*/; do [ -e "$h/cgroup.procs" ] && basename "$h"; done)
+  controllers=$(for h in /sys/fs/cgroup/*/; do
+    h=${h%/}; if [ -e "$h/cgroup.procs" ] && [ ! -L "$h" ]; then basename "$h"; fi; done)
   mount -t tmpfs -o mode=755 cgroup-root /sys/fs/cgroup
   for controller in $controllers; do
     mkdir -p "/sys/fs/cgroup/$controller"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what loadmaster needs on a fresh Debian machine: system packages (libvirt for the
-# binding, PostgreSQL for the multi-process tests, Chromium for the report check) and a
-# virtual environment in .venv with the pinned Python dependencies. Safe to run again.
+# binding, PostgreSQL for the multi-process tests, Chromium for the report check, QEMU, a
+# guest kernel and busybox for the real-guest tests) and a virtual environment in .venv
+# with the pinned Python dependencies. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_system="${1:-full}"   # "full" for tests, "minimal" for the demo
@@ -20,7 +21,9 @@ if [ "$want_system" = full ]; then
     || need+=(libvirt-daemon-driver-qemu)
   command -v virsh >/dev/null || need+=(libvirt-clients)
   ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || need+=(linux-image-cloud-amd64)
-  [ -x /bin/busybox ] || need+=(busybox-static)
+  # The static build: the guest initramfs has no libc (it replaces a dynamic busybox).
+  dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
+    || need+=(busybox-static)
   command -v cpio >/dev/null || need+=(cpio)
 fi
 if [ ${#need[@]} -gt 0 ]; then

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid as uuidlib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from typing import Any
@@ -97,6 +98,34 @@ def test_sim_concurrent_launches_of_one_guest_make_one_guest() -> None:
     for t in threads:
         t.join()
     assert [g.uuid for g in hv.list_guests()].count(SPEC.uuid) == 1
+
+
+def test_sim_launches_from_threads_while_the_agent_reads_and_time_moves() -> None:
+    hv = sim(launch_delay=0.001)
+    specs = [
+        GuestSpec(str(uuidlib.UUID(int=i, version=4)), f"mass-{i:03d}", GIB, 1) for i in range(200)
+    ]
+    errors: list[BaseException] = []
+
+    def launch_all(part: list[GuestSpec]) -> None:
+        try:
+            for spec in part:
+                hv.launch_guest(spec)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=launch_all, args=(specs[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    # What the agent does meanwhile: read every guest, and the simulation steps.
+    while any(t.is_alive() for t in threads):
+        for guest in hv.list_guests():
+            hv.memory_stats(guest.uuid)
+        hv.advance()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(hv.list_guests()) == 201
 
 
 def test_sim_remove_and_tags() -> None:
@@ -202,6 +231,21 @@ def test_launch_on_the_test_driver(node_hv: LibvirtHypervisor) -> None:
     info = node_hv.balloon_info(SPEC.uuid)
     assert (info.current, info.maximum) == (2 * GIB, 2 * GIB)
     assert node_hv.cpu_stats(SPEC.uuid).vcpu_count == 2
+
+
+def test_launch_that_loses_a_race_leaves_the_guest_running_and_defined(
+    node_hv: LibvirtHypervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node_hv.launch_guest(SPEC)
+    # A concurrent launch: it looked the guest up before this one's define, so it defines
+    # it too and finds it running when it starts it.
+    monkeypatch.setattr(node_hv, "_lookup", lambda _uuid: None)
+    node_hv.launch_guest(SPEC)
+    monkeypatch.undo()
+    assert by_uuid(node_hv)[SPEC.uuid].managed
+    node_hv.stop_guest(SPEC.uuid, force=True)
+    node_hv.launch_guest(SPEC)  # still defined: the loser of the race did not undefine it
+    assert SPEC.uuid in by_uuid(node_hv)
 
 
 def test_launch_starts_a_defined_guest_that_is_off(node_hv: LibvirtHypervisor) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from realvm_helpers import (
     ROOT,
+    Launched,
     PrivateLibvirtd,
     RealHosts,
     require_system,
@@ -56,3 +57,10 @@ def real_hosts() -> Iterator[RealHosts]:
         for daemon in daemons:
             stop_daemon(daemon)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.fixture
+def launched(real_hosts: RealHosts) -> Iterator[Launched]:
+    guests = Launched(real_hosts)
+    yield guests
+    guests.clean()

@@ -9,104 +9,32 @@ Every guest is the tiny initramfs guest of scripts/guest-image.sh, which prints
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-import uuid as uuidlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import libvirt
 import pytest
-from realvm_helpers import PrivateLibvirtd, RealHosts
+from realvm_helpers import (
+    BALLOON_S,
+    MIB,
+    STOP_S,
+    Launched,
+    RealHosts,
+    actual_balloon,
+    booted,
+    defined,
+    new_spec,
+    running,
+    serial,
+    wait_for,
+)
 
-from loadmaster.agent.hypervisor import GuestInfo, GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor import GuestSpec, HypervisorError
 from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor, parse_metadata
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
-
-MIB = 1024  # KiB
-BOOT_S = 60.0
-BALLOON_S = 30.0
-STOP_S = 30.0
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> float:
-    """Seconds until ``check()`` holds; fails the test naming ``what`` after ``timeout``."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"{what}: not after {timeout:.0f} s")
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
-def new_spec(memory_mib: int, *tags: str) -> GuestSpec:
-    uuid = str(uuidlib.uuid4())
-    return GuestSpec(uuid, f"rv-{uuid[:8]}", memory_mib * MIB, 1, frozenset(tags))
-
-
-def serial(hosts: RealHosts, spec: GuestSpec) -> str:
-    assert hosts.image.log_dir is not None
-    path = hosts.image.log_dir / f"{spec.name}.serial"
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def booted(hosts: RealHosts, spec: GuestSpec) -> float:
-    return wait_for(f"{spec.name} booting", lambda: "lm-guest: up" in serial(hosts, spec), BOOT_S)
-
-
-def running(hv: LibvirtHypervisor) -> dict[str, GuestInfo]:
-    return {g.uuid: g for g in hv.list_guests()}
-
-
-def defined(daemon: PrivateLibvirtd, uuid: str) -> bool:
-    conn = libvirt.open(daemon.uri)
-    try:
-        conn.lookupByUUIDString(uuid)
-        return True
-    except libvirt.libvirtError as exc:
-        assert exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN, exc
-        return False
-    finally:
-        conn.close()
-
-
-def actual_balloon(hv: LibvirtHypervisor, uuid: str) -> int:
-    return int(hv.memory_stats(uuid).get("actual", -1))
-
-
-class Launched:
-    """Launches guests and removes them from both hosts after the test."""
-
-    def __init__(self, hosts: RealHosts) -> None:
-        self.hosts = hosts
-        self.uuids: list[str] = []
-
-    def launch(self, hv: LibvirtHypervisor, spec: GuestSpec) -> float:
-        """Seconds from the launch call until the guest's init runs."""
-        self.uuids.append(spec.uuid)
-        started = time.monotonic()
-        hv.launch_guest(spec)
-        booted(self.hosts, spec)
-        return time.monotonic() - started
-
-    def clean(self) -> None:
-        for daemon in (self.hosts.a, self.hosts.b):
-            hv = self.hosts.hypervisor(daemon)
-            try:
-                for uuid in self.uuids:
-                    with contextlib.suppress(HypervisorError):
-                        hv.remove_guest(uuid)
-            finally:
-                hv.close()
-
-
-@pytest.fixture
-def launched(real_hosts: RealHosts) -> Iterator[Launched]:
-    guests = Launched(real_hosts)
-    yield guests
-    guests.clean()
 
 
 @pytest.fixture

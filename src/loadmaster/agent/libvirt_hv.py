@@ -412,10 +412,18 @@ class LibvirtHypervisor:
         try:
             dom.create()
         except self._libvirt.libvirtError as exc:
+            if self._active_quietly(dom):
+                return  # a concurrent launch of the same guest started it first
             if defined_now:
                 # Nothing half done: a retry defines it afresh, and no stopped husk remains.
                 self._undefine_quietly(dom)
             raise HypervisorError(f"{what}: start: {exc}") from exc
+
+    def _active_quietly(self, dom: Any) -> bool:
+        try:
+            return bool(dom.isActive())
+        except self._libvirt.libvirtError:
+            return False
 
     def _undefine_quietly(self, dom: Any) -> None:
         # The error that led here is the one worth reporting.

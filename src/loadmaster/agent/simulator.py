@@ -237,12 +237,12 @@ class SimulatedHypervisor:
     def advance(self) -> None:
         """One step of simulated time: demand moves, guests run, KSM scans."""
         self.step += 1
-        for guest in list(self._guests.values()):
+        for guest in self._running():
             if guest.shutting_down:
                 self._remove(guest)
         ramp = min(1.0, self.step / self.ramp_steps)
         busy = 0.0
-        for g in self._guests.values():
+        for g in self._running():
             s = g.spec
             wave = s.wave * math.sin(2 * math.pi * self.step / 40 + g.phase)
             fraction = s.base + s.rise * ramp + wave + g.rng.gauss(0, 0.01)
@@ -269,7 +269,7 @@ class SimulatedHypervisor:
     def _scan_ksm(self) -> None:
         if self.ksm["run"] != 1:
             return
-        resident_pages = sum(g.resident for g in self._guests.values()) // PAGE_KIB
+        resident_pages = sum(g.resident for g in self._running()) // PAGE_KIB
         cap = int(KSM_MERGEABLE * resident_pages)
         scans = self.step_seconds * 1000 / max(1, self.ksm["sleep_millisecs"])
         merged = int(self.ksm["pages_to_scan"] * scans * KSM_MERGEABLE)
@@ -280,12 +280,18 @@ class SimulatedHypervisor:
 
     def _update_memory(self) -> None:
         saved = (self.ksm["pages_sharing"] - self.ksm["pages_shared"]) * PAGE_KIB
-        used = HOST_OVERHEAD_KIB + sum(g.resident for g in self._guests.values()) - saved
+        used = HOST_OVERHEAD_KIB + sum(g.resident for g in self._running()) - saved
         self.host_used_kib = max(0, used)
         self.host_swap_kib = max(0, used - self.host_memory_kib)
 
+    def _running(self) -> list[_Guest]:
+        """The guests, copied in one step: launches and migrations may add or drop guests
+        from other threads while a caller goes through them."""
+        return list(self._guests.values())
+
     def _remove(self, guest: _Guest) -> None:
-        del self._guests[guest.uuid]
+        if self._guests.pop(guest.uuid, None) is None:
+            return  # removed by another caller meanwhile
         self.stopped.append(guest.spec.name)
         self._update_memory()
 
@@ -294,13 +300,13 @@ class SimulatedHypervisor:
     def balloon_ratios(self) -> dict[str, list[float]]:
         """Balloon / allocation of every running guest, by SLA tier name."""
         ratios: dict[str, list[float]] = {}
-        for g in self._guests.values():
+        for g in self._running():
             tier = tier_of(g.spec.tags).name
             ratios.setdefault(tier, []).append(g.balloon / g.spec.memory_kib)
         return ratios
 
     def guest_swap_kib(self) -> int:
-        return sum(g.guest_swap for g in self._guests.values())
+        return sum(g.guest_swap for g in self._running())
 
     def host_stats(self) -> Stats:
         free = max(0, self.host_memory_kib - self.host_used_kib)
@@ -342,7 +348,7 @@ class SimulatedHypervisor:
                 tuple(g.interfaces),
                 managed=g.managed,
             )
-            for g in self._guests.values()
+            for g in self._running()
         ]
 
     def memory_stats(self, uuid: str) -> Mapping[str, int]:
