@@ -253,7 +253,7 @@ class HostManager:
                     # The source moved it and died before saying so.
                     self._say_up(vm, report)
             except Exception as exc:  # one VM's trouble must not stop the others
-                log.warning("%s of %s failed: %s", action, vm, exc)
+                _log_failure(f"{action} of {vm}", exc)
                 report.errors.append(f"{vm}: {action}: {exc}")
         with self._lock:
             busy = set(self._launching) | set(self._migrating)
@@ -400,7 +400,7 @@ class HostManager:
         try:
             say(vm, *args)
         except Exception as exc:
-            log.warning("could not tell the API about %s: %s", vm, exc)
+            _log_failure(f"telling the API about {vm}", exc)
         finally:
             with self._lock:
                 under_way.pop(vm, None)
@@ -409,6 +409,13 @@ class HostManager:
     def _say_up(self, vm: str, report: StepReport) -> None:
         self.api.up(vm, self.host_name)
         report.completed.append(vm)
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    # 403/409: the VM's claim moved on meanwhile (stopped, re-placed, or the other side of
+    # a migration said it first); the next pass acts on what is true then. Not a warning.
+    level = logging.INFO if getattr(exc, "status", None) in (403, 409) else logging.WARNING
+    log.log(level, "%s failed: %s", what, exc)
 
 
 def _table(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:

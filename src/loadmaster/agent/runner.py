@@ -16,6 +16,7 @@ from loadmaster.agent.journal import AppliedJournal
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
+from loadmaster.errors import InvalidTransition
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,12 @@ class ApiClient:
         self._call("POST", f"/hosts/{host_name}/report", json=payload)
 
     def request_migration(self, vm_uuid: str, reason: str) -> None:
-        self._call("POST", f"/vms/{vm_uuid}/migrate", json={"reason": reason})
+        try:
+            self._call("POST", f"/vms/{vm_uuid}/migrate", json={"reason": reason})
+        except ApiError as exc:
+            # Already being moved (or stopping): the request is answered, not failed.
+            if exc.code != InvalidTransition.code:
+                raise
 
     def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = self._call("PUT", f"/hosts/{host}/agent", json=body).json()
@@ -75,9 +81,11 @@ class ApiClient:
 class ApiError(Exception):
     def __init__(self, method: str, path: str, response: httpx.Response) -> None:
         self.status = response.status_code
+        self.code = ""
         try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
+            body = response.json()
+            detail, self.code = body.get("detail", response.text), body.get("code", "")
+        except (ValueError, AttributeError):
             detail = response.text
         super().__init__(f"{method} {path}: {response.status_code} {detail}")
 

@@ -29,7 +29,10 @@ def serve_in_thread(app: FastAPI, *, start_timeout: float = 15.0) -> ThreadedSer
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    # log_config=None: the embedding process keeps its own logging set-up.
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, log_config=None)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout

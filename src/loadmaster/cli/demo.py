@@ -8,6 +8,7 @@ explains it (see ``loadmaster.demo.scenario``).
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Annotated
@@ -21,6 +22,18 @@ from loadmaster.pending import group_rule_problems
 from loadmaster.service import Loadmaster, open_loadmaster
 
 console = Console(highlight=False)
+
+
+def _log_to(path: Path) -> None:
+    """The agents' and the API's log lines go to a file beside the report: on the console
+    they would drown the story (a 409 for a migration already under way is routine)."""
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def _say(line: str) -> None:
@@ -38,15 +51,15 @@ def demo(
         str, typer.Option(help="SQLite database, recreated on each run")
     ] = "sqlite:///loadmaster-demo.db",
     hosts: Annotated[int, typer.Option(min=3, help="simulated hosts, one agent each")] = 12,
-    vms: Annotated[int, typer.Option(min=30, help="VMs to mass-start")] = 240,
+    vms: Annotated[int, typer.Option(min=30, help="VMs to mass-start")] = 160,
     out: Annotated[Path, typer.Option(help="report directory")] = Path("loadmaster-report"),
     seed: int = 7,
     cycle: Annotated[
         float, typer.Option(min=0.05, help="seconds between SLA policy cycles on each host")
-    ] = 0.25,
+    ] = 0.4,
     ramp: Annotated[
         int, typer.Option(min=5, help="SLA cycles until the guests' memory demand peaks")
-    ] = 40,
+    ] = 25,
 ) -> None:
     """Run the whole loop on simulated hosts with real agents and write a report."""
     if not db.startswith("sqlite:///") or db == "sqlite:///:memory:":
@@ -60,6 +73,8 @@ def demo(
     database.parent.mkdir(parents=True, exist_ok=True)
     for suffix in ("", "-wal", "-shm"):
         database.with_name(database.name + suffix).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    _log_to(out / "agents.log")
     with open_loadmaster(db) as lm:
         result = run(
             lm,
@@ -76,6 +91,8 @@ def demo(
         for why in ("policy", "drain")
     }
     rolled_back = sum(1 for m in result.migrations if m.outcome.startswith("rolled back"))
+    for line in result.no_host:
+        console.print(f"no host in the mass start: {line}")
     console.print(f"no valid host giant-1 (512 GiB): {result.explanation}")
     console.print(
         f"group-rule violations: {result.peak_violations} at any sampled moment, "

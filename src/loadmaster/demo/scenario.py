@@ -83,6 +83,9 @@ class DemoResult:
     drain_moved: int = 0
     drain_seconds: float = 0.0
     drain_unplaced: list[str] = field(default_factory=list)
+    drain_stopped: list[str] = field(default_factory=list)
+    # VMs the mass start found no host for, with the scheduler's reason.
+    no_host: list[str] = field(default_factory=list)
     drain_status: str = ""
     vapor_stopped: int = 0
     migration_requests: int = 0
@@ -184,8 +187,12 @@ def build(cloud: SimulatedCloud, vm_count: int, rng: random.Random) -> list[str]
         tags = [tier] + ([f"priority:{rng.randrange(3)}"] if tier == "vapor" else [])
         flavor = rng.choices(flavors, weights)[0]
         specs.append(VmSpec(f"{tier}-{len(specs)}", flavor, tags=tags))
-    rng.shuffle(specs)
-    return [vm.uuid for vm in lm.vms.create_many(specs)]
+    # Groups first, each in one batch, as an operator starts a database tier together;
+    # the rest in random order.
+    grouped = [s for s in specs if s.group]
+    others = [s for s in specs if not s.group]
+    rng.shuffle(others)
+    return [vm.uuid for vm in lm.vms.create_many(grouped + others)]
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, poll: float = 0.1) -> bool:
@@ -226,7 +233,13 @@ def run(
         began = sampler.now()
         for start in range(0, len(uuids), 50):
             body = {"requests": [{"vms": uuids[start : start + 50]}], "policy": "pack"}
-            cloud.admin.post("/schedule", json=body).raise_for_status()
+            answer = cloud.admin.post("/schedule", json=body)
+            answer.raise_for_status()
+            result.no_host += [
+                f"{p['vm']}: {p['error']['detail']}"
+                for p in answer.json()["placements"]
+                if p.get("error")
+            ]
 
         def started() -> bool:
             states = Counter(v.state for v in lm.vms.list())
@@ -262,13 +275,22 @@ def run(
         body = drained.json()
         result.drained_host = target
         result.drain_unplaced = [
-            f"{u['vm']}: {u.get('explanation') or u.get('reason', '')}" for u in body["unplaced"]
+            f"{lm.vms.get(u['vm']).name}: {u['reason']}" for u in body["unplaced"]
         ]
 
-        def empty() -> bool:
-            return not lm.vms.list(host=target)
+        def settled() -> bool:
+            left = lm.vms.list(host=target)
+            return len(left) <= len(result.drain_unplaced) and all(
+                v.state != "migrating" for v in left
+            )
 
-        wait_until(empty, 90)
+        wait_until(settled, 90)
+        if result.drain_unplaced:
+            # What fits nowhere is stopped, as ``host drain --force`` does.
+            forced = cloud.admin.post(f"/hosts/{target}/drain", json={"force": True})
+            forced.raise_for_status()
+            result.drain_stopped = list(forced.json()["stopped"])
+            wait_until(lambda: not lm.vms.list(host=target), 30)
         result.drain_seconds = sampler.now() - drain_began
         result.drain_moved = sum(
             1 for m in result.migrations if m.why == "drain" and m.outcome == "done"
@@ -278,8 +300,11 @@ def run(
         result.phases.append(("drain " + target, drain_began, sampler.now()))
         progress(
             f"drain of {target}: {result.drain_moved} VMs moved in {result.drain_seconds:.1f} s, "
-            f"{len(result.drain_unplaced)} fit nowhere; host {result.drain_status}"
+            f"{len(result.drain_unplaced)} fit nowhere (stopped: {len(result.drain_stopped)}); "
+            f"host {result.drain_status}"
         )
+        for line in result.drain_unplaced:
+            progress(f"fits nowhere: {line}")
 
         giant = lm.vms.create("giant-1", "giant").uuid
         answer = cloud.admin.post(f"/vms/{giant}/start")

@@ -50,6 +50,7 @@ def render(result: DemoResult, subtitle: str, facts: Sequence[tuple[str, str]]) 
         chart_tiers=charts.tier_memory(times, minimum, tier_guarantees(), result.phases),
         chart_hosts=charts.host_memory(times, used, result.phases),
         migration_rows=_rows(moves) or "<tr><td>none</td></tr>",
+        no_host=html.escape("\n".join(result.no_host) or "every VM found a host"),
         unplaced=html.escape("\n".join(result.drain_unplaced) or "every VM found a new host"),
         explanation=html.escape(result.explanation or "-"),
         audit=html.escape("\n".join(result.audit_problems) or "no problem"),
