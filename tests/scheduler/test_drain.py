@@ -240,8 +240,8 @@ def test_the_checker_sees_a_broken_rule(grouped: Loadmaster) -> None:
         for name in ("d-together0", "d-apart0"):
             session.scalars(select(VmRow).where(VmRow.name == name)).one().host_id = h1
     problems = group_violations(lm)
-    assert any("affinity group together split" in p for p in problems)
-    assert any("anti-affinity group apart over 1" in p for p in problems)
+    assert any(p.startswith("together: affinity group split") for p in problems)
+    assert any(p.startswith("apart: anti-affinity: more than 1 per host") for p in problems)
 
 
 def test_a_vm_that_fits_nowhere_is_explained_then_force_stops_it(lm: Loadmaster) -> None:
