@@ -178,7 +178,7 @@ CASES = [
             "a": {"vda": IO_MAX},
             "b": {"vda": without(IO_MAX, "write_iops_sec")},
         },
-        mom="policy failed",  # undefined symbol limit.write_iops_sec: no control at all
+        mom="policy failed",  # undefined symbol cap.write_iops_sec: no control at all
         expected={
             "host": {},
             "guests": {
