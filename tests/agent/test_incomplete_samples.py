@@ -3,9 +3,10 @@ tested improvement), one guest or file never stops the host's controls.
 
 Each case runs the agent with vdsm's collector set on a scripted hypervisor and compares
 the controls of its last cycle with ``mom``: what MOM 0.6.5 (oVirt/mom 3de1c8e) computes
-for the same samples, the same collectors' declarations and the same policy text (for the
-``vdsm:`` files, vdsm's own mom.d), worked out by running MOM's Policy, Entity and its
-monitors' readiness rule on them. ``expected`` overrides it where loadmaster differs on
+for the same samples, the same collectors' declarations and the same policy text (the
+``shaped:`` files are ``tests/policy/fixtures/mom-shaped``, written for loadmaster's tests;
+vdsm's own mom.d is not copied here), worked out by running MOM's Policy, Entity and its
+monitors' readiness rule on them outside this repository. ``expected`` overrides it where loadmaster differs on
 purpose; docs/mom-differences.md gives the reason.
 """
 
@@ -28,7 +29,7 @@ from loadmaster.agent import Agent, AppliedJournal, CycleReport
 from loadmaster.agent.journal import JOURNAL_FILE
 from loadmaster.policy import shipped_policy_dir
 
-VDSM_POLICIES = Path(__file__).resolve().parents[1] / "policy" / "fixtures" / "vdsm"
+MOM_SHAPED = Path(__file__).resolve().parents[1] / "policy" / "fixtures" / "mom-shaped"
 IO_MAX = {
     "total_bytes_sec": 10_485_760,
     "read_bytes_sec": 0,
@@ -72,7 +73,7 @@ def without(sample: Mapping[str, Any], *fields: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Case:
-    """``policies``: file name -> text, or ``shipped:NAME`` / ``vdsm:NAME``. ``updates``:
+    """``policies``: file name -> text, or ``shipped:NAME`` / ``shaped:NAME``. ``updates``:
     cycle index -> files written before that cycle. ``cycles``: guest samples per cycle."""
 
     id: str
@@ -90,12 +91,12 @@ class Case:
     file_errors: Sequence[str] = ()
 
 
-def policy_text(ref: str, vdsm_dir: Path = VDSM_POLICIES) -> str:
+def policy_text(ref: str, shaped_dir: Path = MOM_SHAPED) -> str:
     kind, _, name = ref.partition(":")
     if kind == "shipped":
         return (shipped_policy_dir() / name).read_text()
-    if kind == "vdsm":
-        return (vdsm_dir / name).read_text()
+    if kind == "shaped":
+        return (shaped_dir / name).read_text()
     return ref
 
 
@@ -104,42 +105,47 @@ SHIPPED_CPU = {
     "01-parameters.policy": "shipped:01-parameters.policy",
     "04-cputune.policy": "shipped:04-cputune.policy",
 }
-VDSM_CPU = {
-    "00-defines.policy": "vdsm:00-defines.policy",
-    "04-cputune.policy": "vdsm:04-cputune.policy",
+SHAPED_CPU = {
+    "00-switches.policy": "shaped:00-switches.policy",
+    "04-cpu.policy": "shaped:04-cpu.policy",
 }
 
 CASES = [
     Case(
         "1-missing-mandatory-field-leaves-only-that-guest-out",
-        VDSM_CPU,
+        SHAPED_CPU,
         [{"healthy": full(), "booting": without(full(), "vcpu_user_limit")}],
-        mom={"host": {}, "guests": {"healthy": {"vcpu_quota": 100000.0}}},
+        # 50 % of 4 CPUs * 50000 us over 2 vCPUs; the sample's period is 100000.
+        mom={"host": {}, "guests": {"healthy": {"vcpu_quota": 50000.0, "vcpu_period": 50000}}},
         left_out={"booting": "not ready: mandatory vcpu_user_limit missing"},
     ),
     Case(
         "1-nil-optional-field-that-fails-the-policy-leaves-only-that-guest-out",
         {
-            "00-defines.policy": "vdsm:00-defines.policy",
-            "02-balloon.policy": "vdsm:02-balloon.policy",
+            "00-switches.policy": "shaped:00-switches.policy",
+            "02-memory.policy": "shaped:02-memory.policy",
         },
         [{"ok": full(), "no-balloon": without(full(), *BALLOON)}],
-        # vdsm's guest_qos compares nil balloon fields: MOM drops the tick. Loadmaster
+        # 02-memory's keep_floor compares nil balloon fields: MOM drops the tick. Loadmaster
         # leaves the guest out and gives "ok" what MOM gives it when alone on the host.
         mom="policy failed",
-        expected={"host": {}, "guests": {"ok": {"balloon_target": 3303014.4000000004}}},
-        left_out={"no-balloon": "policy failed on its nil balloon_cur, balloon_min: 02-balloon"},
+        # MOM's result for "ok" alone: the reclaim switch is off, so it grows one 4 % step.
+        expected={"host": {}, "guests": {"ok": {"balloon_target": 3271557.12}}},
+        left_out={
+            "no-balloon": "policy failed on its nil balloon_cur, balloon_max, balloon_min: "
+            "02-memory.policy:"
+        },
     ),
     Case(
         "2-incomplete-guest-is-not-evaluated",
-        VDSM_CPU,
+        SHAPED_CPU,
         [
             {
                 "seen": full(vcpu_user_limit=100, vcpu_quota=50_000),
                 "unseen": without(full(vcpu_user_limit=100, vcpu_quota=50_000), "vcpu_count"),
             }
         ],
-        mom={"host": {}, "guests": {"seen": {"vcpu_quota": -1, "vcpu_period": 100000}}},
+        mom={"host": {}, "guests": {"seen": {"vcpu_quota": -1, "vcpu_period": 50000}}},
         left_out={"unseen": "not ready: mandatory vcpu_count missing"},
     ),
     Case(
@@ -172,7 +178,7 @@ CASES = [
             "a": {"vda": IO_MAX},
             "b": {"vda": without(IO_MAX, "write_iops_sec")},
         },
-        mom="policy failed",  # undefined symbol limit.write_iops_sec: no control at all
+        mom="policy failed",  # undefined symbol cap.write_iops_sec: no control at all
         expected={
             "host": {},
             "guests": {
@@ -342,7 +348,7 @@ def controls_of(
 
 
 @pytest.mark.parametrize(
-    "policy_dir", [VDSM_POLICIES, shipped_policy_dir()], ids=["vdsm", "shipped"]
+    "policy_dir", [MOM_SHAPED, shipped_policy_dir()], ids=["mom-shaped", "shipped"]
 )
 @settings(max_examples=60, deadline=None)
 @given(data=snapshots_and_damage())

@@ -13,7 +13,8 @@ from loadmaster.policy.evaluator import Evaluator, global_scope
 from loadmaster.policy.snapshot import EntitySnapshot
 
 FIXTURES = Path(__file__).parent / "fixtures"
-VDSM = FIXTURES / "vdsm"
+# Policies written for these tests in the shape of MOM deployments (not vdsm's files).
+MOM_SHAPED = FIXTURES / "mom-shaped"
 
 
 def host(history: Sequence[dict[str, float | None]] = (), **stats: float | None) -> EntitySnapshot:

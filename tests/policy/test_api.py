@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from policy_helpers import VDSM
+from policy_helpers import MOM_SHAPED
 
 from loadmaster.policy import (
     PolicyError,
@@ -62,8 +62,8 @@ def test_check_files_finds_errors_in_branches_that_rarely_run(tmp_path: Path) ->
     assert [(p.line, p.column) for p in check_files([path])] == [(1, 7), (2, 11), (3, 11)]
 
 
-def test_vdsm_and_shipped_policies_check_clean() -> None:
-    assert check_files(sorted(VDSM.glob("*.policy"))) == []
+def test_mom_shaped_and_shipped_policies_check_clean() -> None:
+    assert check_files(sorted(MOM_SHAPED.glob("*.policy"))) == []
     assert check_files(sorted(shipped_policy_dir().glob("*.policy"))) == []
 
 
@@ -155,7 +155,7 @@ def test_eval_files_reports_refused_io_tune_and_left_out_guests(tmp_path: Path) 
 )
 def test_bad_snapshots(snapshot: object, message: str) -> None:
     with pytest.raises(PolicyError) as info:
-        eval_files([VDSM / "00-defines.policy"], snapshot)
+        eval_files([MOM_SHAPED / "00-switches.policy"], snapshot)
     assert info.value.file == "<snapshot>"
     assert message in info.value.message
 

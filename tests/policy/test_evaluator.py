@@ -140,10 +140,12 @@ def test_dotted_lookup_skips_scopes_without_the_attribute() -> None:
     assert value_of("(with Guests g (let ((g 5)) g.x))", guests=guests) == [1]
 
 
-def test_vdsm_quest_typo_works_through_dynamic_scope() -> None:
+def test_misnamed_parameter_works_through_dynamic_scope() -> None:
+    # The parameter is "vm"; the body reads "guest", the caller's with-variable (MOM's
+    # dynamic scope). Deployed MOM policies have relied on this by accident.
     text = """
-    (def guest_qos (quest) (if (< guest.balloon_cur 10) (guest.Control "t" 1) 0))
-    (with Guests guest (guest_qos guest))
+    (def raise_small (vm) (if (< guest.balloon_cur 10) (guest.Control "t" 1) 0))
+    (with Guests guest (raise_small guest))
     (with Guests guest (guest.GetControl "t"))
     """
     assert value_of(text, guests=[guest("a", balloon_cur=5), guest("b", balloon_cur=50)]) == [
