@@ -19,7 +19,7 @@ from loadmaster.resources import (
     validate_custom_trait,
 )
 from loadmaster.resources.classes import validate_descriptor
-from loadmaster.store import Store
+from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.schema import (
     AllocationRow,
     FlavorRow,
@@ -76,6 +76,10 @@ class ResourceClassService:
         validate_descriptor(unit, "unit")
         validate_descriptor(description, "description", allow_empty=True)
         wanted = ResourceClass(name, kind, unit, description)
+        return again_on_write_conflict(lambda: self._create(wanted))
+
+    def _create(self, wanted: ResourceClass) -> ResourceClass:
+        name, kind, unit, description = wanted.name, wanted.kind, wanted.unit, wanted.description
         with self._store.write() as session:
             row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
             if row is not None:
@@ -130,10 +134,14 @@ class TraitService:
     def create(self, name: str) -> str:
         """Idempotent, like Placement's PUT /traits/{name}."""
         validate_custom_trait(name, "name")
-        with self._store.write() as session:
-            if session.scalar(select(TraitRow.id).where(TraitRow.name == name)) is None:
-                session.add(TraitRow(name=name))
-        return name
+
+        def write() -> str:
+            with self._store.write() as session:
+                if session.scalar(select(TraitRow.id).where(TraitRow.name == name)) is None:
+                    session.add(TraitRow(name=name))
+            return name
+
+        return again_on_write_conflict(write)
 
     def delete(self, name: str) -> None:
         if name in STANDARD_TRAITS:

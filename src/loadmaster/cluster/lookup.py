@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -41,11 +42,22 @@ def inventory_of(row: Any) -> Inventory:
     )
 
 
+def canonical_uuid(ident: str) -> str:
+    """A uuid as the store keeps it (lower case, hyphenated); anything else unchanged.
+    Every uuid coming in goes through here, so ``ABC...`` and ``abc...`` are one VM."""
+    try:
+        return str(uuidlib.UUID(ident))
+    except (ValueError, TypeError, AttributeError):
+        return ident
+
+
 def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
     """A host by uuid or name."""
     if not isinstance(ident, str) or not ident:
         raise ValidationError(f"{field} must be a host uuid or name", field=field)
-    row = session.scalar(select(HostRow).where((HostRow.uuid == ident) | (HostRow.name == ident)))
+    row = session.scalar(
+        select(HostRow).where((HostRow.uuid == canonical_uuid(ident)) | (HostRow.name == ident))
+    )
     if row is None:
         raise NotFound(f"{field} {ident!r}: no such host", field=field)
     return row
@@ -57,7 +69,7 @@ def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = Fals
     no writer acts on a state another has just changed."""
     if not isinstance(ident, str) or not ident:
         raise ValidationError(f"{field} must be a VM uuid", field=field)
-    query = select(VmRow).where(VmRow.uuid == ident)
+    query = select(VmRow).where(VmRow.uuid == canonical_uuid(ident))
     row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise NotFound(f"{field} {ident!r}: no such VM", field=field)
@@ -74,7 +86,7 @@ def flavor_row(session: Session, name: str, field: str = "flavor") -> FlavorRow:
 def group_row(session: Session, ident: str, field: str = "group") -> ServerGroupRow:
     row = session.scalar(
         select(ServerGroupRow).where(
-            (ServerGroupRow.uuid == ident) | (ServerGroupRow.name == ident)
+            (ServerGroupRow.uuid == canonical_uuid(ident)) | (ServerGroupRow.name == ident)
         )
     )
     if row is None:

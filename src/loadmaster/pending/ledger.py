@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
@@ -114,6 +114,7 @@ class Ledger:
     ) -> list[ClaimOutcome]:
         many = len(claims) > 1
         prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
+        claims = [replace(c, vm=lookup.canonical_uuid(c.vm)) for c in claims]
         vms = _lock_vms(session, {c.vm for c in claims})
         groups = GroupRules.lock(
             session, {v.group_id for v in vms.values() if v.group_id is not None}
@@ -386,8 +387,8 @@ class Ledger:
         over, so a report cannot tell a migration still copying from one that failed.
         Nothing here runs on a timer.
         """
-        seen = set(present)
-        as_of = as_of or now()
+        seen = {lookup.canonical_uuid(u) for u in present}
+        as_of = check_as_of(as_of)
         activated: list[str] = []
         released: list[str] = []
         stopped: list[str] = []
@@ -506,6 +507,35 @@ class Ledger:
             return totals
 
 
+# How far a report's ``as_of`` may stray from the server's clock. A report from the future
+# would release claims made after it; one older than a day describes a host that has long
+# moved on. Both are refused, before anything is stored.
+AS_OF_FUTURE = timedelta(minutes=5)
+AS_OF_PAST = timedelta(days=1)
+
+
+def check_as_of(as_of: datetime | None) -> datetime:
+    """``as_of`` as naive UTC (a time without a zone is taken to be UTC already) if the
+    server's clock allows it; now if None."""
+    current = now()
+    if as_of is None:
+        return current
+    if as_of.tzinfo is not None:
+        try:
+            as_of = as_of.astimezone(UTC).replace(tzinfo=None)
+        except OverflowError:
+            raise ValidationError(
+                f"as_of {as_of.isoformat()} is outside the range of dates", field="as_of"
+            ) from None
+    if as_of > current + AS_OF_FUTURE or as_of < current - AS_OF_PAST:
+        raise ValidationError(
+            f"as_of {as_of.isoformat()} (UTC) is more than {AS_OF_FUTURE} ahead of or "
+            f"{AS_OF_PAST} behind the server's clock ({current.isoformat()})",
+            field="as_of",
+        )
+    return as_of
+
+
 def _sum_by_class(records: Iterable[AllocationRecord]) -> dict[str, int]:
     totals: dict[str, int] = {}
     for r in records:
@@ -526,15 +556,20 @@ def _lock_vms(session: Session, uuids: set[str]) -> dict[str, VmRow]:
 
 
 def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
+    """The hosts by each ident given (a name, or a uuid in any case)."""
     found: dict[str, HostRow] = {}
     ordered = sorted(idents)
     for start in range(0, len(ordered), 500):
         chunk = ordered[start : start + 500]
+        uuids = [lookup.canonical_uuid(i) for i in chunk]
         for row in session.scalars(
-            select(HostRow).where(HostRow.uuid.in_(chunk) | HostRow.name.in_(chunk))
+            select(HostRow).where(HostRow.uuid.in_(uuids) | HostRow.name.in_(chunk))
         ):
             found[row.uuid] = row
             found[row.name] = row
+    for ident in idents:
+        if ident not in found and lookup.canonical_uuid(ident) in found:
+            found[ident] = found[lookup.canonical_uuid(ident)]
     return found
 
 

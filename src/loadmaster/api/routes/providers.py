@@ -6,7 +6,6 @@ one gets 409 ``loadmaster.concurrent_update`` and the client re-reads and retrie
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Query, Response
@@ -23,6 +22,7 @@ from loadmaster.api.schemas import (
     TraitsPut,
 )
 from loadmaster.errors import NotFound
+from loadmaster.pending.ledger import check_as_of
 
 router = APIRouter(tags=["resource providers"])
 PROVIDER = "/resource_providers/{provider}"
@@ -148,13 +148,7 @@ def get_usages(lm: LM, provider: str) -> dict[str, Any]:
 def host_report(lm: LM, host_name: str, body: HostReport) -> dict[str, Any]:
     """An agent's report: stored for the load weigher, then the ledger is reconciled
     with the VMs the host really runs (pending ones seen there become active)."""
+    # Checked before the report is stored: a refused as_of must leave nothing behind.
+    as_of = check_as_of(body.as_of)
     lm.scheduler.record_report(host_name, body.usage, body.load, body.running_vms)
-    as_of = _naive_utc(body.as_of) if body.as_of is not None else None
     return views.reconcile(lm.allocations.reconcile(host_name, body.running_vms, as_of=as_of))
-
-
-def _naive_utc(moment: datetime) -> datetime:
-    """The store keeps naive UTC; a time without a zone is taken to be UTC already."""
-    if moment.tzinfo is None:
-        return moment
-    return moment.astimezone(UTC).replace(tzinfo=None)
