@@ -321,7 +321,8 @@ class Scheduler:
         groups: dict[str, GroupRecord],
     ) -> list[_Item]:
         rows: dict[str, VmRow] = {}
-        uuids = list(spec.vms)
+        given = list(spec.vms)
+        uuids = [lookup.canonical_uuid(u) for u in given]
         row: VmRow | None
         for start in range(0, len(uuids), 500):
             for row in session.scalars(
@@ -346,7 +347,9 @@ class Scheduler:
         for j, uuid in enumerate(uuids):
             row = rows.get(uuid)
             if row is None:
-                raise NotFound(f"{where}.vms[{j}] {uuid!r}: no such VM", field=f"{where}.vms[{j}]")
+                raise NotFound(
+                    f"{where}.vms[{j}] {given[j]!r}: no such VM", field=f"{where}.vms[{j}]"
+                )
             group = base.group
             if row.group_id is not None:
                 own = group_record(group_rows[row.group_id])
@@ -359,7 +362,7 @@ class Scheduler:
             request = replace(
                 _with_flavor(base, flavors[row.flavor_id], row.overrides), group=group
             )
-            request.vm = request.label = uuid
+            request.vm = request.label = row.uuid
             error: LoadmasterError | None = None
             if row.state not in SCHEDULABLE_STATES:
                 error = InvalidTransition(
