@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from api_helpers import Live, build_cluster, new_vm, ok, table_rows
+
 from conftest import ADMIN
 
 NUL = "\x00"

@@ -40,9 +40,12 @@ def test_store_errors_show_no_internals(
     kind: type[LoadmasterError],
     status: int,
 ) -> None:
-    with caplog.at_level(logging.WARNING, "loadmaster.store"), pytest.raises(kind) as raised:
-        with lm.store.write():
-            raise error
+    with (
+        caplog.at_level(logging.WARNING, "loadmaster.store"),
+        pytest.raises(kind) as raised,
+        lm.store.write(),
+    ):
+        raise error
     assert raised.value.status == status
     for secret in ("UPDATE", "4242", "tuple", "ShareLock"):
         assert secret not in raised.value.detail
