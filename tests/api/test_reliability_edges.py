@@ -10,8 +10,6 @@ from urllib.parse import urlsplit
 import pytest
 from api_helpers import Live, build_cluster, new_vm, ok, table_rows
 
-from conftest import ADMIN
-
 NUL = "\x00"
 
 
@@ -49,7 +47,7 @@ def test_a_500_keeps_the_connection_open(live: Live, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(live.lm.hosts, "list", broken)
     where = urlsplit(live.url)
     conn = http.client.HTTPConnection(where.hostname or "", where.port)
-    headers = {"Authorization": f"Bearer {ADMIN}"}
+    headers = {"Authorization": live.admin.headers["Authorization"]}
     try:
         conn.request("GET", "/resource_providers", headers=headers)
         first = conn.getresponse()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -96,9 +96,19 @@ class ResourceClassService:
         if name in STANDARD_BY_NAME:
             raise Conflict(f"resource class {name} is standard and cannot be deleted", field="name")
         with self._store.write() as session:
-            row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
+            # Locked first: a VM or flavor naming the class waits (see require_classes).
+            row = session.scalar(
+                select(ResourceClassRow).where(ResourceClassRow.name == name).with_for_update()
+            )
             if row is None:
                 raise NotFound(f"resource class {name!r} does not exist", field="name")
+            vms = _vms_overriding_class(session, name)
+            if vms:
+                raise Conflict(
+                    f"resource class {name} is named in the overrides of VM {vms[0]} "
+                    f"({len(vms)} VMs not deleted)",
+                    field="name",
+                )
             for table, what in ((InventoryRow, "inventories"), (AllocationRow, "allocations")):
                 count = session.scalar(
                     select(func.count()).select_from(table).where(table.resource_class_id == row.id)
@@ -113,6 +123,17 @@ class ResourceClassService:
                     f"resource class {name} is in use by flavor {flavors[0]}", field="name"
                 )
             session.delete(row)
+
+
+def _vms_overriding_class(session: Session, name: str) -> list[str]:
+    """VMs not deleted whose overrides name the class (even at 0: a claim reads it)."""
+    return [
+        uuid
+        for uuid, overrides in session.execute(
+            select(VmRow.uuid, VmRow.overrides).where(VmRow.state != "deleted").order_by(VmRow.id)
+        )
+        if name in overrides
+    ]
 
 
 def _flavors_using_class(session: Session, name: str) -> list[str]:
@@ -166,7 +187,7 @@ class FlavorService:
     def create(self, definition: dict[str, object]) -> FlavorRecord:
         spec = parse_flavor(definition)
         with self._store.write() as session:
-            lookup.require_classes(session, spec.resources, "resources")
+            lookup.require_classes(session, spec.resources, "resources", lock=True)
             lookup.require_traits(session, spec.required_traits, "required_traits")
             lookup.require_traits(session, spec.forbidden_traits, "forbidden_traits")
             if session.scalar(select(FlavorRow.id).where(FlavorRow.name == spec.name)) is not None:
@@ -194,7 +215,9 @@ class FlavorService:
 
     def delete(self, name: str) -> None:
         with self._store.write() as session:
-            row = lookup.flavor_row(session, name)
+            # Locked first, so a VM being created with this flavor (its foreign key holds
+            # the row FOR KEY SHARE) commits before we count the users, or waits for us.
+            row = lookup.flavor_row(session, name, lock=True)
             users = session.scalar(
                 select(func.count())
                 .select_from(VmRow)
@@ -202,7 +225,14 @@ class FlavorService:
             )
             if users:
                 raise Conflict(f"flavor {name} is used by {users} VMs", field="name")
-            session.execute(delete(VmRow).where(VmRow.flavor_id == row.id))
+            # Deleted VMs let go of the flavor but stay: a retried DELETE /vms/{uuid}
+            # still finds its VM (204, not 404).
+            session.execute(
+                update(VmRow)
+                .where(VmRow.flavor_id == row.id)
+                .values(flavor_id=None)
+                .execution_options(synchronize_session=False)
+            )
             session.delete(row)
 
 

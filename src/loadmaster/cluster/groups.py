@@ -116,7 +116,9 @@ class GroupService:
     def delete(self, ident: str) -> None:
         """Refused while live VMs are members; deleted VMs merely let go of the group."""
         with self._store.write() as session:
-            row = lookup.group_row(session, ident)
+            # Locked first: a member being created (its foreign key holds the row FOR KEY
+            # SHARE) commits before we count, and is counted; or it waits and then fails.
+            row = lookup.group_row(session, ident, lock=True)
             live = session.scalar(
                 select(func.count())
                 .select_from(VmRow)
@@ -128,7 +130,7 @@ class GroupService:
                 )
             session.execute(
                 update(VmRow)
-                .where(VmRow.group_id == row.id)
+                .where(VmRow.group_id == row.id, VmRow.state == "deleted")
                 .values(group_id=None)
                 .execution_options(synchronize_session=False)
             )

@@ -112,7 +112,7 @@ class VmService:
                     flavors[spec.flavor] = lookup.flavor_row(
                         session, spec.flavor, prefix + "flavor"
                     )
-                lookup.require_classes(session, overrides, prefix + "overrides")
+                lookup.require_classes(session, overrides, prefix + "overrides", lock=True)
                 flavor = flavors[spec.flavor]
                 if not lookup.effective_resources(flavor.resources, overrides):
                     # Such a VM holds no records: nothing would ever end its claim.
@@ -274,23 +274,25 @@ def vm_records(session: Session, rows: list[VmRow]) -> list[VmRecord]:
     )
     records = []
     for r in rows:
-        flavor = flavors[r.flavor_id]
+        flavor = flavors.get(r.flavor_id) if r.flavor_id is not None else None
         records.append(
             VmRecord(
                 uuid=r.uuid,
                 name=r.name,
                 project_id=r.project_id,
                 user_id=r.user_id,
-                flavor=flavor.name,
+                flavor=flavor.name if flavor is not None else None,
                 overrides=dict(r.overrides),
                 tags=tuple(r.tags),
                 state=r.state,
                 host=hosts.get(r.host_id) if r.host_id else None,
                 target_host=hosts.get(r.target_host_id) if r.target_host_id else None,
                 group=groups.get(r.group_id) if r.group_id else None,
-                resources=lookup.effective_resources(flavor.resources, r.overrides),
-                required_traits=tuple(flavor.required_traits),
-                forbidden_traits=tuple(flavor.forbidden_traits),
+                resources=lookup.effective_resources(
+                    flavor.resources if flavor is not None else {}, r.overrides
+                ),
+                required_traits=tuple(flavor.required_traits) if flavor is not None else (),
+                forbidden_traits=tuple(flavor.forbidden_traits) if flavor is not None else (),
                 generation=r.generation,
                 created_at=r.created_at,
                 updated_at=r.updated_at,

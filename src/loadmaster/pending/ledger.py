@@ -46,6 +46,13 @@ class Claim:
     vm: str
     host: str
     expected_generation: int | None = None
+    # What the caller means: "start" (a requested or stopped VM), "migrate" (a running VM
+    # moves), or None (whichever the VM's state makes it). Checked under the VM's row lock,
+    # so a VM that started or stopped meanwhile is refused, not silently migrated.
+    intent: str | None = None
+
+
+CLAIM_INTENTS = (None, "start", "migrate")
 
 
 @dataclass(frozen=True)
@@ -85,9 +92,14 @@ class Ledger:
 
     # -- claiming ----------------------------------------------------------------------
     def claim(
-        self, vm: str, host: str, *, expected_generation: int | None = None
+        self,
+        vm: str,
+        host: str,
+        *,
+        expected_generation: int | None = None,
+        intent: str | None = None,
     ) -> list[AllocationRecord]:
-        outcome = self.claim_many([Claim(vm, host, expected_generation)])[0]
+        outcome = self.claim_many([Claim(vm, host, expected_generation, intent)])[0]
         return list(outcome.allocations)
 
     def claim_many(
@@ -100,12 +112,23 @@ class Ledger:
         """
         if not claims:
             return []
-        for attempt in range(self._retries + 1):
+        for i, c in enumerate(claims):
+            if c.intent not in CLAIM_INTENTS:
+                raise ValidationError(
+                    f"claims[{i}].intent must be start or migrate, got {c.intent!r}",
+                    field=f"claims[{i}].intent",
+                )
+        # A claim pinned to the generation its caller read cannot succeed on a re-read: the
+        # host has moved on. Retrying is worth it only if some claim could still land.
+        pinned = [c.expected_generation is not None for c in claims]
+        futile = any(pinned) if all_or_nothing else all(pinned)
+        retries = 0 if futile else self._retries
+        for attempt in range(retries + 1):
             try:
                 with self._store.write() as session:
                     return self._claim(session, claims, all_or_nothing)
             except ConcurrentUpdate:
-                if attempt == self._retries:
+                if attempt == retries:
                     raise
         raise AssertionError("unreachable")
 
@@ -151,10 +174,20 @@ class Ledger:
                         f"{prefix[i]}vm {claim.vm} is claimed twice in one batch",
                         field=f"{prefix[i]}vm",
                     )
-                tree = trees[host.root_id or host.id]
-                planned = self._plan(
-                    vm, host, tree, flavors[vm.flavor_id], class_ids, claim, prefix[i]
-                )
+                tree = trees.get(host.root_id or host.id)
+                flavor = flavors.get(vm.flavor_id) if vm.flavor_id is not None else None
+                if tree is None:
+                    # Deleted between our two reads (READ COMMITTED): it is gone now.
+                    raise NotFound(
+                        f"{prefix[i]}host {claim.host!r}: deleted meanwhile",
+                        field=f"{prefix[i]}host",
+                    )
+                if flavor is None:
+                    raise InvalidTransition(
+                        f"{prefix[i]}vm {vm.uuid} is {vm.state} and its flavor is gone",
+                        field=f"{prefix[i]}vm",
+                    )
+                planned = self._plan(vm, host, tree, flavor, class_ids, claim, prefix[i])
                 groups.check(vm, tree.root, prefix[i])
             except LoadmasterError as exc:
                 if all_or_nothing:
@@ -228,11 +261,28 @@ class Ledger:
             raise InvalidTransition(
                 f"{prefix}vm {vm.uuid} is {vm.state}; it already holds a claim", field=f"{prefix}vm"
             )
+        if claim.intent == "start" and vm.state == "running":
+            raise InvalidTransition(
+                f"{prefix}vm {vm.uuid} is already running on its host; to move it, migrate it",
+                field=f"{prefix}vm",
+            )
+        if claim.intent == "migrate" and vm.state != "running":
+            raise InvalidTransition(
+                f"{prefix}vm {vm.uuid} is {vm.state}; only a running VM migrates",
+                field=f"{prefix}vm",
+            )
         if vm.state == "running" and vm.host_id == host.id:
             raise ValidationError(
                 f"{prefix}vm {vm.uuid} already runs on {host.name}", field=f"{prefix}host"
             )
         wanted = lookup.effective_resources(flavor.resources, vm.overrides)
+        if not wanted:
+            # No records would be written: nothing could ever end such a claim.
+            raise ValidationError(
+                f"{prefix}vm {vm.uuid} asks for no resource at all (its overrides zero "
+                f"every class of flavor {flavor.name})",
+                field=f"{prefix}vm",
+            )
         plan: list[tuple[HostRow, int, int]] = []
         for name, amount in sorted(wanted.items()):
             where = f"{prefix}resources.{name}"
@@ -325,6 +375,11 @@ class Ledger:
             )
         doomed = list(session.scalars(query))
         if not doomed:
+            if host_row is None and row.state == "pending":
+                # A pending VM holding no record at all (a VM whose overrides zeroed every
+                # resource, from before such VMs were refused) is released all the same.
+                move(row, then or "requested")
+                row.host_id = row.target_host_id = None
             return 0
         left = list(
             session.scalars(
@@ -401,6 +456,7 @@ class Ledger:
             vms = session.scalars(
                 select(VmRow).where(VmRow.id.in_(here)).order_by(VmRow.id).with_for_update()
             ).all()
+            lookup.share_groups(session, vms)
             by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {v.id: (v, []) for v in vms}
             for alloc in session.scalars(
                 select(AllocationRow).where(

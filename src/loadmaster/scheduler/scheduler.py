@@ -33,6 +33,7 @@ from loadmaster.errors import (
     ValidationError,
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
+from loadmaster.pending.ledger import CLAIM_INTENTS
 from loadmaster.scheduler.plugins import (
     LoadedFilter,
     Verdict,
@@ -125,6 +126,7 @@ class Scheduler:
         self._scorings: dict[str, _Scoring] = {}
         self._static: dict[tuple[object, ...], tuple[Bools, list[tuple[str, Verdict]]]] = {}
         self._groups: dict[str, GroupRecord] = {}
+        self._intent: str | None = None
         # One decision at a time per Scheduler object: the arrays are not thread-safe.
         self._lock = threading.RLock()
 
@@ -136,14 +138,22 @@ class Scheduler:
         gang: bool = False,
         dry_run: bool = False,
         policy: str | None = None,
+        intent: str | None = None,
     ) -> ScheduleResult:
         """Place every VM of ``requests``. ``gang``: all of them or none (nothing is claimed
         unless every VM has a host). ``dry_run``: decide the same way, claim nothing.
+        ``intent`` ("start" or "migrate", see ``Claim``) refuses VMs in the other state,
+        here and again in the ledger under the VM's row lock.
         Failures come back per VM in the result; bad requests raise."""
         started = time.perf_counter()
         chosen = self._policy(policy or self.default_policy, "policy")
+        if intent not in CLAIM_INTENTS:
+            raise ValidationError(
+                f"intent must be start or migrate, got {intent!r}", field="intent"
+            )
         with self._lock:
             self._begin()
+            self._intent = intent
             items = self._resolve(requests, dry_run)
             scoring = self._scoring(chosen)
             if gang:
@@ -237,6 +247,7 @@ class Scheduler:
             self._filters = load_filters()
         self._hosts.refresh()
         self._static.clear()
+        self._intent = None
 
     def _resolve(self, requests: Sequence[RequestSpec], dry_run: bool) -> list[_Item]:
         if not requests:
@@ -359,15 +370,27 @@ class Scheduler:
                         field=f"{where}.group",
                     )
                 group = groups.setdefault(own.name, own)
+            flavor = flavors.get(row.flavor_id) if row.flavor_id is not None else None
             request = replace(
-                _with_flavor(base, flavors[row.flavor_id], row.overrides), group=group
+                _with_flavor(base, flavor, row.overrides) if flavor is not None else base,
+                group=group,
             )
             request.vm = request.label = row.uuid
             error: LoadmasterError | None = None
-            if row.state not in SCHEDULABLE_STATES:
+            if row.state not in SCHEDULABLE_STATES or flavor is None:
                 error = InvalidTransition(
                     f"VM {uuid} is {row.state}; only a requested, stopped or running VM can be "
                     "placed",
+                    field=f"{where}.vms[{j}]",
+                )
+            elif self._intent == "start" and row.state == "running":
+                error = InvalidTransition(
+                    f"VM {uuid} is already running on its host; to move it, migrate it",
+                    field=f"{where}.vms[{j}]",
+                )
+            elif self._intent == "migrate" and row.state != "running":
+                error = InvalidTransition(
+                    f"VM {uuid} is {row.state}; only a running VM migrates",
                     field=f"{where}.vms[{j}]",
                 )
             elif row.state == "running" and row.host_id is not None:
@@ -657,7 +680,12 @@ class Scheduler:
 
     def _claims(self, chosen: list[tuple[_Item, int, int]]) -> list[Claim]:
         return [
-            Claim(item.request.vm or "", self._hosts.names[host], expected_generation=generation)
+            Claim(
+                item.request.vm or "",
+                self._hosts.names[host],
+                expected_generation=generation,
+                intent=self._intent,
+            )
             for item, host, generation in chosen
         ]
 

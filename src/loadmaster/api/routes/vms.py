@@ -13,7 +13,6 @@ from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.observability import Metrics
 from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart
 from loadmaster.cluster import VmSpec
-from loadmaster.errors import InvalidTransition
 from loadmaster.scheduler import Placement, RequestSpec
 from loadmaster.service import Loadmaster
 
@@ -53,9 +52,9 @@ def delete_vm(lm: LM, uuid: str) -> Response:
 
 
 def _schedule_one(
-    lm: Loadmaster, metrics: Metrics, uuid: str, policy: str | None
+    lm: Loadmaster, metrics: Metrics, uuid: str, policy: str | None, intent: str
 ) -> dict[str, Any]:
-    result = lm.scheduler.schedule([RequestSpec(vms=[uuid])], policy=policy)
+    result = lm.scheduler.schedule([RequestSpec(vms=[uuid])], policy=policy, intent=intent)
     metrics.observe_schedule(result)
     placement = result.placements[0]
     if placement.error is not None:
@@ -66,8 +65,9 @@ def _schedule_one(
 @router.post(VM + "/start", tags=["vms"])
 def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None) -> dict[str, Any]:
     """Choose a host and claim there: the VM becomes ``pending`` until it is reported up.
-    No host: 409 ``loadmaster.no_valid_host`` with the per-filter ``explanation``."""
-    return _schedule_one(lm, metrics, uuid, body.policy if body else None)
+    No host: 409 ``loadmaster.no_valid_host`` with the per-filter ``explanation``.
+    A VM that already runs: 409 ``loadmaster.invalid_transition`` (migrate moves it)."""
+    return _schedule_one(lm, metrics, uuid, body.policy if body else None, "start")
 
 
 @router.post(VM + "/up", tags=["vms"])
@@ -85,13 +85,11 @@ def stop_vm(lm: LM, uuid: str) -> dict[str, Any]:
 def migrate_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmMigrate) -> dict[str, Any]:
     """Claim a destination (``host``, or one the scheduler picks) while the source stays
     active; ``/up`` completes the move, ``DELETE /allocations/{uuid}?host=dest`` aborts it."""
-    vm = lm.vms.get(uuid)
-    if vm.state != "running":
-        raise InvalidTransition(f"VM {uuid} is {vm.state}; only a running VM migrates", field="vm")
+    # Only a running VM migrates: the ledger checks it under the VM's row lock.
     log.info("migration of %s requested: %s", uuid, body.reason or "no reason given")
     if body.host is None:
-        return _schedule_one(lm, metrics, uuid, body.policy)
-    lm.allocations.claim(uuid, body.host)
+        return _schedule_one(lm, metrics, uuid, body.policy, "migrate")
+    lm.allocations.claim(uuid, body.host, intent="migrate")
     placement = Placement(uuid, lm.vms.get(uuid).target_host)
     return {"vm": views.vm(lm.vms.get(uuid)), "placement": placement.to_dict()}
 
