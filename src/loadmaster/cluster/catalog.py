@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import FlavorRecord
-from loadmaster.errors import Conflict, NotFound
+from loadmaster.errors import Conflict, NotFound, StoreUnavailable
 from loadmaster.resources import (
     STANDARD_BY_NAME,
     STANDARD_CLASSES,
@@ -32,23 +33,43 @@ from loadmaster.store.schema import (
 
 
 def sync_standard_vocabulary(store: Store) -> None:
-    """Insert standard classes and traits this database does not have yet (new release, new names)."""
-    for _attempt in range(3):
-        try:
-            with store.write() as session:
-                have = set(session.scalars(select(ResourceClassRow.name)))
-                session.add_all(
-                    ResourceClassRow(
-                        name=rc.name, kind=rc.kind, unit=rc.unit, description=rc.description
-                    )
+    """Insert standard classes and traits this database does not have yet (new release, new
+    names). Several processes start at once and sync the same names: each insert skips the
+    names another one wrote (ON CONFLICT DO NOTHING), so none of them fails or gives up;
+    and what is missing afterwards is an error, never a silent half-sync."""
+    with store.write() as session:
+        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        session.execute(
+            insert(ResourceClassRow)
+            .values(
+                [
+                    {
+                        "name": rc.name,
+                        "kind": rc.kind,
+                        "unit": rc.unit,
+                        "description": rc.description,
+                    }
                     for rc in STANDARD_CLASSES
-                    if rc.name not in have
-                )
-                have_traits = set(session.scalars(select(TraitRow.name)))
-                session.add_all(TraitRow(name=t) for t in sorted(STANDARD_TRAITS - have_traits))
-            return
-        except IntegrityError:
-            continue  # another process synced the same names at the same moment
+                ]
+            )
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        session.execute(
+            insert(TraitRow)
+            .values([{"name": t} for t in sorted(STANDARD_TRAITS)])
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+    with store.read() as session:
+        classes = set(session.scalars(select(ResourceClassRow.name)))
+        traits = set(session.scalars(select(TraitRow.name)))
+    missing = sorted({rc.name for rc in STANDARD_CLASSES} - classes) + sorted(
+        STANDARD_TRAITS - traits
+    )
+    if missing:
+        raise StoreUnavailable(
+            f"standard vocabulary could not be synced: {len(missing)} names missing "
+            f"({', '.join(missing[:3])}...)"
+        )
 
 
 class ResourceClassService:

@@ -10,13 +10,14 @@ times). Nothing is kept between calls but the arrays, which a refresh brings up 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import select
@@ -30,6 +31,7 @@ from loadmaster.errors import (
     InvalidTransition,
     LoadmasterError,
     NotFound,
+    PluginFailed,
     ValidationError,
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
@@ -57,6 +59,8 @@ from loadmaster.scheduler.state import Bools, HostState, Ints
 from loadmaster.store import Store
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 
+log = logging.getLogger("loadmaster.scheduler")
+T = TypeVar("T")
 POLICY_ENV = "LOADMASTER_SCHEDULER_POLICY"
 SCHEDULABLE_STATES = ("requested", "stopped", "running")
 
@@ -443,7 +447,7 @@ class Scheduler:
             for entry in self._filters:
                 if entry.mask is None or entry.dynamic:
                     continue
-                verdict = entry.mask.mask(self._hosts, request)
+                verdict = _plugin("filter", entry.name, entry.mask.mask, self._hosts, request)
                 if verdict is not None:
                     verdicts.append((entry.name, verdict))
                     keep &= verdict.keep
@@ -452,12 +456,13 @@ class Scheduler:
 
     def _verdict(self, entry: LoadedFilter, request: VmRequest, keep: Bools) -> Verdict | None:
         if entry.mask is not None:
-            return entry.mask.mask(self._hosts, request)
+            return _plugin("filter", entry.name, entry.mask.mask, self._hosts, request)
         assert entry.per_host is not None
         # A per-host filter only looks at the hosts the others kept, one at a time.
         rejected: dict[str, list[int]] = {}
         for host in np.flatnonzero(keep):
-            reason = entry.per_host.filter(host_view(self._hosts, int(host), request), request)
+            view = host_view(self._hosts, int(host), request)
+            reason = _plugin("filter", entry.name, entry.per_host.filter, view, request)
             if reason is not None:
                 rejected.setdefault(reason, []).append(int(host))
         checks = []
@@ -474,7 +479,8 @@ class Scheduler:
         if not len(candidates):
             return scores  # nothing fits: weighers have nothing to rank (and min() would fail)
         for weigher, multiplier in weighers:
-            raw = weigher.weigh(self._hosts, request, candidates)
+            name = str(getattr(weigher, "name", type(weigher).__name__))
+            raw = _plugin("weigher", name, weigher.weigh, self._hosts, request, candidates)
             if raw is None:
                 continue
             low, high = float(raw.min()), float(raw.max())
@@ -543,10 +549,16 @@ class Scheduler:
                 out.append(item)
         return out
 
-    def _decide_item(self, item: _Item, scoring: _Scoring) -> tuple[int | None, NoHostFits | None]:
+    def _decide_item(
+        self, item: _Item, scoring: _Scoring
+    ) -> tuple[int | None, NoHostFits | PluginFailed | None]:
         started = time.perf_counter()
-        decision = self._decide(item.request, scoring)
-        error = None
+        try:
+            decision = self._decide(item.request, scoring)
+        except PluginFailed as exc:
+            item.seconds += time.perf_counter() - started
+            return None, exc  # this VM fails, naming the plugin; the batch goes on
+        error: NoHostFits | PluginFailed | None = None
         if decision.host is None:
             error = NoHostFits(self._explanation(item.request, decision))
         else:
@@ -622,7 +634,11 @@ class Scheduler:
                     continue
                 host, error = self._decide_item(item, scoring)
                 if error is not None:
-                    if group is not None and item.request.companions:
+                    if (
+                        isinstance(error, NoHostFits)
+                        and group is not None
+                        and item.request.companions
+                    ):
                         unplaceable[group.name] = error.explanation
                     item.error = error
                     out.append(self._failed(item))
@@ -692,6 +708,9 @@ class Scheduler:
     def _reload(self) -> None:
         self._hosts.refresh()
         self._hosts.load_groups(self._groups.values())
+        # The static verdicts describe the hosts as they were: a host created or put in
+        # maintenance since would be missing (arrays of another size) or still chosen.
+        self._static.clear()
 
     def _abort(
         self, items: list[_Item], culprit: _Item | None, cause: LoadmasterError
@@ -716,6 +735,21 @@ class Scheduler:
         return item.position, Placement(
             item.request.label, self._hosts.names[host], None, item.seconds, item.attempts
         )
+
+
+def _plugin(kind: str, name: str, call: Callable[..., T], *args: Any) -> T:
+    """Call a filter or weigher; if it raises, say which one (the traceback is logged)."""
+    try:
+        return call(*args)
+    except LoadmasterError:
+        raise
+    except Exception as exc:
+        log.exception("%s plugin %s raised", kind, name)
+        raise PluginFailed(
+            f"{kind} plugin {name!r} failed ({type(exc).__name__}); the server log has "
+            "its traceback",
+            field="policy" if kind == "weigher" else None,
+        ) from exc
 
 
 def _lost_race(error: LoadmasterError) -> bool:
