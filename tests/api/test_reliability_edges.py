@@ -109,3 +109,18 @@ def test_retried_creates_get_the_same_answer(live: Live) -> None:
     assert other.status_code == 409
     assert other.json()["field"] == "uuid" and "name" in other.json()["detail"]
     assert len(live.lm.vms.list()) == 1
+
+
+def test_start_on_a_running_vm_is_a_409_not_a_migration(live: Live) -> None:
+    build_cluster(live.admin, hosts=2)
+    vm = new_vm(live.admin, "v")
+    ok(live.admin.post(f"/vms/{vm}/start"))
+    ok(live.admin.post(f"/vms/{vm}/up"))
+    before = table_rows(live.lm)
+    response = live.admin.post(f"/vms/{vm}/start")
+    assert response.status_code == 409, response.text
+    assert response.json()["code"] == "loadmaster.invalid_transition"
+    assert table_rows(live.lm) == before
+    stopped = new_vm(live.admin, "w")
+    refused = live.admin.post(f"/vms/{stopped}/migrate", json={"host": "h1"})
+    assert refused.status_code == 409 and "only a running VM" in refused.json()["detail"]
