@@ -15,7 +15,10 @@ from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 from loadmaster.cluster import sync_standard_vocabulary
 from loadmaster.errors import ConcurrentUpdate, PluginFailed, StoreUnavailable
 from loadmaster.pending import Claim, Ledger
-from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler import RequestSpec, Scheduler
+from loadmaster.scheduler import plugins as plugins_module
+from loadmaster.scheduler import scheduler as scheduler_module
+from loadmaster.scheduler.plugins import load_filters
 from loadmaster.service import Loadmaster
 from loadmaster.store.schema import ResourceClassRow
 
@@ -106,23 +109,23 @@ def test_a_raising_plugin_is_named(slm: Loadmaster, monkeypatch: pytest.MonkeyPa
     add_hosts(slm, 2)
     small_flavor(slm)
     vms = add_vms(slm, 2)
-    scheduler = slm.scheduler
-    scheduler.refresh()
-    scheduler.schedule([RequestSpec(flavor="small")], dry_run=True)  # loads the filters
-    assert scheduler._filters is not None
-    victim = next(f for f in scheduler._filters if f.mask is not None)
+    filters = load_filters()
+    victim = next(f for f in filters if f.mask is not None)
 
     class Broken:
         def mask(self, *_args: object) -> None:
             raise ZeroDivisionError("plugin bug")
 
-    broken = [replace(f, mask=Broken()) if f is victim else f for f in scheduler._filters]
-    monkeypatch.setattr(scheduler, "_filters", broken)
+    broken = [replace(f, mask=Broken()) if f is victim else f for f in filters]
+    # Both the claiming scheduler and its read-only twin load the broken plugin.
+    monkeypatch.setattr(plugins_module, "load_filters", lambda: broken)
+    monkeypatch.setattr(scheduler_module, "load_filters", lambda: broken)
+    scheduler = Scheduler(slm.store)
     result = scheduler.schedule([RequestSpec(vms=vms)])
     for placement in result.placements:
         assert isinstance(placement.error, PluginFailed)
         assert victim.name in placement.error.detail
-    assert slm.vms.list(state="requested") != []  # nothing was claimed
+    assert len(slm.vms.list(state="requested")) == 2  # nothing was claimed
     with pytest.raises(PluginFailed, match=victim.name):
         scheduler.capacity("small")
 

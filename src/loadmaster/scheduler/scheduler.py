@@ -113,6 +113,20 @@ class Scheduler:
         seed: int | None = None,
     ) -> None:
         self._store = store
+        self._settings: dict[str, Any] = {
+            "default_policy": default_policy,
+            "policies": policies,
+            "claim_chunk": claim_chunk,
+            "max_attempts": max_attempts,
+            "subset_size": subset_size,
+            "tie_tolerance": tie_tolerance,
+            "seed": seed,
+        }
+        # Read-only questions (dry runs, capacity, explain) go to a twin with its own host
+        # arrays and lock, so they never wait behind a batch that is claiming.
+        self._reader: Scheduler | None = None
+        self._reader_lock = threading.Lock()
+        self._reads_only = False
         # The scheduler decides again itself after a lost race, so the ledger need not
         # retry a stale claim many times over.
         self._ledger = Ledger(store, conflict_retries=2)
@@ -149,12 +163,19 @@ class Scheduler:
         ``intent`` ("start" or "migrate", see ``Claim``) refuses VMs in the other state,
         here and again in the ledger under the VM's row lock.
         Failures come back per VM in the result; bad requests raise."""
+        if dry_run and not self._reads_only:
+            return self._for_reads().schedule(
+                requests, gang=gang, dry_run=True, policy=policy, intent=intent
+            )
+        if not dry_run and self._reads_only:
+            raise ValidationError("this scheduler only answers dry runs", field="dry_run")
         started = time.perf_counter()
         chosen = self._policy(policy or self.default_policy, "policy")
         if intent not in CLAIM_INTENTS:
             raise ValidationError(
                 f"intent must be start or migrate, got {intent!r}", field="intent"
             )
+        _check_size(requests)
         with self._lock:
             self._begin()
             self._intent = intent
@@ -176,6 +197,8 @@ class Scheduler:
 
     def explain(self, request: RequestSpec) -> Explanation:
         """Why each host would be ruled out for the request's first VM, right now."""
+        if not self._reads_only:
+            return self._for_reads().explain(request)
         with self._lock:
             self._begin()
             item = self._resolve([request], dry_run=True)[0]
@@ -190,6 +213,8 @@ class Scheduler:
         ``policy``). Extra keywords are ``RequestSpec`` fields (traits, member_of, ...).
         With a hard-affinity group all of them must share one host, so ``total`` is the
         most any single host takes."""
+        if not self._reads_only:
+            return self._for_reads().capacity(flavor, group=group, policy=policy, **spec)
         chosen = self._policy(policy or self.default_policy, "policy")
         with self._lock:
             self._begin()
@@ -233,6 +258,17 @@ class Scheduler:
         record_report(self._store, host, usage, load, running_vms)
 
     # -- setting up a call ---------------------------------------------------------------
+    def _for_reads(self) -> Scheduler:
+        """The twin that answers read-only questions (made on first use)."""
+        with self._reader_lock:
+            if self._reader is None:
+                reader = Scheduler(self._store, **self._settings)
+                reader.policies = self.policies
+                reader.default_policy = self.default_policy
+                reader._reads_only = True
+                self._reader = reader
+            return self._reader
+
     def _policy(self, name: str, field: str) -> Policy:
         if name not in self.policies:
             raise ValidationError(
@@ -735,6 +771,26 @@ class Scheduler:
         return item.position, Placement(
             item.request.label, self._hosts.names[host], None, item.seconds, item.attempts
         )
+
+
+# Limits on one /schedule call. An operator places a rack or a region's worth of VMs at
+# once, not a million: 10,000 VMs decide in seconds and answer in a few MB. Bigger
+# questions ("how many fit?") have GET /capacity, which counts without placing one by one.
+MAX_VMS_PER_CALL = 10_000
+
+
+def _check_size(requests: Sequence[RequestSpec]) -> None:
+    total = 0
+    for i, spec in enumerate(requests):
+        if isinstance(spec, RequestSpec):
+            # A flavor request without a count places one hypothetical VM.
+            total += spec.count if isinstance(spec.count, int) else len(spec.vms or ()) or 1
+        if total > MAX_VMS_PER_CALL:
+            raise ValidationError(
+                f"requests[{i}]: one call places at most {MAX_VMS_PER_CALL} VMs in all "
+                "(ask GET /capacity how many fit)",
+                field=f"requests[{i}]",
+            )
 
 
 def _plugin(kind: str, name: str, call: Callable[..., T], *args: Any) -> T:
