@@ -95,6 +95,8 @@ class Scheduler:
 
     ``claim_chunk`` claims go to the ledger per transaction in best-effort mode.
     ``max_attempts`` bounds how often one VM is decided again after losing a claim race.
+    ``max_vms_per_call`` bounds the VMs of one ``schedule`` call (default 10,000; the API
+    keeps the default, a benchmark placing more in one call raises it).
     Among the hosts scoring within ``tie_tolerance`` (a fraction of the summed multipliers)
     of the best, one of the ``subset_size`` best is drawn at random, so schedulers running
     side by side spread out instead of all claiming the same host.
@@ -111,6 +113,7 @@ class Scheduler:
         subset_size: int = 100,
         tie_tolerance: float = 0.01,
         seed: int | None = None,
+        max_vms_per_call: int | None = None,
     ) -> None:
         self._store = store
         self._settings: dict[str, Any] = {
@@ -121,7 +124,9 @@ class Scheduler:
             "subset_size": subset_size,
             "tie_tolerance": tie_tolerance,
             "seed": seed,
+            "max_vms_per_call": max_vms_per_call,
         }
+        self._max_vms = max_vms_per_call or MAX_VMS_PER_CALL
         # Read-only questions (dry runs, capacity, explain) go to a twin with its own host
         # arrays and lock, so they never wait behind a batch that is claiming.
         self._reader: Scheduler | None = None
@@ -175,7 +180,7 @@ class Scheduler:
             raise ValidationError(
                 f"intent must be start or migrate, got {intent!r}", field="intent"
             )
-        _check_size(requests)
+        _check_size(requests, self._max_vms)
         with self._lock:
             self._begin()
             self._intent = intent
@@ -779,15 +784,15 @@ class Scheduler:
 MAX_VMS_PER_CALL = 10_000
 
 
-def _check_size(requests: Sequence[RequestSpec]) -> None:
+def _check_size(requests: Sequence[RequestSpec], limit: int) -> None:
     total = 0
     for i, spec in enumerate(requests):
         if isinstance(spec, RequestSpec):
             # A flavor request without a count places one hypothetical VM.
             total += spec.count if isinstance(spec.count, int) else len(spec.vms or ()) or 1
-        if total > MAX_VMS_PER_CALL:
+        if total > limit:
             raise ValidationError(
-                f"requests[{i}]: one call places at most {MAX_VMS_PER_CALL} VMs in all "
+                f"requests[{i}]: one call places at most {limit} VMs in all "
                 "(ask GET /capacity how many fit)",
                 field=f"requests[{i}]",
             )
