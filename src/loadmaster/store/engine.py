@@ -115,11 +115,7 @@ class Store:
             # transaction created or deleted the same thing meanwhile. Nothing was written.
             table = _diag(exc, "table_name")
             log.warning("integrity error on %s: %s", table or "?", exc.orig)
-            raise WriteConflict(
-                f"another request changed the same {table or 'rows'} at the same moment; "
-                "nothing was written, read again and retry",
-                table=table,
-            ) from exc
+            raise WriteConflict(_integrity_detail(exc, table), table=table) from exc
         except DataError as exc:
             log.warning("value refused by the database: %s", exc.orig)
             raise ValidationError(
@@ -186,6 +182,23 @@ def again_on_write_conflict(write: Callable[[], T]) -> T:
         return write()
     except WriteConflict:
         return write()
+
+
+def _integrity_detail(exc: IntegrityError, table: str | None) -> str:
+    """What a client may read about a constraint that refused a racing write: which kind
+    of race it lost, never the constraint's SQL or values."""
+    text = str(exc.orig)
+    what = f"the same {table}" if table else "the same thing"
+    if _sqlstate(exc) == "23505" or "UNIQUE" in text:
+        head = f"{what} was created by another request at the same moment"
+    elif _sqlstate(exc) == "23503" or "FOREIGN KEY" in text:
+        head = (
+            "this refers to something another request deleted at the same moment, or "
+            "something another request just made refer to it"
+        )
+    else:
+        head = f"another request changed {what} at the same moment"
+    return f"{head}; nothing was written, read again and retry"
 
 
 def _sqlstate(exc: DBAPIError) -> str | None:
