@@ -84,6 +84,20 @@ def test_a_host_gone_to_maintenance_is_not_chosen_again(
     assert result.conflicts == 1
 
 
+def test_a_host_deleted_during_the_race_is_left_for_another(
+    slm: Loadmaster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_hosts(slm, 1, prefix="big", vcpu=64, memory=131072)
+    add_hosts(slm, 1, prefix="small")
+    small_flavor(slm)
+    vms = add_vms(slm, 1)
+    calls = _lose_first_claim(slm, monkeypatch, lambda claims: slm.hosts.delete(claims[0].host))
+    result = slm.scheduler.schedule([RequestSpec(vms=vms)])
+    assert result.placements[0].error is None
+    assert result.placements[0].host == "small0"
+    assert calls[0] == 2
+
+
 def test_a_pinned_claim_is_not_retried(slm: Loadmaster, monkeypatch: pytest.MonkeyPatch) -> None:
     add_hosts(slm, 1)
     small_flavor(slm)

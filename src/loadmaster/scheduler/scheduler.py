@@ -815,7 +815,10 @@ def _plugin(kind: str, name: str, call: Callable[..., T], *args: Any) -> T:
 
 def _lost_race(error: LoadmasterError) -> bool:
     """Errors a fresher view of the hosts can cure: a changed generation, a host that
-    filled up or left service meanwhile. A VM in the wrong state cannot be cured so."""
+    filled up, left service or was deleted meanwhile. A VM in the wrong state cannot be
+    cured so."""
+    if isinstance(error, NotFound):
+        return (error.field or "").endswith("host")
     return isinstance(error, Conflict) and not isinstance(error, InvalidTransition)
 
 
