@@ -184,11 +184,24 @@ def again_on_write_conflict(write: Callable[[], T]) -> T:
         return write()
 
 
+# Tables as a client knows them.
+_NOUNS = {
+    "hosts": "host",
+    "traits": "trait",
+    "resource_classes": "resource class",
+    "flavors": "flavor",
+    "server_groups": "server group",
+    "vms": "VM",
+    "allocations": "allocation",
+    "inventories": "inventory",
+}
+
+
 def _integrity_detail(exc: IntegrityError, table: str | None) -> str:
     """What a client may read about a constraint that refused a racing write: which kind
     of race it lost, never the constraint's SQL or values."""
     text = str(exc.orig)
-    what = f"the same {table}" if table else "the same thing"
+    what = f"the same {_NOUNS.get(table, table)}" if table else "the same thing"
     if _sqlstate(exc) == "23505" or "UNIQUE" in text:
         head = f"{what} was created by another request at the same moment"
     elif _sqlstate(exc) == "23503" or "FOREIGN KEY" in text:
