@@ -69,3 +69,50 @@ def test_deleting_and_claiming_group_members_never_deadlocks(pg_url: str) -> Non
         assert lm.allocations.allocations() == []
     finally:
         lm.close()
+
+
+@pytest.mark.postgres
+def test_deleting_a_group_while_its_deleted_member_is_deleted_again_never_deadlocks(
+    pg_url: str,
+) -> None:
+    """The group delete unlinks its deleted members (VM rows) and a retried VM delete
+    takes the group's key-share lock after its VM row: both go VM first, then group."""
+    lm = loadmaster.open(pg_url)
+    try:
+        lm.flavors.create({"name": "f", "resources": {"VCPU": 1}})
+        members = []
+        for r in range(ROUNDS * 2):
+            lm.groups.create(f"g{r}", "affinity")
+            vm = lm.vms.create(f"m{r}", "f", group=f"g{r}").uuid
+            lm.allocations.delete(vm)
+            members.append(vm)
+        before = _deadlocks(lm)
+        errors: list[LoadmasterError] = []
+        step = threading.Barrier(2)
+
+        def groups() -> None:
+            for r in range(len(members)):
+                step.wait(timeout=60)
+                try:
+                    lm.groups.delete(f"g{r}")
+                except LoadmasterError as exc:
+                    errors.append(exc)
+
+        def retries() -> None:
+            for vm in members:
+                step.wait(timeout=60)
+                try:
+                    lm.allocations.delete(vm)
+                except LoadmasterError as exc:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=groups), threading.Thread(target=retries)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert errors == []
+        assert _deadlocks(lm) - before == 0
+        assert lm.groups.list() == []
+    finally:
+        lm.close()

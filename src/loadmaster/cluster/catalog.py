@@ -250,7 +250,7 @@ class FlavorService:
             # still finds its VM (204, not 404).
             session.execute(
                 update(VmRow)
-                .where(VmRow.flavor_id == row.id)
+                .where(VmRow.flavor_id == row.id, VmRow.state == "deleted")
                 .values(flavor_id=None)
                 .execution_options(synchronize_session=False)
             )

@@ -116,8 +116,18 @@ class GroupService:
     def delete(self, ident: str) -> None:
         """Refused while live VMs are members; deleted VMs merely let go of the group."""
         with self._store.write() as session:
-            # Locked first: a member being created (its foreign key holds the row FOR KEY
-            # SHARE) commits before we count, and is counted; or it waits and then fails.
+            # The lock order of every writer: VM rows first (the deleted members this
+            # unlinks; a retried VM delete holds one and then takes the group's key-share
+            # lock), then the group row. Locked before counting, so a member being created
+            # (its foreign key holds the group FOR KEY SHARE) commits first and is counted,
+            # or waits and then fails.
+            found = lookup.group_row(session, ident)
+            session.execute(
+                select(VmRow.id)
+                .where(VmRow.group_id == found.id, VmRow.state == "deleted")
+                .order_by(VmRow.id)
+                .with_for_update()
+            )
             row = lookup.group_row(session, ident, lock=True)
             live = session.scalar(
                 select(func.count())
