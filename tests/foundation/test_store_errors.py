@@ -8,7 +8,13 @@ import logging
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from loadmaster.errors import ConcurrentUpdate, Conflict, LoadmasterError, StoreUnavailable
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    Conflict,
+    LoadmasterError,
+    StoreUnavailable,
+    ValidationError,
+)
 from loadmaster.service import Loadmaster
 
 SECRET = "UPDATE hosts SET generation=... Process 4242 waits for ShareLock; tuple (0,7)"
@@ -26,6 +32,8 @@ class _Driver(Exception):
         (OperationalError(SECRET, {}, _Driver(SECRET, "40P01")), ConcurrentUpdate, 409),
         (OperationalError(SECRET, {}, _Driver(SECRET, "40001")), ConcurrentUpdate, 409),
         (IntegrityError(SECRET, {}, _Driver(SECRET, "23505")), Conflict, 409),
+        (IntegrityError(SECRET, {}, _Driver(SECRET, "23503")), Conflict, 409),
+        (IntegrityError(SECRET, {}, _Driver(SECRET, "23514")), ValidationError, 400),
         (
             DBAPIError(SECRET, {}, _Driver(SECRET), connection_invalidated=True),
             StoreUnavailable,

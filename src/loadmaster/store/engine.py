@@ -115,6 +115,10 @@ class Store:
             # transaction created or deleted the same thing meanwhile. Nothing was written.
             table = _diag(exc, "table_name")
             log.warning("integrity error on %s: %s", table or "?", exc.orig)
+            if not _is_race(exc):  # a CHECK or NOT NULL: input the checks let through
+                raise ValidationError(
+                    "a value is outside what the database accepts; nothing was written"
+                ) from exc
             raise WriteConflict(_integrity_detail(exc, table), table=table) from exc
         except DataError as exc:
             log.warning("value refused by the database: %s", exc.orig)
@@ -197,6 +201,12 @@ _NOUNS = {
 }
 
 
+def _is_race(exc: IntegrityError) -> bool:
+    """A unique or foreign-key violation: what two racing transactions cause."""
+    text = str(exc.orig)
+    return _sqlstate(exc) in ("23505", "23503") or "UNIQUE" in text or "FOREIGN KEY" in text
+
+
 def _integrity_detail(exc: IntegrityError, table: str | None) -> str:
     """What a client may read about a constraint that refused a racing write: which kind
     of race it lost, never the constraint's SQL or values."""
@@ -204,13 +214,11 @@ def _integrity_detail(exc: IntegrityError, table: str | None) -> str:
     what = f"the same {_NOUNS.get(table, table)}" if table else "the same thing"
     if _sqlstate(exc) == "23505" or "UNIQUE" in text:
         head = f"{what} was created by another request at the same moment"
-    elif _sqlstate(exc) == "23503" or "FOREIGN KEY" in text:
+    else:
         head = (
             "this refers to something another request deleted at the same moment, or "
             "something another request just made refer to it"
         )
-    else:
-        head = f"another request changed {what} at the same moment"
     return f"{head}; nothing was written, read again and retry"
 
 
