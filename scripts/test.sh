@@ -6,8 +6,14 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh full
 
 pgdir=$(mktemp -d /tmp/loadmaster-pg.XXXXXX)
-port=$(( 20000 + RANDOM % 20000 ))
-LOADMASTER_TEST_PG_URL=$(bash scripts/postgres.sh start "$pgdir" "$port")
+# A port the OS hands out (bind to port 0), not a random guess that may collide on a busy
+# machine; if another process grabs it before PostgreSQL binds it, try again.
+free_port() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+for attempt in 1 2 3; do
+  if LOADMASTER_TEST_PG_URL=$(bash scripts/postgres.sh start "$pgdir" "$(free_port)"); then break; fi
+  bash scripts/postgres.sh stop "$pgdir"; mkdir -p "$pgdir"
+  [ "$attempt" = 3 ] && exit 1
+done
 export LOADMASTER_TEST_PG_URL
 trap 'bash scripts/postgres.sh stop "$pgdir"' EXIT
 

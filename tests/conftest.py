@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +26,30 @@ ROOT = Path(__file__).resolve().parents[1]
 _counter = itertools.count()
 
 
+def free_port() -> int:
+    """A TCP port the OS hands out now (bind to port 0): unlike one derived from the
+    process id, it is free on a busy machine. Another process could take it before
+    PostgreSQL binds it, so the caller retries on a failed start."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_postgres(pgdir: str, attempts: int = 3) -> str:
+    """Start a throw-away server on a port the OS picked; its URL."""
+    for attempt in range(attempts):
+        try:
+            return subprocess.check_output(
+                ["bash", str(ROOT / "scripts/postgres.sh"), "start", pgdir, str(free_port())],
+                text=True,
+            ).strip()
+        except subprocess.CalledProcessError:
+            subprocess.run(["bash", str(ROOT / "scripts/postgres.sh"), "stop", pgdir], check=False)
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _worker() -> str:
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
 
@@ -36,10 +61,7 @@ def pg_server() -> Iterator[str]:
         yield url
         return
     pgdir = tempfile.mkdtemp(prefix="loadmaster-pg-")
-    port = 20000 + (os.getpid() % 20000)
-    url = subprocess.check_output(
-        ["bash", str(ROOT / "scripts/postgres.sh"), "start", pgdir, str(port)], text=True
-    ).strip()
+    url = start_postgres(pgdir)
     try:
         yield url
     finally:

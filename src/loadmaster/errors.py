@@ -81,3 +81,12 @@ class StoreUnavailable(LoadmasterError):
     code = "loadmaster.store_unavailable"
     title = "Store unavailable"
     status = 503
+
+
+class PluginFailed(LoadmasterError):
+    """A scheduler filter or weigher raised: the server's fault, named so that an operator
+    knows which plugin to look at (its traceback is in the server log)."""
+
+    code = "loadmaster.plugin_failed"
+    title = "Scheduler plugin failed"
+    status = 500

@@ -59,7 +59,9 @@ def _race(url: str, lm: Loadmaster) -> list[tuple[int, int, int]]:
     return outcomes
 
 
-@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"]
+)
 def test_processes_fill_the_host_exactly(
     backend: str, request: pytest.FixtureRequest, tmp_path: object
 ) -> None:

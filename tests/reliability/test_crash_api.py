@@ -16,6 +16,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 import loadmaster
 from harness import ServedApi
@@ -44,6 +45,7 @@ class Client(threading.Thread):
         self.api, self.mine, self.rng = api, set(mine), random.Random(seed)
         self.broken = 0  # requests whose worker died under them
         self.error: BaseException | None = None
+        self.claiming = threading.Event()  # set once its first batch is on its way
 
     def run(self) -> None:
         try:
@@ -63,6 +65,7 @@ class Client(threading.Thread):
                     return
                 batch = self.rng.sample(waiting, min(BATCH, len(waiting)))
                 body = {"requests": [{"vms": batch}], "gang": self.rng.random() < 0.5}
+                self.claiming.set()
                 answer = http.post("/schedule", json=body)
                 assert answer.status_code == 200, answer.text
             except httpx.TransportError:
@@ -73,6 +76,7 @@ class Client(threading.Thread):
         raise AssertionError("the client did not place its VMs within 120 s")
 
 
+@pytest.mark.postgres
 def test_kill_nine_api_worker_mid_batch_claim(pg_url: str) -> None:
     uuids = _setup(pg_url)
     rng = random.Random(11)
@@ -80,6 +84,10 @@ def test_kill_nine_api_worker_mid_batch_claim(pg_url: str) -> None:
         clients = [Client(api, uuids[i::CLIENTS], seed=i) for i in range(CLIENTS)]
         for client in clients:
             client.start()
+        # The first kill waits for the clients to be claiming, however slow the machine;
+        # later ones come at random moments of the work.
+        for client in clients:
+            assert client.claiming.wait(timeout=60)
         killed: list[int] = []
         for _ in range(8):
             time.sleep(rng.uniform(0.3, 0.9))

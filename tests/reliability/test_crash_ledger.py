@@ -7,11 +7,12 @@ carries on, and repeats. Whatever the moment of death, the audit is clean.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import random
 import signal
-import time
+from multiprocessing.synchronize import Event as EventType
 
 import pytest
 
@@ -24,16 +25,22 @@ HOSTS = 20
 VMS = 600
 
 
-def _worker(url: str, seed: int) -> None:
+def _worker(url: str, seed: int, mid_work: EventType | None = None) -> None:
+    """Places VMs until none is left. ``mid_work`` is set just before a randomly chosen
+    batch's claim starts: the test kills the process the moment it sees it, so the kill
+    lands inside real work however slow the machine is (no guessed sleep)."""
     rng = random.Random(seed)
     lm = loadmaster.open(url, migrate=False)
     hosts = [f"h{i}" for i in range(HOSTS)]
-    while True:
+    signal_at = rng.randrange(1, 6)
+    for batch_no in itertools.count(1):
         waiting = [vm.uuid for vm in lm.vms.list(state="requested")]
         if not waiting:
             return
         batch = waiting[:10]
         claims = [Claim(vm, rng.choice(hosts)) for vm in batch]
+        if mid_work is not None and batch_no == signal_at:
+            mid_work.set()
         try:
             lm.allocations.claim_many(claims, all_or_nothing=rng.random() < 0.5)
         except InsufficientCapacity:
@@ -52,7 +59,9 @@ def _setup(url: str) -> None:
         lm.vms.create_many([VmSpec(f"vm{i}", "f") for i in range(VMS)])
 
 
-@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres), "sqlite"]
+)
 def test_kill_nine_mid_batch_leaves_no_partial_claim(
     backend: str, request: pytest.FixtureRequest, tmp_path: object
 ) -> None:
@@ -62,13 +71,13 @@ def test_kill_nine_mid_batch_leaves_no_partial_claim(
         else f"sqlite:///{tmp_path}/crash.db"
     )
     _setup(url)
-    rng = random.Random(7)
     ctx = mp.get_context("spawn")
     kills = 0
     for round_ in range(8):
-        proc = ctx.Process(target=_worker, args=(url, round_))
+        mid_work = ctx.Event()
+        proc = ctx.Process(target=_worker, args=(url, round_, mid_work))
         proc.start()
-        time.sleep(rng.uniform(0.7, 1.3))  # spawn + import takes ~0.7 s; then it is mid-work
+        mid_work.wait(timeout=120)
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1

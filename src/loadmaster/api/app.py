@@ -70,7 +70,7 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         responses=errors.ERROR_RESPONSES,
-        dependencies=[Depends(errors.no_unknown_query)],
+        dependencies=[Depends(errors.no_nul), Depends(errors.no_unknown_query)],
         redoc_url=None,
         # A client that sends JSON without saying so still gets it parsed.
         strict_content_type=False,
@@ -81,7 +81,9 @@ def create_app(
     for module in (vocabulary, providers, catalog, vms, scheduling, maintenance, agents):
         app.include_router(module.router)
     app.include_router(_operations_router())
-    # Starlette runs the middleware added last first: request context, auth, size guard.
+    # Starlette runs the middleware added last first: request context, auth, size guard,
+    # and innermost the catcher of unexpected errors.
+    app.add_middleware(errors.CatchUnexpected)
     app.add_middleware(errors.BodySizeLimit, max_body_size=max_body_size)
     if auth is not None:
         app.add_middleware(AuthMiddleware, config=auth)

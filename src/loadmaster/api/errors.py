@@ -8,6 +8,7 @@ them all.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -172,15 +173,47 @@ def install(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(sorted(_allowed_methods(app, request.url.path)))
         return error_response(from_http(exc), headers=headers)
 
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # The traceback goes to the log, never to the client.
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(InternalError("internal error; see the server log"))
-
     app.add_exception_handler(LoadmasterError, domain)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http)
-    app.add_exception_handler(Exception, unexpected)
+    # Unexpected exceptions are answered by ``CatchUnexpected`` (see there why not here).
+
+
+def internal_error() -> JSONResponse:
+    return error_response(
+        InternalError("internal error; the server log has the details under this request id")
+    )
+
+
+class CatchUnexpected:
+    """Answers an unexpected exception with a 500 in the error shape, and keeps the
+    connection open. Starlette's own last-resort handler re-raises after answering, and
+    uvicorn then closes the keep-alive connection: a client's next request on it fails, and
+    a retried POST cannot tell whether the first one landed. The traceback goes to the log
+    (with the request id), never to the client."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            if started:
+                raise  # half an answer is out: closing is the only honest end
+            await internal_error()(scope, receive, send)
 
 
 def _allowed_methods(app: FastAPI, path: str) -> set[str]:
@@ -225,6 +258,52 @@ class BodySizeLimit:
 
     def _detail(self) -> str:
         return f"request bodies are limited to {self.max_body_size} bytes"
+
+
+async def no_nul(request: Request) -> None:
+    """A NUL character is refused wherever it appears (path segment, query value, any
+    string or key of a JSON body) with a 400 naming the field: PostgreSQL cannot store it
+    (and failed with a 500, even for a reader's lookup) while SQLite stored it silently."""
+    for name, value in request.path_params.items():
+        if isinstance(value, str) and "\x00" in value:
+            raise _nul(f"path.{name}")
+    for name, value in request.query_params.multi_items():
+        if "\x00" in name or "\x00" in value:
+            raise _nul(f"query.{name}")
+    body = await request.body()
+    if b"\\u0000" not in body and b"\x00" not in body:
+        return
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return  # not JSON: the body's own validation says so
+    where = _nul_in(data, "")
+    if where is not None:
+        raise _nul(where or "body")
+
+
+def _nul(field: str) -> ValidationError:
+    return ValidationError(f"{field}: contains a NUL character (\\u0000)", field=field)
+
+
+def _nul_in(data: object, path: str) -> str | None:
+    """The dotted path of the first string or key holding a NUL, if any."""
+    if isinstance(data, str):
+        return path if "\x00" in data else None
+    if isinstance(data, dict):
+        for key, value in data.items():
+            here = f"{path}.{key}" if path else str(key)
+            if "\x00" in key:
+                return here
+            found = _nul_in(value, here)
+            if found is not None:
+                return found
+    if isinstance(data, list):
+        for i, value in enumerate(data):
+            found = _nul_in(value, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 def no_unknown_query(request: Request) -> None:

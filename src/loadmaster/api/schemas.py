@@ -127,9 +127,10 @@ class GroupCreate(Body):
 class RequestSpecIn(Body):
     """One entry of ``POST /schedule`` (see ``loadmaster.scheduler.RequestSpec``)."""
 
-    vms: list[Name] = []
+    # One call places at most 10,000 VMs in all (the scheduler checks the sum).
+    vms: Annotated[list[Name], Field(max_length=10_000)] = []
     flavor: Name | None = None
-    count: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    count: Annotated[int, Field(ge=1, le=10_000)] | None = None
     overrides: dict[str, Amount] = {}
     required_traits: list[Name] = []
     forbidden_traits: list[Name] = []

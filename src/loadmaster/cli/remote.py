@@ -591,6 +591,10 @@ def schedule(
             f"{result['failed']} failed"
         )
         show(result, False, title, ("vm", "host", "error", "ms"), rows)
+        unlisted = result["placed"] + result["failed"] - result.get("listed", len(rows))
+        if unlisted > 0:  # a big dry run is summarised by the server
+            per_host = ", ".join(f"{h}: {n}" for h, n in result.get("by_host", {}).items())
+            console.print(f"{unlisted} more not listed; placed per host: {per_host}")
         if explanation is not None:
             console.print(format_explanation(explanation))
     if result["failed"]:

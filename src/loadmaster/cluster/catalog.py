@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import FlavorRecord
-from loadmaster.errors import Conflict, NotFound
+from loadmaster.errors import Conflict, NotFound, StoreUnavailable
 from loadmaster.resources import (
     STANDARD_BY_NAME,
     STANDARD_CLASSES,
@@ -19,7 +20,7 @@ from loadmaster.resources import (
     validate_custom_trait,
 )
 from loadmaster.resources.classes import validate_descriptor
-from loadmaster.store import Store
+from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.schema import (
     AllocationRow,
     FlavorRow,
@@ -32,23 +33,43 @@ from loadmaster.store.schema import (
 
 
 def sync_standard_vocabulary(store: Store) -> None:
-    """Insert standard classes and traits this database does not have yet (new release, new names)."""
-    for _attempt in range(3):
-        try:
-            with store.write() as session:
-                have = set(session.scalars(select(ResourceClassRow.name)))
-                session.add_all(
-                    ResourceClassRow(
-                        name=rc.name, kind=rc.kind, unit=rc.unit, description=rc.description
-                    )
+    """Insert standard classes and traits this database does not have yet (new release, new
+    names). Several processes start at once and sync the same names: each insert skips the
+    names another one wrote (ON CONFLICT DO NOTHING), so none of them fails or gives up;
+    and what is missing afterwards is an error, never a silent half-sync."""
+    with store.write() as session:
+        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        session.execute(
+            insert(ResourceClassRow)
+            .values(
+                [
+                    {
+                        "name": rc.name,
+                        "kind": rc.kind,
+                        "unit": rc.unit,
+                        "description": rc.description,
+                    }
                     for rc in STANDARD_CLASSES
-                    if rc.name not in have
-                )
-                have_traits = set(session.scalars(select(TraitRow.name)))
-                session.add_all(TraitRow(name=t) for t in sorted(STANDARD_TRAITS - have_traits))
-            return
-        except IntegrityError:
-            continue  # another process synced the same names at the same moment
+                ]
+            )
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        session.execute(
+            insert(TraitRow)
+            .values([{"name": t} for t in sorted(STANDARD_TRAITS)])
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+    with store.read() as session:
+        classes = set(session.scalars(select(ResourceClassRow.name)))
+        traits = set(session.scalars(select(TraitRow.name)))
+    missing = sorted({rc.name for rc in STANDARD_CLASSES} - classes) + sorted(
+        STANDARD_TRAITS - traits
+    )
+    if missing:
+        raise StoreUnavailable(
+            f"standard vocabulary could not be synced: {len(missing)} names missing "
+            f"({', '.join(missing[:3])}...)"
+        )
 
 
 class ResourceClassService:
@@ -76,6 +97,10 @@ class ResourceClassService:
         validate_descriptor(unit, "unit")
         validate_descriptor(description, "description", allow_empty=True)
         wanted = ResourceClass(name, kind, unit, description)
+        return again_on_write_conflict(lambda: self._create(wanted))
+
+    def _create(self, wanted: ResourceClass) -> ResourceClass:
+        name, kind, unit, description = wanted.name, wanted.kind, wanted.unit, wanted.description
         with self._store.write() as session:
             row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
             if row is not None:
@@ -92,9 +117,19 @@ class ResourceClassService:
         if name in STANDARD_BY_NAME:
             raise Conflict(f"resource class {name} is standard and cannot be deleted", field="name")
         with self._store.write() as session:
-            row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
+            # Locked first: a VM or flavor naming the class waits (see require_classes).
+            row = session.scalar(
+                select(ResourceClassRow).where(ResourceClassRow.name == name).with_for_update()
+            )
             if row is None:
                 raise NotFound(f"resource class {name!r} does not exist", field="name")
+            vms = _vms_overriding_class(session, name)
+            if vms:
+                raise Conflict(
+                    f"resource class {name} is named in the overrides of VM {vms[0]} "
+                    f"({len(vms)} VMs not deleted)",
+                    field="name",
+                )
             for table, what in ((InventoryRow, "inventories"), (AllocationRow, "allocations")):
                 count = session.scalar(
                     select(func.count()).select_from(table).where(table.resource_class_id == row.id)
@@ -109,6 +144,17 @@ class ResourceClassService:
                     f"resource class {name} is in use by flavor {flavors[0]}", field="name"
                 )
             session.delete(row)
+
+
+def _vms_overriding_class(session: Session, name: str) -> list[str]:
+    """VMs not deleted whose overrides name the class (even at 0: a claim reads it)."""
+    return [
+        uuid
+        for uuid, overrides in session.execute(
+            select(VmRow.uuid, VmRow.overrides).where(VmRow.state != "deleted").order_by(VmRow.id)
+        )
+        if name in overrides
+    ]
 
 
 def _flavors_using_class(session: Session, name: str) -> list[str]:
@@ -130,10 +176,14 @@ class TraitService:
     def create(self, name: str) -> str:
         """Idempotent, like Placement's PUT /traits/{name}."""
         validate_custom_trait(name, "name")
-        with self._store.write() as session:
-            if session.scalar(select(TraitRow.id).where(TraitRow.name == name)) is None:
-                session.add(TraitRow(name=name))
-        return name
+
+        def write() -> str:
+            with self._store.write() as session:
+                if session.scalar(select(TraitRow.id).where(TraitRow.name == name)) is None:
+                    session.add(TraitRow(name=name))
+            return name
+
+        return again_on_write_conflict(write)
 
     def delete(self, name: str) -> None:
         if name in STANDARD_TRAITS:
@@ -158,7 +208,7 @@ class FlavorService:
     def create(self, definition: dict[str, object]) -> FlavorRecord:
         spec = parse_flavor(definition)
         with self._store.write() as session:
-            lookup.require_classes(session, spec.resources, "resources")
+            lookup.require_classes(session, spec.resources, "resources", lock=True)
             lookup.require_traits(session, spec.required_traits, "required_traits")
             lookup.require_traits(session, spec.forbidden_traits, "forbidden_traits")
             if session.scalar(select(FlavorRow.id).where(FlavorRow.name == spec.name)) is not None:
@@ -186,7 +236,9 @@ class FlavorService:
 
     def delete(self, name: str) -> None:
         with self._store.write() as session:
-            row = lookup.flavor_row(session, name)
+            # Locked first, so a VM being created with this flavor (its foreign key holds
+            # the row FOR KEY SHARE) commits before we count the users, or waits for us.
+            row = lookup.flavor_row(session, name, lock=True)
             users = session.scalar(
                 select(func.count())
                 .select_from(VmRow)
@@ -194,7 +246,14 @@ class FlavorService:
             )
             if users:
                 raise Conflict(f"flavor {name} is used by {users} VMs", field="name")
-            session.execute(delete(VmRow).where(VmRow.flavor_id == row.id))
+            # Deleted VMs let go of the flavor but stay: a retried DELETE /vms/{uuid}
+            # still finds its VM (204, not 404).
+            session.execute(
+                update(VmRow)
+                .where(VmRow.flavor_id == row.id, VmRow.state == "deleted")
+                .values(flavor_id=None)
+                .execution_options(synchronize_session=False)
+            )
             session.delete(row)
 
 

@@ -116,7 +116,19 @@ class GroupService:
     def delete(self, ident: str) -> None:
         """Refused while live VMs are members; deleted VMs merely let go of the group."""
         with self._store.write() as session:
-            row = lookup.group_row(session, ident)
+            # The lock order of every writer: VM rows first (the deleted members this
+            # unlinks; a retried VM delete holds one and then takes the group's key-share
+            # lock), then the group row. Locked before counting, so a member being created
+            # (its foreign key holds the group FOR KEY SHARE) commits first and is counted,
+            # or waits and then fails.
+            found = lookup.group_row(session, ident)
+            session.execute(
+                select(VmRow.id)
+                .where(VmRow.group_id == found.id, VmRow.state == "deleted")
+                .order_by(VmRow.id)
+                .with_for_update()
+            )
+            row = lookup.group_row(session, ident, lock=True)
             live = session.scalar(
                 select(func.count())
                 .select_from(VmRow)
@@ -128,7 +140,7 @@ class GroupService:
                 )
             session.execute(
                 update(VmRow)
-                .where(VmRow.group_id == row.id)
+                .where(VmRow.group_id == row.id, VmRow.state == "deleted")
                 .values(group_id=None)
                 .execution_options(synchronize_session=False)
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -41,11 +42,22 @@ def inventory_of(row: Any) -> Inventory:
     )
 
 
+def canonical_uuid(ident: str) -> str:
+    """A uuid as the store keeps it (lower case, hyphenated); anything else unchanged.
+    Every uuid coming in goes through here, so ``ABC...`` and ``abc...`` are one VM."""
+    try:
+        return str(uuidlib.UUID(ident))
+    except (ValueError, TypeError, AttributeError):
+        return ident
+
+
 def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
     """A host by uuid or name."""
     if not isinstance(ident, str) or not ident:
         raise ValidationError(f"{field} must be a host uuid or name", field=field)
-    row = session.scalar(select(HostRow).where((HostRow.uuid == ident) | (HostRow.name == ident)))
+    row = session.scalar(
+        select(HostRow).where((HostRow.uuid == canonical_uuid(ident)) | (HostRow.name == ident))
+    )
     if row is None:
         raise NotFound(f"{field} {ident!r}: no such host", field=field)
     return row
@@ -57,26 +69,50 @@ def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = Fals
     no writer acts on a state another has just changed."""
     if not isinstance(ident, str) or not ident:
         raise ValidationError(f"{field} must be a VM uuid", field=field)
-    query = select(VmRow).where(VmRow.uuid == ident)
+    query = select(VmRow).where(VmRow.uuid == canonical_uuid(ident))
     row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise NotFound(f"{field} {ident!r}: no such VM", field=field)
+    if lock:
+        share_groups(session, [row])
     return row
 
 
-def flavor_row(session: Session, name: str, field: str = "flavor") -> FlavorRow:
-    row = session.scalar(select(FlavorRow).where(FlavorRow.name == name))
+def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
+    """Take the key-share lock on the VMs' server groups now, right after the VM rows.
+
+    One lock order for every writer: VMs (id order), then their groups, then host rows.
+    Updating a VM row twice in one transaction makes PostgreSQL re-check its foreign keys,
+    which takes FOR KEY SHARE on the group row; taken that late (after host rows) it
+    waited for a claim holding the group FOR UPDATE while that claim waited for our host
+    row: a deadlock. Taken here it simply queues behind the claim."""
+    ids = sorted({v.group_id for v in vms if v.group_id is not None})
+    if ids:
+        session.execute(
+            select(ServerGroupRow.id)
+            .where(ServerGroupRow.id.in_(ids))
+            .order_by(ServerGroupRow.id)
+            .with_for_update(read=True, key_share=True)
+        )
+
+
+def flavor_row(
+    session: Session, name: str, field: str = "flavor", *, lock: bool = False
+) -> FlavorRow:
+    query = select(FlavorRow).where(FlavorRow.name == name)
+    row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise NotFound(f"{field} {name!r}: no such flavor", field=field)
     return row
 
 
-def group_row(session: Session, ident: str, field: str = "group") -> ServerGroupRow:
-    row = session.scalar(
-        select(ServerGroupRow).where(
-            (ServerGroupRow.uuid == ident) | (ServerGroupRow.name == ident)
-        )
+def group_row(
+    session: Session, ident: str, field: str = "group", *, lock: bool = False
+) -> ServerGroupRow:
+    query = select(ServerGroupRow).where(
+        (ServerGroupRow.uuid == canonical_uuid(ident)) | (ServerGroupRow.name == ident)
     )
+    row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise NotFound(f"{field} {ident!r}: no such server group", field=field)
     return row
@@ -93,8 +129,22 @@ def class_names(session: Session) -> dict[int, str]:
     return {id_: name for name, id_ in class_ids(session).items()}
 
 
-def require_classes(session: Session, names: Iterable[str], field: str) -> dict[str, int]:
-    """Ids of the named classes; an unknown one is an error naming ``field.<class>``."""
+def require_classes(
+    session: Session, names: Iterable[str], field: str, *, lock: bool = False
+) -> dict[str, int]:
+    """Ids of the named classes; an unknown one is an error naming ``field.<class>``.
+
+    ``lock``: hold the named classes FOR KEY SHARE until the transaction ends, for writes
+    that name a class where no foreign key can guard it (a VM's overrides, a flavor's
+    resources, both JSON): a class delete waits for them, or they see it gone."""
+    names = list(names)
+    if lock and names:
+        session.execute(
+            select(ResourceClassRow.id)
+            .where(ResourceClassRow.name.in_(sorted(set(names))))
+            .order_by(ResourceClassRow.id)
+            .with_for_update(read=True, key_share=True)
+        )
     known = class_ids(session)
     for name in names:
         if name not in known:

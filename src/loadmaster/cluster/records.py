@@ -39,7 +39,7 @@ class VmRecord:
     name: str
     project_id: str
     user_id: str
-    flavor: str
+    flavor: str | None  # None: deleted, and its flavor was deleted since
     overrides: Mapping[str, int]
     tags: tuple[str, ...]
     state: str

@@ -15,7 +15,7 @@ from loadmaster.cluster.hosts import now, touch_generations
 from loadmaster.cluster.records import VmRecord
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
-from loadmaster.store import Store
+from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.schema import FlavorRow, HostRow, ServerGroupRow, VmRow
 from loadmaster.tiers import parse_priority, tiers_in
 
@@ -92,23 +92,42 @@ class VmService:
         return self.create_many([VmSpec(name, flavor, **kwargs)])[0]  # type: ignore[arg-type]
 
     def create_many(self, specs: Sequence[VmSpec]) -> list[VmRecord]:
-        """Create VMs in one transaction: all of them or, on any bad spec, none."""
+        """Create VMs in one transaction: all of them or, on any bad spec, none.
+
+        A client-chosen uuid makes the create safe to retry: a VM that already exists with
+        exactly the fields asked for is answered as if created now (the first attempt landed
+        and its answer was lost); one that differs is a Conflict naming the field."""
         checked = [
             self._check(spec, f"vms[{i}]" if len(specs) > 1 else "") for i, spec in enumerate(specs)
         ]
+        return again_on_write_conflict(lambda: self._create_many(checked, len(specs)))
+
+    def _create_many(
+        self,
+        checked: builtins.list[tuple[VmSpec, dict[str, int], builtins.list[str], str]],
+        count: int,
+    ) -> builtins.list[VmRecord]:
         with self._store.write() as session:
             flavors: dict[str, FlavorRow] = {}
             groups: dict[str, ServerGroupRow] = {}
             stamp = now()
             rows = []
             for (spec, overrides, tags, vm_uuid), prefix in zip(
-                checked, _prefixes(len(specs)), strict=True
+                checked, _prefixes(count), strict=True
             ):
                 if spec.flavor not in flavors:
                     flavors[spec.flavor] = lookup.flavor_row(
                         session, spec.flavor, prefix + "flavor"
                     )
-                lookup.require_classes(session, overrides, prefix + "overrides")
+                lookup.require_classes(session, overrides, prefix + "overrides", lock=True)
+                flavor = flavors[spec.flavor]
+                if not lookup.effective_resources(flavor.resources, overrides):
+                    # Such a VM holds no records: nothing would ever end its claim.
+                    raise ValidationError(
+                        f"{prefix}overrides: flavor {flavor.name} with these overrides asks "
+                        "for no resource at all",
+                        field=f"{prefix}overrides",
+                    )
                 group_id = None
                 if spec.group is not None:
                     if spec.group not in groups:
@@ -120,7 +139,7 @@ class VmService:
                         name=spec.name,
                         project_id=spec.project_id,
                         user_id=spec.user_id,
-                        flavor_id=flavors[spec.flavor].id,
+                        flavor_id=flavor.id,
                         overrides=overrides,
                         tags=tags,
                         state="requested",
@@ -133,14 +152,18 @@ class VmService:
             uuids = [r.uuid for r in rows]
             if len(set(uuids)) != len(uuids):
                 raise Conflict("the same VM uuid appears twice in one request", field="uuid")
+            existing: dict[str, VmRow] = {}
             for chunk_start in range(0, len(uuids), 500):
                 chunk = uuids[chunk_start : chunk_start + 500]
-                taken = session.scalar(select(VmRow.uuid).where(VmRow.uuid.in_(chunk)))
-                if taken is not None:
-                    raise Conflict(f"uuid {taken} is already used by a VM", field="uuid")
-            session.add_all(rows)
+                existing.update(
+                    (r.uuid, r) for r in session.scalars(select(VmRow).where(VmRow.uuid.in_(chunk)))
+                )
+            for row, prefix in zip(rows, _prefixes(count), strict=True):
+                if row.uuid in existing:
+                    _same_vm(existing[row.uuid], row, prefix)
+            session.add_all(r for r in rows if r.uuid not in existing)
             session.flush()
-            return vm_records(session, rows)
+            return vm_records(session, [existing.get(r.uuid, r) for r in rows])
 
     def get(self, ident: str) -> VmRecord:
         with self._store.read() as session:
@@ -213,6 +236,21 @@ class VmService:
         return spec, overrides, tags, vm_uuid
 
 
+# What a client chooses when it creates a VM: a retry must repeat all of it.
+_CHOSEN = ("name", "project_id", "user_id", "flavor_id", "overrides", "tags", "group_id")
+
+
+def _same_vm(existing: VmRow, wanted: VmRow, prefix: str) -> None:
+    """Refuse a create whose uuid is taken by a VM with other fields."""
+    for attr in _CHOSEN:
+        if getattr(existing, attr) != getattr(wanted, attr):
+            shown = {"flavor_id": "flavor", "group_id": "group"}.get(attr, attr)
+            raise Conflict(
+                f"{prefix}uuid {wanted.uuid} is already used by a VM with another {shown}",
+                field=f"{prefix}uuid",
+            )
+
+
 def _prefixes(count: int) -> list[str]:
     return [f"vms[{i}]." if count > 1 else "" for i in range(count)]
 
@@ -246,23 +284,25 @@ def vm_records(session: Session, rows: list[VmRow]) -> list[VmRecord]:
     )
     records = []
     for r in rows:
-        flavor = flavors[r.flavor_id]
+        flavor = flavors.get(r.flavor_id) if r.flavor_id is not None else None
         records.append(
             VmRecord(
                 uuid=r.uuid,
                 name=r.name,
                 project_id=r.project_id,
                 user_id=r.user_id,
-                flavor=flavor.name,
+                flavor=flavor.name if flavor is not None else None,
                 overrides=dict(r.overrides),
                 tags=tuple(r.tags),
                 state=r.state,
                 host=hosts.get(r.host_id) if r.host_id else None,
                 target_host=hosts.get(r.target_host_id) if r.target_host_id else None,
                 group=groups.get(r.group_id) if r.group_id else None,
-                resources=lookup.effective_resources(flavor.resources, r.overrides),
-                required_traits=tuple(flavor.required_traits),
-                forbidden_traits=tuple(flavor.forbidden_traits),
+                resources=lookup.effective_resources(
+                    flavor.resources if flavor is not None else {}, r.overrides
+                ),
+                required_traits=tuple(flavor.required_traits) if flavor is not None else (),
+                forbidden_traits=tuple(flavor.forbidden_traits) if flavor is not None else (),
                 generation=r.generation,
                 created_at=r.created_at,
                 updated_at=r.updated_at,

@@ -294,7 +294,11 @@ class HostControl:
             )
             items = []
             for r in rows:
-                resources = lookup.effective_resources(flavors[r.flavor_id].resources, r.overrides)
+                # A placed VM keeps its flavor (a flavor in use cannot be deleted).
+                flavor = flavors.get(r.flavor_id) if r.flavor_id is not None else None
+                resources = lookup.effective_resources(
+                    flavor.resources if flavor else {}, r.overrides
+                )
                 if r.state == "pending":
                     action = "launch"
                 elif r.state == "running":

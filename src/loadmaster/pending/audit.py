@@ -66,7 +66,8 @@ def audit(store: Store) -> list[Problem]:
         roots = dict(session.execute(select(HostRow.id, HostRow.root_id)).all())
         for vm in session.scalars(select(VmRow)):
             mine = records.pop(vm.id, [])
-            problems.extend(_check_vm(vm, mine, flavors[vm.flavor_id], roots, names))
+            flavor = flavors.get(vm.flavor_id) if vm.flavor_id is not None else None
+            problems.extend(_check_vm(vm, mine, flavor, roots, names))
         for vm_id, rows in records.items():
             problems.append(
                 Problem("orphaned", str(vm_id), f"{len(rows)} records for a VM that does not exist")
@@ -117,11 +118,11 @@ def group_rule_problems(store: Store) -> list[Problem]:
 def _check_vm(
     vm: VmRow,
     rows: list[AllocationRow],
-    flavor: FlavorRow,
+    flavor: FlavorRow | None,
     roots: dict[int, int | None],
     names: dict[int, str],
 ) -> list[Problem]:
-    wanted = lookup.effective_resources(flavor.resources, vm.overrides)
+    wanted = lookup.effective_resources(flavor.resources if flavor else {}, vm.overrides)
     if vm.state in ("requested", "stopped", "deleted"):
         if rows:
             return [Problem("orphaned", vm.uuid, f"{len(rows)} records while the VM is {vm.state}")]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
@@ -49,6 +49,13 @@ class Claim:
     host: str
     expected_generation: int | None = None
     move: bool = False
+    # What the caller means: "start" (a requested or stopped VM), "migrate" (a running VM
+    # moves), or None (whichever the VM's state makes it). Checked under the VM's row lock,
+    # so a VM that started or stopped meanwhile is refused, not silently migrated.
+    intent: str | None = None
+
+
+CLAIM_INTENTS = (None, "start", "migrate")
 
 
 @dataclass(frozen=True)
@@ -97,9 +104,14 @@ class Ledger:
 
     # -- claiming ----------------------------------------------------------------------
     def claim(
-        self, vm: str, host: str, *, expected_generation: int | None = None
+        self,
+        vm: str,
+        host: str,
+        *,
+        expected_generation: int | None = None,
+        intent: str | None = None,
     ) -> list[AllocationRecord]:
-        outcome = self.claim_many([Claim(vm, host, expected_generation)])[0]
+        outcome = self.claim_many([Claim(vm, host, expected_generation, intent=intent)])[0]
         return list(outcome.allocations)
 
     def claim_many(
@@ -112,12 +124,23 @@ class Ledger:
         """
         if not claims:
             return []
-        for attempt in range(self._retries + 1):
+        for i, c in enumerate(claims):
+            if c.intent not in CLAIM_INTENTS:
+                raise ValidationError(
+                    f"claims[{i}].intent must be start or migrate, got {c.intent!r}",
+                    field=f"claims[{i}].intent",
+                )
+        # A claim pinned to the generation its caller read cannot succeed on a re-read: the
+        # host has moved on. Retrying is worth it only if some claim could still land.
+        pinned = [c.expected_generation is not None for c in claims]
+        futile = any(pinned) if all_or_nothing else all(pinned)
+        retries = 0 if futile else self._retries
+        for attempt in range(retries + 1):
             try:
                 with self._store.write() as session:
                     return self._claim(session, claims, all_or_nothing)
             except ConcurrentUpdate:
-                if attempt == self._retries:
+                if attempt == retries:
                     raise
         raise AssertionError("unreachable")
 
@@ -126,6 +149,7 @@ class Ledger:
     ) -> list[ClaimOutcome]:
         many = len(claims) > 1
         prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
+        claims = [replace(c, vm=lookup.canonical_uuid(c.vm)) for c in claims]
         vms = _lock_vms(session, {c.vm for c in claims})
         groups = GroupRules.lock(
             session, {v.group_id for v in vms.values() if v.group_id is not None}
@@ -170,10 +194,20 @@ class Ledger:
                         f"{prefix[i]}vm {claim.vm} is claimed twice in one batch",
                         field=f"{prefix[i]}vm",
                     )
-                tree = trees[host.root_id or host.id]
-                planned = self._plan(
-                    vm, host, tree, flavors[vm.flavor_id], class_ids, claim, prefix[i]
-                )
+                tree = trees.get(host.root_id or host.id)
+                flavor = flavors.get(vm.flavor_id) if vm.flavor_id is not None else None
+                if tree is None:
+                    # Deleted between our two reads (READ COMMITTED): it is gone now.
+                    raise NotFound(
+                        f"{prefix[i]}host {claim.host!r}: deleted meanwhile",
+                        field=f"{prefix[i]}host",
+                    )
+                if flavor is None:
+                    raise InvalidTransition(
+                        f"{prefix[i]}vm {vm.uuid} is {vm.state} and its flavor is gone",
+                        field=f"{prefix[i]}vm",
+                    )
+                planned = self._plan(vm, host, tree, flavor, class_ids, claim, prefix[i])
                 groups.check(vm, tree.root, prefix[i], moving=moving)
             except LoadmasterError as exc:
                 if all_or_nothing:
@@ -270,12 +304,29 @@ class Ledger:
             raise InvalidTransition(
                 f"{prefix}vm {vm.uuid} is {vm.state}; it already holds a claim", field=f"{prefix}vm"
             )
+        if claim.intent == "start" and vm.state == "running":
+            raise InvalidTransition(
+                f"{prefix}vm {vm.uuid} is already running on its host; to move it, migrate it",
+                field=f"{prefix}vm",
+            )
+        if claim.intent == "migrate" and vm.state != "running":
+            raise InvalidTransition(
+                f"{prefix}vm {vm.uuid} is {vm.state}; only a running VM migrates",
+                field=f"{prefix}vm",
+            )
         if vm.state in ("running", "pending") and vm.host_id == host.id:
             where = "runs" if vm.state == "running" else "is pending"
             raise ValidationError(
                 f"{prefix}vm {vm.uuid} already {where} on {host.name}", field=f"{prefix}host"
             )
         wanted = lookup.effective_resources(flavor.resources, vm.overrides)
+        if not wanted:
+            # No records would be written: nothing could ever end such a claim.
+            raise ValidationError(
+                f"{prefix}vm {vm.uuid} asks for no resource at all (its overrides zero "
+                f"every class of flavor {flavor.name})",
+                field=f"{prefix}vm",
+            )
         plan: list[tuple[HostRow, int, int]] = []
         for name, amount in sorted(wanted.items()):
             where = f"{prefix}resources.{name}"
@@ -384,6 +435,11 @@ class Ledger:
             )
         doomed = list(session.scalars(query))
         if not doomed:
+            if host_row is None and row.state == "pending":
+                # A pending VM holding no record at all (a VM whose overrides zeroed every
+                # resource, from before such VMs were refused) is released all the same.
+                move(row, then or "requested")
+                row.host_id = row.target_host_id = None
             return 0
         left = list(
             session.scalars(
@@ -468,9 +524,10 @@ class Ledger:
         switched over, so a report cannot tell a migration still copying from one that
         failed. Nothing here runs on a timer.
         """
-        seen = {u.lower() for u in present}
-        busy = {u.lower() for u in launching}
-        as_of = as_of or now()
+        seen = {lookup.canonical_uuid(u) for u in present}
+        busy = {lookup.canonical_uuid(u) for u in launching}
+        # By sequence the clock plays no part, so a host's skewed clock is no error.
+        as_of = now() if seen_generation is not None else check_as_of(as_of)
         activated: list[str] = []
         released: list[str] = []
         stopped: list[str] = []
@@ -491,6 +548,7 @@ class Ledger:
             vms = session.scalars(
                 select(VmRow).where(VmRow.id.in_(here)).order_by(VmRow.id).with_for_update()
             ).all()
+            lookup.share_groups(session, vms)
             by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {v.id: (v, []) for v in vms}
             for alloc in session.scalars(
                 select(AllocationRow).where(
@@ -626,6 +684,35 @@ class Ledger:
             return totals
 
 
+# How far a report's ``as_of`` may stray from the server's clock. A report from the future
+# would release claims made after it; one older than a day describes a host that has long
+# moved on. Both are refused, before anything is stored.
+AS_OF_FUTURE = timedelta(minutes=5)
+AS_OF_PAST = timedelta(days=1)
+
+
+def check_as_of(as_of: datetime | None) -> datetime:
+    """``as_of`` as naive UTC (a time without a zone is taken to be UTC already) if the
+    server's clock allows it; now if None."""
+    current = now()
+    if as_of is None:
+        return current
+    if as_of.tzinfo is not None:
+        try:
+            as_of = as_of.astimezone(UTC).replace(tzinfo=None)
+        except OverflowError:
+            raise ValidationError(
+                f"as_of {as_of.isoformat()} is outside the range of dates", field="as_of"
+            ) from None
+    if as_of > current + AS_OF_FUTURE or as_of < current - AS_OF_PAST:
+        raise ValidationError(
+            f"as_of {as_of.isoformat()} (UTC) is more than {AS_OF_FUTURE} ahead of or "
+            f"{AS_OF_PAST} behind the server's clock ({current.isoformat()})",
+            field="as_of",
+        )
+    return as_of
+
+
 def _sum_by_class(records: Iterable[AllocationRecord]) -> dict[str, int]:
     totals: dict[str, int] = {}
     for r in records:
@@ -646,15 +733,20 @@ def _lock_vms(session: Session, uuids: set[str]) -> dict[str, VmRow]:
 
 
 def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
+    """The hosts by each ident given (a name, or a uuid in any case)."""
     found: dict[str, HostRow] = {}
     ordered = sorted(idents)
     for start in range(0, len(ordered), 500):
         chunk = ordered[start : start + 500]
+        uuids = [lookup.canonical_uuid(i) for i in chunk]
         for row in session.scalars(
-            select(HostRow).where(HostRow.uuid.in_(chunk) | HostRow.name.in_(chunk))
+            select(HostRow).where(HostRow.uuid.in_(uuids) | HostRow.name.in_(chunk))
         ):
             found[row.uuid] = row
             found[row.name] = row
+    for ident in idents:
+        if ident not in found and lookup.canonical_uuid(ident) in found:
+            found[ident] = found[lookup.canonical_uuid(ident)]
     return found
 
 

@@ -59,4 +59,4 @@ def record_report(
         report.reported_at = at or now()
         report.usage = usage_values
         report.load = load_values
-        report.running_vms = list(running_vms)
+        report.running_vms = [lookup.canonical_uuid(v) for v in running_vms]

@@ -92,6 +92,10 @@ class Placement:
         }
 
 
+# A dry run answers with at most this many per-VM placements (the rest are summarised).
+DRY_RUN_LISTED = 100
+
+
 @dataclass(frozen=True)
 class ScheduleResult:
     placements: tuple[Placement, ...]
@@ -114,6 +118,19 @@ class ScheduleResult:
         return [p for p in self.placements if not p.ok]
 
     def to_dict(self) -> dict[str, object]:
+        """A real run lists every VM (each has its own host to learn). A dry run of many
+        hypothetical VMs is summarised: how many per host and per error, and the first
+        ``DRY_RUN_LISTED`` placements, with ``listed`` saying how many are shown."""
+        shown = self.placements
+        if self.dry_run and len(shown) > DRY_RUN_LISTED:
+            shown = shown[:DRY_RUN_LISTED]
+        by_host: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        for p in self.placements:
+            if p.host is not None:
+                by_host[p.host] = by_host.get(p.host, 0) + 1
+            if p.error is not None:
+                errors[p.error.code] = errors.get(p.error.code, 0) + 1
         return {
             "ok": self.ok,
             "gang": self.gang,
@@ -123,7 +140,10 @@ class ScheduleResult:
             "failed": len(self.failed),
             "conflicts": self.conflicts,
             "seconds": self.seconds,
-            "placements": [p.to_dict() for p in self.placements],
+            "by_host": dict(sorted(by_host.items())),
+            "errors": dict(sorted(errors.items())),
+            "listed": len(shown),
+            "placements": [p.to_dict() for p in shown],
         }
 
 

@@ -10,13 +10,14 @@ times). Nothing is kept between calls but the arrays, which a refresh brings up 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import select
@@ -30,9 +31,11 @@ from loadmaster.errors import (
     InvalidTransition,
     LoadmasterError,
     NotFound,
+    PluginFailed,
     ValidationError,
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
+from loadmaster.pending.ledger import CLAIM_INTENTS
 from loadmaster.scheduler.plugins import (
     LoadedFilter,
     Verdict,
@@ -56,6 +59,8 @@ from loadmaster.scheduler.state import Bools, HostState, Ints
 from loadmaster.store import Store
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 
+log = logging.getLogger("loadmaster.scheduler")
+T = TypeVar("T")
 POLICY_ENV = "LOADMASTER_SCHEDULER_POLICY"
 SCHEDULABLE_STATES = ("requested", "stopped", "running")
 
@@ -90,6 +95,8 @@ class Scheduler:
 
     ``claim_chunk`` claims go to the ledger per transaction in best-effort mode.
     ``max_attempts`` bounds how often one VM is decided again after losing a claim race.
+    ``max_vms_per_call`` bounds the VMs of one ``schedule`` call (default 10,000; the API
+    keeps the default, a benchmark placing more in one call raises it).
     Among the hosts scoring within ``tie_tolerance`` (a fraction of the summed multipliers)
     of the best, one of the ``subset_size`` best is drawn at random, so schedulers running
     side by side spread out instead of all claiming the same host.
@@ -106,8 +113,25 @@ class Scheduler:
         subset_size: int = 100,
         tie_tolerance: float = 0.01,
         seed: int | None = None,
+        max_vms_per_call: int | None = None,
     ) -> None:
         self._store = store
+        self._settings: dict[str, Any] = {
+            "default_policy": default_policy,
+            "policies": policies,
+            "claim_chunk": claim_chunk,
+            "max_attempts": max_attempts,
+            "subset_size": subset_size,
+            "tie_tolerance": tie_tolerance,
+            "seed": seed,
+            "max_vms_per_call": max_vms_per_call,
+        }
+        self._max_vms = max_vms_per_call or MAX_VMS_PER_CALL
+        # Read-only questions (dry runs, capacity, explain) go to a twin with its own host
+        # arrays and lock, so they never wait behind a batch that is claiming.
+        self._reader: Scheduler | None = None
+        self._reader_lock = threading.Lock()
+        self._reads_only = False
         # The scheduler decides again itself after a lost race, so the ledger need not
         # retry a stale claim many times over.
         self._ledger = Ledger(store, conflict_retries=2)
@@ -129,6 +153,7 @@ class Scheduler:
         # Hard-affinity members of the batch that leave a host (migrate, re-placed): the
         # group follows them, so they must not pin it to where they are leaving.
         self._leaving: dict[str, list[int]] = {}
+        self._intent: str | None = None
         # One decision at a time per Scheduler object: the arrays are not thread-safe.
         self._lock = threading.RLock()
 
@@ -141,17 +166,32 @@ class Scheduler:
         dry_run: bool = False,
         policy: str | None = None,
         move_pending: bool = False,
+        intent: str | None = None,
     ) -> ScheduleResult:
         """Place every VM of ``requests``. ``gang``: all of them or none (nothing is claimed
         unless every VM has a host). ``dry_run``: decide the same way, claim nothing.
         ``move_pending``: a VM pending on a host (claimed, not started) is re-placed
         elsewhere in the claim's transaction (a drain) instead of being refused.
+        ``intent`` ("start" or "migrate", see ``Claim``) refuses VMs in the other state,
+        here and again in the ledger under the VM's row lock.
         Failures come back per VM in the result; bad requests raise."""
+        if dry_run and not self._reads_only:
+            return self._for_reads().schedule(
+                requests, gang=gang, dry_run=True, policy=policy, intent=intent
+            )
+        if not dry_run and self._reads_only:
+            raise ValidationError("this scheduler only answers dry runs", field="dry_run")
         started = time.perf_counter()
         chosen = self._policy(policy or self.default_policy, "policy")
+        if intent not in CLAIM_INTENTS:
+            raise ValidationError(
+                f"intent must be start or migrate, got {intent!r}", field="intent"
+            )
+        _check_size(requests, self._max_vms)
         with self._lock:
             self._move_pending = move_pending
             self._begin()
+            self._intent = intent
             items = self._resolve(requests, dry_run)
             scoring = self._scoring(chosen)
             if gang:
@@ -170,6 +210,8 @@ class Scheduler:
 
     def explain(self, request: RequestSpec) -> Explanation:
         """Why each host would be ruled out for the request's first VM, right now."""
+        if not self._reads_only:
+            return self._for_reads().explain(request)
         with self._lock:
             self._begin()
             item = self._resolve([request], dry_run=True)[0]
@@ -184,6 +226,8 @@ class Scheduler:
         ``policy``). Extra keywords are ``RequestSpec`` fields (traits, member_of, ...).
         With a hard-affinity group all of them must share one host, so ``total`` is the
         most any single host takes."""
+        if not self._reads_only:
+            return self._for_reads().capacity(flavor, group=group, policy=policy, **spec)
         chosen = self._policy(policy or self.default_policy, "policy")
         with self._lock:
             self._begin()
@@ -227,6 +271,17 @@ class Scheduler:
         record_report(self._store, host, usage, load, running_vms)
 
     # -- setting up a call ---------------------------------------------------------------
+    def _for_reads(self) -> Scheduler:
+        """The twin that answers read-only questions (made on first use)."""
+        with self._reader_lock:
+            if self._reader is None:
+                reader = Scheduler(self._store, **self._settings)
+                reader.policies = self.policies
+                reader.default_policy = self.default_policy
+                reader._reads_only = True
+                self._reader = reader
+            return self._reader
+
     def _policy(self, name: str, field: str) -> Policy:
         if name not in self.policies:
             raise ValidationError(
@@ -245,6 +300,7 @@ class Scheduler:
             self._filters = load_filters()
         self._hosts.refresh()
         self._static.clear()
+        self._intent = None
 
     def _resolve(self, requests: Sequence[RequestSpec], dry_run: bool) -> list[_Item]:
         if not requests:
@@ -330,7 +386,8 @@ class Scheduler:
         groups: dict[str, GroupRecord],
     ) -> list[_Item]:
         rows: dict[str, VmRow] = {}
-        uuids = list(spec.vms)
+        given = list(spec.vms)
+        uuids = [lookup.canonical_uuid(u) for u in given]
         row: VmRow | None
         for start in range(0, len(uuids), 500):
             for row in session.scalars(
@@ -355,7 +412,9 @@ class Scheduler:
         for j, uuid in enumerate(uuids):
             row = rows.get(uuid)
             if row is None:
-                raise NotFound(f"{where}.vms[{j}] {uuid!r}: no such VM", field=f"{where}.vms[{j}]")
+                raise NotFound(
+                    f"{where}.vms[{j}] {given[j]!r}: no such VM", field=f"{where}.vms[{j}]"
+                )
             group = base.group
             if row.group_id is not None:
                 own = group_record(group_rows[row.group_id])
@@ -365,16 +424,28 @@ class Scheduler:
                         field=f"{where}.group",
                     )
                 group = groups.setdefault(own.name, own)
+            flavor = flavors.get(row.flavor_id) if row.flavor_id is not None else None
             request = replace(
-                _with_flavor(base, flavors[row.flavor_id], row.overrides), group=group
+                _with_flavor(base, flavor, row.overrides) if flavor is not None else base,
+                group=group,
             )
-            request.vm = request.label = uuid
+            request.vm = request.label = row.uuid
             error: LoadmasterError | None = None
             movable = SCHEDULABLE_STATES + (("pending",) if self._move_pending else ())
-            if row.state not in movable:
+            if row.state not in movable or flavor is None:
                 error = InvalidTransition(
                     f"VM {uuid} is {row.state}; only a requested, stopped or running VM can be "
                     "placed",
+                    field=f"{where}.vms[{j}]",
+                )
+            elif self._intent == "start" and row.state == "running":
+                error = InvalidTransition(
+                    f"VM {uuid} is already running on its host; to move it, migrate it",
+                    field=f"{where}.vms[{j}]",
+                )
+            elif self._intent == "migrate" and row.state != "running":
+                error = InvalidTransition(
+                    f"VM {uuid} is {row.state}; only a running VM migrates",
                     field=f"{where}.vms[{j}]",
                 )
             elif row.state in ("running", "pending") and row.host_id is not None:
@@ -430,7 +501,7 @@ class Scheduler:
             for entry in self._filters:
                 if entry.mask is None or entry.dynamic:
                     continue
-                verdict = entry.mask.mask(self._hosts, request)
+                verdict = _plugin("filter", entry.name, entry.mask.mask, self._hosts, request)
                 if verdict is not None:
                     verdicts.append((entry.name, verdict))
                     keep &= verdict.keep
@@ -439,12 +510,13 @@ class Scheduler:
 
     def _verdict(self, entry: LoadedFilter, request: VmRequest, keep: Bools) -> Verdict | None:
         if entry.mask is not None:
-            return entry.mask.mask(self._hosts, request)
+            return _plugin("filter", entry.name, entry.mask.mask, self._hosts, request)
         assert entry.per_host is not None
         # A per-host filter only looks at the hosts the others kept, one at a time.
         rejected: dict[str, list[int]] = {}
         for host in np.flatnonzero(keep):
-            reason = entry.per_host.filter(host_view(self._hosts, int(host), request), request)
+            view = host_view(self._hosts, int(host), request)
+            reason = _plugin("filter", entry.name, entry.per_host.filter, view, request)
             if reason is not None:
                 rejected.setdefault(reason, []).append(int(host))
         checks = []
@@ -461,7 +533,8 @@ class Scheduler:
         if not len(candidates):
             return scores  # nothing fits: weighers have nothing to rank (and min() would fail)
         for weigher, multiplier in weighers:
-            raw = weigher.weigh(self._hosts, request, candidates)
+            name = str(getattr(weigher, "name", type(weigher).__name__))
+            raw = _plugin("weigher", name, weigher.weigh, self._hosts, request, candidates)
             if raw is None:
                 continue
             low, high = float(raw.min()), float(raw.max())
@@ -530,10 +603,16 @@ class Scheduler:
                 out.append(item)
         return out
 
-    def _decide_item(self, item: _Item, scoring: _Scoring) -> tuple[int | None, NoHostFits | None]:
+    def _decide_item(
+        self, item: _Item, scoring: _Scoring
+    ) -> tuple[int | None, NoHostFits | PluginFailed | None]:
         started = time.perf_counter()
-        decision = self._decide(item.request, scoring)
-        error = None
+        try:
+            decision = self._decide(item.request, scoring)
+        except PluginFailed as exc:
+            item.seconds += time.perf_counter() - started
+            return None, exc  # this VM fails, naming the plugin; the batch goes on
+        error: NoHostFits | PluginFailed | None = None
         if decision.host is None:
             error = NoHostFits(self._explanation(item.request, decision))
         else:
@@ -609,7 +688,11 @@ class Scheduler:
                     continue
                 host, error = self._decide_item(item, scoring)
                 if error is not None:
-                    if group is not None and item.request.companions:
+                    if (
+                        isinstance(error, NoHostFits)
+                        and group is not None
+                        and item.request.companions
+                    ):
                         unplaceable[group.name] = error.explanation
                     item.error = error
                     out.append(self._failed(item))
@@ -666,14 +749,19 @@ class Scheduler:
         return retry
 
     def _claims(self, chosen: list[tuple[_Item, int, int]]) -> list[Claim]:
+        # Not pinned to the generations the decision saw: the ledger checks capacity and
+        # group rules again under the hosts' and groups' locks, so a stale view can only
+        # cost a refusal (decided again), never an overcommit. Pinning made every agent's
+        # "up" (which changes no usage but moves the generation) fail whole batches of a
+        # mass start on PostgreSQL, as Placement's provider generations do for Nova.
         return [
             Claim(
                 item.request.vm or "",
                 self._hosts.names[host],
-                expected_generation=generation,
                 move=self._move_pending,
+                intent=self._intent,
             )
-            for item, host, generation in chosen
+            for item, host, _generation in chosen
         ]
 
     def _reload(self) -> None:
@@ -686,6 +774,9 @@ class Scheduler:
             counts = self._hosts.group_members[name]
             np.subtract.at(counts, leaving, 1)
             np.maximum(counts, 0, out=counts)
+        # The static verdicts describe the hosts as they were: a host created or put in
+        # maintenance since would be missing (arrays of another size) or still chosen.
+        self._static.clear()
 
     def _abort(
         self, items: list[_Item], culprit: _Item | None, cause: LoadmasterError
@@ -712,9 +803,47 @@ class Scheduler:
         )
 
 
+# Limits on one /schedule call. An operator places a rack or a region's worth of VMs at
+# once, not a million: 10,000 VMs decide in seconds and answer in a few MB. Bigger
+# questions ("how many fit?") have GET /capacity, which counts without placing one by one.
+MAX_VMS_PER_CALL = 10_000
+
+
+def _check_size(requests: Sequence[RequestSpec], limit: int) -> None:
+    total = 0
+    for i, spec in enumerate(requests):
+        if isinstance(spec, RequestSpec):
+            # A flavor request without a count places one hypothetical VM.
+            total += spec.count if isinstance(spec.count, int) else len(spec.vms or ()) or 1
+        if total > limit:
+            raise ValidationError(
+                f"requests[{i}]: one call places at most {limit} VMs in all "
+                "(ask GET /capacity how many fit)",
+                field=f"requests[{i}]",
+            )
+
+
+def _plugin(kind: str, name: str, call: Callable[..., T], *args: Any) -> T:
+    """Call a filter or weigher; if it raises, say which one (the traceback is logged)."""
+    try:
+        return call(*args)
+    except LoadmasterError:
+        raise
+    except Exception as exc:
+        log.exception("%s plugin %s raised", kind, name)
+        raise PluginFailed(
+            f"{kind} plugin {name!r} failed ({type(exc).__name__}); the server log has "
+            "its traceback",
+            field="policy" if kind == "weigher" else None,
+        ) from exc
+
+
 def _lost_race(error: LoadmasterError) -> bool:
     """Errors a fresher view of the hosts can cure: a changed generation, a host that
-    filled up or left service meanwhile. A VM in the wrong state cannot be cured so."""
+    filled up, left service or was deleted meanwhile. A VM in the wrong state cannot be
+    cured so."""
+    if isinstance(error, NotFound):
+        return (error.field or "").endswith("host")
     return isinstance(error, Conflict) and not isinstance(error, InvalidTransition)
 
 

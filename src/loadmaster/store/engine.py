@@ -8,21 +8,26 @@ in ``pending`` is what keeps concurrent claims honest there.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from loadmaster.errors import StoreUnavailable
+from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
+
+log = logging.getLogger("loadmaster.store")
 
 DEFAULT_URL = "sqlite:///loadmaster.db"
+# PostgreSQL SQLSTATEs of a transaction that lost to another one and wrote nothing.
+_LOST_TO_ANOTHER = {"40P01": "deadlock", "40001": "serialization failure", "55P03": "lock timeout"}
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _SQLITE_BEGIN = "loadmaster_sqlite_begin"
 
@@ -100,15 +105,42 @@ class Store:
 
     @contextmanager
     def _unavailable_as_503(self) -> Iterator[None]:
+        """Database failures as domain errors whose text a client may see. The driver's own
+        message (SQL, parameters, process ids, tuple positions) goes to the log only, where
+        the request id of the JSON log line ties it to the client's answer."""
         try:
             yield
+        except IntegrityError as exc:
+            # A unique or foreign key the checks before the write could not see: another
+            # transaction created or deleted the same thing meanwhile. Nothing was written.
+            table = _diag(exc, "table_name")
+            log.warning("integrity error on %s: %s", table or "?", exc.orig)
+            if not _is_race(exc):  # a CHECK or NOT NULL: input the checks let through
+                raise ValidationError(
+                    "a value is outside what the database accepts; nothing was written"
+                ) from exc
+            raise WriteConflict(_integrity_detail(exc, table), table=table) from exc
+        except DataError as exc:
+            log.warning("value refused by the database: %s", exc.orig)
+            raise ValidationError(
+                "a value cannot be stored (out of range, or a NUL character)"
+            ) from exc
         except OperationalError as exc:
+            lost = _LOST_TO_ANOTHER.get(_sqlstate(exc) or "")
+            if lost is not None:
+                log.warning("%s: %s", lost, exc.orig)
+                raise ConcurrentUpdate(
+                    f"the transaction lost a {lost} against another writer; nothing was "
+                    "written, retry"
+                ) from exc
             if self.is_sqlite and "locked" not in str(exc):
                 raise
-            raise StoreUnavailable(f"database unavailable: {exc.orig}") from exc
+            log.error("database unavailable: %s", exc.orig)
+            raise StoreUnavailable("database unavailable; nothing was written") from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:
-                raise StoreUnavailable(f"database connection lost: {exc.orig}") from exc
+                log.error("database connection lost: %s", exc.orig)
+                raise StoreUnavailable("database connection lost; nothing was written") from exc
             raise
 
     def migrate(self) -> None:
@@ -131,3 +163,70 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class WriteConflict(Conflict):
+    """A constraint refused a write that raced another transaction (the same name created
+    twice at once, a row deleted while another referred to it). Callers whose write is
+    idempotent catch it and read again."""
+
+    def __init__(self, detail: str, *, table: str | None = None) -> None:
+        super().__init__(detail, field=None)
+        self.table = table
+
+
+T = TypeVar("T")
+
+
+def again_on_write_conflict(write: Callable[[], T]) -> T:
+    """Run an idempotent write; if it raced an identical one (``WriteConflict``), run it
+    once more: the second run reads what the winner committed and answers from it (the
+    same answer, or a Conflict naming the difference)."""
+    try:
+        return write()
+    except WriteConflict:
+        return write()
+
+
+# Tables as a client knows them.
+_NOUNS = {
+    "hosts": "host",
+    "traits": "trait",
+    "resource_classes": "resource class",
+    "flavors": "flavor",
+    "server_groups": "server group",
+    "vms": "VM",
+    "allocations": "allocation",
+    "inventories": "inventory",
+}
+
+
+def _is_race(exc: IntegrityError) -> bool:
+    """A unique or foreign-key violation: what two racing transactions cause."""
+    text = str(exc.orig)
+    return _sqlstate(exc) in ("23505", "23503") or "UNIQUE" in text or "FOREIGN KEY" in text
+
+
+def _integrity_detail(exc: IntegrityError, table: str | None) -> str:
+    """What a client may read about a constraint that refused a racing write: which kind
+    of race it lost, never the constraint's SQL or values."""
+    text = str(exc.orig)
+    what = f"the same {_NOUNS.get(table, table)}" if table else "the same thing"
+    if _sqlstate(exc) == "23505" or "UNIQUE" in text:
+        head = f"{what} was created by another request at the same moment"
+    else:
+        head = (
+            "this refers to something another request deleted at the same moment, or "
+            "something another request just made refer to it"
+        )
+    return f"{head}; nothing was written, read again and retry"
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    return getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+
+
+def _diag(exc: DBAPIError, name: str) -> str | None:
+    diag = getattr(exc.orig, "diag", None)
+    value = getattr(diag, name, None) if diag is not None else None
+    return value if isinstance(value, str) else None

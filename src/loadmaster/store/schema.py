@@ -116,7 +116,10 @@ class VmRow(Base):
     name: Mapped[str] = mapped_column(String(255))
     project_id: Mapped[str] = mapped_column(String(255), index=True)
     user_id: Mapped[str] = mapped_column(String(255))
-    flavor_id: Mapped[int] = mapped_column(ForeignKey("flavors.id"), index=True)
+    # NULL only for a deleted VM whose flavor was deleted after it.
+    flavor_id: Mapped[int | None] = mapped_column(
+        ForeignKey("flavors.id"), nullable=True, index=True
+    )
     overrides: Mapped[dict[str, int]] = mapped_column(JSON)
     tags: Mapped[list[str]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16), index=True)

@@ -14,7 +14,6 @@ from loadmaster.api.observability import Metrics
 from loadmaster.api.routes.agents import check_vm_of_agent
 from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart, VmTags, VmUp
 from loadmaster.cluster import VmSpec
-from loadmaster.errors import InvalidTransition
 from loadmaster.scheduler import Placement, RequestSpec
 from loadmaster.service import Loadmaster
 
@@ -66,9 +65,9 @@ def delete_vm(lm: LM, uuid: str) -> Response:
 
 
 def _schedule_one(
-    lm: Loadmaster, metrics: Metrics, uuid: str, policy: str | None
+    lm: Loadmaster, metrics: Metrics, uuid: str, policy: str | None, intent: str
 ) -> dict[str, Any]:
-    result = lm.scheduler.schedule([RequestSpec(vms=[uuid])], policy=policy)
+    result = lm.scheduler.schedule([RequestSpec(vms=[uuid])], policy=policy, intent=intent)
     metrics.observe_schedule(result)
     placement = result.placements[0]
     if placement.error is not None:
@@ -79,8 +78,9 @@ def _schedule_one(
 @router.post(VM + "/start", tags=["vms"])
 def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None) -> dict[str, Any]:
     """Choose a host and claim there: the VM becomes ``pending`` until it is reported up.
-    No host: 409 ``loadmaster.no_valid_host`` with the per-filter ``explanation``."""
-    return _schedule_one(lm, metrics, uuid, body.policy if body else None)
+    No host: 409 ``loadmaster.no_valid_host`` with the per-filter ``explanation``.
+    A VM that already runs: 409 ``loadmaster.invalid_transition`` (migrate moves it)."""
+    return _schedule_one(lm, metrics, uuid, body.policy if body else None, "start")
 
 
 @router.post(VM + "/up", tags=["vms"])
@@ -105,13 +105,11 @@ def migrate_vm(
     active; the source's agent moves the VM, ``/up`` completes the move and
     ``/migration-failed`` (or ``DELETE /allocations/{uuid}?host=dest``) aborts it."""
     check_vm_of_agent(lm, request, uuid)
-    vm = lm.vms.get(uuid)
-    if vm.state != "running":
-        raise InvalidTransition(f"VM {uuid} is {vm.state}; only a running VM migrates", field="vm")
+    # Only a running VM migrates: the ledger checks it under the VM's row lock.
     log.info("migration of %s requested: %s", uuid, body.reason or "no reason given")
     if body.host is None:
-        return _schedule_one(lm, metrics, uuid, body.policy)
-    lm.allocations.claim(uuid, body.host)
+        return _schedule_one(lm, metrics, uuid, body.policy, "migrate")
+    lm.allocations.claim(uuid, body.host, intent="migrate")
     placement = Placement(uuid, lm.vms.get(uuid).target_host)
     return {"vm": views.vm(lm.vms.get(uuid)), "placement": placement.to_dict()}
 

@@ -1,14 +1,14 @@
 """host agents: registrations, per-host sequence stamps and launch faults on VMs
 
-Revision ID: 0002_host_agents
-Revises: 0001
+Revision ID: 0003_host_agents
+Revises: 0002_reliab
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_host_agents"
-down_revision = "0001"
+revision = "0003_host_agents"
+down_revision = "0002_reliab"
 branch_labels = None
 depends_on = None
 
