@@ -23,6 +23,7 @@ from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
 from loadmaster.pending import Ledger, ReconcileResult
+from loadmaster.pending.ledger import check_as_of
 from loadmaster.resources import Inventory
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler
 from loadmaster.store import Store
@@ -344,6 +345,10 @@ class HostControl:
                 "seen_generation must be a host generation (an integer of at least 0)",
                 field="seen_generation",
             )
+        if seen_generation is None:
+            # Judged by the clock: a time the server cannot believe is refused before
+            # anything is stored. By sequence the clock plays no part.
+            as_of = check_as_of(as_of)
         self._scheduler.record_report(host, usage or {}, load or {}, running)
         result = self._ledger.reconcile(
             host, running, as_of=as_of, seen_generation=seen_generation, launching=launching

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -109,7 +108,7 @@ def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> d
         body.running_vms,
         launching=body.launching,
         seen_generation=body.seen_generation,
-        as_of=_naive_utc(body.as_of) if body.as_of is not None else None,
+        as_of=body.as_of,
         usage=body.usage,
         load=body.load,
     )
@@ -139,10 +138,3 @@ def migration_failed(lm: LM, request: Request, uuid: str, body: HostFailure) -> 
     _check_host_of_agent(request, body.host)
     outcome = lm.host_agents.migration_failed(uuid, body.host, body.reason)
     return {"vm": views.vm(outcome.vm), "ended": outcome.kind}
-
-
-def _naive_utc(moment: datetime) -> datetime:
-    """The store keeps naive UTC; a time without a zone is taken to be UTC already."""
-    if moment.tzinfo is None:
-        return moment
-    return moment.astimezone(UTC).replace(tzinfo=None)
