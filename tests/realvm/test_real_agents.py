@@ -43,6 +43,7 @@ from realvm_helpers import (
     settled,
     wait_for,
 )
+from typer.testing import CliRunner
 
 import loadmaster
 from loadmaster.agent.hypervisor import GuestSpec
@@ -52,6 +53,7 @@ from loadmaster.agent.manager import HostManager, ManagerConfig, StepReport
 from loadmaster.agent.runner import ApiClient
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
+from loadmaster.cli import app
 from loadmaster.demo.cloud import ADMIN_TOKEN, agent_token
 from loadmaster.pending import audit
 from loadmaster.policy import shipped_policy_dir
@@ -113,10 +115,14 @@ class AgentHost:
         )
         self.thread.start()
 
-    def close(self) -> None:
+    def halt(self) -> None:
+        """The manager stops talking to the API (its next long-poll is at most 1 s off)."""
         self.stop.set()
         if self.thread is not None:
             self.thread.join(timeout=15)
+
+    def close(self) -> None:
+        self.halt()
         self.manager.close()
         self.client.close()
         self.hv.close()
@@ -431,4 +437,59 @@ def test_stop_and_delete_remove_the_guests(
     assert cloud.vm(stopped.uuid)["state"] == "stopped"
     assert cloud.lm.allocations.allocations(vm=stopped.uuid) == []
     assert cloud.lm.allocations.allocations(vm=deleted.uuid) == []
+    cloud.assert_clean()
+
+
+def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
+    cloud: RealCloud, tmp_path: Path
+) -> None:
+    """``loadmaster agent`` replaces real-b's manager (as after a restart): it finds the
+    host by name and launches a VM claimed there while no agent ran, on QEMU, booting the
+    guest image it was given on the command line. Last: it ends real-b's manager."""
+    cloud.b.halt()
+    spec = cloud.create_vm("gold")
+    claimed = cloud.admin.put(f"/allocations/{spec.uuid}", json={"host": "real-b"})
+    assert claimed.status_code == 200, claimed.text
+    image = cloud.real.image
+    assert image.log_dir is not None
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        app,
+        [
+            "agent",
+            "--hypervisor",
+            cloud.b.daemon.uri,
+            "--policy-dir",
+            str(shipped_policy_dir()),
+            "--api",
+            cloud.server.url,
+            "--token",
+            agent_token("real-b"),
+            "--host-name",
+            "real-b",
+            # The agent ends once its cycles are done and its launches announced.
+            "--cycles",
+            "2",
+            "--interval",
+            "1",
+            "--sys-root",
+            str(fixture_sys(tmp_path / "sys")),
+            "--guest-kernel",
+            str(image.kernel),
+            "--guest-initrd",
+            str(image.initrd),
+            "--guest-console-dir",
+            str(image.log_dir),
+            "--migration-data-uri",
+            "tcp://127.0.0.1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert cloud.running_on(spec.uuid, cloud.b), cloud.vm(spec.uuid)
+    print(f"loadmaster agent: claim to up in one run of {time.monotonic() - started:.1f} s")
+    guest = running(cloud.b.hv)[spec.uuid]
+    assert guest.managed and guest.tags == {"gold"}
+    booted(cloud.real, spec)
+    assert cloud.vm(spec.uuid)["fault"] is None
+    assert cloud.records(spec.uuid, cloud.b) == ["active"]
     cloud.assert_clean()

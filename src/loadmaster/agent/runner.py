@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from loadmaster.agent.journal import AppliedJournal
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 
@@ -101,6 +101,8 @@ def run_agent(
     sys_root: Path | None = None,
     config_file: Path | None = None,
     collectors: str | None = None,
+    guest_image: GuestImage | None = None,
+    migration_data_uri: str | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
@@ -116,8 +118,12 @@ def run_agent(
     Raises ``PolicyError`` when the policy directory does not load, ``HypervisorError``
     when the hypervisor cannot be reached, ``JournalError`` when the state directory
     cannot be used, ``ValidationError`` for a bad config file.
-    cannot be used. ``collectors`` names the collector set (``vdsm``, ``mom-libvirt``;
+    ``collectors`` names the collector set (``vdsm``, ``mom-libvirt``;
     default ``loadmaster``); an unknown name raises ``ValueError``.
+    On QEMU the manager launches guests from ``guest_image`` (without one a launch fails
+    and the VM is placed elsewhere), and ``migration_data_uri`` (``tcp://ADDRESS``) is where
+    the destination's QEMU listens for a live migration's data (default: the
+    destination's host name, as libvirt resolves it).
     """
     config = ManagerConfig.from_file(config_file) if config_file else ManagerConfig()
     journal = AppliedJournal(state_dir) if state_dir is not None else None
@@ -134,7 +140,12 @@ def run_agent(
     manager: HostManager | None = None
     stop = threading.Event()
     try:
-        hypervisor = LibvirtHypervisor(hypervisor_uri, sys_root)
+        hypervisor = LibvirtHypervisor(
+            hypervisor_uri,
+            sys_root,
+            guest_image=guest_image,
+            migration_uri=migration_data_uri,
+        )
         client = ApiClient(api_url, token, timeout=10.0) if api_url else None
         host_name = host_name or config.name or socket.gethostname()
         if client is not None:
