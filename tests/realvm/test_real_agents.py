@@ -485,6 +485,8 @@ def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
         ],
     )
     assert result.exit_code == 0, result.output
+    # Its manager ended with it: nothing acts on real-b, or waits on the API, behind it.
+    assert not [t for t in threading.enumerate() if t.name == "host-manager"]
     assert cloud.running_on(spec.uuid, cloud.b), cloud.vm(spec.uuid)
     print(f"loadmaster agent: claim to up in one run of {time.monotonic() - started:.1f} s")
     guest = running(cloud.b.hv)[spec.uuid]

@@ -18,6 +18,9 @@ from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 
 log = logging.getLogger(__name__)
+# The manager's long-poll of its work list: a change returns it at once, so this only
+# bounds how long the agent takes to stop.
+MANAGER_POLL_S = 5.0
 
 
 class ApiClient:
@@ -138,6 +141,8 @@ def run_agent(
     hypervisor: LibvirtHypervisor | None = None
     client: ApiClient | None = None
     manager: HostManager | None = None
+    manager_client: ApiClient | None = None
+    manager_thread: threading.Thread | None = None
     stop = threading.Event()
     try:
         hypervisor = LibvirtHypervisor(
@@ -150,17 +155,23 @@ def run_agent(
         host_name = host_name or config.name or socket.gethostname()
         if client is not None:
             # A separate connection: the manager's long-polls must not hold up reports.
+            manager_client = ApiClient(api_url or "", token, timeout=10.0)
             manager = HostManager(
                 hypervisor,
-                ApiClient(api_url or "", token, timeout=10.0),
+                manager_client,
                 config,
                 host_name=host_name,
                 hypervisor_uri=hypervisor_uri,
             )
             manager.register()
-            threading.Thread(
-                target=manager.run_forever, args=(stop,), name="host-manager", daemon=True
-            ).start()
+            manager_thread = threading.Thread(
+                target=manager.run_forever,
+                args=(stop,),
+                kwargs={"wait": MANAGER_POLL_S},
+                name="host-manager",
+                daemon=True,
+            )
+            manager_thread.start()
         agent = Agent(
             hypervisor,
             policy_dir,
@@ -184,8 +195,14 @@ def run_agent(
         return []
     finally:
         stop.set()
+        # The manager's pass ends (its long-poll returns) before the connections it uses
+        # close: else it would act, or hold a request open on the API, after we returned.
+        if manager_thread is not None:
+            manager_thread.join(timeout=MANAGER_POLL_S + 30.0)
         if manager is not None:
             manager.close()
+        if manager_client is not None:
+            manager_client.close()
         if client is not None:
             client.close()
         if hypervisor is not None:
