@@ -4,7 +4,8 @@ HTTP with a token bound to its host, registering the inventory it discovers from
 What ``test_real_guests.py`` checks on the hypervisor interface alone is checked here as
 the agents carry it out from the ledger: a launch from a pending claim, API tags in the
 domain metadata, the SLA policy's balloon and CPU tune on a VM launched that way, a live
-migration and a failed one rolled back, a stop and a delete.
+migration and a failed one rolled back, a stop and a delete. And the SLA policy's own migration request, run through the
+scheduler and the agents.
 
 Two guests boot once for the module (at the same time, to save a boot) and the tests
 then act on them in order; each test states what it needs of them, so each can also run
@@ -351,27 +352,70 @@ def test_sla_agent_balloons_and_tunes_a_vm_launched_from_a_claim(
         reporter.close()
 
 
+def test_sla_policy_moves_a_vapor_vm_through_the_scheduler_and_the_agents(
+    cloud: RealCloud, pair: tuple[GuestSpec, GuestSpec], tmp_path: Path
+) -> None:
+    """Under memory pressure the shipped policy asks to move the vapor VM; the request
+    goes to the API as the agent sends it, the scheduler picks the destination (the only
+    other host), and the managers carry out the live migration."""
+    spec = pair[0]
+    assert cloud.running_on(spec.uuid, cloud.a)
+    assert cloud.admin.put(f"/vms/{spec.uuid}/tags", json={"tags": ["vapor"]}).is_success
+    wait_for("tags in the domain", lambda: running(cloud.a.hv)[spec.uuid].tags == {"vapor"}, ACT_S)
+    client = ApiClient(cloud.server.url, agent_token("real-a"), timeout=30.0)
+    try:
+        agent = Agent(
+            cloud.a.hv,
+            shipped_policy_dir(),
+            0.0,
+            proc_root=pressured_proc(tmp_path / "proc"),
+            host_name="real-a",
+            reporter=client.report,
+            migration_sender=client.request_migration,
+            report_context=cloud.a.manager.report_context,
+        )
+        started = time.monotonic()
+        report = agent.run_cycle()
+        assert [(a.control, a.uuid) for a in report.actions if a.control == "migrate"] == [
+            ("migrate", spec.uuid)
+        ], report
+        wait_for("the migration completed", lambda: cloud.running_on(spec.uuid, cloud.b), ACT_S)
+    finally:
+        client.close()
+    took = time.monotonic() - started
+    print(f"SLA-requested live migration, policy cycle to completed: {took:.1f} s")
+    assert cloud.where_running(spec.uuid) == ["real-b"]
+    assert cloud.records(spec.uuid, cloud.a) == []
+    assert cloud.records(spec.uuid, cloud.b) == ["active"]
+    assert serial(cloud.real, spec).count("lm-guest: up") == 1
+    cloud.assert_clean()
+
+
 def test_live_migration_carried_out_by_the_agents(
     cloud: RealCloud, pair: tuple[GuestSpec, GuestSpec]
 ) -> None:
+    """Requested through the API, from wherever the VM runs to the other host."""
     spec = pair[0]
-    assert cloud.running_on(spec.uuid, cloud.a)
-    balloon = actual_balloon(cloud.a.hv, spec.uuid)
+    source, dest = (
+        (cloud.a, cloud.b) if cloud.running_on(spec.uuid, cloud.a) else (cloud.b, cloud.a)
+    )
+    assert cloud.running_on(spec.uuid, source)
+    balloon = actual_balloon(source.hv, spec.uuid)
     started = time.monotonic()
-    asked = cloud.admin.post(f"/vms/{spec.uuid}/migrate", json={"host": "real-b"})
+    asked = cloud.admin.post(f"/vms/{spec.uuid}/migrate", json={"host": dest.name})
     assert asked.status_code == 200, asked.text
-    assert cloud.records(spec.uuid, cloud.b) == ["pending"]
-    wait_for("the migration completed", lambda: cloud.running_on(spec.uuid, cloud.b), ACT_S)
+    assert cloud.records(spec.uuid, dest) == ["pending"]
+    wait_for("the migration completed", lambda: cloud.running_on(spec.uuid, dest), ACT_S)
     took = time.monotonic() - started
     print(f"live migration through the agents, request to completed: {took:.1f} s")
-    assert cloud.where_running(spec.uuid) == ["real-b"]
-    assert not defined(cloud.a.daemon, spec.uuid)
-    assert cloud.records(spec.uuid, cloud.a) == []
-    assert cloud.records(spec.uuid, cloud.b) == ["active"]
+    assert cloud.where_running(spec.uuid) == [dest.name]
+    assert not defined(source.daemon, spec.uuid)
+    assert cloud.records(spec.uuid, source) == []
+    assert cloud.records(spec.uuid, dest) == ["active"]
     # Live: the same guest (booted once), its balloon kept, its tags with it.
     assert serial(cloud.real, spec).count("lm-guest: up") == 1
-    assert actual_balloon(cloud.b.hv, spec.uuid) == balloon
-    assert running(cloud.b.hv)[spec.uuid].managed
+    assert actual_balloon(dest.hv, spec.uuid) == balloon
+    assert running(dest.hv)[spec.uuid].managed
     assert cloud.vm(spec.uuid)["fault"] is None
     cloud.assert_clean()
 
