@@ -275,7 +275,13 @@ def test_api_tags_reach_the_domain_within_one_pass(
     generation = cloud.lm.host_agents.generation("real-a")
     wait_for("tags in the domain", lambda: running(cloud.a.hv)[spec.uuid].tags == tags, ACT_S)
     took = time.monotonic() - started
-    # The first pass of the manager that saw the change carried it out.
+    # The first pass of the manager that saw the change carried it out (recorded once the
+    # pass ends, which can be just after the metadata was written).
+    wait_for(
+        "the manager's pass recorded",
+        lambda: any(s.generation >= generation for s in list(cloud.a.manager.steps)),
+        ACT_S,
+    )
     [first] = [s for s in list(cloud.a.manager.steps) if s.generation >= generation][:1]
     assert first.retagged == [spec.uuid], first
     conn = libvirt.open(cloud.a.daemon.uri)
@@ -300,6 +306,13 @@ def test_sla_agent_balloons_and_tunes_a_vm_launched_from_a_claim(
     tags = {"silver", "capped"}
     assert cloud.admin.put(f"/vms/{capped.uuid}/tags", json={"tags": sorted(tags)}).is_success
     wait_for("tags in the domain", lambda: running(cloud.a.hv)[capped.uuid].tags == tags, ACT_S)
+    for spec in pair:
+        # The policy leaves a guest out until its balloon driver has reported.
+        wait_for(
+            f"{spec.name} memory stats",
+            lambda s=spec: "unused" in cloud.a.hv.memory_stats(s.uuid),
+            BALLOON_S,
+        )
     policies = Path(shutil.copytree(shipped_policy_dir(), tmp_path / "policies"))
     (policies / "90-capped.policy").write_text(CAPPED_POLICY)
     reporter = ApiClient(cloud.server.url, agent_token("real-a"), timeout=30.0)
