@@ -217,3 +217,24 @@ def test_audit_command(tmp_path: Path) -> None:
     loadmaster.open(url).close()
     result = runner.invoke(app, ["audit", "--db", url])
     assert result.exit_code == 0 and "no problems found" in result.output
+
+
+def test_agent_guest_kernel_needs_its_initrd(tmp_path: Path) -> None:
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_bytes(b"")
+    result = runner.invoke(
+        app,
+        [
+            "agent",
+            "--hypervisor",
+            "test:///default",
+            "--policy-dir",
+            str(shipped_policy_dir()),
+            "--cycles",
+            "1",
+            "--guest-kernel",
+            str(kernel),
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert "--guest-kernel and --guest-initrd go together" in result.output

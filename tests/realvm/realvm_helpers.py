@@ -35,6 +35,12 @@ DAEMON_START_S = 90.0
 MIGRATION_PORTS = {"a": 49300, "b": 49320}
 # Where the destination QEMU listens for a migration: both "hosts" are this machine.
 MIGRATION_URI = "tcp://127.0.0.1"
+AGENT_FIXTURES = ROOT / "tests" / "agent" / "fixtures"
+# Free 10 % of the host: under the shipped 20 % pressure threshold, above the 5 % critical.
+UNDER_PRESSURE = (
+    "MemTotal: 32768000 kB\nMemFree: 3276800 kB\nBuffers: 0 kB\nCached: 0 kB\n"
+    "AnonPages: 29000000 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n"
+)
 
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
@@ -61,6 +67,19 @@ class RealHosts:
         options: dict[str, object] = {"guest_image": self.image, "migration_uri": MIGRATION_URI}
         options.update(kwargs)
         return LibvirtHypervisor(daemon.uri, **options)  # type: ignore[arg-type]
+
+
+def fixture_sys(where: Path) -> Path:
+    """A /sys for the agent's KSM writes: never the machine's own."""
+    return Path(shutil.copytree(AGENT_FIXTURES / "sys", where))
+
+
+def pressured_proc(where: Path) -> Path:
+    """A /proc whose meminfo puts the host under memory pressure (the machine's own is not):
+    the policy then reclaims memory from the real guests' balloons."""
+    proc = Path(shutil.copytree(AGENT_FIXTURES / "proc", where))
+    (proc / "meminfo").write_text(UNDER_PRESSURE)
+    return proc
 
 
 def require_system() -> None:
@@ -204,6 +223,11 @@ def defined(daemon: PrivateLibvirtd, uuid: str) -> bool:
 
 def actual_balloon(hv: LibvirtHypervisor, uuid: str) -> int:
     return int(hv.memory_stats(uuid).get("actual", -1))
+
+
+def settled(hv: LibvirtHypervisor, uuid: str) -> bool:
+    """The balloon the policy reads (info) agrees with the one QEMU reports."""
+    return hv.balloon_info(uuid).current == hv.memory_stats(uuid).get("actual")
 
 
 class Launched:

@@ -9,49 +9,44 @@ stats, QEMU's balloon. KSM goes to a fixture /sys, never the machine's.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from realvm_helpers import MIB, ROOT, Launched, RealHosts, new_spec, serial, wait_for
+from realvm_helpers import (
+    MIB,
+    Launched,
+    RealHosts,
+    fixture_sys,
+    new_spec,
+    pressured_proc,
+    serial,
+    settled,
+    wait_for,
+)
 
 from loadmaster.agent import Agent
-from loadmaster.agent.hypervisor import GuestSpec
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.policy import shipped_policy_dir
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
-FIXTURES = ROOT / "tests" / "agent" / "fixtures"
 GUEST_MIB = 128
 CYCLES = 8
-# Free 10 % of the host: under the shipped 20 % pressure threshold, above the 5 % critical.
-UNDER_PRESSURE = (
-    "MemTotal: 32768000 kB\nMemFree: 3276800 kB\nBuffers: 0 kB\nCached: 0 kB\n"
-    "AnonPages: 29000000 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n"
-)
 
 
 @pytest.fixture
 def agent_hv(real_hosts: RealHosts, tmp_path: Path) -> Iterator[LibvirtHypervisor]:
-    sys_root = Path(shutil.copytree(FIXTURES / "sys", tmp_path / "sys"))
-    hv = real_hosts.hypervisor(real_hosts.a, sys_root=sys_root)
+    hv = real_hosts.hypervisor(real_hosts.a, sys_root=fixture_sys(tmp_path / "sys"))
     yield hv
     hv.close()
-
-
-def settled(hv: LibvirtHypervisor, spec: GuestSpec) -> bool:
-    """The balloon the policy reads (info) agrees with the one QEMU reports."""
-    return hv.balloon_info(spec.uuid).current == hv.memory_stats(spec.uuid).get("actual")
 
 
 def test_platinum_never_ballooned_gold_not_below_75_percent(
     agent_hv: LibvirtHypervisor, launched: Launched, real_hosts: RealHosts, tmp_path: Path
 ) -> None:
-    proc = Path(shutil.copytree(FIXTURES / "proc", tmp_path / "proc"))
-    (proc / "meminfo").write_text(UNDER_PRESSURE)
+    proc = pressured_proc(tmp_path / "proc")
     guests = {tier: new_spec(GUEST_MIB, tier) for tier in ("platinum", "gold", "silver")}
     for spec in guests.values():
         agent_hv.launch_guest(spec)
@@ -74,7 +69,7 @@ def test_platinum_never_ballooned_gold_not_below_75_percent(
         assert report.policy_error is None, report.policy_error
         assert not [f for f in report.failures if f.controller == "balloon"], report.failures
         for tier, spec in guests.items():
-            wait_for(f"{tier} balloon settling", lambda s=spec: settled(agent_hv, s), 10)
+            wait_for(f"{tier} balloon settling", lambda s=spec: settled(agent_hv, s.uuid), 10)
             actual = int(agent_hv.memory_stats(spec.uuid)["actual"])
             seen[tier].append(actual)
         assert seen["platinum"][-1] == full, f"cycle {cycle}: platinum ballooned {seen}"

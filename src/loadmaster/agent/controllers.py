@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # libvirt's accepted ranges (virsh schedinfo): a negative quota means "no limit".
 QUOTA_UNLIMITED = -1
+# The balloon moves whole pages: QEMU leaves a guest its target rounded up to 4 KiB.
+BALLOON_PAGE_KIB = 4
 QUOTA_MIN, QUOTA_MAX = 1000, 17_592_186_044_415
 PERIOD_MIN, PERIOD_MAX = 1000, 1_000_000
 SHARES_MIN, SHARES_MAX = 2, 262_144
@@ -133,7 +135,8 @@ class Controller:
 
 
 class BalloonController(Controller):
-    """``balloon_target`` (KiB), kept within the guest's guaranteed minimum and its size."""
+    """``balloon_target`` (KiB), in whole 4 KiB pages, kept within the guest's guaranteed
+    minimum and its size."""
 
     name = "balloon"
 
@@ -144,7 +147,9 @@ class BalloonController(Controller):
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
         for guest, snap, value in self._guest_controls(ctx, "balloon_target"):
-            target = int(value)
+            # Asked as QEMU will set it, so the target is what the guest's stats then show
+            # (and rounding up never cuts below a tier's floor).
+            target = -(-int(value) // BALLOON_PAGE_KIB) * BALLOON_PAGE_KIB
             low, high = snap.stats.get("balloon_min"), snap.stats.get("balloon_max")
             if high is not None and high > 0:
                 target = min(target, int(high))

@@ -13,12 +13,15 @@ from typing import Any
 import httpx
 
 from loadmaster.agent.journal import AppliedJournal
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.errors import InvalidTransition
 
 log = logging.getLogger(__name__)
+# The manager's long-poll of its work list: a change returns it at once, so this only
+# bounds how long the agent takes to stop.
+MANAGER_POLL_S = 5.0
 
 
 class ApiClient:
@@ -109,6 +112,8 @@ def run_agent(
     sys_root: Path | None = None,
     config_file: Path | None = None,
     collectors: str | None = None,
+    guest_image: GuestImage | None = None,
+    migration_data_uri: str | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
@@ -124,8 +129,12 @@ def run_agent(
     Raises ``PolicyError`` when the policy directory does not load, ``HypervisorError``
     when the hypervisor cannot be reached, ``JournalError`` when the state directory
     cannot be used, ``ValidationError`` for a bad config file.
-    cannot be used. ``collectors`` names the collector set (``vdsm``, ``mom-libvirt``;
+    ``collectors`` names the collector set (``vdsm``, ``mom-libvirt``;
     default ``loadmaster``); an unknown name raises ``ValueError``.
+    On QEMU the manager launches guests from ``guest_image`` (without one a launch fails
+    and the VM is placed elsewhere), and ``migration_data_uri`` (``tcp://ADDRESS``) is where
+    the destination's QEMU listens for a live migration's data (default: the
+    destination's host name, as libvirt resolves it).
     """
     config = ManagerConfig.from_file(config_file) if config_file else ManagerConfig()
     journal = AppliedJournal(state_dir) if state_dir is not None else None
@@ -140,24 +149,37 @@ def run_agent(
     hypervisor: LibvirtHypervisor | None = None
     client: ApiClient | None = None
     manager: HostManager | None = None
+    manager_client: ApiClient | None = None
+    manager_thread: threading.Thread | None = None
     stop = threading.Event()
     try:
-        hypervisor = LibvirtHypervisor(hypervisor_uri, sys_root)
+        hypervisor = LibvirtHypervisor(
+            hypervisor_uri,
+            sys_root,
+            guest_image=guest_image,
+            migration_uri=migration_data_uri,
+        )
         client = ApiClient(api_url, token, timeout=10.0) if api_url else None
         host_name = host_name or config.name or socket.gethostname()
         if client is not None:
             # A separate connection: the manager's long-polls must not hold up reports.
+            manager_client = ApiClient(api_url or "", token, timeout=10.0)
             manager = HostManager(
                 hypervisor,
-                ApiClient(api_url or "", token, timeout=10.0),
+                manager_client,
                 config,
                 host_name=host_name,
                 hypervisor_uri=hypervisor_uri,
             )
             manager.register()
-            threading.Thread(
-                target=manager.run_forever, args=(stop,), name="host-manager", daemon=True
-            ).start()
+            manager_thread = threading.Thread(
+                target=manager.run_forever,
+                args=(stop,),
+                kwargs={"wait": MANAGER_POLL_S},
+                name="host-manager",
+                daemon=True,
+            )
+            manager_thread.start()
         agent = Agent(
             hypervisor,
             policy_dir,
@@ -181,8 +203,14 @@ def run_agent(
         return []
     finally:
         stop.set()
+        # The manager's pass ends (its long-poll returns) before the connections it uses
+        # close: else it would act, or hold a request open on the API, after we returned.
+        if manager_thread is not None:
+            manager_thread.join(timeout=MANAGER_POLL_S + 30.0)
         if manager is not None:
             manager.close()
+        if manager_client is not None:
+            manager_client.close()
         if client is not None:
             client.close()
         if hypervisor is not None:

@@ -130,16 +130,53 @@ def agent(
             "loadmaster (default); it decides which fields policies can read"
         ),
     ] = None,
+    guest_kernel: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="kernel the guests it launches on QEMU boot directly (with --guest-initrd; "
+            "e.g. from scripts/guest-image.sh); not needed on the test driver",
+        ),
+    ] = None,
+    guest_initrd: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="their initramfs")
+    ] = None,
+    guest_console_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False, help="append each guest's serial console to <dir>/<name>.serial"
+        ),
+    ] = None,
+    migration_data_uri: Annotated[
+        str | None,
+        typer.Option(
+            help="where destination QEMUs listen for live-migration data, tcp://ADDRESS "
+            "(e.g. tcp://127.0.0.1 when all hosts are this machine); default: the "
+            "destination's host name. Not the libvirt URI other hosts reach this one by "
+            "(that is host.migration_uri in --config)"
+        ),
+    ] = None,
 ) -> None:
     """Run the host agent. With --api it is the host's manager: it registers the host with
     the inventory it discovers, launches, moves and removes guests as the scheduler placed
     them, and reports; always, it applies the SLA policy every --interval."""
     from loadmaster.agent import run_agent
     from loadmaster.agent.collectors import COLLECTOR_SETS, DEFAULT_COLLECTOR_SET
+    from loadmaster.agent.libvirt_hv import GuestImage
 
     known = sorted([DEFAULT_COLLECTOR_SET, *COLLECTOR_SETS])
     if collectors is not None and collectors not in known:
         fail(f"--collectors: unknown set {collectors!r} (known: {', '.join(known)})", Exit.USAGE)
+    if (guest_kernel is None) != (guest_initrd is None):
+        fail("--guest-kernel and --guest-initrd go together", Exit.USAGE)
+    image = None
+    if guest_kernel is not None and guest_initrd is not None:
+        image = GuestImage(
+            kernel=guest_kernel.resolve(),
+            initrd=guest_initrd.resolve(),
+            log_dir=guest_console_dir.resolve() if guest_console_dir else None,
+        )
     try:
         reports = run_agent(
             hypervisor,
@@ -153,6 +190,8 @@ def agent(
             sys_root,
             config,
             collectors=collectors,
+            guest_image=image,
+            migration_data_uri=migration_data_uri,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
