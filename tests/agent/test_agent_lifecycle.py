@@ -348,3 +348,19 @@ def test_cold_move_never_touches_a_guest_running_there_under_that_uuid(
         node_hv.migrate_guest(SPEC.uuid, "test:///default")
     assert by_uuid(default_hv)[SPEC.uuid].name == "already-there"
     assert by_uuid(node_hv)[SPEC.uuid].name == SPEC.name
+
+
+def test_a_guest_gone_while_listed_is_left_out(
+    node_hv: LibvirtHypervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker moved or removed a guest between the listing and the read of its XML:
+    the others are still listed (a failed listing made the host's manager skip a whole
+    pass), and the gone one is not."""
+    node_hv.launch_guest(SPEC)
+    conn = node_hv._conn
+    listed = conn.listAllDomains(0)
+    node_hv.remove_guest(SPEC.uuid)
+    monkeypatch.setattr(conn, "listAllDomains", lambda _flags=0: listed)
+    guests = by_uuid(node_hv)
+    assert SPEC.uuid not in guests
+    assert len(guests) == len(listed) - 1 > 0

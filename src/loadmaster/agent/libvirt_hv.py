@@ -246,10 +246,17 @@ class LibvirtHypervisor:
         seen: dict[str, Any] = {}
         for dom in domains:
             uuid = dom.UUIDString()
-            seen[uuid] = dom
             if uuid not in self._domains:
                 self._start_memory_stats(dom)
-            guests.append(self._guest_info(uuid, dom))
+            try:
+                guests.append(self._guest_info(uuid, dom))
+            except HypervisorError:
+                # Gone since the listing (moved away or removed by a worker, stopped):
+                # it does not run, and the other guests are still worth listing.
+                if self._active_quietly(dom):
+                    raise
+                continue
+            seen[uuid] = dom
         self._domains = seen
         self._balloon_min = {u: m for u, m in self._balloon_min.items() if u in seen}
         return guests
