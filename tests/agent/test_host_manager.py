@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from manager_helpers import cloud
 
-from loadmaster.agent.manager import ManagerConfig, discover
+from loadmaster.agent.hypervisor import HypervisorError
+from loadmaster.agent.manager import HostManager, ManagerConfig, discover
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.errors import ValidationError
 
@@ -195,3 +196,41 @@ def test_config_file_errors_name_the_setting(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as err:
         ManagerConfig.from_file(path)
     assert err.value.field == "gpus"
+
+
+def test_a_pass_that_failed_half_way_is_not_taken_as_seen() -> None:
+    """The hypervisor failed while the guests were listed: the next pass reads the same
+    work list again at once, rather than long-polling for the next change (up to 20 s
+    with the launches and moves of this one left undone)."""
+
+    class Api:
+        def __init__(self) -> None:
+            self.after: list[int] = []
+
+        def work(self, host: str, after: int, wait: float) -> dict[str, object]:
+            self.after.append(after)
+            return {"generation": 7, "items": []}
+
+    class Flaky(SimulatedHypervisor):
+        fail = True
+
+        def list_guests(self):  # type: ignore[no-untyped-def]
+            if self.fail:
+                self.fail = False
+                raise HypervisorError("a guest went away while listed")
+            return super().list_guests()
+
+    api = Api()
+    manager = HostManager(
+        Flaky([], host_memory_kib=GIB), api, ManagerConfig(), host_name="n", hypervisor_uri="x"
+    )
+    try:
+        with pytest.raises(HypervisorError):
+            manager.step()
+        assert manager.acted_generation == -1
+        manager.step()
+        manager.step()
+        assert api.after == [-1, -1, 7]
+        assert manager.acted_generation == 7
+    finally:
+        manager.close()

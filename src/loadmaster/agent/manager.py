@@ -234,7 +234,6 @@ class HostManager:
         """Read the work list (waiting up to ``wait`` s for a change) and act on it."""
         work = self.api.work(self.host_name, self._seen, wait)
         generation = int(work["generation"])
-        self._seen = generation
         report = StepReport(generation)
         guests = {g.uuid: g for g in self.hypervisor.list_guests()}
         wanted: set[str] = set()
@@ -264,7 +263,9 @@ class HostManager:
                     report.removed.append(uuid)
                 except Exception as exc:
                     report.errors.append(f"{uuid}: remove: {exc}")
-        self.acted_generation = generation
+        # Only now is this work list seen: a pass that failed half way (the hypervisor
+        # away) is read and carried out again at once, not after the next change.
+        self._seen = self.acted_generation = generation
         return report
 
     def report_context(self) -> dict[str, Any]:
