@@ -350,6 +350,20 @@ def test_cold_move_never_touches_a_guest_running_there_under_that_uuid(
     assert by_uuid(node_hv)[SPEC.uuid].name == SPEC.name
 
 
+def test_a_cold_move_killed_half_way_is_finished_not_undone(
+    node_hv: LibvirtHypervisor, default_hv: LibvirtHypervisor
+) -> None:
+    """The mover was killed after starting the guest on the destination, before stopping
+    it here: the next move of that guest stops it here, and leaves no definition."""
+    node_hv.launch_guest(SPEC)
+    dom = node_hv._conn.lookupByUUIDString(SPEC.uuid)
+    default_hv._conn.defineXML(dom.XMLDesc(2)).create()  # VIR_DOMAIN_XML_INACTIVE
+    node_hv.migrate_guest(SPEC.uuid, "test:///default")
+    assert SPEC.uuid not in by_uuid(node_hv)
+    assert SPEC.uuid not in {d.UUIDString() for d in node_hv._conn.listAllDomains(0)}
+    assert by_uuid(default_hv)[SPEC.uuid].managed
+
+
 def test_a_guest_gone_while_listed_is_left_out(
     node_hv: LibvirtHypervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -543,6 +543,11 @@ class LibvirtHypervisor:
         except lv.libvirtError:
             there = None
         if there is not None and there.isActive():
+            if there.name() == dom.name() and is_managed(self._metadata(uuid, there)):
+                # This very guest, started there by a move whose agent was killed before
+                # stopping it here: the move is finished, not undone.
+                self._stop_after_move(dom, persistent, what)
+                return
             # Never touched: whatever runs there under this UUID is not this move's to undo.
             raise HypervisorError(f"{what}: cold move, the guest already runs on the destination")
         try:
@@ -557,6 +562,16 @@ class LibvirtHypervisor:
             raise HypervisorError(f"{what}: cold move: {exc}") from exc
         if persistent:
             # The guest runs there; a definition left here is only a stale record.
+            self._undefine_quietly(dom)
+
+    def _stop_after_move(self, dom: Any, persistent: bool, what: str) -> None:
+        lv = self._libvirt
+        try:
+            dom.destroy()
+        except lv.libvirtError as exc:
+            if exc.get_error_code() not in (lv.VIR_ERR_OPERATION_INVALID, lv.VIR_ERR_NO_DOMAIN):
+                raise HypervisorError(f"{what}: cold move, stop here: {exc}") from exc
+        if persistent:
             self._undefine_quietly(dom)
 
     def _undo_on_destination(self, moved: Any) -> None:
