@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from manager_helpers import cloud
 
-from loadmaster.agent.hypervisor import HypervisorError
+from loadmaster.agent.hypervisor import GuestSpec, HypervisorError
+from loadmaster.agent.libvirt_hv import LibvirtHypervisor, domain_xml
 from loadmaster.agent.manager import HostManager, ManagerConfig, discover
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.errors import ValidationError
@@ -234,3 +235,33 @@ def test_a_pass_that_failed_half_way_is_not_taken_as_seen() -> None:
         assert manager.acted_generation == 7
     finally:
         manager.close()
+
+
+def test_stopped_definitions_left_by_a_killed_agent_are_removed(node_hv: LibvirtHypervisor) -> None:
+    """A launch killed between define and start, or a move killed between stopping the
+    guest here and undefining it, leaves a stopped definition: once its VM is on no item
+    of this host it goes; one still on the work list, or not launched by loadmaster, stays."""
+    conn = node_hv._conn
+    gone, kept = (
+        GuestSpec(f"6f2c1d9e-3b7a-4c55-9a0e-00000000000{i}", f"left-{i}", GIB, 1) for i in (1, 2)
+    )
+    for spec in (gone, kept):
+        conn.defineXML(domain_xml(spec, "TEST", None))
+    foreign = conn.defineXML(
+        '<domain type="test"><name>foreign</name><memory>1024</memory>'
+        "<os><type>hvm</type></os></domain>"
+    ).UUIDString()
+
+    class Api:
+        def work(self, host: str, after: int, wait: float) -> dict[str, object]:
+            # ``kept`` is still migrating out (the destination has not said up).
+            return {"generation": 3, "items": [{"vm": kept.uuid, "action": "migrate_out"}]}
+
+    manager = HostManager(node_hv, Api(), ManagerConfig(), host_name="n", hypervisor_uri="x")  # type: ignore[arg-type]
+    try:
+        report = manager.step()
+    finally:
+        manager.close()
+    assert report.removed == [gone.uuid]
+    assert sorted(node_hv.stopped_guests()) == [kept.uuid]
+    assert foreign in {d.UUIDString() for d in conn.listAllDomains(0)}

@@ -441,6 +441,22 @@ class LibvirtHypervisor:
         with contextlib.suppress(self._libvirt.libvirtError):
             dom.undefine()
 
+    def stopped_guests(self) -> list[str]:
+        lv = self._libvirt
+        domains = self._call(
+            "list stopped domains",
+            lambda: self._conn.listAllDomains(lv.VIR_CONNECT_LIST_DOMAINS_INACTIVE),
+        )
+        found = []
+        for dom in domains:
+            uuid = dom.UUIDString()
+            try:
+                if is_managed(self._metadata(uuid, dom)):
+                    found.append(uuid)
+            except HypervisorError:
+                continue  # undefined since the listing
+        return found
+
     def remove_guest(self, uuid: str) -> None:
         lv = self._libvirt
         dom = self._lookup(uuid)
