@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from manager_helpers import cloud
 
-from loadmaster.agent.manager import ManagerConfig, discover
+from loadmaster.agent.hypervisor import GuestSpec, HypervisorError
+from loadmaster.agent.libvirt_hv import LibvirtHypervisor, domain_xml
+from loadmaster.agent.manager import HostManager, ManagerConfig, discover
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.errors import ValidationError
 
@@ -196,3 +198,71 @@ def test_config_file_errors_name_the_setting(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as err:
         ManagerConfig.from_file(path)
     assert err.value.field == "gpus"
+
+
+def test_a_pass_that_failed_half_way_is_not_taken_as_seen() -> None:
+    """The hypervisor failed while the guests were listed: the next pass reads the same
+    work list again at once, rather than long-polling for the next change (up to 20 s
+    with the launches and moves of this one left undone)."""
+
+    class Api:
+        def __init__(self) -> None:
+            self.after: list[int] = []
+
+        def work(self, host: str, after: int, wait: float) -> dict[str, object]:
+            self.after.append(after)
+            return {"generation": 7, "items": []}
+
+    class Flaky(SimulatedHypervisor):
+        fail = True
+
+        def list_guests(self):  # type: ignore[no-untyped-def]
+            if self.fail:
+                self.fail = False
+                raise HypervisorError("a guest went away while listed")
+            return super().list_guests()
+
+    api = Api()
+    manager = HostManager(
+        Flaky([], host_memory_kib=GIB), api, ManagerConfig(), host_name="n", hypervisor_uri="x"
+    )
+    try:
+        with pytest.raises(HypervisorError):
+            manager.step()
+        assert manager.acted_generation == -1
+        manager.step()
+        manager.step()
+        assert api.after == [-1, -1, 7]
+        assert manager.acted_generation == 7
+    finally:
+        manager.close()
+
+
+def test_stopped_definitions_left_by_a_killed_agent_are_removed(node_hv: LibvirtHypervisor) -> None:
+    """A launch killed between define and start, or a move killed between stopping the
+    guest here and undefining it, leaves a stopped definition: once its VM is on no item
+    of this host it goes; one still on the work list, or not launched by loadmaster, stays."""
+    conn = node_hv._conn
+    gone, kept = (
+        GuestSpec(f"6f2c1d9e-3b7a-4c55-9a0e-00000000000{i}", f"left-{i}", GIB, 1) for i in (1, 2)
+    )
+    for spec in (gone, kept):
+        conn.defineXML(domain_xml(spec, "TEST", None))
+    foreign = conn.defineXML(
+        '<domain type="test"><name>foreign</name><memory>1024</memory>'
+        "<os><type>hvm</type></os></domain>"
+    ).UUIDString()
+
+    class Api:
+        def work(self, host: str, after: int, wait: float) -> dict[str, object]:
+            # ``kept`` is still migrating out (the destination has not said up).
+            return {"generation": 3, "items": [{"vm": kept.uuid, "action": "migrate_out"}]}
+
+    manager = HostManager(node_hv, Api(), ManagerConfig(), host_name="n", hypervisor_uri="x")  # type: ignore[arg-type]
+    try:
+        report = manager.step()
+    finally:
+        manager.close()
+    assert report.removed == [gone.uuid]
+    assert sorted(node_hv.stopped_guests()) == [kept.uuid]
+    assert foreign in {d.UUIDString() for d in conn.listAllDomains(0)}

@@ -271,3 +271,18 @@ def test_stopping_a_vm_that_never_started(two_hosts: Loadmaster) -> None:
     assert lm.allocations.stop(vm.uuid).state == "stopped"
     assert lm.allocations.allocations() == []
     lm.allocations.claim(vm.uuid, "h2")  # a stopped VM starts again anywhere
+
+
+def test_a_migration_claimed_or_aborted_moves_its_source_too(two_hosts: Loadmaster) -> None:
+    """The source's work changes (run -> migrate_out, and back on an abort): its agent,
+    long-polling the source's generation, must hear of it at once."""
+    lm = two_hosts
+    vm = lm.vms.create("v", "half")
+    lm.allocations.claim(vm.uuid, "h1")
+    lm.allocations.activate(vm.uuid)
+    before = lm.hosts.get("h1").generation
+    lm.allocations.claim(vm.uuid, "h2")
+    assert lm.hosts.get("h1").generation == before + 1
+    lm.allocations.release(vm.uuid, "h2")
+    assert lm.vms.get(vm.uuid).state == "running"
+    assert lm.hosts.get("h1").generation == before + 2

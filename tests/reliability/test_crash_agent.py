@@ -19,11 +19,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,11 +29,9 @@ from typing import Any
 
 import libvirt
 import pytest
+from libvirt_daemons import test_driver_daemon
 
 from loadmaster.agent.journal import JOURNAL_FILE, read_journal
-
-# Failed connection attempts while the daemon starts are expected, not worth printing.
-libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
 LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
 GUESTS = 200
@@ -79,60 +75,11 @@ def rotate(current: int, maximum: int) -> int:
     return maximum
 
 
-def libvirtd_binary() -> str:
-    found = shutil.which("libvirtd") or shutil.which("libvirtd", path="/usr/sbin:/sbin")
-    if found is None:
-        pytest.fail("libvirtd is not installed (scripts/setup.sh installs libvirt-daemon)")
-    return found
-
-
 @pytest.fixture
 def daemon_uri(tmp_path: Path) -> Iterator[str]:
     """A private libvirtd serving the test driver; its URI for the agent."""
-    # Unix socket paths are limited to 108 bytes; tmp_path can be longer.
-    sock_dir = Path(tempfile.mkdtemp(prefix="lm-libvirt-"))
-    drivers = tmp_path / "no-drivers"
-    drivers.mkdir()
-    config = tmp_path / "libvirtd.conf"
-    config.write_text(
-        f'unix_sock_dir = "{sock_dir}"\nunix_sock_rw_perms = "0700"\n'
-        'auth_unix_rw = "none"\nauth_unix_ro = "none"\n'
-    )
-    env = {
-        **os.environ,
-        # No stateful driver (qemu, network, ...): the test driver is all this daemon serves.
-        "LIBVIRT_DRIVER_DIR": str(drivers),
-        # Where libvirtd keeps its files when not run as root.
-        "XDG_RUNTIME_DIR": str(sock_dir),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-    }
-    log = (tmp_path / "libvirtd.log").open("wb")
-    # --timeout: a daemon left behind by a killed test run exits once idle.
-    daemon = subprocess.Popen(
-        [libvirtd_binary(), "-f", str(config), "-p", str(tmp_path / "libvirtd.pid"), "-t", "60"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    uri = f"test+unix:///default?socket={sock_dir}/libvirt-sock"
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            assert daemon.poll() is None, (tmp_path / "libvirtd.log").read_text()
-            try:
-                libvirt.open(uri).close()
-                break
-            except libvirt.libvirtError:
-                assert time.monotonic() < deadline, "libvirtd did not come up"
-                time.sleep(0.05)
+    with test_driver_daemon(tmp_path / "libvirtd") as uri:
         yield uri
-    finally:
-        # Nothing in this daemon is worth a clean shutdown.
-        daemon.kill()
-        daemon.wait()
-        log.close()
-        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def balloons(conn: Any) -> Balloons:

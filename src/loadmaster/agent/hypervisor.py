@@ -180,6 +180,11 @@ class Hypervisor(Protocol):
         """Destroy and undefine; no-op when absent."""
         ...
 
+    def stopped_guests(self) -> list[str]:
+        """UUIDs of the guests loadmaster launched (managed) that are defined here but not
+        running: a launch or a move cut short between its steps can leave one."""
+        ...
+
     def set_tags(self, uuid: str, tags: frozenset[str]) -> None:
         """Rewrite the tags in the loadmaster metadata (live and persistent config)."""
         ...

@@ -234,7 +234,6 @@ class HostManager:
         """Read the work list (waiting up to ``wait`` s for a change) and act on it."""
         work = self.api.work(self.host_name, self._seen, wait)
         generation = int(work["generation"])
-        self._seen = generation
         report = StepReport(generation)
         guests = {g.uuid: g for g in self.hypervisor.list_guests()}
         wanted: set[str] = set()
@@ -257,14 +256,22 @@ class HostManager:
                 report.errors.append(f"{vm}: {action}: {exc}")
         with self._lock:
             busy = set(self._launching) | set(self._migrating)
-        for uuid, guest in guests.items():
-            if guest.managed and uuid not in wanted and uuid not in busy:
-                try:
-                    self.hypervisor.remove_guest(uuid)
-                    report.removed.append(uuid)
-                except Exception as exc:
-                    report.errors.append(f"{uuid}: remove: {exc}")
-        self.acted_generation = generation
+        doomed = [u for u, g in guests.items() if g.managed and u not in wanted | busy]
+        try:
+            # A definition a killed agent left half done (a launch defined but not started,
+            # a move stopped here but not undefined) whose VM is no longer on this host.
+            doomed += [u for u in self.hypervisor.stopped_guests() if u not in wanted | busy]
+        except Exception as exc:
+            report.errors.append(f"stopped guests: {exc}")
+        for uuid in doomed:
+            try:
+                self.hypervisor.remove_guest(uuid)
+                report.removed.append(uuid)
+            except Exception as exc:
+                report.errors.append(f"{uuid}: remove: {exc}")
+        # Only now is this work list seen: a pass that failed half way (the hypervisor
+        # away) is read and carried out again at once, not after the next change.
+        self._seen = self.acted_generation = generation
         return report
 
     def report_context(self) -> dict[str, Any]:

@@ -536,6 +536,10 @@ class SimulatedHypervisor:
             guest.shutting_down = False
             return True
 
+    def stopped_guests(self) -> list[str]:
+        """None: a simulated guest is either running or gone."""
+        return []
+
     def remove_guest(self, uuid: str) -> None:
         self._check("remove_guest")
         with self._lifecycle_lock:

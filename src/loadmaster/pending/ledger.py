@@ -240,6 +240,9 @@ class Ledger:
                 )
             touched.setdefault(tree.root.id, tree.root.generation)
             if vm.state == "running":
+                # The source's work changes too (run -> migrate_out): its agent must hear.
+                if vm.host_id is not None:
+                    moved_from.add(vm.host_id)
                 vm.target_host_id = tree.root.id
                 move(vm, "migrating")
             elif vm.state == "pending":
@@ -266,8 +269,8 @@ class Ledger:
             # One executemany; nothing reads these rows back as objects.
             session.execute(insert(AllocationRow), new_rows)
         session.flush()
-        # The hosts re-placed VMs left are bumped too (no compare-and-swap: the records
-        # only went), locked in one id order with the others.
+        # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
+        # compare-and-swap: nothing was added there), locked in one id order with the others.
         bump_generations(session, touched, touch=moved_from)
         for vm, root_id in launches:
             # The compare-and-swap moved the root exactly one past what was read.
@@ -454,6 +457,9 @@ class Ledger:
                 field="host",
             )
         touched = _with_roots(session, {r.host_id for r in doomed})
+        if row.state == "migrating" and left and row.host_id is not None:
+            # An aborted migration changes its source's work too (migrate_out -> run).
+            touched.add(row.host_id)
         for r in doomed:
             session.delete(r)
         if not left:
