@@ -266,3 +266,33 @@ def test_stopped_definitions_left_by_a_killed_agent_are_removed(node_hv: Libvirt
     assert report.removed == [gone.uuid]
     assert sorted(node_hv.stopped_guests()) == [kept.uuid]
     assert foreign in {d.UUIDString() for d in conn.listAllDomains(0)}
+
+
+def test_a_guest_arriving_during_a_pass_is_not_removed(db_url: str) -> None:
+    """The destination read its work list just before a migration was claimed and carried
+    out, and lists its guests just after: the newcomer is on no item it read, yet it must
+    stay (a later read has it)."""
+    with cloud(db_url, ["src", "dst"]) as c:
+        src = c.add("src", start=False)
+        dst = c.add("dst", start=False)
+        [vm] = c.create_vms(1)
+        c.schedule([vm])
+        src.manager.step()
+        src.manager.wait_idle()
+        assert c.lm.vms.get(vm).host == "src"
+        read = dst.manager.api.work
+
+        def stale_then_move(host: str, after: int, wait: float) -> dict[str, object]:
+            answer = read(host, after, wait)
+            if not getattr(stale_then_move, "moved", False):
+                stale_then_move.moved = True  # type: ignore[attr-defined]
+                c.lm.allocations.claim(vm, "dst")
+                c.sims["src"].migrate_guest(vm, "sim://dst")
+            return answer
+
+        dst.manager.api.work = stale_then_move  # type: ignore[method-assign]
+        step = dst.manager.step()
+        assert step.removed == []
+        assert c.where_running() == {vm: ["dst"]}
+        dst.manager.step()  # the next pass sees migrate_in with the guest here: up
+        assert c.lm.vms.get(vm).host == "dst" and c.lm.vms.get(vm).state == "running"

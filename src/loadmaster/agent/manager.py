@@ -263,6 +263,12 @@ class HostManager:
             doomed += [u for u in self.hypervisor.stopped_guests() if u not in wanted | busy]
         except Exception as exc:
             report.errors.append(f"stopped guests: {exc}")
+        if doomed:
+            # The work list was read before the guests were listed: a guest that arrived in
+            # between (a migration claimed and carried out meanwhile) is not on it. Only
+            # what a list read after the listing still leaves out is removed.
+            fresh = {str(i["vm"]).lower() for i in self.api.work(self.host_name, -1, 0)["items"]}
+            doomed = [u for u in doomed if u not in fresh]
         for uuid in doomed:
             try:
                 self.hypervisor.remove_guest(uuid)
