@@ -27,6 +27,10 @@ if ! (ldd "$busybox" 2>&1 || true) | grep -q 'not a dynamic executable'; then
 fi
 
 mkdir -p "$out"
+# Two test processes may build at once (a second pytest, or xdist workers): one builds, the
+# other waits on the lock and then finds the image fresh.
+exec 9>"$out/.build.lock"
+flock 9
 if [ -s "$out/initrd.img" ] && [ "$out/initrd.img" -nt "$0" ] && [ "$out/initrd.img" -nt "$kernel" ]; then
   echo "$out"
   exit 0
@@ -71,8 +75,8 @@ while true; do sleep 3600; done
 EOF
 chmod +x "$tree/init"
 
-(cd "$tree" && find . | cpio -o -H newc --quiet | gzip -9) >"$out/initrd.img.tmp"
-cp "$kernel" "$out/vmlinuz.tmp"
-mv "$out/vmlinuz.tmp" "$out/vmlinuz"
-mv "$out/initrd.img.tmp" "$out/initrd.img"
+(cd "$tree" && find . | cpio -o -H newc --quiet | gzip -9) >"$out/initrd.img.$$"
+cp "$kernel" "$out/vmlinuz.$$"
+mv "$out/vmlinuz.$$" "$out/vmlinuz"
+mv "$out/initrd.img.$$" "$out/initrd.img"
 echo "$out"

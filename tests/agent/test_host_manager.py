@@ -274,12 +274,12 @@ def test_a_guest_arriving_during_a_pass_is_not_removed(db_url: str) -> None:
     stay (a later read has it)."""
     with cloud(db_url, ["src", "dst"]) as c:
         src = c.add("src", start=False)
-        dst = c.add("dst", start=False)
         [vm] = c.create_vms(1)
-        c.schedule([vm])
+        c.schedule([vm])  # before dst exists, so it lands on src
         src.manager.step()
         src.manager.wait_idle()
         assert c.lm.vms.get(vm).host == "src"
+        dst = c.add("dst", start=False)
         read = dst.manager.api.work
 
         def stale_then_move(host: str, after: int, wait: float) -> dict[str, object]:
