@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from loadmaster.agent.hypervisor import (
@@ -122,6 +123,29 @@ class Controller:
     def _last(self, target: str, control: str, sampled: Any) -> Any:
         return self._applied.get((target, control), sampled)
 
+    def _carry_out(
+        self,
+        out: Outcome,
+        guest: GuestInfo,
+        call: Callable[[], object],
+        applied: Mapping[str, Any],
+        *,
+        reported: set[str] | None = None,
+        failure_prefix: str = "",
+    ) -> None:
+        """One hypervisor call for ``applied`` (control -> value). Only a call that returned
+        makes its values remembered and reported (``reported``: which of them, default all),
+        so a failed call is retried next cycle."""
+        try:
+            call()
+        except HypervisorError as exc:
+            out.failures.append(Failure(self.name, guest.name, f"{failure_prefix}{exc}"))
+            return
+        for control, value in applied.items():
+            self._applied[(guest.uuid, control)] = value
+            if reported is None or control in reported:
+                out.applied(Action(self.name, guest.name, control, value, guest.uuid))
+
     def _guest_controls(
         self, ctx: ControlContext, control: str
     ) -> list[tuple[GuestInfo, EntitySnapshot, Any]]:
@@ -157,13 +181,12 @@ class BalloonController(Controller):
                 target = max(target, int(low))
             if target == self._last(guest.uuid, "balloon_target", snap.stats.get("balloon_cur")):
                 continue
-            try:
-                self.hypervisor.set_memory(guest.uuid, target)
-            except HypervisorError as exc:
-                out.failures.append(Failure(self.name, guest.name, str(exc)))
-                continue
-            self._applied[(guest.uuid, "balloon_target")] = target
-            out.applied(Action(self.name, guest.name, "balloon_target", target, guest.uuid))
+            self._carry_out(
+                out,
+                guest,
+                partial(self.hypervisor.set_memory, guest.uuid, target),
+                {"balloon_target": target},
+            )
         return out
 
 
@@ -251,19 +274,18 @@ class CpuTuneController(Controller):
                     changed[control] = value
             if not changed:
                 continue
-            try:
-                self.hypervisor.set_cpu_tune(
+            self._carry_out(
+                out,
+                guest,
+                partial(
+                    self.hypervisor.set_cpu_tune,
                     guest.uuid,
                     quota=changed.get("vcpu_quota"),
                     period=changed.get("vcpu_period"),
                     shares=changed.get("vcpu_shares"),
-                )
-            except HypervisorError as exc:
-                out.failures.append(Failure(self.name, guest.name, str(exc)))
-                continue
-            for control, value in changed.items():
-                self._applied[(guest.uuid, control)] = value
-                out.applied(Action(self.name, guest.name, control, value, guest.uuid))
+                ),
+                changed,
+            )
         return out
 
 
@@ -285,13 +307,12 @@ class IoTuneController(Controller):
                 key = f"io_tune:{disk}"
                 if not disk or not limits or limits == self._last(guest.uuid, key, None):
                     continue
-                try:
-                    self.hypervisor.set_io_tune(guest.uuid, disk, limits)
-                except HypervisorError as exc:
-                    out.failures.append(Failure(self.name, guest.name, str(exc)))
-                    continue
-                self._applied[(guest.uuid, key)] = limits
-                out.applied(Action(self.name, guest.name, key, limits, guest.uuid))
+                self._carry_out(
+                    out,
+                    guest,
+                    partial(self.hypervisor.set_io_tune, guest.uuid, disk, limits),
+                    {key: limits},
+                )
         return out
 
 
@@ -446,16 +467,14 @@ class NetTuneController(Controller):
             keys = [f"{direction}.{p}" for p in NET_PARAMS]
             if changed.intersection(keys):
                 limits.update({k: wanted.get(k, current[k] or 0) for k in keys})
-        try:
-            self.hypervisor.set_interface_bandwidth(guest.uuid, interface, limits)
-        except HypervisorError as exc:
-            out.failures.append(Failure(self.name, guest.name, f"{interface}: {exc}"))
-            return
-        for key, value in limits.items():
-            control = self._control(key, interface)
-            self._applied[(guest.uuid, control)] = value
-            if key in changed:
-                out.applied(Action(self.name, guest.name, control, value, guest.uuid))
+        self._carry_out(
+            out,
+            guest,
+            partial(self.hypervisor.set_interface_bandwidth, guest.uuid, interface, limits),
+            {self._control(key, interface): value for key, value in limits.items()},
+            reported={self._control(key, interface) for key in changed},
+            failure_prefix=f"{interface}: ",
+        )
 
     @staticmethod
     def _control(key: str, interface: str) -> str:
@@ -496,18 +515,17 @@ class NumaTuneController(Controller):
             }
             if not changed:
                 continue
-            try:
-                self.hypervisor.set_numa_tune(
+            self._carry_out(
+                out,
+                guest,
+                partial(
+                    self.hypervisor.set_numa_tune,
                     guest.uuid,
                     mode=changed.get("numa_mode"),
                     nodeset=changed.get("numa_nodeset"),
-                )
-            except HypervisorError as exc:
-                out.failures.append(Failure(self.name, guest.name, str(exc)))
-                continue
-            for control, value in changed.items():
-                self._applied[(guest.uuid, control)] = value
-                out.applied(Action(self.name, guest.name, control, value, guest.uuid))
+                ),
+                changed,
+            )
         return out
 
     @staticmethod
