@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loadmaster.agent.hypervisor import KSM_KEYS, NET_KEYS, GuestInfo, Hypervisor
+from loadmaster.policy.entities import HOST_MEMORY_STATS
 from loadmaster.policy.snapshot import StatValue
 
 log = logging.getLogger(__name__)
@@ -105,18 +106,7 @@ class HostMemoryCollector:
     """MOM's HostMemory fields, plus the kernel's memory pressure (PSI ``avg10``, %)."""
 
     name = "host-memory"
-    fields: tuple[str, ...] = (
-        "mem_available",
-        "mem_unused",
-        "mem_free",
-        "anon_pages",
-        "swap_total",
-        "swap_usage",
-        "swap_in",
-        "swap_out",
-        "mem_pressure_some",
-        "mem_pressure_full",
-    )
+    fields: tuple[str, ...] = (*HOST_MEMORY_STATS, "mem_pressure_some", "mem_pressure_full")
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self.proc = Path(proc_root)
@@ -452,16 +442,6 @@ _GUEST_MEMORY = ("mem_available", "mem_unused", "major_fault", "minor_fault", "s
 _GUEST_SWAP = ("swap_total", "swap_usage")
 _BALLOON = ("balloon_cur", "balloon_max", "balloon_min")
 _CPU_TUNE = ("vcpu_quota", "vcpu_period", "vcpu_user_limit", "vcpu_count")
-_HOST_MEMORY = (
-    "mem_available",
-    "mem_unused",
-    "mem_free",
-    "anon_pages",
-    "swap_total",
-    "swap_usage",
-    "swap_in",
-    "swap_out",
-)
 _HOST_KSM = (*(f"ksm_{k}" for k in KSM_KEYS), "ksm_shareable")
 
 
@@ -501,7 +481,9 @@ def _io(src: CollectorSources) -> GuestIoCollector:
 # GuestQemuProc, GuestQemuAgent and GuestNetworkDaemon need a qemu pid or an agent inside
 # the guest, which the hypervisor interface does not give; they are not offered.
 MOM_HOST_COLLECTORS: dict[str, Callable[[CollectorSources], HostCollector]] = {
-    "HostMemory": _host("HostMemory", lambda s: HostMemoryCollector(s.proc_root), _HOST_MEMORY),
+    "HostMemory": _host(
+        "HostMemory", lambda s: HostMemoryCollector(s.proc_root), HOST_MEMORY_STATS
+    ),
     "HostKSM": _host(
         "HostKSM", lambda s: HostKsmCollector(s.hypervisor), _HOST_KSM, ("ksmd_cpu_usage",)
     ),

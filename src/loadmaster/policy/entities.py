@@ -20,16 +20,19 @@ from loadmaster.tiers import priority_of, tier_of
 # The fields MOM's collectors declare. A declared field a snapshot lacks reads as nil
 # (MOM's "optional field not collected"); a name that is neither declared here nor
 # present in any snapshot is an undefined symbol, which catches typos in policies.
+HOST_MEMORY_STATS = (
+    "mem_available",
+    "mem_unused",
+    "mem_free",
+    "anon_pages",
+    "swap_total",
+    "swap_usage",
+    "swap_in",
+    "swap_out",
+)
 HOST_STATS = frozenset(
     {
-        "mem_available",
-        "mem_unused",
-        "mem_free",
-        "anon_pages",
-        "swap_total",
-        "swap_usage",
-        "swap_in",
-        "swap_out",
+        *HOST_MEMORY_STATS,
         "ksm_run",
         "ksm_sleep_millisecs",
         "ksm_pages_shared",
