@@ -19,6 +19,7 @@ from loadmaster.agent.hypervisor import (
     CpuStats,
     CpuTune,
     GuestInfo,
+    MemoryKsm,
 )
 
 Sample = Mapping[str, Any]
@@ -33,17 +34,8 @@ _MEMORY_NAMES = {
     "swap_in": "swap_in",
     "swap_out": "swap_out",
 }
-KSM = {
-    "run": 0,
-    "sleep_millisecs": 20,
-    "pages_shared": 0,
-    "pages_sharing": 0,
-    "pages_unshared": 0,
-    "pages_to_scan": 100,
-    "pages_volatile": 0,
-    "full_scans": 3,
-    "merge_across_nodes": 1,
-}
+# A fresh kernel's knobs, after a few scans.
+KSM = {**MemoryKsm().values, "full_scans": 3}
 
 
 def _maybe(value: Any) -> Any:
