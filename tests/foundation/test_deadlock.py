@@ -9,6 +9,8 @@ deadlock counter must not move."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 from sqlalchemy import text
@@ -28,6 +30,14 @@ def _deadlocks(lm: loadmaster.Loadmaster) -> int:
             text("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
         ).scalar_one()
     return int(value)
+
+
+def _run_together(work: list[Callable[[], None]]) -> None:
+    threads = [threading.Thread(target=w) for w in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
 
 
 @pytest.mark.postgres
@@ -59,11 +69,7 @@ def test_deleting_and_claiming_group_members_never_deadlocks(pg_url: str) -> Non
                 except LoadmasterError as exc:
                     errors.append(exc)
 
-        threads = [threading.Thread(target=churn, args=(m,)) for m in members]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        _run_together([partial(churn, m) for m in members])
         assert errors == []
         assert _deadlocks(lm) - before == 0
         assert lm.allocations.allocations() == []
@@ -106,11 +112,7 @@ def test_deleting_a_group_while_its_deleted_member_is_deleted_again_never_deadlo
                 except LoadmasterError as exc:
                     errors.append(exc)
 
-        threads = [threading.Thread(target=groups), threading.Thread(target=retries)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        _run_together([groups, retries])
         assert errors == []
         assert _deadlocks(lm) - before == 0
         assert lm.groups.list() == []
