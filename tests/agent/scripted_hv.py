@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from loadmaster.agent.hypervisor import (
-    IO_KEYS,
     BalloonInfo,
     BlockStats,
     CpuStats,
@@ -21,6 +20,7 @@ from loadmaster.agent.hypervisor import (
     GuestInfo,
     MemoryKsm,
 )
+from loadmaster.policy.entities import IO_KEYS
 
 Sample = Mapping[str, Any]
 

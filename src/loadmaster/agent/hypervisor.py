@@ -15,15 +15,6 @@ from typing import Protocol
 
 from loadmaster.errors import LoadmasterError
 
-# The six IO limits MOM's IoTune objects carry; libvirt uses the same names.
-IO_KEYS = (
-    "total_bytes_sec",
-    "read_bytes_sec",
-    "write_bytes_sec",
-    "total_iops_sec",
-    "read_iops_sec",
-    "write_iops_sec",
-)
 KSM_KEYS = (
     "run",
     "sleep_millisecs",

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from loadmaster.agent.hypervisor import (
-    IO_KEYS,
     NET_KEYS,
     NUMA_MODES,
     BalloonInfo,
@@ -43,6 +42,7 @@ from loadmaster.agent.hypervisor import (
     NumaTune,
     ksm_for,
 )
+from loadmaster.policy.entities import IO_KEYS
 
 METADATA_NS = "https://loadmaster.dev/xmlns/vm/1"
 # How often the balloon driver refreshes guest memory stats, in seconds.

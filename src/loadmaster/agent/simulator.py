@@ -32,7 +32,6 @@ from loadmaster.agent.controllers import (
     SHARES_MIN,
 )
 from loadmaster.agent.hypervisor import (
-    IO_KEYS,
     NET_DIRECTIONS,
     NET_KEYS,
     NET_LIMIT_MAX,
@@ -52,6 +51,7 @@ from loadmaster.agent.hypervisor import (
     format_nodeset,
     parse_nodeset,
 )
+from loadmaster.policy.entities import IO_KEYS
 from loadmaster.policy.snapshot import StatValue
 from loadmaster.tiers import PRIORITY_PREFIX, tier_of
 

@@ -78,6 +78,7 @@ GUEST_STATS = frozenset(
     }
 )
 
+# The six IO limits MOM's IoTune objects carry; libvirt uses the same names.
 IO_KEYS = (
     "total_bytes_sec",
     "read_bytes_sec",
