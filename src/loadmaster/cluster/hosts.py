@@ -16,6 +16,7 @@ from loadmaster.cluster.records import HOST_STATES, ClassUsage, HostRecord
 from loadmaster.errors import ConcurrentUpdate, Conflict, ValidationError
 from loadmaster.resources import Inventory, validate_trait_name
 from loadmaster.store import Store
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
     AllocationRow,
     HostAggregateRow,
@@ -183,11 +184,10 @@ class HostService:
         if len(set(names)) != len(names) or len(set(uuids)) != len(uuids):
             raise Conflict("the same host name or uuid appears twice in one request", field="name")
         with self._store.write() as session:
-            for start in range(0, len(names), 500):
+            for some_names, some_uuids in zip(in_chunks(names), in_chunks(uuids), strict=True):
                 taken = session.scalar(
                     select(HostRow.name).where(
-                        HostRow.name.in_(names[start : start + 500])
-                        | HostRow.uuid.in_(uuids[start : start + 500])
+                        HostRow.name.in_(some_names) | HostRow.uuid.in_(some_uuids)
                     )
                 )
                 if taken is not None:
@@ -215,7 +215,7 @@ class HostService:
                     for h in checked
                 ],
             ).all()
-            for chunk in _chunks(list(ids)):
+            for chunk in in_chunks(list(ids)):
                 session.execute(
                     update(HostRow)
                     .where(HostRow.id.in_(chunk))
@@ -249,7 +249,7 @@ class HostService:
                 if rows:
                     session.execute(insert(table), rows)
             host_rows: builtins.list[HostRow] = []
-            for chunk in _chunks(list(ids)):
+            for chunk in in_chunks(list(ids)):
                 host_rows.extend(session.scalars(select(HostRow).where(HostRow.id.in_(chunk))))
             host_rows.sort(key=lambda r: r.id)
             return self._records(session, host_rows)
@@ -415,7 +415,7 @@ def host_records(session: Session, rows: list[HostRow]) -> list[HostRecord]:
     invs: dict[int, dict[str, Inventory]] = {i: {} for i in ids}
     traits: dict[int, list[str]] = {i: [] for i in ids}
     aggs: dict[int, list[str]] = {i: [] for i in ids}
-    for chunk in _chunks(ids):
+    for chunk in in_chunks(ids):
         for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(chunk))):
             invs[inv.host_id][names[inv.resource_class_id]] = lookup.inventory_of(inv)
         for host_id, trait in session.execute(
@@ -497,10 +497,10 @@ def bump_generations(
     """
     extra = set(touch) - set(expected)
     if extra:
-        for chunk in _chunks(sorted(extra | set(expected))):
+        for chunk in in_chunks(sorted(extra | set(expected))):
             _lock_in_id_order(session, chunk)
     ids = sorted(expected)
-    for chunk in _chunks(ids):
+    for chunk in in_chunks(ids):
         _lock_in_id_order(session, chunk)
         result = session.execute(
             update(HostRow)
@@ -521,7 +521,7 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
     usage (activation, release): they decide nothing from what they read of the host, but
     schedulers holding the old generation must still see the host changed. Rows are locked
     in id order, as ``bump_generations`` does."""
-    for chunk in _chunks(sorted(set(host_ids))):
+    for chunk in in_chunks(sorted(set(host_ids))):
         _lock_in_id_order(session, chunk)
         session.execute(
             update(HostRow)
@@ -545,8 +545,3 @@ def _validate_uuid(value: object, field: str = "uuid") -> str:
         return str(uuidlib.UUID(str(value)))
     except ValueError:
         raise ValidationError(f"{field} {value!r} is not a UUID", field=field) from None
-
-
-def _chunks(ids: list[int], size: int = 500) -> Iterable[list[int]]:
-    for start in range(0, len(ids), size):
-        yield ids[start : start + size]

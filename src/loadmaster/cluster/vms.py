@@ -16,6 +16,7 @@ from loadmaster.cluster.records import VmRecord
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
 from loadmaster.store import Store, again_on_write_conflict
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import FlavorRow, HostRow, ServerGroupRow, VmRow
 from loadmaster.tiers import parse_priority, tiers_in
 
@@ -153,8 +154,7 @@ class VmService:
             if len(set(uuids)) != len(uuids):
                 raise Conflict("the same VM uuid appears twice in one request", field="uuid")
             existing: dict[str, VmRow] = {}
-            for chunk_start in range(0, len(uuids), 500):
-                chunk = uuids[chunk_start : chunk_start + 500]
+            for chunk in in_chunks(uuids):
                 existing.update(
                     (r.uuid, r) for r in session.scalars(select(VmRow).where(VmRow.uuid.in_(chunk)))
                 )

@@ -32,6 +32,7 @@ from loadmaster.errors import (
 from loadmaster.pending.group_rules import GroupRules
 from loadmaster.resources import Inventory
 from loadmaster.store import Store
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, InventoryRow, VmRow
 
 DEFAULT_CONFLICT_RETRIES = 10
@@ -729,9 +730,7 @@ def _sum_by_class(records: Iterable[AllocationRecord]) -> dict[str, int]:
 def _lock_vms(session: Session, uuids: set[str]) -> dict[str, VmRow]:
     """The VMs by uuid, locked in id order (see ``lookup.vm_row``)."""
     found: dict[str, VmRow] = {}
-    ordered = sorted(uuids)
-    for start in range(0, len(ordered), 500):
-        chunk = ordered[start : start + 500]
+    for chunk in in_chunks(sorted(uuids)):
         query = select(VmRow).where(VmRow.uuid.in_(chunk)).order_by(VmRow.id).with_for_update()
         for row in session.scalars(query):
             found[row.uuid] = row
@@ -741,9 +740,7 @@ def _lock_vms(session: Session, uuids: set[str]) -> dict[str, VmRow]:
 def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
     """The hosts by each ident given (a name, or a uuid in any case)."""
     found: dict[str, HostRow] = {}
-    ordered = sorted(idents)
-    for start in range(0, len(ordered), 500):
-        chunk = ordered[start : start + 500]
+    for chunk in in_chunks(sorted(idents)):
         uuids = [lookup.canonical_uuid(i) for i in chunk]
         for row in session.scalars(
             select(HostRow).where(HostRow.uuid.in_(uuids) | HostRow.name.in_(chunk))

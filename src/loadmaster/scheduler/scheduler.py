@@ -57,6 +57,7 @@ from loadmaster.scheduler.results import (
 )
 from loadmaster.scheduler.state import Bools, HostState, Ints
 from loadmaster.store import Store
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 
 log = logging.getLogger("loadmaster.scheduler")
@@ -389,10 +390,8 @@ class Scheduler:
         given = list(spec.vms)
         uuids = [lookup.canonical_uuid(u) for u in given]
         row: VmRow | None
-        for start in range(0, len(uuids), 500):
-            for row in session.scalars(
-                select(VmRow).where(VmRow.uuid.in_(uuids[start : start + 500]))
-            ):
+        for chunk in in_chunks(uuids):
+            for row in session.scalars(select(VmRow).where(VmRow.uuid.in_(chunk))):
                 rows[row.uuid] = row
         flavors = {
             f.id: f

@@ -24,6 +24,7 @@ from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.store import Store
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
     HostAggregateRow,
     HostReportRow,
@@ -181,7 +182,7 @@ class HostState:
         tree shape) the arrays have no room for, so the caller must load everything."""
         rows = [self.row_of[i] for i in host_ids]
         names = lookup.class_names(session)
-        for chunk in _chunks(list(host_ids)):
+        for chunk in in_chunks(list(host_ids)):
             hosts = session.execute(
                 select(HostRow.id, HostRow.generation, HostRow.state, HostRow.root_id).where(
                     HostRow.id.in_(chunk)
@@ -249,7 +250,7 @@ class HostState:
     def _count_vms(self, session: Session, hosts: list[int]) -> None:
         ids = [int(self.provider_ids[self.roots[h]]) for h in hosts]
         self.vm_count[hosts] = 0
-        for chunk in _chunks(ids):
+        for chunk in in_chunks(ids):
             placed = VmRow.state.in_(PLACED_STATES)
             here = union_all(
                 select(VmRow.host_id.label("host")).where(placed, VmRow.host_id.in_(chunk)),
@@ -401,8 +402,3 @@ class HostState:
 
     def root_generation(self, host: int) -> int:
         return int(self.generation[self.roots[host]])
-
-
-def _chunks(ids: list[int], size: int = 500) -> Iterable[list[int]]:
-    for start in range(0, len(ids), size):
-        yield ids[start : start + size]
