@@ -67,7 +67,8 @@ def test_mom_libvirt_set_needs_the_guest_memory_statistics(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("selection", "message"),
     [
-        ("ovirt", "unknown collector set 'ovirt'"),
+        ("ovirt", "unknown collector set or collector 'ovirt'"),
+        ("HostMemory,GuestSwap", "unknown collector set or collector 'GuestSwap'"),
         (CollectorSet(("HostMemory", "HostSwap"), ()), "unknown host collector 'HostSwap'"),
         (CollectorSet((), ("GuestQemuProc",)), "unknown guest collector 'GuestQemuProc'"),
     ],
@@ -119,4 +120,4 @@ def test_cli_refuses_an_unknown_collector_set(tmp_path: Path) -> None:
          "--collectors", "ovirt", "--cycles", "1"],
     )  # fmt: skip
     assert result.exit_code == 2
-    assert "unknown set 'ovirt'" in result.output
+    assert "unknown collector set or collector 'ovirt'" in result.output

@@ -15,6 +15,8 @@ Public API::
           collectors=None)   # collectors="vdsm" / "mom-libvirt": MOM's sets by name
         .run_cycle() -> CycleReport; .run_forever(stop_event)
     LibvirtHypervisor(uri, sys_root=None), SimulatedHypervisor(...).mixed(...)
+    Collectors and controllers are plugins (``loadmaster.agent.plugins``): entry-point
+    groups loadmaster.host_collectors, loadmaster.guest_collectors, loadmaster.controllers.
     AppliedJournal(state_dir) .cycle_start/.applied/.cycle_end; read_journal(state_dir)
         -> JournalState(last, interrupted, open_cycle, ...)
 """

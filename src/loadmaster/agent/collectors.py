@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loadmaster.agent.hypervisor import KSM_KEYS, NET_KEYS, GuestInfo, Hypervisor
+from loadmaster.agent.plugins import GUEST_COLLECTOR_GROUP, HOST_COLLECTOR_GROUP, registered
 from loadmaster.policy.entities import HOST_MEMORY_STATS
 from loadmaster.policy.snapshot import StatValue
 
@@ -463,46 +464,65 @@ def _guest(
     return lambda src: DeclaredGuestCollector(name, build(src), mandatory, optional)
 
 
-def _memory(src: CollectorSources) -> GuestMemoryCollector:
+# The factories the entry points name (see ``loadmaster.agent.plugins`` and pyproject.toml).
+# loadmaster's own collectors, under their own names:
+def host_memory(src: CollectorSources) -> HostCollector:
+    return HostMemoryCollector(src.proc_root)
+
+
+def host_cpu(src: CollectorSources) -> HostCollector:
+    return HostCpuCollector(src.proc_root)
+
+
+def host_ksm(src: CollectorSources) -> HostCollector:
+    return HostKsmCollector(src.hypervisor)
+
+
+def host_time(src: CollectorSources) -> HostCollector:
+    return HostTimeCollector()
+
+
+def guest_memory(src: CollectorSources) -> GuestCollector:
     return GuestMemoryCollector(src.hypervisor)
 
 
-def _balloon(src: CollectorSources) -> GuestBalloonCollector:
+def guest_balloon(src: CollectorSources) -> GuestCollector:
     return GuestBalloonCollector(src.hypervisor)
 
 
-def _io(src: CollectorSources) -> GuestIoCollector:
+def guest_cpu(src: CollectorSources) -> GuestCollector:
+    return GuestCpuCollector(src.hypervisor, src.clock)
+
+
+def guest_io(src: CollectorSources) -> GuestCollector:
     return GuestIoCollector(src.hypervisor)
 
 
-# MOM's collectors by name, with MOM's declarations (mom/Collectors/*.py). ``ksmd_cpu_usage``
+def guest_net(src: CollectorSources) -> GuestCollector:
+    return GuestNetCollector(src.hypervisor)
+
+
+def guest_numa(src: CollectorSources) -> GuestCollector:
+    return GuestNumaCollector(src.hypervisor)
+
+
+# MOM's collectors by MOM's name, with MOM's declarations (mom/Collectors/*.py). ``ksmd_cpu_usage``
 # is declared but not measured (nil): MOM reads it from ksmd's /proc entry, which a test
 # host or the simulator does not have. ``io_tune`` is a property of the guest here.
 # GuestQemuProc, GuestQemuAgent and GuestNetworkDaemon need a qemu pid or an agent inside
 # the guest, which the hypervisor interface does not give; they are not offered.
-MOM_HOST_COLLECTORS: dict[str, Callable[[CollectorSources], HostCollector]] = {
-    "HostMemory": _host(
-        "HostMemory", lambda s: HostMemoryCollector(s.proc_root), HOST_MEMORY_STATS
-    ),
-    "HostKSM": _host(
-        "HostKSM", lambda s: HostKsmCollector(s.hypervisor), _HOST_KSM, ("ksmd_cpu_usage",)
-    ),
-    "HostCpu": _host("HostCpu", lambda s: HostCpuCollector(s.proc_root), ("cpu_count",)),
-    "HostTime": lambda s: HostTimeCollector(),
-}
-MOM_GUEST_COLLECTORS: dict[str, Callable[[CollectorSources], GuestCollector]] = {
-    "GuestMemory": _guest("GuestMemory", _memory, _GUEST_MEMORY, _GUEST_SWAP),
-    "GuestMemoryOptional": _guest(
-        "GuestMemoryOptional", _memory, (), (*_GUEST_MEMORY, *_GUEST_SWAP)
-    ),
-    "GuestBalloon": _guest("GuestBalloon", _balloon, _BALLOON),
-    "GuestBalloonOptional": _guest("GuestBalloonOptional", _balloon, (), _BALLOON),
-    "GuestCpuTune": _guest(
-        "GuestCpuTune", lambda s: GuestCpuCollector(s.hypervisor, s.clock), _CPU_TUNE
-    ),
-    "GuestIoTune": _guest("GuestIoTune", _io, ("io_tune",)),
-    "GuestIoTuneOptional": _guest("GuestIoTuneOptional", _io, (), ("io_tune",)),
-}
+mom_host_memory = _host("HostMemory", host_memory, HOST_MEMORY_STATS)
+mom_host_ksm = _host("HostKSM", host_ksm, _HOST_KSM, ("ksmd_cpu_usage",))
+mom_host_cpu = _host("HostCpu", host_cpu, ("cpu_count",))
+mom_guest_memory = _guest("GuestMemory", guest_memory, _GUEST_MEMORY, _GUEST_SWAP)
+mom_guest_memory_optional = _guest(
+    "GuestMemoryOptional", guest_memory, (), (*_GUEST_MEMORY, *_GUEST_SWAP)
+)
+mom_guest_balloon = _guest("GuestBalloon", guest_balloon, _BALLOON)
+mom_guest_balloon_optional = _guest("GuestBalloonOptional", guest_balloon, (), _BALLOON)
+mom_guest_cpu_tune = _guest("GuestCpuTune", guest_cpu, _CPU_TUNE)
+mom_guest_io_tune = _guest("GuestIoTune", guest_io, ("io_tune",))
+mom_guest_io_tune_optional = _guest("GuestIoTuneOptional", guest_io, (), ("io_tune",))
 
 
 @dataclass(frozen=True)
@@ -515,6 +535,10 @@ class CollectorSet:
 
 DEFAULT_COLLECTOR_SET = "loadmaster"
 COLLECTOR_SETS: dict[str, CollectorSet] = {
+    DEFAULT_COLLECTOR_SET: CollectorSet(
+        ("host-memory", "host-cpu", "host-ksm"),
+        ("guest-balloon", "guest-memory", "guest-cpu", "guest-io", "guest-net", "guest-numa"),
+    ),
     # vdsm's mom.conf: [host] collectors, [guest] collectors.
     "vdsm": CollectorSet(
         ("HostMemory", "HostKSM", "HostCpu"),
@@ -525,34 +549,46 @@ COLLECTOR_SETS: dict[str, CollectorSet] = {
 }
 
 
+def collector_selection(text: str) -> CollectorSet:
+    """A set's name (``vdsm``), or registered collector names separated by commas, each
+    put on the host's or the guests' side by the group it is registered in. Raises
+    ``ValueError`` naming what is unknown."""
+    if text in COLLECTOR_SETS:
+        return COLLECTOR_SETS[text]
+    hosts, guests = registered(HOST_COLLECTOR_GROUP), registered(GUEST_COLLECTOR_GROUP)
+    names = [n.strip() for n in text.split(",")]
+    for name in names:
+        if name not in hosts and name not in guests:
+            raise ValueError(
+                f"unknown collector set or collector {name!r} (sets: "
+                f"{', '.join(sorted(COLLECTOR_SETS))}; collectors: "
+                f"{', '.join(sorted({*hosts, *guests}))})"
+            )
+    return CollectorSet(
+        tuple(n for n in names if n in hosts), tuple(n for n in names if n in guests)
+    )
+
+
 def named_collectors(
     selection: str | CollectorSet, sources: CollectorSources
 ) -> tuple[list[HostCollector], list[GuestCollector]]:
-    """The collectors a configuration names: a set (``vdsm``) or MOM collector names.
-    Raises ``ValueError`` naming an unknown set or collector."""
+    """The collectors a configuration names: a set (``vdsm``), a comma list of collector
+    names, or a ``CollectorSet``. Raises ``ValueError`` naming an unknown set or collector."""
     if isinstance(selection, str):
-        if selection == DEFAULT_COLLECTOR_SET:
-            return (
-                default_host_collectors(sources.hypervisor, sources.proc_root),
-                default_guest_collectors(sources.hypervisor, sources.clock),
-            )
-        if selection not in COLLECTOR_SETS:
-            known = ", ".join(sorted([DEFAULT_COLLECTOR_SET, *COLLECTOR_SETS]))
-            raise ValueError(f"unknown collector set {selection!r} (known: {known})")
-        selection = COLLECTOR_SETS[selection]
-    for names, registry, side in (
-        (selection.host, MOM_HOST_COLLECTORS, "host"),
-        (selection.guest, MOM_GUEST_COLLECTORS, "guest"),
+        selection = collector_selection(selection)
+    built: list[list[Any]] = []
+    for names, group, side in (
+        (selection.host, HOST_COLLECTOR_GROUP, "host"),
+        (selection.guest, GUEST_COLLECTOR_GROUP, "guest"),
     ):
-        unknown = [n for n in names if n not in registry]
+        entries = registered(group)
+        unknown = [n for n in names if n not in entries]
         if unknown:
             raise ValueError(
-                f"unknown {side} collector {unknown[0]!r} (known: {', '.join(sorted(registry))})"
+                f"unknown {side} collector {unknown[0]!r} (known: {', '.join(sorted(entries))})"
             )
-    return (
-        [MOM_HOST_COLLECTORS[n](sources) for n in selection.host],
-        [MOM_GUEST_COLLECTORS[n](sources) for n in selection.guest],
-    )
+        built.append([entries[n].load()(sources) for n in names])
+    return built[0], built[1]
 
 
 @dataclass(frozen=True)
@@ -583,21 +619,10 @@ class Declaration:
 def default_guest_collectors(
     hypervisor: Hypervisor, clock: Callable[[], float] = time.monotonic
 ) -> list[GuestCollector]:
-    return [
-        GuestBalloonCollector(hypervisor),
-        GuestMemoryCollector(hypervisor),
-        GuestCpuCollector(hypervisor, clock),
-        GuestIoCollector(hypervisor),
-        GuestNetCollector(hypervisor),
-        GuestNumaCollector(hypervisor),
-    ]
+    return named_collectors(DEFAULT_COLLECTOR_SET, CollectorSources(hypervisor, clock=clock))[1]
 
 
 def default_host_collectors(
     hypervisor: Hypervisor, proc_root: Path = Path("/proc")
 ) -> list[HostCollector]:
-    return [
-        HostMemoryCollector(proc_root),
-        HostCpuCollector(proc_root),
-        HostKsmCollector(hypervisor),
-    ]
+    return named_collectors(DEFAULT_COLLECTOR_SET, CollectorSources(hypervisor, proc_root))[0]

@@ -28,6 +28,7 @@ from loadmaster.agent.hypervisor import (
     format_nodeset,
     parse_nodeset,
 )
+from loadmaster.agent.plugins import CONTROLLER_GROUP, registered
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 from loadmaster.tiers import priority_of, tier_of
 
@@ -107,11 +108,27 @@ def libvirt_shares(value: float) -> int:
     return min(SHARES_MAX, max(SHARES_MIN, int(value)))
 
 
+@dataclass(frozen=True)
+class ControllerSources:
+    """What controllers are built from (see ``loadmaster.agent.plugins``)."""
+
+    hypervisor: Hypervisor
+    migration_sender: MigrationSender | None = None
+
+
 class Controller:
     name = "controller"
+    # Controllers run in this order, then by name: a VM is stopped or sent away only
+    # after its other controls of the cycle were applied.
+    order = 50
 
     def __init__(self) -> None:
         self._applied: dict[tuple[str, str], Any] = {}
+
+    @classmethod
+    def build(cls, sources: ControllerSources) -> Controller | None:
+        """The entry-point factory; None where the controller does not apply."""
+        raise NotImplementedError
 
     def apply(self, ctx: ControlContext) -> Outcome:
         raise NotImplementedError
@@ -158,15 +175,23 @@ class Controller:
         return found
 
 
-class BalloonController(Controller):
-    """``balloon_target`` (KiB), in whole 4 KiB pages, kept within the guest's guaranteed
-    minimum and its size."""
-
-    name = "balloon"
+class HypervisorController(Controller):
+    """A controller that acts through the hypervisor alone."""
 
     def __init__(self, hypervisor: Hypervisor) -> None:
         super().__init__()
         self.hypervisor = hypervisor
+
+    @classmethod
+    def build(cls, sources: ControllerSources) -> Controller | None:
+        return cls(sources.hypervisor)
+
+
+class BalloonController(HypervisorController):
+    """``balloon_target`` (KiB), in whole 4 KiB pages, kept within the guest's guaranteed
+    minimum and its size."""
+
+    name = "balloon"
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
@@ -190,7 +215,7 @@ class BalloonController(Controller):
         return out
 
 
-class KsmController(Controller):
+class KsmController(HypervisorController):
     """Host ``ksm_*`` controls, written to the KSM knobs of the same name.
 
     The kernel refuses a new ``merge_across_nodes`` while pages are shared, so that change
@@ -199,10 +224,6 @@ class KsmController(Controller):
 
     name = "ksm"
     HOST = "host"
-
-    def __init__(self, hypervisor: Hypervisor) -> None:
-        super().__init__()
-        self.hypervisor = hypervisor
 
     def forget(self, targets: set[str]) -> None:
         return
@@ -243,7 +264,7 @@ class KsmController(Controller):
         return out
 
 
-class CpuTuneController(Controller):
+class CpuTuneController(HypervisorController):
     """``vcpu_quota``, ``vcpu_period`` (µs) and ``vcpu_shares``, translated to values libvirt
     accepts, sent together in one call when any of them changed."""
 
@@ -253,10 +274,6 @@ class CpuTuneController(Controller):
         ("vcpu_period", libvirt_period),
         ("vcpu_shares", libvirt_shares),
     )
-
-    def __init__(self, hypervisor: Hypervisor) -> None:
-        super().__init__()
-        self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
@@ -289,14 +306,10 @@ class CpuTuneController(Controller):
         return out
 
 
-class IoTuneController(Controller):
+class IoTuneController(HypervisorController):
     """MOM's ``io_tune`` request: per disk, the six limits to set (nil keeps a limit)."""
 
     name = "iotune"
-
-    def __init__(self, hypervisor: Hypervisor) -> None:
-        super().__init__()
-        self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
@@ -316,16 +329,13 @@ class IoTuneController(Controller):
         return out
 
 
-class StopController(Controller):
+class StopController(HypervisorController):
     """``stop`` = 1 on a VM of a stoppable tier (vapor): a clean shutdown first; if the VM
     is still running at a later cycle that asks again, it is destroyed. Other tiers are
     never stopped, whatever the policy asks."""
 
     name = "stop"
-
-    def __init__(self, hypervisor: Hypervisor) -> None:
-        super().__init__()
-        self.hypervisor = hypervisor
+    order = 80
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
@@ -355,10 +365,15 @@ class MigrationController(Controller):
     policy stopped asking for a cycle."""
 
     name = "migrate"
+    order = 90
 
     def __init__(self, send: MigrationSender) -> None:
         super().__init__()
         self.send = send
+
+    @classmethod
+    def build(cls, sources: ControllerSources) -> Controller | None:
+        return None if sources.migration_sender is None else cls(sources.migration_sender)
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
@@ -406,16 +421,12 @@ def net_limit(value: Any) -> int:
     return min(NET_LIMIT_MAX, max(0, int(value)))
 
 
-class NetTuneController(Controller):
+class NetTuneController(HypervisorController):
     """Per interface, the ``net_<direction>_<average|peak|burst>`` controls (KiB/s, burst
     KiB; 0 = no limit). libvirt wants a direction's average whenever its peak or burst is
     set, so a change sends the whole direction: the new values and the last known rest."""
 
     name = "nettune"
-
-    def __init__(self, hypervisor: Hypervisor) -> None:
-        super().__init__()
-        self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
@@ -482,7 +493,7 @@ class NetTuneController(Controller):
         return f"{NET_CONTROLS[key]}{NET_INTERFACE_SEPARATOR}{interface}"
 
 
-class NumaTuneController(Controller):
+class NumaTuneController(HypervisorController):
     """``numa_mode`` (one of ``NUMA_MODES``) and ``numa_nodeset`` (libvirt's syntax, e.g.
     "0-1"; a number is one node): where the guest's memory is placed, set in one call
     when either changed. A value libvirt would refuse is reported and not sent. libvirt
@@ -490,10 +501,6 @@ class NumaTuneController(Controller):
     those refusals come back as failures, retried while the policy asks."""
 
     name = "numatune"
-
-    def __init__(self, hypervisor: Hypervisor) -> None:
-        super().__init__()
-        self.hypervisor = hypervisor
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
@@ -545,15 +552,7 @@ class NumaTuneController(Controller):
 def default_controllers(
     hypervisor: Hypervisor, migration_sender: MigrationSender | None = None
 ) -> list[Controller]:
-    controllers: list[Controller] = [
-        BalloonController(hypervisor),
-        KsmController(hypervisor),
-        CpuTuneController(hypervisor),
-        IoTuneController(hypervisor),
-        NetTuneController(hypervisor),
-        NumaTuneController(hypervisor),
-        StopController(hypervisor),
-    ]
-    if migration_sender is not None:
-        controllers.append(MigrationController(migration_sender))
-    return controllers
+    """Every registered controller that applies, in ``order``."""
+    sources = ControllerSources(hypervisor, migration_sender)
+    built = [ep.load()(sources) for ep in registered(CONTROLLER_GROUP).values()]
+    return sorted((c for c in built if c is not None), key=lambda c: (c.order, c.name))

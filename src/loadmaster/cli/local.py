@@ -127,7 +127,9 @@ def agent(
         str | None,
         typer.Option(
             help="collector set, as MOM's [host]/[guest] collectors: vdsm, mom-libvirt or "
-            "loadmaster (default); it decides which fields policies can read"
+            "loadmaster (default), or collector names separated by commas (MOM's, such as "
+            "HostMemory,GuestBalloon, or any registered in loadmaster.host_collectors / "
+            "loadmaster.guest_collectors); it decides which fields policies can read"
         ),
     ] = None,
     guest_kernel: Annotated[
@@ -162,12 +164,14 @@ def agent(
     the inventory it discovers, launches, moves and removes guests as the scheduler placed
     them, and reports; always, it applies the SLA policy every --interval."""
     from loadmaster.agent import run_agent
-    from loadmaster.agent.collectors import COLLECTOR_SETS, DEFAULT_COLLECTOR_SET
+    from loadmaster.agent.collectors import collector_selection
     from loadmaster.agent.libvirt_hv import GuestImage
 
-    known = sorted([DEFAULT_COLLECTOR_SET, *COLLECTOR_SETS])
-    if collectors is not None and collectors not in known:
-        fail(f"--collectors: unknown set {collectors!r} (known: {', '.join(known)})", Exit.USAGE)
+    if collectors is not None:
+        try:
+            collector_selection(collectors)
+        except ValueError as exc:
+            fail(f"--collectors: {exc}", Exit.USAGE)
     if (guest_kernel is None) != (guest_initrd is None):
         fail("--guest-kernel and --guest-initrd go together", Exit.USAGE)
     image = None
