@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -143,10 +145,10 @@ class Store:
                 raise StoreUnavailable("database connection lost; nothing was written") from exc
             raise
 
-    def migrate(self) -> None:
-        """Bring the schema to the newest migration; safe to call from many processes at once."""
-        config = Config()
-        config.set_main_option("script_location", str(_MIGRATIONS))
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to the newest migration (or to ``revision``); safe to call from
+        many processes at once."""
+        config = _alembic_config()
         with self.engine.connect() as connection:
             if not self.is_sqlite:
                 # Several API workers start together; only one may run DDL at a time.
@@ -154,15 +156,30 @@ class Store:
                 connection.commit()
             try:
                 config.attributes["connection"] = connection
-                command.upgrade(config, "head")
+                command.upgrade(config, revision)
                 connection.commit()
             finally:
                 if not self.is_sqlite:
                     connection.execute(text("SELECT pg_advisory_unlock(7262001)"))
                     connection.commit()
 
+    def revisions(self) -> tuple[str | None, str]:
+        """The schema revision the database is at (None: never migrated) and the newest
+        one this code knows."""
+        head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+        assert head is not None  # the package ships its migrations
+        with self.engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+        return current, head
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    return config
 
 
 class WriteConflict(Conflict):
