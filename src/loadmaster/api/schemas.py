@@ -146,6 +146,8 @@ class ScheduleIn(Body):
     gang: bool = False
     dry_run: bool = False
     policy: Name | None = None
+    # Replays a decision: the seed a result reports, given again on the same state.
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
 
 
 class HostReport(Body):

@@ -146,8 +146,10 @@ class VmRequest:
     """One VM to place, resolved: what filters and weighers look at.
 
     ``vm`` is None for a hypothetical VM (dry run, capacity). ``companions`` holds the
-    resources of the other members of a hard-affinity group in the same batch: the first
-    member's host must have room for all of them, so the group is never split.
+    resources of each other member of a hard-affinity group in the same batch: the first
+    member's host must have room for all of them (``companion_total``), so the group is
+    never split. ``group_size`` counts the group's members placed before the call plus
+    those in it, for explaining a group rule that leaves no host.
     """
 
     vm: str | None
@@ -161,7 +163,16 @@ class VmRequest:
     group: GroupRecord | None = None
     include_hosts: frozenset[str] | None = None
     exclude_hosts: frozenset[str] = frozenset()
-    companions: dict[str, int] = field(default_factory=dict)
+    companions: tuple[Mapping[str, int], ...] = ()
+    group_size: int = 1
+
+    @property
+    def companion_total(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for member in self.companions:
+            for name, amount in member.items():
+                total[name] = total.get(name, 0) + amount
+        return total
 
     @property
     def shape(self) -> tuple[object, ...]:
