@@ -5,7 +5,7 @@ which checks them for Python callers too."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -90,6 +90,9 @@ class FlavorCreate(Body):
     required_traits: list[Name] = []
     forbidden_traits: list[Name] = []
     extra_specs: dict[str, Annotated[str, Field(max_length=255)]] = {}
+    # What an extra spec loadmaster does not know does: refuse the flavor or warn (kept,
+    # not applied, named in the answer's warnings). Default: the server's setting.
+    unknown_specs: Literal["refuse", "warn"] | None = None
 
 
 class VmCreate(Body):

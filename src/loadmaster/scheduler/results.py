@@ -174,12 +174,14 @@ class ScheduleResult:
 
 @dataclass(frozen=True)
 class CapacityReport:
-    """How many more VMs of ``flavor`` fit now (pending counted as used), and where."""
+    """How many more VMs of ``flavor`` fit now (pending counted as used), and where:
+    ``per_host`` most first, and for every host where none fits, ``limits`` says why."""
 
     flavor: str
     total: int
     per_host: dict[str, int] = field(default_factory=dict)
     group: str | None = None
+    limits: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -187,4 +189,5 @@ class CapacityReport:
             "group": self.group,
             "total": self.total,
             "per_host": dict(self.per_host),
+            "limits": dict(self.limits),
         }

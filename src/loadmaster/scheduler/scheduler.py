@@ -37,6 +37,7 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
+from loadmaster.resources import aggregate_specs
 from loadmaster.scheduler.plugins import (
     LoadedFilter,
     Verdict,
@@ -234,17 +235,18 @@ class Scheduler:
         run: the first VM that would fit nowhere, explained as its failure is (a group
         too big for any host, a group rule that leaves no host); when every VM fits, the
         first one, with how many hosts fit it."""
+        if not self._reads_only:
+            return self._for_reads().explain(request, policy=policy, seed=seed)
         result = self.schedule([request], dry_run=True, policy=policy, seed=seed)
         for placement in result.placements:
             if placement.explanation is not None:
                 return placement.explanation
             if placement.error is not None:
                 raise placement.error
-        reader = self._for_reads()
-        with reader._lock:
-            reader._begin()
-            first = reader._ordered(reader._resolve([request], dry_run=True))[0]
-            return reader._explanation(first.request, reader._decide(first.request, _Scoring([])))
+        with self._lock:
+            self._begin()
+            first = self._ordered(self._resolve([request], dry_run=True))[0]
+            return self._explanation(first.request, self._decide(first.request, _Scoring([])))
 
     def capacity(
         self, flavor: str, *, group: str | None = None, policy: str | None = None, **spec: Any
@@ -277,9 +279,49 @@ class Scheduler:
             hard_affinity = request.group is not None and request.group.policy == "affinity"
             total = int(counts.max(initial=0) if hard_affinity else counts.sum())
             candidates = np.flatnonzero(counts)
-            order = np.argsort(-self._scores(request, candidates, self._scoring(chosen).weighers))
+            scores = self._scores(request, candidates, self._scoring(chosen).weighers)
+            # Most VMs first; among hosts taking as many, the policy's best first.
+            order = np.lexsort((-scores, -counts[candidates]))
             per_host = {hosts.names[h]: int(counts[h]) for h in candidates[order]}
-        return CapacityReport(flavor, total, per_host, group)
+            limits = {
+                hosts.names[h]: self._zero_reason(request, decision, int(h))
+                for h in np.flatnonzero(counts == 0)
+            }
+        return CapacityReport(flavor, total, per_host, group, dict(sorted(limits.items())))
+
+    def _zero_reason(self, request: VmRequest, decision: _Decision, host: int) -> str:
+        """Why not one more VM of the request fits on ``host``: the first filter that
+        rejects it (a class short by how much, rather than only "short of"), else the
+        group's cap on the host."""
+        for name, verdict in decision.verdicts:
+            if not verdict.keep[host]:
+                reason = verdict.reason_at(host)
+                if name == "resources":
+                    return self._shortfall(request, host) or reason
+                return reason
+        group = request.group
+        if group is not None:
+            return f"group {group.name} is at its limit on this host"
+        return self._shortfall(request, host) or "no room for one more"
+
+    def _shortfall(self, request: VmRequest, host: int) -> str | None:
+        hosts = self._hosts
+        short = []
+        for name, amount in sorted(request.resources.items()):
+            column = hosts.classes.get(name)
+            if column is None or not hosts.host_capacity[column, host]:
+                short.append(f"no {name} inventory")
+                continue
+            free = int(hosts.host_capacity[column, host] - hosts.host_used[column, host])
+            if free < amount:
+                short.append(f"{name} short by {amount - free} (free {max(free, 0)} of {amount})")
+                continue
+            rows = hosts.tree[host]
+            if not (hosts.capacity[column, rows] - hosts.used[column, rows] >= amount).any():
+                short.append(f"{name}: no one provider of the host has {amount} free")
+            elif not hosts.unit_ok(column, amount)[rows].any():
+                short.append(f"{name} unit rules (min, max, step) refuse {amount}")
+        return "; ".join(short) or None
 
     def refresh(self) -> None:
         """Bring the in-memory host state up to date now (every call does it anyway; a
@@ -973,10 +1015,13 @@ def _lost_race(error: LoadmasterError) -> bool:
 
 
 def _with_flavor(base: VmRequest, flavor: FlavorRow, overrides: Mapping[str, int]) -> VmRequest:
+    member_of, forbidden_aggregates = aggregate_specs(flavor.extra_specs)
     return replace(
         base,
         flavor=flavor.name,
         resources=lookup.effective_resources(flavor.resources, overrides),
         required_traits=base.required_traits | frozenset(flavor.required_traits),
         forbidden_traits=base.forbidden_traits | frozenset(flavor.forbidden_traits),
+        member_of=base.member_of + member_of,
+        forbidden_aggregates=base.forbidden_aggregates | forbidden_aggregates,
     )
