@@ -131,6 +131,8 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
             ("hw:cpu_policy", "mixed", "mixed policies are not modelled"),
             ("member_of", "in:", "must name aggregates"),
             ("resource:VCPU", "two", "must be an integer"),
+            ("resources:CUSTOM_NOPE", "1", "no such resource class"),
+            ("trait:CUSTOM_NOPE", "required", "no such trait"),
         ]
     ),
     (

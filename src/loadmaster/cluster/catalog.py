@@ -20,6 +20,7 @@ from loadmaster.resources import (
     UNKNOWN_SPECS,
     ResourceClass,
     UnknownSpecs,
+    extra_spec_names,
     parse_flavor,
     validate_custom_name,
     validate_custom_trait,
@@ -229,6 +230,15 @@ class FlavorService:
     ) -> FlavorRecord:
         spec = parse_flavor(definition, unknown_specs or self.unknown_specs)
         with self._store.write() as session:
+            for key, kind, name in extra_spec_names(spec.extra_specs):
+                check = lookup.require_classes if kind == "class" else lookup.require_traits
+                try:
+                    check(session, [name], "extra_specs")
+                except NotFound:
+                    raise NotFound(
+                        f"extra_specs.{key}: no such {'resource class' if kind == 'class' else kind}",
+                        field=f"extra_specs.{key}",
+                    ) from None
             lookup.require_classes(session, spec.resources, "resources", lock=True)
             lookup.require_traits(session, spec.required_traits, "required_traits")
             lookup.require_traits(session, spec.forbidden_traits, "forbidden_traits")

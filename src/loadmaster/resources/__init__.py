@@ -14,6 +14,7 @@ from loadmaster.resources.requirements import (
     Requirements,
     UnknownSpecs,
     aggregate_specs,
+    extra_spec_names,
     parse_flavor,
 )
 from loadmaster.resources.traits import STANDARD_TRAITS, validate_custom_trait, validate_trait_name
@@ -30,6 +31,7 @@ __all__ = [
     "ResourceClass",
     "UnknownSpecs",
     "aggregate_specs",
+    "extra_spec_names",
     "parse_amounts",
     "parse_flavor",
     "validate_custom_name",

@@ -113,6 +113,19 @@ _VALUE_REASONS = {
 }
 
 
+def extra_spec_names(extra_specs: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """``(key, "class" or "trait", name)`` for each class or trait an extra spec names,
+    so that a name the store does not know is refused naming the extra spec."""
+    out = []
+    for key in extra_specs:
+        prefix, colon, rest = key.partition(":")
+        if colon and prefix in ("resources", "resource"):
+            out.append((key, "class", rest))
+        elif colon and prefix == "trait":
+            out.append((key, "trait", rest))
+    return out
+
+
 def _amount(value: str, where: str) -> int:
     try:
         amount = int(value)
