@@ -84,3 +84,13 @@ def test_a_bad_seed_is_refused_naming_it(slm: Loadmaster, seed: object) -> None:
         slm.scheduler.schedule([RequestSpec(vms=uuids)], seed=seed)  # type: ignore[arg-type]
     assert caught.value.field == "seed"
     assert slm.vms.get(uuids[0]).state == "requested"
+
+
+def test_a_drain_records_the_seed_of_its_decision(slm: Loadmaster) -> None:
+    add_hosts(slm, 3)
+    small_flavor(slm)
+    uuids = add_vms(slm, 2)
+    slm.scheduler.schedule([RequestSpec(vms=uuids, include_hosts=["h0"])])
+    drained = slm.maintenance.drain("h0")
+    assert len(drained.moved) == 2
+    assert isinstance(drained.seed, int) and drained.to_dict()["seed"] == drained.seed
