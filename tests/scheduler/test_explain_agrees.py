@@ -79,13 +79,20 @@ def test_a_gang_failure_is_one_reason_per_cause_with_its_count(slm: Loadmaster) 
 @given(
     memories=st.lists(st.integers(1, 12), min_size=1, max_size=6),
     members=st.integers(1, 14),
-    policy=st.sampled_from(["affinity", "anti-affinity"]),
+    group=st.sampled_from(
+        [("affinity", None), ("anti-affinity", None), ("anti-affinity", 2), ("soft-affinity", 3)]
+    ),
     maintenance=st.booleans(),
     seed=st.integers(0, 2**32),
 )
 def test_the_explanation_agrees_with_the_runs_failure(
-    memories: list[int], members: int, policy: str, maintenance: bool, seed: int
+    memories: list[int],
+    members: int,
+    group: tuple[str, int | None],
+    maintenance: bool,
+    seed: int,
 ) -> None:
+    policy, cap = group
     with tempfile.TemporaryDirectory() as tmp:
         lm = loadmaster.open(f"sqlite:///{Path(tmp) / 'e.db'}")
         try:
@@ -103,7 +110,7 @@ def test_the_explanation_agrees_with_the_runs_failure(
                 ]
             )
             small_flavor(lm, vcpu=1, memory=1024)
-            lm.groups.create("g", policy)
+            lm.groups.create("g", policy, max_per_host=cap)
             spec = RequestSpec(vms=add_vms(lm, members, group="g"))
             explained = lm.scheduler.explain(spec, seed=seed)
             dry = lm.scheduler.schedule([spec], dry_run=True, seed=seed)
@@ -119,5 +126,16 @@ def test_the_explanation_agrees_with_the_runs_failure(
                 fits = max(up)
                 assert f"needs {members} VMs on one host" in explained.message
                 assert f"fits {min(fits, members - 1)}" in explained.message
+            elif (
+                policy != "affinity"
+                and up
+                and len(up) * (cap or 1) < members
+                and all(m >= (cap or 1) for m in up)
+            ):
+                # Out of hosts before out of memory: the group rule is the reason.
+                hosts = -(-members // (cap or 1))
+                assert f"needs {hosts} hosts for its {members} VMs; 0 are left" in (
+                    explained.message
+                )
         finally:
             lm.close()
