@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -128,6 +128,15 @@ class RequestSpec:
         }
 
 
+def summed(amounts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Per class, the sum of several VMs' amounts."""
+    total: dict[str, int] = {}
+    for member in amounts:
+        for name, amount in member.items():
+            total[name] = total.get(name, 0) + amount
+    return total
+
+
 def _names(value: object, field: str) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence | set | frozenset):
         raise ValidationError(f"{field} must be a list of strings", field=field)
@@ -168,11 +177,7 @@ class VmRequest:
 
     @property
     def companion_total(self) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for member in self.companions:
-            for name, amount in member.items():
-                total[name] = total.get(name, 0) + amount
-        return total
+        return summed(self.companions)
 
     @property
     def shape(self) -> tuple[object, ...]:

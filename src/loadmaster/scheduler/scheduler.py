@@ -48,7 +48,7 @@ from loadmaster.scheduler.plugins import (
 )
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
 from loadmaster.scheduler.reports import record_report
-from loadmaster.scheduler.request import RequestSpec, VmRequest
+from loadmaster.scheduler.request import RequestSpec, VmRequest, summed
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
@@ -659,19 +659,19 @@ class Scheduler:
             others = _kept(decision, but="resources")
             if not others.any():
                 return None
-            members = (request.resources, *request.companions)
-            fit = self._members_fitting(request, members, others)
+            fit = self._members_fitting(request, others)
             best = int(np.argmax(fit))
+            # What stops the best host taking one member more than it does.
+            one_more = summed(request.companions[: fit[best]])
             limits = [
                 name
-                for name, ok in sorted(
-                    hosts.fits(request.resources, _extra(request, members[: fit[best] + 1])).items()
-                )
+                for name, ok in sorted(hosts.fits(request.resources, one_more).items())
                 if not ok[best]
             ]
             limited = f" (limited by {', '.join(limits)})" if limits else ""
+            size = len(request.companions) + 1
             return (
-                f"hard affinity group {group.name} needs {len(members)} VMs on one host; "
+                f"hard affinity group {group.name} needs {size} VMs on one host; "
                 f"the best host {hosts.names[best]} fits {fit[best]}{limited}"
             )
         rule = "anti_affinity" if group.policy == "anti-affinity" else "max_per_host"
@@ -688,15 +688,15 @@ class Scheduler:
             f"pass the other filters hold {cap} already"
         )
 
-    def _members_fitting(
-        self, request: VmRequest, members: Sequence[Mapping[str, int]], keep: Bools
-    ) -> Ints:
-        """Per host, how many of ``members`` (in order, the first being ``request``) fit
-        together, as the resources filter counts them; 0 outside ``keep``."""
+    def _members_fitting(self, request: VmRequest, keep: Bools) -> Ints:
+        """Per host, how many members of the request's group (the request, then its
+        companions in order) fit together, as the resources filter counts them; 0 outside
+        ``keep``."""
         fit = np.zeros(self._hosts.size, np.int64)
         ok = keep.copy()
-        for n in range(1, len(members) + 1):
-            for fits in self._hosts.fits(request.resources, _extra(request, members[:n])).values():
+        for n in range(1, len(request.companions) + 2):
+            companions = summed(request.companions[: n - 1])
+            for fits in self._hosts.fits(request.resources, companions).values():
                 ok &= fits
             if not ok.any():
                 break
@@ -994,15 +994,6 @@ def _kept(decision: _Decision, but: str) -> Bools:
         if name != but:
             keep &= verdict.keep
     return keep
-
-
-def _extra(request: VmRequest, members: Sequence[Mapping[str, int]]) -> dict[str, int]:
-    """What ``members`` need beyond the request's own resources (its first one)."""
-    total: dict[str, int] = {}
-    for member in members:
-        for name, amount in member.items():
-            total[name] = total.get(name, 0) + amount
-    return {name: amount - request.resources.get(name, 0) for name, amount in total.items()}
 
 
 def _lost_race(error: LoadmasterError) -> bool:
