@@ -3,8 +3,11 @@ out of) aggregates, resource:/resources: give their amounts, pinned CPUs ask PCP
 
 from __future__ import annotations
 
+import pytest
 from tests.scheduler.conftest import add_hosts
 
+from loadmaster.cluster.catalog import UNKNOWN_SPECS_ENV, FlavorService
+from loadmaster.errors import ValidationError
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
 
@@ -38,3 +41,20 @@ def test_dedicated_cpus_are_placed_as_pcpu(slm: Loadmaster) -> None:
     assert slm.flavors.get("pin").resources == {"PCPU": 2}
     result = slm.scheduler.schedule([RequestSpec(flavor="pin", count=3)], dry_run=True)
     assert [p.host for p in result.placements] == ["pinned0", "pinned0", None]
+
+
+def test_the_servers_setting_decides_for_unknown_specs_unless_the_call_does(
+    slm: Loadmaster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    definition = {"name": "f", "resources": {"VCPU": 1}, "extra_specs": {"hw:foo": "1"}}
+    monkeypatch.setenv(UNKNOWN_SPECS_ENV, "warn")
+    warned = FlavorService(slm.store).create(dict(definition))
+    assert warned.warnings == ("extra_specs.hw:foo is not understood and is ignored",)
+    with pytest.raises(ValidationError) as err:
+        FlavorService(slm.store).create({**definition, "name": "g"}, unknown_specs="refuse")
+    assert err.value.field == "extra_specs.hw:foo"
+    assert [f.name for f in slm.flavors.list()] == ["f"]
+    monkeypatch.setenv(UNKNOWN_SPECS_ENV, "ignore")
+    with pytest.raises(ValidationError) as err:
+        FlavorService(slm.store)
+    assert err.value.field == "unknown_specs" and UNKNOWN_SPECS_ENV in err.value.detail
