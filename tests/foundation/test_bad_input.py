@@ -126,7 +126,7 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
             ("quota:cpu_shares", "10", "not an extra spec loadmaster understands"),
             ("resources1:VCPU", "1", "not an extra spec loadmaster understands"),
             ("aggregate_instance_extra_specs:ssd", "true", "aggregates carry no metadata"),
-            ("hw:numa_nodes", "1", "cannot keep a VM within one NUMA cell"),
+            ("hw:numa_nodes", "2", "several NUMA nodes is not modelled"),
             ("hw:mem_page_size", "large", "huge pages are not tracked"),
             ("hw:cpu_policy", "mixed", "mixed policies are not modelled"),
             ("member_of", "in:", "must name aggregates"),

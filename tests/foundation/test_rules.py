@@ -125,7 +125,7 @@ def test_unknown_extra_specs_are_kept_with_a_warning_naming_them_when_asked() ->
     assert spec.extra_specs == definition["extra_specs"]
     # Known specs loadmaster cannot honour are refused whatever the setting.
     with pytest.raises(ValidationError) as err:
-        parse_flavor({**definition, "extra_specs": {"hw:numa_nodes": "1"}}, "warn")
+        parse_flavor({**definition, "extra_specs": {"hw:numa_nodes": "2"}}, "warn")
     assert err.value.field == "extra_specs.hw:numa_nodes"
 
 

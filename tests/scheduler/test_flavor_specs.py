@@ -7,7 +7,8 @@ import pytest
 from tests.scheduler.conftest import add_hosts
 
 from loadmaster.cluster.catalog import UNKNOWN_SPECS_ENV, FlavorService
-from loadmaster.errors import ValidationError
+from loadmaster.errors import InsufficientCapacity, ValidationError
+from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
 
@@ -58,3 +59,40 @@ def test_the_servers_setting_decides_for_unknown_specs_unless_the_call_does(
     with pytest.raises(ValidationError) as err:
         FlavorService(slm.store)
     assert err.value.field == "unknown_specs" and UNKNOWN_SPECS_ENV in err.value.detail
+
+
+def test_one_numa_node_keeps_a_vms_node_classes_on_one_node(slm: Loadmaster) -> None:
+    lm = slm
+    # "skew" has room for the VM only with its CPUs on one node and memory on the other;
+    # "even" has two nodes each with room for two VMs.
+    for host, nodes in (("skew", ((4, 1024), (1, 8192))), ("even", ((4, 4096), (4, 4096)))):
+        lm.hosts.create(host, inventories={"DISK_GB": {"total": 100}})
+        for n, (vcpu, memory) in enumerate(nodes):
+            lm.hosts.create(
+                f"{host}-node{n}",
+                parent=host,
+                inventories={"VCPU": {"total": vcpu}, "MEMORY_MB": {"total": memory}},
+            )
+    resources = {"VCPU": 2, "MEMORY_MB": 2048, "DISK_GB": 10}
+    lm.flavors.create({"name": "split", "resources": resources})
+    lm.flavors.create(
+        {"name": "one-node", "resources": resources, "extra_specs": {"hw:numa_nodes": "1"}}
+    )
+    assert lm.scheduler.capacity("split").per_host == {"even": 4, "skew": 2}
+    pinned = lm.scheduler.capacity("one-node")
+    assert pinned.per_host == {"even": 4}
+    assert pinned.limits == {"skew": "no NUMA node with room for all"}
+
+    vm = lm.vms.create("direct", "one-node").uuid
+    with pytest.raises(InsufficientCapacity) as err:
+        lm.allocations.claim(vm, "skew")
+    assert "on one NUMA node" in err.value.detail
+    uuids = [vm] + [lm.vms.create(f"n{i}", "one-node").uuid for i in range(4)]
+    result = lm.scheduler.schedule([RequestSpec(vms=uuids)])
+    assert sorted(p.host or "-" for p in result.placements) == ["-", "even", "even", "even", "even"]
+    nodes: dict[str, set[str]] = {}
+    for record in lm.allocations.allocations():
+        if record.resource_class != "DISK_GB":
+            nodes.setdefault(record.vm, set()).add(record.host)
+    assert len(nodes) == 4 and all(len(hosts) == 1 for hosts in nodes.values()), nodes
+    assert audit(lm.store) == []

@@ -15,6 +15,7 @@ from loadmaster.resources.requirements import (
     UnknownSpecs,
     aggregate_specs,
     extra_spec_names,
+    one_numa_node,
     parse_flavor,
 )
 from loadmaster.resources.traits import STANDARD_TRAITS, validate_custom_trait, validate_trait_name
@@ -32,6 +33,7 @@ __all__ = [
     "UnknownSpecs",
     "aggregate_specs",
     "extra_spec_names",
+    "one_numa_node",
     "parse_amounts",
     "parse_flavor",
     "validate_custom_name",

@@ -10,10 +10,10 @@ Understood: ``resources:CLASS=N`` and ``resource:CLASS=N`` (the "Extensible Reso
 Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`` or
 ``a,b``: any of these aggregates; a leading ``!`` forbids them); ``hw:cpu_policy``
 (``shared``, or ``dedicated``: the VCPU amount is asked as PCPU, pinned CPUs);
-``hw:mem_page_size`` ``small`` or ``any`` (the default pages). Refused, with the reason:
-``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata to match),
-other page sizes (huge pages are not tracked), ``hw:numa_nodes`` (the ledger claims each
-class on the first provider with room, so it cannot keep a VM within one NUMA cell).
+``hw:mem_page_size`` ``small`` or ``any`` (the default pages); ``hw:numa_nodes=1`` (what
+a host's NUMA nodes, its child providers, offer comes all from one node). Refused, with
+the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
+to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
 """
 
 from __future__ import annotations
@@ -98,19 +98,23 @@ _REFUSED_PREFIXES = {
         "loadmaster aggregates carry no metadata to match; put the hosts in an aggregate "
         "and use member_of"
     ),
-    "hw:numa_nodes": (
-        "loadmaster claims each class on the first provider of a host with room, so it "
-        "cannot keep a VM within one NUMA cell; the host agent's NUMA policy places guests"
-    ),
 }
 _ACCEPTED_VALUES = {
     "hw:cpu_policy": ("shared", "dedicated"),
     "hw:mem_page_size": ("small", "any"),
+    "hw:numa_nodes": ("1",),
 }
 _VALUE_REASONS = {
     "hw:cpu_policy": "mixed policies are not modelled (shared or dedicated)",
     "hw:mem_page_size": "huge pages are not tracked (small or any)",
+    "hw:numa_nodes": "a VM spread over several NUMA nodes is not modelled (1 only)",
 }
+
+
+def one_numa_node(extra_specs: Mapping[str, str]) -> bool:
+    """``hw:numa_nodes=1``: the classes a host's NUMA nodes (its child providers) offer
+    come all from one of them."""
+    return extra_specs.get("hw:numa_nodes") == "1"
 
 
 def extra_spec_names(extra_specs: Mapping[str, str]) -> list[tuple[str, str, str]]:

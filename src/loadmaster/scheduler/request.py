@@ -174,6 +174,8 @@ class VmRequest:
     exclude_hosts: frozenset[str] = frozenset()
     companions: tuple[Mapping[str, int], ...] = ()
     group_size: int = 1
+    # hw:numa_nodes=1: what the host's NUMA nodes offer comes all from one node.
+    one_numa_node: bool = False
 
     @property
     def companion_total(self) -> dict[str, int]:

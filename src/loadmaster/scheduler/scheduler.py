@@ -37,7 +37,7 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
-from loadmaster.resources import aggregate_specs
+from loadmaster.resources import aggregate_specs, one_numa_node
 from loadmaster.scheduler.plugins import (
     LoadedFilter,
     Verdict,
@@ -722,6 +722,8 @@ class Scheduler:
                 )
             )
             counts = np.minimum(counts, per_host)
+        if request.one_numa_node:
+            counts = np.minimum(counts, hosts.one_node_counts(request.resources))
         return counts
 
     # -- one batch, two modes ------------------------------------------------------------
@@ -765,7 +767,10 @@ class Scheduler:
         else:
             group = item.request.group
             self._hosts.apply(
-                decision.host, item.request.resources, group.name if group is not None else None
+                decision.host,
+                item.request.resources,
+                group.name if group is not None else None,
+                one_node=item.request.one_numa_node,
             )
         item.seconds += time.perf_counter() - started
         return decision.host, error
@@ -1015,4 +1020,5 @@ def _with_flavor(base: VmRequest, flavor: FlavorRow, overrides: Mapping[str, int
         forbidden_traits=base.forbidden_traits | frozenset(flavor.forbidden_traits),
         member_of=base.member_of + member_of,
         forbidden_aggregates=base.forbidden_aggregates | forbidden_aggregates,
+        one_numa_node=one_numa_node(flavor.extra_specs),
     )
