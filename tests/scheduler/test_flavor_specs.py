@@ -3,9 +3,16 @@ out of) aggregates, resource:/resources: give their amounts, pinned CPUs ask PCP
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tests.scheduler.conftest import add_hosts
 
+import loadmaster
+from loadmaster.cluster import VmSpec
 from loadmaster.cluster.catalog import UNKNOWN_SPECS_ENV, FlavorService
 from loadmaster.errors import InsufficientCapacity, ValidationError
 from loadmaster.pending import audit
@@ -96,3 +103,56 @@ def test_one_numa_node_keeps_a_vms_node_classes_on_one_node(slm: Loadmaster) -> 
             nodes.setdefault(record.vm, set()).add(record.host)
     assert len(nodes) == 4 and all(len(hosts) == 1 for hosts in nodes.values()), nodes
     assert audit(lm.store) == []
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    # per host, its NUMA nodes as (VCPU, GiB of memory); none for a flat host
+    hosts=st.lists(
+        st.lists(st.tuples(st.integers(1, 8), st.integers(1, 8)), max_size=3),
+        min_size=1,
+        max_size=4,
+    ),
+    vms=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=20),
+)
+def test_one_numa_node_the_scheduler_decides_as_the_ledger_claims(
+    hosts: list[list[tuple[int, int]]], vms: list[str]
+) -> None:
+    """The ledger never refuses what the scheduler chose for a hw:numa_nodes=1 flavor, and
+    capacity counted before the batch is what the batch places."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lm = loadmaster.open(f"sqlite:///{Path(tmp) / 'numa.db'}")
+        try:
+            for i, nodes in enumerate(hosts):
+                flat = {"VCPU": {"total": 4}, "MEMORY_MB": {"total": 4096}}
+                lm.hosts.create(f"h{i}", inventories={} if nodes else flat)
+                for j, (vcpu, gib) in enumerate(nodes):
+                    lm.hosts.create(
+                        f"h{i}-n{j}",
+                        parent=f"h{i}",
+                        inventories={"VCPU": {"total": vcpu}, "MEMORY_MB": {"total": gib * 1024}},
+                    )
+            for name, vcpu, gib in (("a", 1, 1), ("b", 2, 3), ("c", 3, 1)):
+                lm.flavors.create(
+                    {
+                        "name": name,
+                        "resources": {"VCPU": vcpu, "MEMORY_MB": gib * 1024},
+                        "extra_specs": {"hw:numa_nodes": "1"},
+                    }
+                )
+            room = lm.scheduler.capacity(vms[0]).total
+            uuids = [
+                v.uuid for v in lm.vms.create_many([VmSpec(f"v{i}", f) for i, f in enumerate(vms)])
+            ]
+            result = lm.scheduler.schedule([RequestSpec(vms=uuids)], policy="pack")
+            assert result.conflicts == 0
+            assert all(p.attempts == 1 for p in result.placements)
+            assert audit(lm.store) == []
+            on: dict[str, set[str]] = {}
+            for record in lm.allocations.allocations():
+                on.setdefault(record.vm, set()).add(record.host)
+            assert all(len(providers) == 1 for providers in on.values()), on
+            if len(set(vms)) == 1:
+                assert len(result.placed) == min(room, len(vms))
+        finally:
+            lm.close()
