@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -30,10 +31,15 @@ def _count(pixels: np.ndarray, colour: str) -> int:
     return int(np.all(np.abs(pixels.astype(int) - _rgb(colour)) <= 12, axis=-1).sum())
 
 
+DEMO_ARGS = ["demo", "--hosts", "6", "--vms", "60", "--cycle", "0.25", "--ramp", "12"]
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    directory = tmp_path_factory.mktemp("demo")
-    args = ["demo", "--hosts", "6", "--vms", "60", "--cycle", "0.25", "--ramp", "12"]
+    return _run_demo(tmp_path_factory.mktemp("demo"), DEMO_ARGS)
+
+
+def _run_demo(directory: Path, args: list[str]) -> tuple[Path, str]:
     result = subprocess.run(
         [LOADMASTER, *args, "--db", f"sqlite:///{directory / 'demo.db'}", "--out", str(directory)],
         capture_output=True,
@@ -62,6 +68,17 @@ def test_demo_runs_the_whole_loop(report: tuple[Path, str]) -> None:
     assert "no valid host giant-1 (512 GiB)" in text and "short of MEMORY_MB" in text
     assert "group-rule violations: 0 at any sampled moment, 0 at the end" in text
     assert "ledger audit: 0 problem(s)" in text
+
+
+def test_one_seed_places_the_mass_start_the_same_way_on_every_run(
+    report: tuple[Path, str], tmp_path: Path
+) -> None:
+    first = json.loads((report[0].parent / "mass-start.json").read_text())
+    again, _ = _run_demo(tmp_path, DEMO_ARGS)
+    second = json.loads((again.parent / "mass-start.json").read_text())
+    assert first["seed"] == second["seed"] == 7
+    assert len(first["placements"]) == 60
+    assert first == second
 
 
 def test_report_is_self_contained_and_its_charts_show_the_story(

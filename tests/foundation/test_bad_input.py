@@ -112,6 +112,38 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         "required_traits",
         "no such trait",
     ),
+    *(
+        (
+            f"extra spec {key}",
+            lambda lm, key=key, value=value: lm.flavors.create(
+                {"name": "f", "resources": {"VCPU": 1}, "extra_specs": {key: value}}
+            ),
+            f"extra_specs.{key}",
+            reason,
+        )
+        for key, value, reason in [
+            ("hw:foo", "1", "not an extra spec loadmaster understands"),
+            ("quota:cpu_shares", "10", "not an extra spec loadmaster understands"),
+            ("resources1:VCPU", "1", "not an extra spec loadmaster understands"),
+            ("aggregate_instance_extra_specs:ssd", "true", "aggregates carry no metadata"),
+            ("hw:numa_nodes", "2", "several NUMA nodes is not modelled"),
+            ("hw:mem_page_size", "large", "huge pages are not tracked"),
+            ("hw:cpu_policy", "mixed", "mixed policies are not modelled"),
+            ("member_of", "in:", "must name aggregates"),
+            ("resource:VCPU", "two", "must be an integer"),
+            ("resources:CUSTOM_NOPE", "1", "no such resource class"),
+            ("trait:CUSTOM_NOPE", "required", "no such trait"),
+        ]
+    ),
+    (
+        "bad unknown_specs",
+        lambda lm: lm.flavors.create(
+            {"name": "f", "resources": {"VCPU": 1}},
+            unknown_specs="ignore",  # type: ignore[arg-type]
+        ),
+        "unknown_specs",
+        "refuse or warn",
+    ),
     ("bad host state", lambda lm: lm.hosts.set_state("h1", "sleeping"), "state", "one of"),
     (
         "shrink below allocated",

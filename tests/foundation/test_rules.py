@@ -85,10 +85,48 @@ def test_nova_extra_specs_are_understood() -> None:
             },
         }
     )
-    assert spec.resources == {"VCPU": 4, "MEMORY_MB": 16384, "CUSTOM_GPU": 1}
+    # Pinned CPUs are asked as PCPU, as Nova asks placement for them.
+    assert spec.resources == {"PCPU": 4, "MEMORY_MB": 16384, "CUSTOM_GPU": 1}
     assert spec.required_traits == {"HW_CPU_X86_AVX2"}
     assert spec.forbidden_traits == {"CUSTOM_SLOW_DISK"}
     assert spec.extra_specs["hw:cpu_policy"] == "dedicated"
+    assert spec.warnings == ()
+
+
+def test_extra_specs_alone_give_a_flavor_its_resources() -> None:
+    spec = parse_flavor(
+        {
+            "name": "ert",
+            "extra_specs": {
+                "resource:VCPU": "2",
+                "resources:MEMORY_MB": "2048",
+                "hw:cpu_policy": "shared",
+                "hw:mem_page_size": "small",
+            },
+        }
+    )
+    assert spec.resources == {"VCPU": 2, "MEMORY_MB": 2048}
+
+
+def test_unknown_extra_specs_are_kept_with_a_warning_naming_them_when_asked() -> None:
+    definition = {
+        "name": "f",
+        "resources": {"VCPU": 1},
+        "extra_specs": {"hw:foo": "1", "quota:cpu_shares": "5"},
+    }
+    with pytest.raises(ValidationError) as err:
+        parse_flavor(definition)
+    assert err.value.field == "extra_specs.hw:foo"
+    spec = parse_flavor(definition, "warn")
+    assert spec.warnings == (
+        "extra_specs.hw:foo is not understood and is ignored",
+        "extra_specs.quota:cpu_shares is not understood and is ignored",
+    )
+    assert spec.extra_specs == definition["extra_specs"]
+    # Known specs loadmaster cannot honour are refused whatever the setting.
+    with pytest.raises(ValidationError) as err:
+        parse_flavor({**definition, "extra_specs": {"hw:numa_nodes": "2"}}, "warn")
+    assert err.value.field == "extra_specs.hw:numa_nodes"
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,12 @@ from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.tiers import TIERS
 
+# Colours of what the plot marks, distinct from every line, so a reader (and the test that
+# reads the pixels) tells them apart.
+STOP_COLOUR = "#e6194b"
+MIGRATION_COLOUR = "#f58231"
+GUEST_SWAP_COLOUR = "#911eb4"
+
 
 @dataclass(frozen=True)
 class SimulationResult:
@@ -41,6 +47,29 @@ class SimulationResult:
     csv_path: Path
     png_path: Path
     html_path: Path
+
+    def figures(self) -> list[tuple[str, str]]:
+        """The run in numbers, memory in GiB: the console and the HTML page print these."""
+        return [
+            ("guests / cycles / seed", f"{self.guests} / {self.steps} / {self.seed}"),
+            ("host memory", _gib(self.host_memory_kib)),
+            ("max host swap without policy", _gib(self.max_swap_kib_without_policy)),
+            ("max host swap with SLA policy", _gib(self.max_swap_kib_with_policy)),
+            *(
+                (
+                    f"smallest {t.name} balloon (guaranteed {t.memory_guarantee:.0%})",
+                    f"{self.min_balloon_ratio[t.name]:.0%}",
+                )
+                for t in TIERS
+            ),
+            ("max swap inside guests", _gib(self.max_guest_swap_kib)),
+            ("vapor VMs stopped", str(len(self.stopped_guests))),
+            ("migration requests", str(self.migration_requests)),
+        ]
+
+
+def _gib(kib: float) -> str:
+    return f"{kib / GIB:.2f} GiB"
 
 
 def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> SimulationResult:
@@ -65,6 +94,9 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
     min_ratio = {t.name: 1.0 for t in TIERS}
     max_guest_swap = failures = 0
     for step in range(1, steps + 1):
+        # A stop the policy asks for takes effect as the guest shuts down, in a later
+        # advance: counted over the whole step.
+        stopped_before, asked_before = len(with_policy.stopped), len(migrations)
         with_policy.advance()
         without.advance()
         report = agent.run_cycle()
@@ -81,6 +113,8 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
             "guest_swap_gib": with_policy.guest_swap_kib() / GIB,
             "running_guests": len(with_policy.list_guests()),
             "actions": len(report.actions),
+            "stops": len(with_policy.stopped) - stopped_before,
+            "migration_requests": len(migrations) - asked_before,
         }
         for tier in TIERS:
             # NaN once a tier has no running VM left: a gap in the plot, not a full balloon.
@@ -151,6 +185,29 @@ def _plot(rows: list[dict[str, float]], path: Path) -> None:
         alpha=0.5,
         label="host swap, SLA policy",
     )
+    mem.plot(
+        steps,
+        [r["guest_swap_gib"] for r in rows],
+        color=GUEST_SWAP_COLOUR,
+        linewidth=2,
+        label="swap inside guests, SLA policy",
+    )
+    for column, colour, marker, label in (
+        ("stops", STOP_COLOUR, "v", "vapor VM stopped"),
+        ("migration_requests", MIGRATION_COLOUR, "^", "migration requested"),
+    ):
+        marked = [r["step"] for r in rows if r[column]]
+        for step in marked:
+            mem.axvline(step, color=colour, linewidth=0.8, alpha=0.6)
+        mem.scatter(
+            marked,
+            [r["host_memory_gib"] for r in rows if r[column]],
+            color=colour,
+            marker=marker,
+            s=60,
+            zorder=3,
+            label=f"{label} ({sum(int(r[column]) for r in rows)})",
+        )
     mem.set_ylabel("GiB")
     mem.set_title("Host memory under rising guest demand")
     mem.legend(loc="upper left", fontsize="small")
@@ -171,25 +228,8 @@ def _plot(rows: list[dict[str, float]], path: Path) -> None:
 
 
 def _write_html(result: SimulationResult, path: Path) -> None:
-    gib = float(GIB)
-    figures = [
-        ("guests / cycles / seed", f"{result.guests} / {result.steps} / {result.seed}"),
-        ("host memory", f"{result.host_memory_kib / gib:.1f} GiB"),
-        ("max host swap without policy", f"{result.max_swap_kib_without_policy / gib:.2f} GiB"),
-        ("max host swap with SLA policy", f"{result.max_swap_kib_with_policy / gib:.2f} GiB"),
-        *(
-            (
-                f"smallest {t.name} balloon (guaranteed {t.memory_guarantee:.0%})",
-                f"{result.min_balloon_ratio[t.name]:.0%}",
-            )
-            for t in TIERS
-        ),
-        ("max swap inside guests", f"{result.max_guest_swap_kib / gib:.2f} GiB"),
-        ("vapor VMs stopped", str(len(result.stopped_guests))),
-        ("migration requests", str(result.migration_requests)),
-    ]
     rows = "\n".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in figures
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in result.figures()
     )
     path.write_text(
         "<!doctype html>\n<html><head><meta charset='utf-8'>"

@@ -5,7 +5,7 @@ which checks them for Python callers too."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -90,6 +90,9 @@ class FlavorCreate(Body):
     required_traits: list[Name] = []
     forbidden_traits: list[Name] = []
     extra_specs: dict[str, Annotated[str, Field(max_length=255)]] = {}
+    # What an extra spec loadmaster does not know does: refuse the flavor or warn (kept,
+    # not applied, named in the answer's warnings). Default: the server's setting.
+    unknown_specs: Literal["refuse", "warn"] | None = None
 
 
 class VmCreate(Body):
@@ -146,6 +149,8 @@ class ScheduleIn(Body):
     gang: bool = False
     dry_run: bool = False
     policy: Name | None = None
+    # Replays a decision: the seed a result reports, given again on the same state.
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
 
 
 class HostReport(Body):

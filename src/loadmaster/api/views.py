@@ -72,6 +72,7 @@ def flavor(f: FlavorRecord) -> dict[str, Any]:
         "required_traits": list(f.required_traits),
         "forbidden_traits": list(f.forbidden_traits),
         "extra_specs": dict(f.extra_specs),
+        "warnings": list(f.warnings),
     }
 
 

@@ -8,6 +8,7 @@ explains it (see ``loadmaster.demo.scenario``).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -121,6 +122,14 @@ def demo(
         f"{time.perf_counter() - started:.0f} s from an empty database to this report"
     )
     report = write_report(result, subtitle, facts, out)
+    # For comparing runs: the same seed places the mass start the same way.
+    (out / "mass-start.json").write_text(
+        json.dumps(
+            {"seed": seed, "batch_seeds": result.batch_seeds, "placements": result.mass_start},
+            indent=1,
+            sort_keys=True,
+        )
+    )
     console.print(f"report: [bold]{report.resolve()}[/] ({time.perf_counter() - started:.1f} s)")
     if result.peak_violations or result.audit_problems:
         raise typer.Exit(Exit.SERVER_ERROR)

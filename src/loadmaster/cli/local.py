@@ -266,12 +266,9 @@ def simulate_host(
     from loadmaster.agent import simulate_host as simulate
 
     result = simulate(guests, steps, seed, out)
-    err_console.print(
-        f"max swap {result.max_swap_kib_with_policy} KiB with the policies, "
-        f"{result.max_swap_kib_without_policy} KiB without; "
-        f"platinum kept >= {result.min_platinum_balloon_ratio:.0%} of its memory"
-    )
-    err_console.print(f"report: {result.html_path}")
+    for label, value in result.figures():
+        err_console.print(f"{label}: {value}", markup=False)
+    err_console.print(f"report: {result.html_path}", markup=False)
 
 
 @policy_app.command("check")

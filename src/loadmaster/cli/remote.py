@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping
@@ -9,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -309,21 +311,38 @@ def flavor_show(name: str, as_json: JsonOpt = False) -> None:
 @flavor_app.command("create")
 def flavor_create(
     name: str,
-    resource: Annotated[list[str], typer.Option("--resource", "-r", help="CLASS=AMOUNT")],
+    resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resource", "-r", help="CLASS=AMOUNT (or give resources:CLASS=N extra specs)"
+        ),
+    ] = None,
     require: Annotated[list[str] | None, typer.Option(help="required trait")] = None,
     forbid: Annotated[list[str] | None, typer.Option(help="forbidden trait")] = None,
     extra_spec: Annotated[list[str] | None, typer.Option(help="Nova-style KEY=VALUE")] = None,
+    unknown_specs: Annotated[
+        str | None,
+        typer.Option(
+            help="an extra spec loadmaster does not know: refuse the flavor, or warn "
+            "(default: the server's setting, refuse unless changed)"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    body = {
+    body: dict[str, Any] = {
         "name": name,
-        "resources": {k: _int(v, k) for k, v in _pairs(resource, "--resource").items()},
+        "resources": {k: _int(v, k) for k, v in _pairs(resource or [], "--resource").items()},
         "required_traits": require or [],
         "forbidden_traits": forbid or [],
         "extra_specs": _pairs(extra_spec or [], "--extra-spec"),
     }
+    if unknown_specs is not None:
+        body["unknown_specs"] = unknown_specs
     f = api().post("/flavors", body)
     show(f, as_json, "Flavor created", ("name", "resources"), [(f["name"], f["resources"])])
+    if not as_json:
+        for warning in f.get("warnings", []):
+            err_console.print(f"warning: {escape(warning)}")
 
 
 @flavor_app.command("delete")
@@ -341,13 +360,15 @@ def _vm_row(v: Mapping[str, Any]) -> tuple[Any, ...]:
     return (v["name"], v["state"], host, v["flavor"], v["group"], v["uuid"])
 
 
-def vm_uuid(ident: str) -> str:
-    """A VM's uuid from its uuid or its (unique) name."""
+def vm_uuid(ident: str, vms: list[dict[str, Any]] | None = None) -> str:
+    """A VM's uuid from its uuid or its (unique) name; ``vms`` is the VM list when the
+    caller has it already (many names, one request)."""
     try:
         return str(uuidlib.UUID(ident))
     except ValueError:
         pass
-    matches = [v["uuid"] for v in api().get("/vms")["vms"] if v["name"] == ident]
+    listed = api().get("/vms")["vms"] if vms is None else vms
+    matches = [v["uuid"] for v in listed if v["name"] == ident]
     if not matches:
         fail(f"no VM is named {ident!r}", Exit.NOT_FOUND)
     if len(matches) > 1:
@@ -554,10 +575,15 @@ def schedule(
     dry_run: Annotated[bool, typer.Option(help="decide, claim nothing")] = False,
     gang: Annotated[bool, typer.Option(help="all or none")] = False,
     policy: str | None = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(min=0, max=2**63 - 1, help="replay a decision: the seed a run printed"),
+    ] = None,
     explain: Annotated[bool, typer.Option(help="show why hosts were ruled out")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Place VMs now (pending claims), or with --dry-run ask where they would go."""
+    """Place VMs now (pending claims), or with --dry-run ask where they would go. The
+    seed is printed: give it again (--seed) on the same state for the same choices."""
     if not vms and flavor is None:
         fail("name VMs to place or give --flavor", Exit.USAGE)
     spec: dict[str, Any] = {
@@ -565,40 +591,62 @@ def schedule(
         "forbidden_traits": forbid or [],
         "group": group,
     }
+    client = api()
+    names: dict[str, str] = {}
     if vms:
-        spec["vms"] = [vm_uuid(v) for v in vms]
+        listed = client.get("/vms")["vms"]
+        names = {v["uuid"]: v["name"] for v in listed}
+        spec["vms"] = [vm_uuid(v, listed) for v in vms]
     else:
         spec |= {"flavor": flavor, "count": count}
-    client = api()
-    body = {"requests": [spec], "gang": gang, "dry_run": dry_run or not vms, "policy": policy}
+    # One seed for the explanation and the run, so that both decide alike.
+    seed = secrets.randbits(63) if seed is None else seed
+    params = {"seed": seed} | ({"policy": policy} if policy else {})
+    explanation = (
+        client.request("POST", "/schedule/explain", body=spec, params=params) if explain else None
+    )
+    body = {
+        "requests": [spec],
+        "gang": gang,
+        "dry_run": dry_run or not vms,
+        "policy": policy,
+        "seed": seed,
+    }
     result = client.post("/schedule", body)
-    explanation = client.post("/schedule/explain", spec) if explain else None
     if as_json:
         print_json({**result, "explanation": explanation} if explain else result)
     else:
-        rows = [
-            (
-                p["vm"],
-                p["host"],
-                (p["error"] or {}).get("detail"),
-                f"{p['decision_seconds'] * 1000:.2f}",
-            )
-            for p in result["placements"]
-        ]
-        mode = "dry run" if result["dry_run"] else "claimed"
-        title = (
-            f"Placements ({mode}, policy {result['policy']}): {result['placed']} placed, "
-            f"{result['failed']} failed"
-        )
-        show(result, False, title, ("vm", "host", "error", "ms"), rows)
-        unlisted = result["placed"] + result["failed"] - result.get("listed", len(rows))
-        if unlisted > 0:  # a big dry run is summarised by the server
-            per_host = ", ".join(f"{h}: {n}" for h, n in result.get("by_host", {}).items())
-            console.print(f"{unlisted} more not listed; placed per host: {per_host}")
+        _print_schedule(result, names)
         if explanation is not None:
             console.print(format_explanation(explanation))
     if result["failed"]:
         raise typer.Exit(int(Exit.CONFLICT))
+
+
+def _print_schedule(result: dict[str, Any], names: Mapping[str, str]) -> None:
+    """VMs by name; a failure shared by many VMs (a gang, a group) is said once, counted."""
+    rows = [
+        (
+            names.get(p["vm"], p["vm"]),
+            p["host"] or "not placed",
+            f"{p['decision_seconds'] * 1000:.2f}",
+        )
+        for p in result["placements"]
+    ]
+    mode = "dry run" if result["dry_run"] else "claimed"
+    title = (
+        f"Placements ({mode}, policy {result['policy']}): "
+        f"{result['placed']} placed, {result['failed']} failed"
+    )
+    show(result, False, title, ("vm", "host", "ms"), rows)
+    console.print(f"seed {result['seed']} (--seed {result['seed']} on the same state replays it)")
+    unlisted = result["placed"] + result["failed"] - result["listed"]
+    if unlisted > 0:  # a big dry run is summarised by the server
+        per_host = ", ".join(f"{h}: {n}" for h, n in result["by_host"].items())
+        console.print(f"{unlisted} more not listed; placed per host: {per_host}")
+    for failure in result["failure_reasons"]:
+        vms = failure["vms"]
+        console.print(f"{vms} VM{'s' if vms != 1 else ''} not placed: {failure['reason']}")
 
 
 @app.command("capacity")
@@ -609,9 +657,10 @@ def capacity(
     top: Annotated[int, typer.Option(help="hosts to list (0: all)")] = 10,
     as_json: JsonOpt = False,
 ) -> None:
-    """How many more VMs of FLAVOR fit now, and where."""
+    """How many more VMs of FLAVOR fit now, and where: hosts taking the most first, then
+    the hosts where none fits, each with what stops it."""
     data = api().get("/capacity", flavor=flavor, group=group, policy=policy)
-    per_host = list(data["per_host"].items())
-    rows = per_host[:top] if top else per_host
-    title = f"{data['total']} more {flavor} fit on {len(per_host)} hosts"
-    show(data, as_json, title, ("host", "fits"), rows)
+    rows = [(host, fits, "-") for host, fits in data["per_host"].items()]
+    rows += [(host, 0, reason) for host, reason in data["limits"].items()]
+    title = f"{data['total']} more {flavor} fit on {len(data['per_host'])} hosts"
+    show(data, as_json, title, ("host", "fits", "limited by"), rows[:top] if top else rows)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -9,12 +12,15 @@ from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import FlavorRecord
-from loadmaster.errors import Conflict, NotFound, StoreUnavailable
+from loadmaster.errors import Conflict, NotFound, StoreUnavailable, ValidationError
 from loadmaster.resources import (
     STANDARD_BY_NAME,
     STANDARD_CLASSES,
     STANDARD_TRAITS,
+    UNKNOWN_SPECS,
     ResourceClass,
+    UnknownSpecs,
+    extra_spec_names,
     parse_flavor,
     validate_custom_name,
     validate_custom_trait,
@@ -201,13 +207,38 @@ class TraitService:
             session.delete(row)
 
 
-class FlavorService:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+UNKNOWN_SPECS_ENV = "LOADMASTER_UNKNOWN_SPECS"
 
-    def create(self, definition: dict[str, object]) -> FlavorRecord:
-        spec = parse_flavor(definition)
+
+class FlavorService:
+    """``unknown_specs`` is the default for extra specs loadmaster does not know: refuse
+    the flavor, or warn (see ``parse_flavor``); ``$LOADMASTER_UNKNOWN_SPECS`` sets it for
+    a server."""
+
+    def __init__(self, store: Store, unknown_specs: UnknownSpecs | None = None) -> None:
+        self._store = store
+        setting = unknown_specs or os.environ.get(UNKNOWN_SPECS_ENV) or "refuse"
+        if setting not in UNKNOWN_SPECS:
+            raise ValidationError(
+                f"{UNKNOWN_SPECS_ENV} must be refuse or warn, got {setting!r}",
+                field="unknown_specs",
+            )
+        self.unknown_specs: UnknownSpecs = "warn" if setting == "warn" else "refuse"
+
+    def create(
+        self, definition: dict[str, object], *, unknown_specs: UnknownSpecs | None = None
+    ) -> FlavorRecord:
+        spec = parse_flavor(definition, unknown_specs or self.unknown_specs)
         with self._store.write() as session:
+            for key, kind, name in extra_spec_names(spec.extra_specs):
+                check = lookup.require_classes if kind == "class" else lookup.require_traits
+                try:
+                    check(session, [name], "extra_specs")
+                except NotFound:
+                    raise NotFound(
+                        f"extra_specs.{key}: no such {'resource class' if kind == 'class' else kind}",
+                        field=f"extra_specs.{key}",
+                    ) from None
             lookup.require_classes(session, spec.resources, "resources", lock=True)
             lookup.require_traits(session, spec.required_traits, "required_traits")
             lookup.require_traits(session, spec.forbidden_traits, "forbidden_traits")
@@ -221,7 +252,7 @@ class FlavorService:
                 extra_specs=dict(spec.extra_specs),
             )
             session.add(row)
-            return flavor_record(row)
+            return replace(flavor_record(row), warnings=spec.warnings)
 
     def get(self, name: str) -> FlavorRecord:
         with self._store.read() as session:

@@ -31,6 +31,8 @@ class FlavorRecord:
     required_traits: tuple[str, ...]
     forbidden_traits: tuple[str, ...]
     extra_specs: Mapping[str, str] = field(default_factory=dict)
+    # Extra specs kept but not applied; only the answer to a create carries them.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

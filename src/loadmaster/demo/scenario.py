@@ -86,6 +86,10 @@ class DemoResult:
     drain_stopped: list[str] = field(default_factory=list)
     # VMs the mass start found no host for, with the scheduler's reason.
     no_host: list[str] = field(default_factory=list)
+    # Where the mass start placed each VM (by name), and the seed of each batch: the same
+    # demo seed gives the same placements.
+    mass_start: dict[str, str | None] = field(default_factory=dict)
+    batch_seeds: list[int] = field(default_factory=list)
     drain_status: str = ""
     vapor_stopped: int = 0
     migration_requests: int = 0
@@ -231,15 +235,23 @@ def run(
         progress(f"{hosts} hosts registered by their agents, {len(uuids)} VMs requested")
 
         began = sampler.now()
+        names_of = {vm.uuid: vm.name for vm in lm.vms.list()}
         for start in range(0, len(uuids), 50):
-            body = {"requests": [{"vms": uuids[start : start + 50]}], "policy": "pack"}
+            # Each batch's seed comes from the demo's: the scheduler's random choices
+            # among equal hosts are then the same on every run.
+            batch_seed = rng.randrange(2**63)
+            result.batch_seeds.append(batch_seed)
+            body = {
+                "requests": [{"vms": uuids[start : start + 50]}],
+                "policy": "pack",
+                "seed": batch_seed,
+            }
             answer = cloud.admin.post("/schedule", json=body)
             answer.raise_for_status()
-            result.no_host += [
-                f"{p['vm']}: {p['error']['detail']}"
-                for p in answer.json()["placements"]
-                if p.get("error")
-            ]
+            for p in answer.json()["placements"]:
+                result.mass_start[names_of[p["vm"]]] = p["host"]
+                if p.get("error"):
+                    result.no_host.append(f"{names_of[p['vm']]}: {p['error']['detail']}")
 
         def started() -> bool:
             states = Counter(v.state for v in lm.vms.list())

@@ -30,7 +30,7 @@ from loadmaster.errors import (
     ValidationError,
 )
 from loadmaster.pending.group_rules import GroupRules
-from loadmaster.resources import Inventory
+from loadmaster.resources import Inventory, one_numa_node
 from loadmaster.store import Store
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, InventoryRow, VmRow
@@ -332,6 +332,8 @@ class Ledger:
                 field=f"{prefix}vm",
             )
         plan: list[tuple[HostRow, int, int]] = []
+        if one_numa_node(flavor.extra_specs):
+            plan, wanted = self._plan_one_node(vm, host, tree, wanted, class_ids, prefix)
         for name, amount in sorted(wanted.items()):
             where = f"{prefix}resources.{name}"
             class_id = class_ids.get(name)
@@ -345,26 +347,54 @@ class Ledger:
             problem = ""
             for provider in offering:
                 assert class_id is not None
-                inventory = tree.inventories[(provider.id, class_id)]
-                unit_problem = inventory.unit_problem(amount)
-                if unit_problem:
-                    problem = f"{name} on {provider.name}: {unit_problem}"
-                    continue
-                used = tree.used.get((provider.id, class_id), {})
-                active, pending = used.get("active", 0), used.get("pending", 0)
-                if active + pending + amount <= inventory.capacity:
+                problem = _problem(tree, provider, name, class_id, amount)
+                if not problem:
                     plan.append((provider, class_id, amount))
                     break
-                problem = (
-                    f"{name} on {provider.name}: needs {amount}, "
-                    f"{inventory.capacity - active - pending} free of capacity {inventory.capacity} "
-                    f"({active} active, {pending} pending)"
-                )
             else:
                 raise InsufficientCapacity(
                     f"{prefix}host {host.name} cannot fit VM {vm.uuid}: {problem}", field=where
                 )
         return plan
+
+    def _plan_one_node(
+        self,
+        vm: VmRow,
+        host: HostRow,
+        tree: _Tree,
+        wanted: Mapping[str, int],
+        class_ids: Mapping[str, int],
+        prefix: str,
+    ) -> tuple[list[tuple[HostRow, int, int]], dict[str, int]]:
+        """``hw:numa_nodes=1``: the classes the host's NUMA nodes (its children) offer all
+        come from the first node with room for every one of them. Returns that part of
+        the plan and the classes left to place as usual (those on the root only)."""
+        nodes = tree.providers[1:]
+        on_nodes = {
+            name: amount
+            for name, amount in wanted.items()
+            if name in class_ids and any((n.id, class_ids[name]) in tree.inventories for n in nodes)
+        }
+        rest = {name: amount for name, amount in wanted.items() if name not in on_nodes}
+        if not on_nodes:
+            return [], rest
+        problems = []
+        for node in nodes:
+            found = [
+                _problem(tree, node, name, class_ids[name], amount)
+                for name, amount in sorted(on_nodes.items())
+            ]
+            if not any(found):
+                plan = [
+                    (node, class_ids[name], amount) for name, amount in sorted(on_nodes.items())
+                ]
+                return plan, rest
+            problems.append(next(p for p in found if p))
+        raise InsufficientCapacity(
+            f"{prefix}host {host.name} cannot fit VM {vm.uuid} on one NUMA node "
+            f"(hw:numa_nodes=1): {'; '.join(problems)}",
+            field=f"{prefix}resources",
+        )
 
     # -- lifecycle ---------------------------------------------------------------------
     def activate(self, vm: str, host: str | None = None) -> VmRecord:
@@ -751,6 +781,25 @@ def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
         if ident not in found and lookup.canonical_uuid(ident) in found:
             found[ident] = found[lookup.canonical_uuid(ident)]
     return found
+
+
+def _problem(tree: _Tree, provider: HostRow, name: str, class_id: int, amount: int) -> str:
+    """Why ``provider`` cannot hold ``amount`` of the class now ("" when it can)."""
+    inventory = tree.inventories.get((provider.id, class_id))
+    if inventory is None:
+        return f"{name} on {provider.name}: no inventory"
+    unit_problem = inventory.unit_problem(amount)
+    if unit_problem:
+        return f"{name} on {provider.name}: {unit_problem}"
+    used = tree.used.get((provider.id, class_id), {})
+    active, pending = used.get("active", 0), used.get("pending", 0)
+    if active + pending + amount <= inventory.capacity:
+        return ""
+    return (
+        f"{name} on {provider.name}: needs {amount}, "
+        f"{inventory.capacity - active - pending} free of capacity {inventory.capacity} "
+        f"({active} active, {pending} pending)"
+    )
 
 
 def _load_trees(session: Session, root_ids: set[int]) -> dict[int, _Tree]:

@@ -8,7 +8,16 @@ from loadmaster.resources.classes import (
     validate_custom_name,
 )
 from loadmaster.resources.inventory import Inventory, parse_amounts
-from loadmaster.resources.requirements import FlavorSpec, Requirements, parse_flavor
+from loadmaster.resources.requirements import (
+    UNKNOWN_SPECS,
+    FlavorSpec,
+    Requirements,
+    UnknownSpecs,
+    aggregate_specs,
+    extra_spec_names,
+    one_numa_node,
+    parse_flavor,
+)
 from loadmaster.resources.traits import STANDARD_TRAITS, validate_custom_trait, validate_trait_name
 
 __all__ = [
@@ -16,10 +25,15 @@ __all__ = [
     "STANDARD_BY_NAME",
     "STANDARD_CLASSES",
     "STANDARD_TRAITS",
+    "UNKNOWN_SPECS",
     "FlavorSpec",
     "Inventory",
     "Requirements",
     "ResourceClass",
+    "UnknownSpecs",
+    "aggregate_specs",
+    "extra_spec_names",
+    "one_numa_node",
     "parse_amounts",
     "parse_flavor",
     "validate_custom_name",

@@ -1,13 +1,26 @@
 """What a VM needs: resources and traits, from a flavor, its extra specs and overrides.
 
 Nova users write ``resources:CUSTOM_FOO=1`` and ``trait:HW_CPU_X86_AVX2=required`` in
-flavor extra specs; those are understood here so flavors move over unchanged.
+flavor extra specs; those are understood here so flavors move over unchanged. Every extra
+spec is either applied, refused with the reason loadmaster cannot honour it, or (a key
+loadmaster does not know) refused or kept with a warning, as ``unknown_specs`` says: a
+spec stored but silently ignored would place VMs where the flavor says they must not go.
+
+Understood: ``resources:CLASS=N`` and ``resource:CLASS=N`` (the "Extensible Resource
+Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`` or
+``a,b``: any of these aggregates; a leading ``!`` forbids them); ``hw:cpu_policy``
+(``shared``, or ``dedicated``: the VCPU amount is asked as PCPU, pinned CPUs);
+``hw:mem_page_size`` ``small`` or ``any`` (the default pages); ``hw:numa_nodes=1`` (what
+a host's NUMA nodes, its child providers, offer comes all from one node). Refused, with
+the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
+to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from loadmaster.errors import ValidationError
 from loadmaster.resources.inventory import parse_amounts
@@ -30,6 +43,10 @@ class Requirements:
         )
 
 
+UnknownSpecs = Literal["refuse", "warn"]
+UNKNOWN_SPECS: tuple[UnknownSpecs, ...] = ("refuse", "warn")
+
+
 @dataclass(frozen=True)
 class FlavorSpec:
     name: str
@@ -37,6 +54,8 @@ class FlavorSpec:
     required_traits: frozenset[str] = frozenset()
     forbidden_traits: frozenset[str] = frozenset()
     extra_specs: Mapping[str, str] = field(default_factory=dict)
+    # Extra specs kept but not applied (``unknown_specs="warn"``), each naming its key.
+    warnings: tuple[str, ...] = ()
 
     def requirements(self) -> Requirements:
         return Requirements(
@@ -54,8 +73,82 @@ def _traits(value: object, field: str) -> frozenset[str]:
     return frozenset(validate_trait_name(t, f"{field}[{i}]") for i, t in enumerate(value))
 
 
-def parse_flavor(data: Mapping[str, object]) -> FlavorSpec:
-    """Validate a flavor definition and fold Nova-style extra specs into it."""
+def aggregate_specs(
+    extra_specs: Mapping[str, str],
+) -> tuple[tuple[frozenset[str], ...], frozenset[str]]:
+    """``member_of`` of a flavor's extra specs: (any-of lists, forbidden aggregates)."""
+    value = extra_specs.get("member_of")
+    if value is None:
+        return (), frozenset()
+    forbid = value.startswith("!")
+    names = frozenset(
+        n.strip() for n in value.removeprefix("!").removeprefix("in:").split(",") if n.strip()
+    )
+    if not names:
+        raise ValidationError(
+            f"extra_specs.member_of must name aggregates (in:a,b or !a), got {value!r}",
+            field="extra_specs.member_of",
+        )
+    return ((), names) if forbid else ((names,), frozenset())
+
+
+# Known keys loadmaster cannot honour, and why (a key's value may be honoured, see below).
+_REFUSED_PREFIXES = {
+    "aggregate_instance_extra_specs:": (
+        "loadmaster aggregates carry no metadata to match; put the hosts in an aggregate "
+        "and use member_of"
+    ),
+}
+_ACCEPTED_VALUES = {
+    "hw:cpu_policy": ("shared", "dedicated"),
+    "hw:mem_page_size": ("small", "any"),
+    "hw:numa_nodes": ("1",),
+}
+_VALUE_REASONS = {
+    "hw:cpu_policy": "mixed policies are not modelled (shared or dedicated)",
+    "hw:mem_page_size": "huge pages are not tracked (small or any)",
+    "hw:numa_nodes": "a VM spread over several NUMA nodes is not modelled (1 only)",
+}
+
+
+def one_numa_node(extra_specs: Mapping[str, str]) -> bool:
+    """``hw:numa_nodes=1``: the classes a host's NUMA nodes (its child providers) offer
+    come all from one of them."""
+    return extra_specs.get("hw:numa_nodes") == "1"
+
+
+def extra_spec_names(extra_specs: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """``(key, "class" or "trait", name)`` for each class or trait an extra spec names,
+    so that a name the store does not know is refused naming the extra spec."""
+    out = []
+    for key in extra_specs:
+        prefix, colon, rest = key.partition(":")
+        if colon and prefix in ("resources", "resource"):
+            out.append((key, "class", rest))
+        elif colon and prefix == "trait":
+            out.append((key, "trait", rest))
+    return out
+
+
+def _amount(value: str, where: str) -> int:
+    try:
+        amount = int(value)
+    except ValueError:
+        raise ValidationError(f"{where} must be an integer, got {value!r}", field=where) from None
+    if amount < 0:
+        raise ValidationError(f"{where} must be at least 0, got {amount}", field=where)
+    return amount
+
+
+def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refuse") -> FlavorSpec:
+    """Validate a flavor definition and fold Nova-style extra specs into it (see the
+    module docstring); ``unknown_specs`` says what an extra spec loadmaster does not
+    know does: ``refuse`` the flavor, or ``warn`` (kept, not applied, named in
+    ``warnings``)."""
+    if unknown_specs not in UNKNOWN_SPECS:
+        raise ValidationError(
+            f"unknown_specs must be refuse or warn, got {unknown_specs!r}", field="unknown_specs"
+        )
     known = {"name", "resources", "required_traits", "forbidden_traits", "extra_specs"}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -74,24 +167,17 @@ def parse_flavor(data: Mapping[str, object]) -> FlavorSpec:
             "extra_specs must be an object of string: string", field="extra_specs"
         )
     extra: dict[str, str] = {}
+    warnings: list[str] = []
     for key, value in extra_raw.items():
         where = f"extra_specs.{key}"
         if not isinstance(key, str) or not isinstance(value, str):
             raise ValidationError(f"{where} must map a string to a string", field=where)
         extra[key] = value
-        if key.startswith("resources:"):
-            rc = key.removeprefix("resources:")
-            try:
-                amount = int(value)
-            except ValueError:
-                raise ValidationError(
-                    f"{where} must be an integer, got {value!r}", field=where
-                ) from None
-            if amount < 0:
-                raise ValidationError(f"{where} must be at least 0, got {amount}", field=where)
-            resources[rc] = amount
-        elif key.startswith("trait:"):
-            trait = validate_trait_name(key.removeprefix("trait:"), where)
+        prefix, colon, rest = key.partition(":")
+        if colon and prefix in ("resources", "resource"):
+            resources[rest] = _amount(value, where)
+        elif colon and prefix == "trait":
+            trait = validate_trait_name(rest, where)
             if value == "required":
                 required.add(trait)
             elif value == "forbidden":
@@ -100,6 +186,26 @@ def parse_flavor(data: Mapping[str, object]) -> FlavorSpec:
                 raise ValidationError(
                     f"{where} must be 'required' or 'forbidden', got {value!r}", field=where
                 )
+        elif key == "member_of":
+            aggregate_specs(extra)
+        elif key in _ACCEPTED_VALUES:
+            if value not in _ACCEPTED_VALUES[key]:
+                raise ValidationError(
+                    f"{where}={value!r} is refused: {_VALUE_REASONS[key]}", field=where
+                )
+        elif refused := next((r for p, r in _REFUSED_PREFIXES.items() if key.startswith(p)), None):
+            raise ValidationError(f"{where} is refused: {refused}", field=where)
+        elif unknown_specs == "refuse":
+            raise ValidationError(
+                f"{where} is not an extra spec loadmaster understands, so it would be "
+                "ignored; remove it (or create the flavor with unknown_specs=warn)",
+                field=where,
+            )
+        else:
+            warnings.append(f"{where} is not understood and is ignored")
+    if extra.get("hw:cpu_policy") == "dedicated" and "VCPU" in resources:
+        # Nova asks placement for pinned CPUs as PCPU instead of VCPU.
+        resources["PCPU"] = resources.get("PCPU", 0) + resources.pop("VCPU")
     clash = required & forbidden
     if clash:
         trait = sorted(clash)[0]
@@ -108,6 +214,10 @@ def parse_flavor(data: Mapping[str, object]) -> FlavorSpec:
         )
     if not any(amount > 0 for amount in resources.values()):
         raise ValidationError(
-            "resources must request at least one class with an amount above 0", field="resources"
+            "resources must request at least one class with an amount above 0 (in resources "
+            "or as resources:CLASS extra specs)",
+            field="resources",
         )
-    return FlavorSpec(name, resources, frozenset(required), frozenset(forbidden), extra)
+    return FlavorSpec(
+        name, resources, frozenset(required), frozenset(forbidden), extra, tuple(warnings)
+    )

@@ -111,13 +111,15 @@ class Unplaced:
 @dataclass(frozen=True)
 class DrainResult:
     """``moved``: VM -> destination claimed by this call. ``in_flight``: migrations from or
-    to the host already under way, which the agents have yet to finish or abort."""
+    to the host already under way, which the agents have yet to finish or abort.
+    ``seed``: the scheduling decision's, to replay it (None when nothing was placed)."""
 
     moved: dict[str, str]
     unplaced: tuple[Unplaced, ...]
     in_flight: tuple[str, ...]
     status: DrainStatus
     seconds: float = 0.0
+    seed: int | None = None
 
     @property
     def stopped(self) -> list[str]:
@@ -131,6 +133,7 @@ class DrainResult:
             "stopped": self.stopped,
             "in_flight": list(self.in_flight),
             "seconds": self.seconds,
+            "seed": self.seed,
         }
 
 
@@ -162,11 +165,12 @@ class DrainService:
         moved: dict[str, str] = {}
         unplaced: list[Unplaced] = []
         seconds = 0.0
+        seed = None
         if movable:
             result = self._scheduler.schedule(
                 [RequestSpec(vms=movable)], policy=policy, move_pending=True
             )
-            seconds = result.seconds
+            seconds, seed = result.seconds, result.seed
             moved = result.placed
             failed = result.failed
             # A VM another drain (or a migrate call) moved meanwhile is not unplaced: it is
@@ -181,7 +185,7 @@ class DrainService:
                 assert placement.error is not None
                 stopped = force and self._stop(placement.vm, name)
                 unplaced.append(Unplaced(placement.vm, placement.error, stopped))
-        return DrainResult(moved, tuple(unplaced), in_flight, self.status(name), seconds)
+        return DrainResult(moved, tuple(unplaced), in_flight, self.status(name), seconds, seed)
 
     def _enter_maintenance(self, host: str) -> str:
         """From here on neither the scheduler nor the ledger puts anything new on the host.

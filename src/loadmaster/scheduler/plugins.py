@@ -59,6 +59,10 @@ class Verdict:
     def one_reason(cls, keep: Bools, reason: str) -> Verdict:
         return cls([(keep, reason)], len(keep))
 
+    def reason_at(self, host: int) -> str:
+        """Why this one host is rejected: the first check it fails."""
+        return next((reason for ok, reason in self.checks if not ok[host]), "")
+
     def blame(self, rejected: Bools) -> dict[str, int]:
         """How many of the ``rejected`` hosts each reason accounts for."""
         counts: dict[str, int] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -128,6 +128,15 @@ class RequestSpec:
         }
 
 
+def summed(amounts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Per class, the sum of several VMs' amounts."""
+    total: dict[str, int] = {}
+    for member in amounts:
+        for name, amount in member.items():
+            total[name] = total.get(name, 0) + amount
+    return total
+
+
 def _names(value: object, field: str) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Sequence | set | frozenset):
         raise ValidationError(f"{field} must be a list of strings", field=field)
@@ -146,8 +155,10 @@ class VmRequest:
     """One VM to place, resolved: what filters and weighers look at.
 
     ``vm`` is None for a hypothetical VM (dry run, capacity). ``companions`` holds the
-    resources of the other members of a hard-affinity group in the same batch: the first
-    member's host must have room for all of them, so the group is never split.
+    resources of each other member of a hard-affinity group in the same batch: the first
+    member's host must have room for all of them (``companion_total``), so the group is
+    never split. ``group_size`` counts the group's members placed before the call plus
+    those in it, for explaining a group rule that leaves no host.
     """
 
     vm: str | None
@@ -161,7 +172,14 @@ class VmRequest:
     group: GroupRecord | None = None
     include_hosts: frozenset[str] | None = None
     exclude_hosts: frozenset[str] = frozenset()
-    companions: dict[str, int] = field(default_factory=dict)
+    companions: tuple[Mapping[str, int], ...] = ()
+    group_size: int = 1
+    # hw:numa_nodes=1: what the host's NUMA nodes offer comes all from one node.
+    one_numa_node: bool = False
+
+    @property
+    def companion_total(self) -> dict[str, int]:
+        return summed(self.companions)
 
     @property
     def shape(self) -> tuple[object, ...]:

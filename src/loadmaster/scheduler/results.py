@@ -28,6 +28,8 @@ class Explanation:
     hosts: int
     candidates: int
     filters: tuple[FilterCount, ...]
+    # The reason in a group's terms when a hard group rule is what leaves no host.
+    headline: str | None = None
 
     @property
     def message(self) -> str:
@@ -37,6 +39,8 @@ class Explanation:
         )
         detail = ", ".join(f"{count} {reason}" for count, reason in reasons)
         head = "no host fits" if self.candidates == 0 else f"{self.candidates} hosts fit"
+        if self.headline:
+            head = f"{self.headline}; {head}"
         return f"{head}: {self.hosts} hosts" + (f"; {detail}" if detail else "")
 
     def to_dict(self) -> dict[str, object]:
@@ -44,6 +48,7 @@ class Explanation:
             "vm": self.vm,
             "hosts": self.hosts,
             "candidates": self.candidates,
+            "headline": self.headline,
             "message": self.message,
             "filters": [f.to_dict() for f in self.filters],
         }
@@ -104,6 +109,8 @@ class ScheduleResult:
     policy: str
     conflicts: int = 0
     seconds: float = 0.0
+    # The seed the call's random choices were drawn with: give it again to replay them.
+    seed: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -116,6 +123,22 @@ class ScheduleResult:
     @property
     def failed(self) -> list[Placement]:
         return [p for p in self.placements if not p.ok]
+
+    def failure_reasons(self) -> list[dict[str, object]]:
+        """One entry per distinct reason, with how many VMs it kept out (most first): a
+        gang or a group that fails as one says so once, not once per VM."""
+        counts: dict[tuple[str, str], int] = {}
+        for p in self.failed:
+            if p.error is None:
+                continue
+            explanation = p.explanation
+            reason = explanation.message if explanation is not None else p.error.detail
+            key = (p.error.code, reason)
+            counts[key] = counts.get(key, 0) + 1
+        return [
+            {"code": code, "reason": reason, "vms": n}
+            for (code, reason), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ]
 
     def to_dict(self) -> dict[str, object]:
         """A real run lists every VM (each has its own host to learn). A dry run of many
@@ -136,12 +159,14 @@ class ScheduleResult:
             "gang": self.gang,
             "dry_run": self.dry_run,
             "policy": self.policy,
+            "seed": self.seed,
             "placed": len(self.placed),
             "failed": len(self.failed),
             "conflicts": self.conflicts,
             "seconds": self.seconds,
             "by_host": dict(sorted(by_host.items())),
             "errors": dict(sorted(errors.items())),
+            "failure_reasons": self.failure_reasons(),
             "listed": len(shown),
             "placements": [p.to_dict() for p in shown],
         }
@@ -149,12 +174,14 @@ class ScheduleResult:
 
 @dataclass(frozen=True)
 class CapacityReport:
-    """How many more VMs of ``flavor`` fit now (pending counted as used), and where."""
+    """How many more VMs of ``flavor`` fit now (pending counted as used), and where:
+    ``per_host`` most first, and for every host where none fits, ``limits`` says why."""
 
     flavor: str
     total: int
     per_host: dict[str, int] = field(default_factory=dict)
     group: str | None = None
+    limits: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -162,4 +189,5 @@ class CapacityReport:
             "group": self.group,
             "total": self.total,
             "per_host": dict(self.per_host),
+            "limits": dict(self.limits),
         }

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord, group_record
+from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import (
     ConcurrentUpdate,
     Conflict,
@@ -36,6 +37,7 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
+from loadmaster.resources import aggregate_specs, one_numa_node
 from loadmaster.scheduler.plugins import (
     LoadedFilter,
     Verdict,
@@ -46,7 +48,7 @@ from loadmaster.scheduler.plugins import (
 )
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
 from loadmaster.scheduler.reports import record_report
-from loadmaster.scheduler.request import RequestSpec, VmRequest
+from loadmaster.scheduler.request import RequestSpec, VmRequest, summed
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
@@ -100,7 +102,10 @@ class Scheduler:
     keeps the default, a benchmark placing more in one call raises it).
     Among the hosts scoring within ``tie_tolerance`` (a fraction of the summed multipliers)
     of the best, one of the ``subset_size`` best is drawn at random, so schedulers running
-    side by side spread out instead of all claiming the same host.
+    side by side spread out instead of all claiming the same host. Each ``schedule`` call
+    draws from its own generator, seeded by the call's ``seed`` (or a fresh one drawn from
+    the scheduler's ``seed``), and the result records it: the same seed on the same state
+    makes the same choices, dry run or real.
     """
 
     def __init__(
@@ -145,6 +150,8 @@ class Scheduler:
         self._max_attempts = max_attempts
         self._subset_size = subset_size
         self._tie_tolerance = tie_tolerance
+        # Seeds of calls that bring none; each call then draws from its own generator.
+        self._seeds = np.random.default_rng(seed)
         self._rng = np.random.default_rng(seed)
         self._filters: list[LoadedFilter] | None = None
         self._scorings: dict[str, _Scoring] = {}
@@ -168,17 +175,25 @@ class Scheduler:
         policy: str | None = None,
         move_pending: bool = False,
         intent: str | None = None,
+        seed: int | None = None,
     ) -> ScheduleResult:
         """Place every VM of ``requests``. ``gang``: all of them or none (nothing is claimed
         unless every VM has a host). ``dry_run``: decide the same way, claim nothing.
         ``move_pending``: a VM pending on a host (claimed, not started) is re-placed
         elsewhere in the claim's transaction (a drain) instead of being refused.
         ``intent`` ("start" or "migrate", see ``Claim``) refuses VMs in the other state,
-        here and again in the ledger under the VM's row lock.
-        Failures come back per VM in the result; bad requests raise."""
+        here and again in the ledger under the VM's row lock. ``seed`` (0 to 2**63 - 1)
+        replays a decision: the result's ``seed`` given again on the same state chooses
+        the same hosts. Failures come back per VM in the result; bad requests raise."""
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
+        ):
+            raise ValidationError(
+                f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", field="seed"
+            )
         if dry_run and not self._reads_only:
             return self._for_reads().schedule(
-                requests, gang=gang, dry_run=True, policy=policy, intent=intent
+                requests, gang=gang, dry_run=True, policy=policy, intent=intent, seed=seed
             )
         if not dry_run and self._reads_only:
             raise ValidationError("this scheduler only answers dry runs", field="dry_run")
@@ -190,6 +205,9 @@ class Scheduler:
             )
         _check_size(requests, self._max_vms)
         with self._lock:
+            if seed is None:
+                seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
+            self._rng = np.random.default_rng(seed)
             self._move_pending = move_pending
             self._begin()
             self._intent = intent
@@ -207,18 +225,29 @@ class Scheduler:
             policy=chosen.name,
             conflicts=conflicts,
             seconds=time.perf_counter() - started,
+            seed=seed,
         )
 
-    def explain(self, request: RequestSpec) -> Explanation:
-        """Why each host would be ruled out for the request's first VM, right now."""
+    def explain(
+        self, request: RequestSpec, *, policy: str | None = None, seed: int | None = None
+    ) -> Explanation:
+        """Why hosts are ruled out for the request, right now. The request is decided as
+        a dry run with ``policy`` and ``seed`` decides it, so the answer agrees with that
+        run: the first VM that would fit nowhere, explained as its failure is (a group
+        too big for any host, a group rule that leaves no host); when every VM fits, the
+        first one, with how many hosts fit it."""
         if not self._reads_only:
-            return self._for_reads().explain(request)
+            return self._for_reads().explain(request, policy=policy, seed=seed)
+        result = self.schedule([request], dry_run=True, policy=policy, seed=seed)
+        for placement in result.placements:
+            if placement.explanation is not None:
+                return placement.explanation
+            if placement.error is not None:
+                raise placement.error
         with self._lock:
             self._begin()
-            item = self._resolve([request], dry_run=True)[0]
-            if item.error is not None:
-                raise item.error
-            return self._explanation(item.request, self._decide(item.request, _Scoring([])))
+            first = self._ordered(self._resolve([request], dry_run=True))[0]
+            return self._explanation(first.request, self._decide(first.request, _Scoring([])))
 
     def capacity(
         self, flavor: str, *, group: str | None = None, policy: str | None = None, **spec: Any
@@ -251,9 +280,49 @@ class Scheduler:
             hard_affinity = request.group is not None and request.group.policy == "affinity"
             total = int(counts.max(initial=0) if hard_affinity else counts.sum())
             candidates = np.flatnonzero(counts)
-            order = np.argsort(-self._scores(request, candidates, self._scoring(chosen).weighers))
+            scores = self._scores(request, candidates, self._scoring(chosen).weighers)
+            # Most VMs first; among hosts taking as many, the policy's best first.
+            order = np.lexsort((-scores, -counts[candidates]))
             per_host = {hosts.names[h]: int(counts[h]) for h in candidates[order]}
-        return CapacityReport(flavor, total, per_host, group)
+            limits = {
+                hosts.names[h]: self._zero_reason(request, decision, int(h))
+                for h in np.flatnonzero(counts == 0)
+            }
+        return CapacityReport(flavor, total, per_host, group, dict(sorted(limits.items())))
+
+    def _zero_reason(self, request: VmRequest, decision: _Decision, host: int) -> str:
+        """Why not one more VM of the request fits on ``host``: the first filter that
+        rejects it (a class short by how much, rather than only "short of"), else the
+        group's cap on the host."""
+        for name, verdict in decision.verdicts:
+            if not verdict.keep[host]:
+                reason = verdict.reason_at(host)
+                if name == "resources":
+                    return self._shortfall(request, host) or reason
+                return reason
+        group = request.group
+        if group is not None:
+            return f"group {group.name} is at its limit on this host"
+        return self._shortfall(request, host) or "no room for one more"
+
+    def _shortfall(self, request: VmRequest, host: int) -> str | None:
+        hosts = self._hosts
+        short = []
+        for name, amount in sorted(request.resources.items()):
+            column = hosts.classes.get(name)
+            if column is None or not hosts.host_capacity[column, host]:
+                short.append(f"no {name} inventory")
+                continue
+            free = int(hosts.host_capacity[column, host] - hosts.host_used[column, host])
+            if free < amount:
+                short.append(f"{name} short by {amount - free} (free {max(free, 0)} of {amount})")
+                continue
+            rows = hosts.tree[host]
+            if not (hosts.capacity[column, rows] - hosts.used[column, rows] >= amount).any():
+                short.append(f"{name}: no one provider of the host has {amount} free")
+            elif not hosts.unit_ok(column, amount)[rows].any():
+                short.append(f"{name} unit rules (min, max, step) refuse {amount}")
+        return "; ".join(short) or None
 
     def refresh(self) -> None:
         """Bring the in-memory host state up to date now (every call does it anyway; a
@@ -332,7 +401,29 @@ class Scheduler:
             seen.add(vm or "")
         self._groups = groups
         self._load_groups()
+        if groups:
+            self._count_group_sizes(items)
         return items
+
+    def _count_group_sizes(self, items: list[_Item]) -> None:
+        """Each request learns how many VMs its group holds once the call is done: the
+        members placed now and those of the call (counted once if both)."""
+        members: dict[str, set[str]] = {name: set() for name in self._groups}
+        with self._store.read() as session:
+            for name, uuid in session.execute(
+                select(ServerGroupRow.name, VmRow.uuid)
+                .join(VmRow, VmRow.group_id == ServerGroupRow.id)
+                .where(ServerGroupRow.name.in_(members), VmRow.state.in_(PLACED_STATES))
+            ):
+                members[name].add(uuid)
+        for item in items:
+            group = item.request.group
+            if group is not None and item.error is None:
+                members[group.name].add(item.request.vm or f"#{item.position}")
+        for item in items:
+            group = item.request.group
+            if group is not None:
+                item.request.group_size = len(members[group.name])
 
     def _resolve_one(
         self,
@@ -549,7 +640,67 @@ class Scheduler:
             if removed.any():
                 counts.append(FilterCount(name, int(removed.sum()), verdict.blame(removed)))
             remaining &= verdict.keep
-        return Explanation(request.label, self._hosts.size, int(remaining.sum()), tuple(counts))
+        candidates = int(remaining.sum())
+        headline = None if candidates else self._group_headline(request, decision)
+        return Explanation(
+            request.label, self._hosts.size, candidates, tuple(counts), headline=headline
+        )
+
+    def _group_headline(self, request: VmRequest, decision: _Decision) -> str | None:
+        """When a hard group rule is what leaves no host, say so in the group's terms: the
+        per-filter counts alone blame resources (a group too big for any one host) or the
+        group filter without saying how far off the group is."""
+        group = request.group
+        if group is None:
+            return None
+        hosts = self._hosts
+        if group.policy == "affinity" and request.companions:
+            others = _kept(decision, but="resources")
+            if not others.any():
+                return None
+            fit = self._members_fitting(request, others)
+            best = int(np.argmax(fit))
+            # What stops the best host taking one member more than it does.
+            one_more = summed(request.companions[: fit[best]])
+            limits = [
+                name
+                for name, ok in sorted(hosts.fits(request.resources, one_more).items())
+                if not ok[best]
+            ]
+            limited = f" (limited by {', '.join(limits)})" if limits else ""
+            size = len(request.companions) + 1
+            return (
+                f"hard affinity group {group.name} needs {size} VMs on one host; "
+                f"the best host {hosts.names[best]} fits {fit[best]}{limited}"
+            )
+        rule = "anti_affinity" if group.policy == "anti-affinity" else "max_per_host"
+        if rule not in (name for name, _ in decision.verdicts):
+            return None
+        others = _kept(decision, but=rule)
+        if not others.any():
+            return None
+        cap = group.max_per_host or 1
+        needed = -(-request.group_size // cap)
+        return (
+            f"{group.policy} group {group.name} (at most {cap} per host) needs {needed} hosts "
+            f"for its {request.group_size} VMs; 0 are left: the {int(others.sum())} hosts that "
+            f"pass the other filters hold {cap} already"
+        )
+
+    def _members_fitting(self, request: VmRequest, keep: Bools) -> Ints:
+        """Per host, how many members of the request's group (the request, then its
+        companions in order) fit together, as the resources filter counts them; 0 outside
+        ``keep``."""
+        fit = np.zeros(self._hosts.size, np.int64)
+        ok = keep.copy()
+        for n in range(1, len(request.companions) + 2):
+            companions = summed(request.companions[: n - 1])
+            for fits in self._hosts.fits(request.resources, companions).values():
+                ok &= fits
+            if not ok.any():
+                break
+            fit[ok] = n
+        return fit
 
     def _fitting_count(self, request: VmRequest) -> Ints:
         """Per host, how many copies of the request fit by resources (unit rules included)."""
@@ -570,6 +721,8 @@ class Scheduler:
                 )
             )
             counts = np.minimum(counts, per_host)
+        if request.one_numa_node:
+            counts = np.minimum(counts, hosts.one_node_counts(request.resources))
         return counts
 
     # -- one batch, two modes ------------------------------------------------------------
@@ -592,11 +745,7 @@ class Scheduler:
             group = item.request.group
             bunch = bunches.get(group.name, []) if group is not None else []
             if bunch and bunch[0] is item:
-                companions: dict[str, int] = {}
-                for other in bunch[1:]:
-                    for name, amount in other.request.resources.items():
-                        companions[name] = companions.get(name, 0) + amount
-                item.request.companions = companions
+                item.request.companions = tuple(other.request.resources for other in bunch[1:])
                 out.extend(bunch)
             else:
                 out.append(item)
@@ -617,7 +766,10 @@ class Scheduler:
         else:
             group = item.request.group
             self._hosts.apply(
-                decision.host, item.request.resources, group.name if group is not None else None
+                decision.host,
+                item.request.resources,
+                group.name if group is not None else None,
+                one_node=item.request.one_numa_node,
             )
         item.seconds += time.perf_counter() - started
         return decision.host, error
@@ -806,6 +958,7 @@ class Scheduler:
 # once, not a million: 10,000 VMs decide in seconds and answer in a few MB. Bigger
 # questions ("how many fit?") have GET /capacity, which counts without placing one by one.
 MAX_VMS_PER_CALL = 10_000
+MAX_SEED = 2**63 - 1
 
 
 def _check_size(requests: Sequence[RequestSpec], limit: int) -> None:
@@ -837,6 +990,16 @@ def _plugin(kind: str, name: str, call: Callable[..., T], *args: Any) -> T:
         ) from exc
 
 
+def _kept(decision: _Decision, but: str) -> Bools:
+    """The hosts every filter of the decision keeps, ``but`` one of them."""
+    size = len(decision.verdicts[0][1].keep) if decision.verdicts else 0
+    keep = np.ones(size, np.bool_)
+    for name, verdict in decision.verdicts:
+        if name != but:
+            keep &= verdict.keep
+    return keep
+
+
 def _lost_race(error: LoadmasterError) -> bool:
     """Errors a fresher view of the hosts can cure: a changed generation, a host that
     filled up, left service or was deleted meanwhile. A VM in the wrong state cannot be
@@ -847,10 +1010,14 @@ def _lost_race(error: LoadmasterError) -> bool:
 
 
 def _with_flavor(base: VmRequest, flavor: FlavorRow, overrides: Mapping[str, int]) -> VmRequest:
+    member_of, forbidden_aggregates = aggregate_specs(flavor.extra_specs)
     return replace(
         base,
         flavor=flavor.name,
         resources=lookup.effective_resources(flavor.resources, overrides),
         required_traits=base.required_traits | frozenset(flavor.required_traits),
         forbidden_traits=base.forbidden_traits | frozenset(flavor.forbidden_traits),
+        member_of=base.member_of + member_of,
+        forbidden_aggregates=base.forbidden_aggregates | forbidden_aggregates,
+        one_numa_node=one_numa_node(flavor.extra_specs),
     )

@@ -361,23 +361,72 @@ class HostState:
         return memo[key]
 
     # -- the batch's own decisions -----------------------------------------------------
-    def apply(self, host: int, amounts: dict[str, int], group: str | None) -> None:
-        """Record a decided claim as the ledger will write it: each class on the first
-        provider of the tree (root first) that holds it."""
+    def one_node_counts(self, amounts: dict[str, int]) -> Ints:
+        """``hw:numa_nodes=1``: per host, how many VMs of ``amounts`` its NUMA nodes (child
+        providers) take, each VM's node classes all on one node, as the ledger claims
+        them. A host whose nodes offer none of the classes is not limited (int64 max)."""
+        unlimited = np.iinfo(np.int64).max
+        if self.flat:
+            return np.full(self.size, unlimited, np.int64)
+        node = np.ones(len(self.root_of), np.bool_)
+        node[self.roots] = False
+        per_row = np.full(len(self.root_of), unlimited, np.int64)
+        limited = np.zeros(self.size, np.bool_)
         for name, amount in amounts.items():
+            column = self.classes.get(name)
+            if column is None:
+                continue  # the resources filter says the class is missing
+            on_nodes = self.any_per_host(node & (self.max_unit[column] > 0))
+            free = np.maximum(self.capacity[column] - self.used[column], 0)
+            count = np.where(self.unit_ok(column, amount), free // amount, 0)
+            per_row = np.where(on_nodes[self.root_of], np.minimum(per_row, count), per_row)
+            limited |= on_nodes
+        per_row = np.where(node & limited[self.root_of], per_row, 0)
+        counts = np.zeros(self.size, np.int64)
+        np.add.at(counts, self.root_of, per_row)
+        return np.where(limited, counts, unlimited)
+
+    def apply(
+        self, host: int, amounts: dict[str, int], group: str | None, *, one_node: bool = False
+    ) -> None:
+        """Record a decided claim as the ledger will write it: each class on the first
+        provider of the tree (root first) that holds it; with ``one_node``
+        (``hw:numa_nodes=1``) the classes the host's nodes offer on the first node with
+        room for all of them."""
+        rest = dict(amounts)
+        nodes = self.tree[host][1:]
+        if one_node and nodes:
+            on_nodes = {
+                name: amount
+                for name, amount in amounts.items()
+                if (self.max_unit[self.classes[name], nodes] > 0).any()
+            }
+            for row in nodes:
+                if all(self._room(self.classes[n], row, a) for n, a in on_nodes.items()):
+                    for name, amount in on_nodes.items():
+                        self._use(self.classes[name], row, host, amount)
+                    break
+            rest = {name: amount for name, amount in amounts.items() if name not in on_nodes}
+        for name, amount in rest.items():
             column = self.classes[name]
             for row in self.tree[host]:
-                if (
-                    self.capacity[column, row] - self.used[column, row] >= amount
-                    and self.unit_ok(column, amount)[row]
-                ):
-                    self.used[column, row] += amount
-                    if not self.flat:
-                        self.host_used[column, host] += amount
+                if self._room(column, row, amount):
+                    self._use(column, row, host, amount)
                     break
         self.vm_count[host] += 1
         if group is not None and group in self.group_members:
             self.group_members[group][host] += 1
+
+    def _room(self, column: int, row: int, amount: int) -> bool:
+        return bool(
+            self.capacity[column, row] - self.used[column, row] >= amount
+            and self.unit_ok(column, amount)[row]
+        )
+
+    def _use(self, column: int, row: int, host: int, amount: int) -> None:
+        self.used[column, row] += amount
+        if not self.flat:
+            self.host_used[column, host] += amount
 
     def committed(self, hosts: Iterable[int]) -> None:
         """Our claims on these hosts landed: the ledger bumped each tree's generations once."""

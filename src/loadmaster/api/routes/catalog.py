@@ -20,7 +20,9 @@ def list_flavors(lm: LM) -> dict[str, Any]:
 
 @router.post("/flavors", status_code=201, tags=["flavors"])
 def create_flavor(lm: LM, body: FlavorCreate) -> dict[str, Any]:
-    return views.flavor(lm.flavors.create(body.fields()))
+    definition = body.fields()
+    unknown_specs = definition.pop("unknown_specs", None)
+    return views.flavor(lm.flavors.create(definition, unknown_specs=unknown_specs))
 
 
 @router.get("/flavors/{name}", tags=["flavors"])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.schemas import RequestSpecIn, ScheduleIn
@@ -17,19 +17,28 @@ router = APIRouter(tags=["scheduling"])
 def schedule(lm: LM, metrics: MetricsDep, body: ScheduleIn) -> dict[str, Any]:
     """Place existing VMs (``vms``), or with ``dry_run`` also hypothetical ones
     (``flavor`` + ``count``). Per-VM failures come back in ``placements`` with their
-    explanation; ``gang`` places all or none."""
+    explanation; ``gang`` places all or none. The answer's ``seed`` given again on the same
+    state makes the same choices (dry run or not)."""
     requests = [RequestSpec(**r.fields()) for r in body.requests]
     result = lm.scheduler.schedule(
-        requests, gang=body.gang, dry_run=body.dry_run, policy=body.policy
+        requests, gang=body.gang, dry_run=body.dry_run, policy=body.policy, seed=body.seed
     )
     metrics.observe_schedule(result)
     return result.to_dict()
 
 
 @router.post("/schedule/explain")
-def explain(lm: LM, body: RequestSpecIn) -> dict[str, Any]:
-    """Why each host would be ruled out for the request's first VM, right now."""
-    return lm.scheduler.explain(RequestSpec(**body.fields())).to_dict()
+def explain(
+    lm: LM,
+    body: RequestSpecIn,
+    policy: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
+    seed: Annotated[int, Query(ge=0, le=2**63 - 1)] | None = None,
+) -> dict[str, Any]:
+    """Why hosts are ruled out for the request, right now: the first VM a dry run with
+    ``policy`` and ``seed`` would fail to place (explained as that run's failure), else the
+    first VM with how many hosts fit it."""
+    spec = RequestSpec(**body.fields())
+    return lm.scheduler.explain(spec, policy=policy, seed=seed).to_dict()
 
 
 @router.get("/capacity")

@@ -72,7 +72,11 @@ def _schedule_one(
     placement = result.placements[0]
     if placement.error is not None:
         raise placement.error
-    return {"vm": views.vm(lm.vms.get(uuid)), "placement": placement.to_dict()}
+    return {
+        "vm": views.vm(lm.vms.get(uuid)),
+        "placement": placement.to_dict(),
+        "seed": result.seed,
+    }
 
 
 @router.post(VM + "/start", tags=["vms"])

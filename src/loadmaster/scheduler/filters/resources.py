@@ -25,6 +25,10 @@ class ResourcesFilter:
             offered = hosts.offers(column) if column is not None else np.zeros(hosts.size, np.bool_)
             if not offered.all():
                 checks.append((offered, f"no {name} inventory"))
-        fits = hosts.fits(request.resources, request.companions)
+        fits = hosts.fits(request.resources, request.companion_total)
         checks += [(ok, f"short of {name}") for name, ok in sorted(fits.items())]
+        if request.one_numa_node:
+            checks.append(
+                (hosts.one_node_counts(request.resources) > 0, "no NUMA node with room for all")
+            )
         return Verdict(checks, hosts.size)

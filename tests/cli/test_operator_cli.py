@@ -1,0 +1,126 @@
+"""What an operator reads: flavors from extra specs alone (unknown ones refused or warned
+about by name), schedule by VM names with one line per failure reason, capacity sorted by
+how many fit with the reason where none does."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from cli_helpers import ADMIN
+from typer.testing import CliRunner
+
+from loadmaster.cli import app
+
+runner = CliRunner()
+
+
+def cli(server: str, *args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["--url", server, "--token", ADMIN, *args])
+    return result.exit_code, result.output
+
+
+def ok(server: str, *args: str) -> str:
+    code, output = cli(server, *args)
+    assert code == 0, output
+    return output
+
+
+def test_flavor_from_extra_specs_and_unknown_specs(server: str) -> None:
+    created = json.loads(
+        ok(
+            server,
+            "flavor",
+            "create",
+            "ert.small",
+            "--extra-spec",
+            "resource:VCPU=1",
+            "--extra-spec",
+            "resources:MEMORY_MB=1024",
+            "--json",
+        )
+    )
+    assert created["resources"] == {"VCPU": 1, "MEMORY_MB": 1024}
+    assert created["warnings"] == []
+
+    code, output = cli(
+        server, "flavor", "create", "odd", "-r", "VCPU=1", "--extra-spec", "hw:foo=1"
+    )
+    assert code != 0 and "extra_specs.hw:foo" in output and "understands" in output
+    code, _ = cli(server, "flavor", "show", "odd")
+    assert code == 3  # the refused flavor was not created
+
+    warned = ok(
+        server,
+        "flavor",
+        "create",
+        "odd",
+        "-r",
+        "VCPU=1",
+        "--extra-spec",
+        "hw:foo=1",
+        "--unknown-specs",
+        "warn",
+    )
+    assert "warning: extra_specs.hw:foo is not understood and is ignored" in warned
+    code, output = cli(
+        server,
+        "flavor",
+        "create",
+        "agg",
+        "-r",
+        "VCPU=1",
+        "--extra-spec",
+        "aggregate_instance_extra_specs:ssd=true",
+        "--unknown-specs",
+        "warn",
+    )
+    assert code != 0 and "aggregates carry no metadata" in output
+
+
+def test_schedule_and_capacity_speak_in_names_and_reasons(server: str) -> None:
+    for i, memory in enumerate((8192, 4096, 2048)):
+        ok(server, "host", "create", f"op{i}", "-i", "VCPU=16", "-i", f"MEMORY_MB={memory}")
+    ok(
+        server,
+        "host",
+        "create",
+        "op-down",
+        "-i",
+        "VCPU=16",
+        "-i",
+        "MEMORY_MB=8192",
+        "--state",
+        "maintenance",
+    )
+    ok(server, "flavor", "create", "op.1g", "-r", "VCPU=1", "-r", "MEMORY_MB=1024")
+    ok(server, "flavor", "create", "op.3g", "-r", "VCPU=1", "-r", "MEMORY_MB=3072")
+
+    capacity = ok(server, "capacity", "op.3g")
+    hosts = re.findall(r"^\W*(op[\w-]*)\W+(\d+)", capacity, re.M)
+    # Most first, then the hosts where none fits (by name), each with its reason.
+    assert hosts == [("op0", "2"), ("op1", "1"), ("op-down", "0"), ("op2", "0")], capacity
+    data = json.loads(ok(server, "capacity", "op.3g", "--json"))
+    assert list(data["per_host"].items()) == [("op0", 2), ("op1", 1)]
+    assert data["limits"] == {
+        "op-down": "maintenance",
+        "op2": "MEMORY_MB short by 1024 (free 2048 of 3072)",
+    }
+    assert "MEMORY_MB short by 1024" in capacity and "maintenance" in capacity
+
+    ok(server, "group", "create", "op-db", "--policy", "affinity")
+    for i in range(9):
+        ok(server, "vm", "create", f"op-db-{i}", "-f", "op.1g", "--group", "op-db")
+    names = [f"op-db-{i}" for i in range(9)]
+    code, output = cli(server, "schedule", *names, "--explain", "--seed", "5")
+    text = " ".join(output.split())
+    assert code == 4, output
+    reason = "hard affinity group op-db needs 9 VMs on one host; the best host op0 fits 8 (limited by MEMORY_MB)"
+    # Said once for the nine VMs, and the explanation says the same.
+    assert text.count(reason) == 2, output
+    assert "9 VMs not placed: " + reason in text
+    assert "op-db-0" in output and "seed 5" in output
+
+    placed = ok(server, "schedule", *names[:4], "--seed", "5")
+    assert "op-db-3" in placed and "op0" in placed
+    assert not re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-", placed), placed  # names, not uuids
