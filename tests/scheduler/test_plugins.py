@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tests.scheduler.conftest import add_hosts, small_flavor
 
+from loadmaster.errors import ValidationError
 from loadmaster.scheduler import Policy, RequestSpec, Scheduler, WeigherSetting
 from loadmaster.service import Loadmaster
 
@@ -23,6 +24,23 @@ class OddHostsOut:
 
     def filter(self, host, request):
         return "odd host number" if int(host.name[1:]) % 2 else None
+
+
+class BigVmsOnLowHosts:
+    """Static (it ignores the batch's claims) but reads ``resources``, a field no stock
+    filter's signature has: it declares no signature, so it must be asked every time."""
+
+    name = "big_vms_on_low_hosts"
+    dynamic = False
+    order = 45
+
+    def mask(self, hosts, request):
+        if request.resources.get("VCPU", 0) < 4:
+            return None
+        from loadmaster.scheduler.plugins import Verdict
+
+        low = np.array([int(n[1:]) < 2 for n in hosts.names])
+        return Verdict.one_reason(low, "big VMs go to h0 and h1")
 
 
 class LastHostFirst:
@@ -40,7 +58,8 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lm-extras\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[loadmaster.filters]\nodd_hosts_out = lm_extras:OddHostsOut\n\n"
+        "[loadmaster.filters]\nodd_hosts_out = lm_extras:OddHostsOut\n"
+        "big_vms_on_low_hosts = lm_extras:BigVmsOnLowHosts\n\n"
         "[loadmaster.weighers]\nlast_host_first = lm_extras:LastHostFirst\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -68,4 +87,43 @@ def test_unknown_weigher_in_a_policy_is_named(slm: Loadmaster) -> None:
         slm.store, policies={"bad": Policy("bad", "", (WeigherSetting("nonesuch"),))}
     )
     with pytest.raises(Exception, match="nonesuch"):
+        scheduler.schedule([RequestSpec(flavor="small")], dry_run=True, policy="bad")
+
+
+def test_a_static_filter_without_a_signature_is_never_answered_from_the_cache(
+    slm: Loadmaster, third_party: None
+) -> None:
+    """Two requests alike in every field the stock static filters read, unlike in the one
+    the third-party filter reads, in one batch: each gets its own verdict."""
+    add_hosts(slm, 6)
+    small_flavor(slm)
+    small_flavor(slm, "big", vcpu=4)
+    policy = Policy("last", "", (WeigherSetting("last_host_first", 1.0),))
+    scheduler = Scheduler(slm.store, policies={"last": policy})
+    result = scheduler.schedule(
+        [RequestSpec(flavor="small"), RequestSpec(flavor="big"), RequestSpec(flavor="small")],
+        dry_run=True,
+        policy="last",
+    )
+    assert [p.host for p in result.placements] == ["h4", "h0", "h4"]
+
+
+def test_a_policy_switches_a_filter_off_by_name(slm: Loadmaster, third_party: None) -> None:
+    add_hosts(slm, 6)
+    small_flavor(slm)
+    weighers = (WeigherSetting("last_host_first", 1.0),)
+    policies = {
+        "all": Policy("all", "", weighers),
+        "odd-ok": Policy("odd-ok", "", weighers, disabled_filters=("odd_hosts_out",)),
+        "bad": Policy("bad", "", weighers, disabled_filters=("nonesuch",)),
+    }
+    scheduler = Scheduler(slm.store, policies=policies)
+    chosen = {
+        name: scheduler.schedule([RequestSpec(flavor="small")], dry_run=True, policy=name)
+        .placements[0]
+        .host
+        for name in ("all", "odd-ok")
+    }
+    assert chosen == {"all": "h4", "odd-ok": "h5"}
+    with pytest.raises(ValidationError, match="disables filter 'nonesuch'"):
         scheduler.schedule([RequestSpec(flavor="small")], dry_run=True, policy="bad")

@@ -8,7 +8,10 @@ A **filter** keeps or rejects hosts and says why. It implements either
   reason or None to keep it (simple; the scheduler calls it for each remaining host).
 
 A filter whose answer can change while a batch is being decided (it reads usage or group
-members) sets ``dynamic = True``; the others are computed once per request shape.
+members) sets ``dynamic = True``. A static one (``dynamic = False``) may declare
+``signature(request) -> hashable``: the request fields its verdict depends on. Its verdicts
+are then cached per signature, as kube-scheduler caches per plugin; a static filter without
+a signature is asked again for every request, so it can never get a stale answer.
 
 A **weigher** scores candidate hosts: ``weigh(hosts, request, candidates) -> raw scores``
 (higher is better, None for no opinion). The scheduler rescales the raw scores to [0, 1]
@@ -25,7 +28,7 @@ weigher runs when the policy in use gives it a multiplier.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
@@ -135,6 +138,7 @@ class LoadedFilter:
     per_host: HostFilter | None
     dynamic: bool
     order: int
+    signature: Callable[[VmRequest], Hashable] | None = None
 
 
 def load_filters() -> list[LoadedFilter]:
@@ -158,6 +162,7 @@ def load_filters() -> list[LoadedFilter]:
                 per_host,
                 bool(getattr(plugin, "dynamic", True)),
                 int(getattr(plugin, "order", 50)),
+                getattr(plugin, "signature", None),
             )
         )
     return sorted(loaded, key=lambda f: (f.order, f.name))

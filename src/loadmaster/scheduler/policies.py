@@ -1,7 +1,8 @@
 """Named policies, like oVirt's cluster policies: which weighers, with which multipliers.
 
-Filters are not part of a policy: every registered filter always runs, because each one
-only acts on requests that ask for what it checks. Soft group preferences weigh ten times
+Every registered filter runs, because each one only acts on requests that ask for what it
+checks, unless a policy switches it off by name (``disabled_filters``, as a
+kube-scheduler profile disables a plugin); the ledger still refuses what does not fit. Soft group preferences weigh ten times
 the rest so that they decide whenever the hard constraints leave a choice.
 """
 
@@ -25,12 +26,14 @@ class Policy:
     weighers: tuple[WeigherSetting, ...]
     # Score a random sample of this many feasible hosts instead of all of them (None: all).
     sample: int | None = None
+    disabled_filters: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "description": self.description,
             "sample": self.sample,
+            "disabled_filters": list(self.disabled_filters),
             "weighers": [
                 {"name": w.name, "multiplier": w.multiplier, "options": dict(w.options)}
                 for w in self.weighers

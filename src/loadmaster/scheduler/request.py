@@ -180,15 +180,3 @@ class VmRequest:
     @property
     def companion_total(self) -> dict[str, int]:
         return summed(self.companions)
-
-    @property
-    def shape(self) -> tuple[object, ...]:
-        """What the static filters look at; requests of one shape share their verdicts."""
-        return (
-            self.required_traits,
-            self.forbidden_traits,
-            self.member_of,
-            self.forbidden_aggregates,
-            self.include_hosts,
-            self.exclude_hosts,
-        )

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -81,10 +81,12 @@ class _Item:
 
 @dataclass(frozen=True)
 class _Scoring:
-    """A policy made ready to use: weighers with multipliers, and its scoring sample."""
+    """A policy made ready to use: weighers with multipliers, its scoring sample, and the
+    filters it switched off."""
 
     weighers: list[tuple[Weigher, float]]
     sample: int | None = None
+    disabled: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -155,7 +157,7 @@ class Scheduler:
         self._rng = np.random.default_rng(seed)
         self._filters: list[LoadedFilter] | None = None
         self._scorings: dict[str, _Scoring] = {}
-        self._static: dict[tuple[object, ...], tuple[Bools, list[tuple[str, Verdict]]]] = {}
+        self._static: dict[tuple[Hashable, ...], tuple[Bools, list[tuple[str, Verdict]]]] = {}
         self._groups: dict[str, GroupRecord] = {}
         self._move_pending = False
         # Hard-affinity members of the batch that leave a host (migrate, re-placed): the
@@ -362,12 +364,20 @@ class Scheduler:
 
     def _scoring(self, policy: Policy) -> _Scoring:
         if policy.name not in self._scorings:
-            self._scorings[policy.name] = _Scoring(load_weighers(policy.weighers), policy.sample)
+            known = {f.name for f in self._loaded_filters()}
+            unknown = sorted(set(policy.disabled_filters) - known)
+            if unknown:
+                raise ValidationError(
+                    f"policy {policy.name!r} disables filter {unknown[0]!r}, which is not "
+                    f"registered (known: {', '.join(sorted(known))})",
+                    field="policy",
+                )
+            self._scorings[policy.name] = _Scoring(
+                load_weighers(policy.weighers), policy.sample, frozenset(policy.disabled_filters)
+            )
         return self._scorings[policy.name]
 
     def _begin(self) -> None:
-        if self._filters is None:
-            self._filters = load_filters()
         self._hosts.refresh()
         self._static.clear()
         self._intent = None
@@ -550,12 +560,11 @@ class Scheduler:
 
     # -- deciding ------------------------------------------------------------------------
     def _decide(self, request: VmRequest, scoring: _Scoring) -> _Decision:
-        keep, static = self._static_part(request)
+        keep, static = self._static_part(request, scoring.disabled)
         keep = keep.copy()
         verdicts = list(static)
-        assert self._filters is not None
-        for entry in self._filters:
-            if entry.mask is not None and not entry.dynamic:
+        for entry in self._loaded_filters():
+            if (entry.mask is not None and not entry.dynamic) or entry.name in scoring.disabled:
                 continue
             verdict = self._verdict(entry, request, keep)
             if verdict is not None:
@@ -581,22 +590,39 @@ class Scheduler:
             near = near[best]
         return _Decision(int(candidates[near[self._rng.integers(len(near))]]), verdicts)
 
-    def _static_part(self, request: VmRequest) -> tuple[Bools, list[tuple[str, Verdict]]]:
-        """The verdicts of the filters that ignore the batch's own claims, once per shape."""
-        key = request.shape
-        if key not in self._static:
-            assert self._filters is not None
-            keep = np.ones(self._hosts.size, np.bool_)
-            verdicts = []
-            for entry in self._filters:
-                if entry.mask is None or entry.dynamic:
-                    continue
-                verdict = _plugin("filter", entry.name, entry.mask.mask, self._hosts, request)
-                if verdict is not None:
-                    verdicts.append((entry.name, verdict))
-                    keep &= verdict.keep
+    def _static_part(
+        self, request: VmRequest, disabled: frozenset[str]
+    ) -> tuple[Bools, list[tuple[str, Verdict]]]:
+        """The verdicts of the filters that ignore the batch's own claims: computed once
+        per combination of their signatures, or every time while one of them has none."""
+        statics = [
+            entry
+            for entry in self._loaded_filters()
+            if entry.mask is not None and not entry.dynamic and entry.name not in disabled
+        ]
+        cacheable = all(entry.signature is not None for entry in statics)
+        key: tuple[Hashable, ...] = (
+            disabled,
+            *((entry.name, entry.signature(request)) for entry in statics if entry.signature),
+        )
+        if cacheable and key in self._static:
+            return self._static[key]
+        keep = np.ones(self._hosts.size, np.bool_)
+        verdicts = []
+        for entry in statics:
+            assert entry.mask is not None
+            verdict = _plugin("filter", entry.name, entry.mask.mask, self._hosts, request)
+            if verdict is not None:
+                verdicts.append((entry.name, verdict))
+                keep &= verdict.keep
+        if cacheable:
             self._static[key] = (keep, verdicts)
-        return self._static[key]
+        return keep, verdicts
+
+    def _loaded_filters(self) -> list[LoadedFilter]:
+        if self._filters is None:
+            self._filters = load_filters()
+        return self._filters
 
     def _verdict(self, entry: LoadedFilter, request: VmRequest, keep: Bools) -> Verdict | None:
         if entry.mask is not None:

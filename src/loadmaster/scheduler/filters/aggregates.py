@@ -21,6 +21,9 @@ class AggregatesFilter:
     order = 40
     dynamic = False
 
+    def signature(self, request: VmRequest) -> tuple[object, ...]:
+        return (request.member_of, request.forbidden_aggregates)
+
     def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
         if not request.member_of and not request.forbidden_aggregates:
             return None

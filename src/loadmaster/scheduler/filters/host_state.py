@@ -13,6 +13,9 @@ class HostStateFilter:
     order = 10
     dynamic = False
 
+    def signature(self, request: VmRequest) -> tuple[()]:
+        return ()
+
     def mask(self, hosts: HostState, request: VmRequest) -> Verdict:
         status = hosts.host_status()
         checks = [(status != STATE_CODE[state], state) for state in HOST_STATES if state != "up"]

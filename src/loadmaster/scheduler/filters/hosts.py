@@ -21,6 +21,9 @@ class HostListFilter:
     order = 20
     dynamic = False
 
+    def signature(self, request: VmRequest) -> tuple[object, ...]:
+        return (request.include_hosts, request.exclude_hosts)
+
     def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
         checks = []
         if request.include_hosts is not None:

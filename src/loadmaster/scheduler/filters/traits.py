@@ -21,6 +21,9 @@ class TraitsFilter:
     order = 30
     dynamic = False
 
+    def signature(self, request: VmRequest) -> tuple[object, ...]:
+        return (request.required_traits, request.forbidden_traits)
+
     def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
         if not request.required_traits and not request.forbidden_traits:
             return None
