@@ -139,3 +139,20 @@ def test_the_explanation_agrees_with_the_runs_failure(
                 )
         finally:
             lm.close()
+
+
+def test_an_explanation_ranks_the_hosts_that_fit_with_each_weighers_part(
+    slm: Loadmaster,
+) -> None:
+    add_hosts(slm, 3, vcpu=16, memory=16384)
+    small_flavor(slm, vcpu=1, memory=2048)
+    slm.allocations.claim(add_vms(slm, 1)[0], "h0")  # h0 is the fullest
+    for policy, worst_first in (("spread", False), ("pack", True)):
+        explained = slm.scheduler.explain(RequestSpec(flavor="small"), policy=policy)
+        assert explained.candidates == 3
+        ranking = explained.ranking
+        assert [r.total for r in ranking] == sorted((r.total for r in ranking), reverse=True)
+        assert (ranking[0].host == "h0") is worst_first, (policy, ranking)
+        for row in ranking:
+            assert abs(sum(row.by_weigher.values()) - row.total) < 1e-3
+        assert explained.to_dict()["ranking"][0]["host"] == ranking[0].host

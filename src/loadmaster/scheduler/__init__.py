@@ -15,6 +15,7 @@ from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
+    HostScore,
     FilterCount,
     NoHostFits,
     Placement,
@@ -28,6 +29,7 @@ __all__ = [
     "POLICIES",
     "CapacityReport",
     "Explanation",
+    "HostScore",
     "FilterCount",
     "HostFilter",
     "HostState",

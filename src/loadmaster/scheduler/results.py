@@ -20,6 +20,19 @@ class FilterCount:
 
 
 @dataclass(frozen=True)
+class HostScore:
+    """One feasible host's score: the sum of each weigher's multiplier times its score,
+    rescaled to [0, 1] over the candidates (``by_weigher``)."""
+
+    host: str
+    total: float
+    by_weigher: dict[str, float]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"host": self.host, "total": self.total, "by_weigher": dict(self.by_weigher)}
+
+
+@dataclass(frozen=True)
 class Explanation:
     """Why hosts were ruled out for one VM. Each host is blamed on the first filter (in
     filter order) that rejected it, so ``sum(removed) + candidates == hosts``."""
@@ -30,6 +43,8 @@ class Explanation:
     filters: tuple[FilterCount, ...]
     # The reason in a group's terms when a hard group rule is what leaves no host.
     headline: str | None = None
+    # When hosts fit: the best ones as the policy scored them, best first.
+    ranking: tuple[HostScore, ...] = ()
 
     @property
     def message(self) -> str:
@@ -51,6 +66,7 @@ class Explanation:
             "headline": self.headline,
             "message": self.message,
             "filters": [f.to_dict() for f in self.filters],
+            "ranking": [r.to_dict() for r in self.ranking],
         }
 
 

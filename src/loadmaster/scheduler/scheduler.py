@@ -53,6 +53,7 @@ from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
     FilterCount,
+    HostScore,
     NoHostFits,
     Placement,
     ScheduleResult,
@@ -249,7 +250,9 @@ class Scheduler:
         with self._lock:
             self._begin()
             first = self._ordered(self._resolve([request], dry_run=True))[0]
-            return self._explanation(first.request, self._decide(first.request, _Scoring([])))
+            scoring = self._scoring(self._policy(policy or self.default_policy, "policy"))
+            decision = self._decide(first.request, _Scoring([], disabled=scoring.disabled))
+            return self._explanation(first.request, decision, scoring)
 
     def capacity(
         self, flavor: str, *, group: str | None = None, policy: str | None = None, **spec: Any
@@ -646,8 +649,19 @@ class Scheduler:
         self, request: VmRequest, candidates: Ints, weighers: list[tuple[Weigher, float]]
     ) -> np.ndarray:
         scores = np.zeros(len(candidates))
+        for _, weighted in self._weighed(request, candidates, weighers):
+            scores += weighted
+        return scores
+
+    def _weighed(
+        self, request: VmRequest, candidates: Ints, weighers: list[tuple[Weigher, float]]
+    ) -> list[tuple[str, np.ndarray]]:
+        """Each weigher's multiplier times its raw scores rescaled to [0, 1] over the
+        candidates, as Nova does; a weigher with no opinion, or the same one for all, adds
+        nothing."""
         if not len(candidates):
-            return scores  # nothing fits: weighers have nothing to rank (and min() would fail)
+            return []  # nothing fits: weighers have nothing to rank (and min() would fail)
+        weighed = []
         for weigher, multiplier in weighers:
             name = str(getattr(weigher, "name", type(weigher).__name__))
             raw = _plugin("weigher", name, weigher.weigh, self._hosts, request, candidates)
@@ -655,10 +669,27 @@ class Scheduler:
                 continue
             low, high = float(raw.min()), float(raw.max())
             if high > low:
-                scores += multiplier * (raw - low) / (high - low)
-        return scores
+                weighed.append((name, multiplier * (raw - low) / (high - low)))
+        return weighed
 
-    def _explanation(self, request: VmRequest, decision: _Decision) -> Explanation:
+    def _ranking(
+        self, request: VmRequest, candidates: Ints, scoring: _Scoring, top: int = 5
+    ) -> tuple[HostScore, ...]:
+        weighed = self._weighed(request, candidates, scoring.weighers)
+        total = sum((w for _, w in weighed), np.zeros(len(candidates)))
+        best = np.argsort(-total, kind="stable")[:top]
+        return tuple(
+            HostScore(
+                self._hosts.names[int(candidates[i])],
+                round(float(total[i]), 4),
+                {name: round(float(w[i]), 4) for name, w in weighed},
+            )
+            for i in best
+        )
+
+    def _explanation(
+        self, request: VmRequest, decision: _Decision, scoring: _Scoring | None = None
+    ) -> Explanation:
         remaining = np.ones(self._hosts.size, np.bool_)
         counts = []
         for name, verdict in decision.verdicts:
@@ -668,8 +699,18 @@ class Scheduler:
             remaining &= verdict.keep
         candidates = int(remaining.sum())
         headline = None if candidates else self._group_headline(request, decision)
+        ranking = (
+            self._ranking(request, np.flatnonzero(remaining), scoring)
+            if candidates and scoring is not None
+            else ()
+        )
         return Explanation(
-            request.label, self._hosts.size, candidates, tuple(counts), headline=headline
+            request.label,
+            self._hosts.size,
+            candidates,
+            tuple(counts),
+            headline=headline,
+            ranking=ranking,
         )
 
     def _group_headline(self, request: VmRequest, decision: _Decision) -> str | None:
