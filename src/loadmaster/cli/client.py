@@ -6,15 +6,24 @@ import json
 import sys
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, NoReturn
+from functools import cache
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import httpx
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-err_console = Console(stderr=True, highlight=False)
+
+
+@cache
+def err_console() -> Console:
+    # rich loads only when a command prints through it: scripts calling quick commands
+    # should not pay for it.
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
 
 
 class Exit(IntEnum):
@@ -34,7 +43,7 @@ EXIT_CODES_HELP = (
 
 
 def fail(message: str, code: Exit) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    sys.stderr.write(f"error: {message}\n")
     raise typer.Exit(int(code))
 
 
@@ -71,6 +80,8 @@ class ApiClient:
     ) -> Any:
         """The decoded JSON answer (None for 204). Any failure prints the server's
         ``{code, detail}`` and exits with the code that status means."""
+        import httpx  # ~0.1 s: only commands that talk to the API pay for it
+
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
             response = httpx.request(
