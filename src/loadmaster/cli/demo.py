@@ -55,7 +55,7 @@ def demo(
     hosts: Annotated[int, typer.Option(min=3, help="simulated hosts, one agent each")] = 12,
     vms: Annotated[int, typer.Option(min=30, help="VMs to mass-start")] = 160,
     out: Annotated[Path, typer.Option(help="report directory")] = Path("loadmaster-report"),
-    seed: int = 7,
+    seed: Annotated[int, typer.Option(help="random seed of the scenario")] = 7,
     cycle: Annotated[
         float, typer.Option(min=0.05, help="seconds between SLA policy cycles on each host")
     ] = 0.4,

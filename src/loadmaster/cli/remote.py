@@ -271,8 +271,10 @@ def host_set_inventory(
     generation = client.get(f"/resource_providers/{name}")["generation"]
     body = {**fields, "resource_provider_generation": generation}
     result = client.put(f"/resource_providers/{name}/inventories/{resource_class}", body)
-    rows = [(resource_class, result["total"], result.get("capacity"))]
-    show(result, as_json, f"{name}: inventory set", ("class", "total", "capacity"), rows)
+    inv = result["inventories"][resource_class]
+    rows = [(resource_class, inv["total"], inv["allocation_ratio"], inv["capacity"])]
+    columns = ("class", "total", "ratio", "capacity")
+    show(result, as_json, f"{name}: inventory set", columns, rows)
 
 
 @host_app.command("remove-inventory")
