@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from loadmaster.cli.app import RemoteCommand, api, app, settings
-from loadmaster.cli.client import DEFAULT_URL, Exit, err_console, fail, print_json
+from loadmaster.cli.client import DEFAULT_URL, Exit, err_console, exit_code_for, fail, print_json
 from loadmaster.cli.remote import JsonOpt, show
 from loadmaster.errors import LoadmasterError
 
@@ -175,6 +176,9 @@ def agent(
     from loadmaster.agent import run_agent
     from loadmaster.agent.collectors import COLLECTOR_SETS, DEFAULT_COLLECTOR_SET
     from loadmaster.agent.libvirt_hv import GuestImage
+    from loadmaster.agent.loop import CycleReport
+    from loadmaster.agent.narration import CycleNarrator
+    from loadmaster.agent.runner import ApiError, ApiUnreachable
 
     if url is not None and api_alias is not None and url != api_alias:
         fail("--api is the old name of --url: give one of them", Exit.USAGE)
@@ -191,8 +195,14 @@ def agent(
             initrd=guest_initrd.resolve(),
             log_dir=guest_console_dir.resolve() if guest_console_dir else None,
         )
+    narrator = CycleNarrator()
+
+    def narrate(report: CycleReport) -> None:
+        # Plain lines, never wrapped: they end up in journald and in grep.
+        sys.stderr.writelines(f"{line}\n" for line in narrator.lines(report, datetime.now(UTC)))
+
     try:
-        reports = run_agent(
+        run_agent(
             hypervisor,
             policy_dir,
             interval,
@@ -206,16 +216,14 @@ def agent(
             collectors=collectors,
             guest_image=image,
             migration_data_uri=migration_data_uri,
+            on_cycle=narrate,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
-
-    for report in reports:
-        err_console().print(
-            f"cycle {report.cycle}: {report.guests} guests, {len(report.actions)} actions, "
-            f"{len(report.failures)} failures, {len(report.left_out)} guests left out, "
-            f"{len(report.not_applied)} controls not applied, reported={report.reported}"
-        )
+    except ApiUnreachable as exc:
+        fail(str(exc), Exit.UNREACHABLE)
+    except ApiError as exc:
+        fail(str(exc), exit_code_for(exc.status))
 
 
 @app.command("agent-journal")
