@@ -393,6 +393,39 @@ def audit(
     err_console().print("no problems found")
 
 
+@app.command("db-upgrade")
+def db_upgrade(
+    db: Annotated[str, typer.Option(help="database URL")] = "sqlite:///loadmaster.db",
+) -> None:
+    """Bring the database's schema to this version's newest migration (Alembic). serve
+    does it too when it starts; run it first to see an upgrade through on its own."""
+    open_database(db, migrate=True).close()
+    err_console().print(f"{db.split('://')[0]} database at the newest schema")
+
+
+@app.command("backup")
+def backup(
+    to: Annotated[Path, typer.Argument(help="the backup file to write (replaced if there)")],
+    db: Annotated[str, typer.Option(help="the SQLite database URL")] = "sqlite:///loadmaster.db",
+) -> None:
+    """Copy a SQLite database, consistent while the server runs (SQLite's online backup,
+    WAL included). Restore: stop the server, copy the backup over the database file,
+    start it. For PostgreSQL use pg_dump."""
+    import sqlite3
+    from contextlib import closing
+
+    from sqlalchemy.engine import make_url
+
+    open_database(db, migrate=False).close()
+    source_path = make_url(db).database
+    if make_url(db).get_backend_name() != "sqlite" or not source_path:
+        fail(f"--db {db!r}: backup copies SQLite files; for PostgreSQL use pg_dump", Exit.USAGE)
+    to.unlink(missing_ok=True)
+    with closing(sqlite3.connect(source_path)) as source, closing(sqlite3.connect(to)) as target:
+        source.backup(target)
+    err_console().print(f"backed up {source_path} to {to}")
+
+
 def open_database(url: str, *, migrate: bool) -> Loadmaster:
     """The service on ``url``, or one line saying why not. Without ``migrate`` the
     database must exist already: SQLite would create an empty file, and a command that
