@@ -14,7 +14,7 @@ def test_vms_are_filtered_and_paged_by_the_server(live: Live) -> None:
         for i in range(5)
     ]
 
-    def names(**params: object) -> list[str]:
+    def names(**params: str | int) -> list[str]:
         return [v["name"] for v in ok(reader.get("/vms", params=params))["vms"]]
 
     assert names(name="lv-3") == ["lv-3"]
