@@ -57,7 +57,7 @@ def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Ite
     from rich.measure import Measurement
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    table = Table()
     for column in columns:
         table.add_column(column, no_wrap=True)
     for row in rows:
@@ -68,11 +68,13 @@ def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Ite
     out.width = max(
         out.width, Measurement.get(out, out.options.update_width(10_000), table).maximum
     )
+    # The title on a line of its own: as the table's title it would wrap at its width.
+    out.print(title, soft_wrap=True)
     out.print(table)
 
 
 def say(text: str) -> None:
-    console().print(text)
+    console().print(text, soft_wrap=True)
 
 
 def _cell(value: object) -> str:
