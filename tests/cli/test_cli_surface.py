@@ -3,7 +3,10 @@ commands that used to be API-only, one-line errors, --debug and shell completion
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -197,3 +200,33 @@ def test_agent_takes_url_and_the_old_api_name() -> None:
     )
     assert both.exit_code == 2 and "--api is the old name of --url" in both.output
     assert "--api" not in ok("agent", "--help")
+
+
+HEAVY = {"sqlalchemy", "fastapi", "numpy", "httpx", "alembic", "uvicorn", "rich"}
+
+
+def heavy_imports(server: str, *args: str) -> set[str]:
+    """The heavy packages the real entry point loads for one command (in a new process)."""
+    probe = (
+        "import atexit, sys\n"
+        f"sys.argv = ['loadmaster', *{list(args)!r}]\n"
+        "atexit.register(lambda: print(sorted({m.split('.')[0] for m in sys.modules}), "
+        "file=sys.stderr))\n"
+        "from loadmaster.cli import main\n"
+        "main()\n"
+    )
+    env = {**os.environ, "LOADMASTER_URL": server, "LOADMASTER_TOKEN": ADMIN}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    loaded: list[str] = ast.literal_eval(done.stderr.strip().splitlines()[-1])
+    return HEAVY & set(loaded)
+
+
+def test_quick_commands_load_no_heavy_package(server: str) -> None:
+    assert heavy_imports(server, "--help") == set()
+    assert heavy_imports(server, "host", "list", "--help") == set()
+    assert heavy_imports(server, "host", "list", "--json") == set()
+    # A table needs rich, and nothing else.
+    assert heavy_imports(server, "host", "list") == {"rich"}
