@@ -4,6 +4,7 @@ the command groups."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Annotated, Any
 
 import typer
@@ -69,14 +70,16 @@ def _remote_options(
     """Never run: typer turns its signature into the options every remote command adds."""
 
 
-def _remote_params() -> list[Any]:
+@cache
+def _remote_params() -> tuple[Any, ...]:
+    # Built once and shared: a parameter keeps no state between invocations.
     shared = typer.Typer(add_completion=False)
     shared.command()(_remote_options)
     params = typer.main.get_command(shared).params
     for param in params:
         param.expose_value = False
         param.callback = _setter(param.name)
-    return params
+    return tuple(params)
 
 
 def _setter(name: str | None) -> Any:
