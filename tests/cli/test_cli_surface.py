@@ -110,8 +110,9 @@ def test_commands_that_were_api_only(server: str) -> None:
     policies = json.loads(ok(*base, "policies", "--json"))
     assert policies["default"] in {p["name"] for p in policies["policies"]}
 
-    audited = runner.invoke(app, ["audit", "--remote", "--url", server, "--token", READER])
-    assert audited.exit_code == 0 and "no problems found" in audited.output
+    for how in (["--remote", "--url", server], ["--url", server]):
+        audited = runner.invoke(app, ["audit", *how, "--token", READER])
+        assert audited.exit_code == 0 and "no problems found" in audited.output
 
 
 def test_abort_migration(server: str) -> None:

@@ -27,7 +27,7 @@ app = typer.Typer(
 class Settings:
     """What the options of the running command chose. One command runs per invocation."""
 
-    url: str = DEFAULT_URL
+    url: str | None = None  # None: not given, DEFAULT_URL
     token: str | None = None
     debug: bool = False
 
@@ -38,8 +38,14 @@ settings = Settings()
 @app.callback()
 def root(
     url: Annotated[
-        str, typer.Option("--url", envvar="LOADMASTER_URL", help="API address for remote commands")
-    ] = DEFAULT_URL,
+        str | None,
+        typer.Option(
+            "--url",
+            envvar="LOADMASTER_URL",
+            help=f"API address for remote commands (default: {DEFAULT_URL})",
+            show_default=False,
+        ),
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option("--token", envvar="LOADMASTER_TOKEN", help="bearer token", show_default=False),
@@ -112,4 +118,4 @@ class RemoteGroup(TyperGroup):
 
 def api() -> ApiClient:
     """The client configured by the options of the running command."""
-    return ApiClient(settings.url, settings.token)
+    return ApiClient(settings.url or DEFAULT_URL, settings.token)

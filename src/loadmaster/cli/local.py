@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from loadmaster.cli.app import RemoteCommand, api, app, settings
-from loadmaster.cli.client import DEFAULT_URL, Exit, err_console, exit_code_for, fail, print_json
+from loadmaster.cli.client import Exit, err_console, exit_code_for, fail, print_json
 from loadmaster.cli.remote import JsonOpt, show
 from loadmaster.errors import LoadmasterError
 
@@ -366,7 +366,7 @@ def audit(
         typer.Option(
             "--remote",
             help="ask the server at --url (GET /audit, a reader token is enough); "
-            "implied by --url after audit or by LOADMASTER_URL",
+            "implied by --url (before or after audit) or LOADMASTER_URL",
         ),
     ] = False,
 ) -> None:
@@ -375,7 +375,7 @@ def audit(
     database given by --db, or asks a server."""
     if db is not None and remote:
         fail("--db audits a database here, --remote a server: give one of them", Exit.USAGE)
-    if db is None and (remote or settings.url != DEFAULT_URL):
+    if db is None and (remote or settings.url is not None):
         problems = [(p["kind"], p["subject"], p["detail"]) for p in api().get("/audit")["problems"]]
     else:
         from loadmaster.pending import audit as run_audit
