@@ -335,7 +335,7 @@ def policy_eval(
             dir_okay=False,
             help='snapshot JSON: {"host": {"stats": {...}, "history": [...], "properties": '
             '{...}}, "guests": [{"name": "vm-1", "tags": [...], "stats": {...}}]} '
-            "(docs/operators-guide.md, Policies)",
+            "(docs/operators-guide.md, Agents and policies)",
         ),
     ],
 ) -> None:
