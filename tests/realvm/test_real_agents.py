@@ -298,7 +298,7 @@ def test_api_tags_reach_the_domain_within_one_pass(
 def test_sla_agent_balloons_and_tunes_a_vm_launched_from_a_claim(
     cloud: RealCloud, pair: tuple[GuestSpec, GuestSpec], tmp_path: Path
 ) -> None:
-    """The SLA loop on real-a, as ``loadmaster agent --api`` runs it beside the manager
+    """The SLA loop on real-a, as ``loadmaster agent --url`` runs it beside the manager
     (same hypervisor connection, reports carrying the manager's context), the host under
     memory pressure from a /proc fixture. The tiers come from the API's tags."""
     capped, platinum = pair
@@ -522,7 +522,7 @@ def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
             cloud.b.daemon.uri,
             "--policy-dir",
             str(shipped_policy_dir()),
-            "--api",
+            "--url",
             cloud.server.url,
             "--token",
             agent_token("real-b"),

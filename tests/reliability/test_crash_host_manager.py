@@ -3,7 +3,7 @@ nothing is left half done or double-counted.
 
 Everything is real but the hypervisor: the loadmaster API over HTTP (in this process, on
 SQLite), and per host a private ``libvirtd`` serving libvirt's test driver (the guests
-live in the daemon and outlive the agents) managed by a real ``loadmaster agent --api``
+live in the daemon and outlive the agents) managed by a real ``loadmaster agent --url``
 process with a token bound to its host. The test driver cannot live-migrate: a move is
 the cold one (define and start on the destination, then destroy and undefine on the
 source), whose steps a kill can split.
@@ -169,7 +169,7 @@ def crash_cloud(tmp_path: Path) -> Iterator[Cloud]:
                     uri,
                     "--policy-dir",
                     str(policy_dir),
-                    "--api",
+                    "--url",
                     server.url,
                     "--token",
                     token(name),

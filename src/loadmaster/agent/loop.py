@@ -317,10 +317,16 @@ class Agent:
         self._left_out_before: set[str] = set()
         self._left_out_now: set[str] = set()
 
-    def run_forever(self, stop_event: threading.Event) -> None:
+    def run_forever(
+        self,
+        stop_event: threading.Event,
+        on_cycle: Callable[[CycleReport], None] | None = None,
+    ) -> None:
         while not stop_event.is_set():
             started = self.clock()
-            self.run_cycle()
+            report = self.run_cycle()
+            if on_cycle is not None:
+                on_cycle(report)
             stop_event.wait(max(0.0, self.interval - (self.clock() - started)))
 
     def run_cycle(self) -> CycleReport:

@@ -7,6 +7,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,12 @@ class ApiClient:
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         for attempt in range(self.RETRIES_ON_503 + 1):
-            response = self._client.request(method, path, **kwargs)
+            try:
+                response = self._client.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                raise ApiUnreachable(
+                    f"cannot reach the loadmaster API at {self._client.base_url}: {exc}"
+                ) from exc
             if response.status_code != 503 or attempt == self.RETRIES_ON_503:
                 break
             time.sleep(_retry_after(response))
@@ -81,7 +87,14 @@ class ApiClient:
         self._call("POST", f"/vms/{vm}/migration-failed", json={"host": host, "reason": reason})
 
 
+class ApiUnreachable(Exception):
+    """The API did not answer at all (refused, timed out, name unknown)."""
+
+
 class ApiError(Exception):
+    """The API answered with an error: the message says what it refused and why, in
+    the operator's terms where the cause is known."""
+
     def __init__(self, method: str, path: str, response: httpx.Response) -> None:
         self.status = response.status_code
         self.code = ""
@@ -90,7 +103,23 @@ class ApiError(Exception):
             detail, self.code = body.get("detail", response.text), body.get("code", "")
         except (ValueError, AttributeError):
             detail = response.text
-        super().__init__(f"{method} {path}: {response.status_code} {detail}")
+        parts = path.split("/")
+        if self.status == 404 and len(parts) > 2 and parts[1] == "hosts":
+            host = parts[2]
+            message = (
+                f"the loadmaster API does not know host {host!r} ({method} {path}: {detail}). "
+                f"Register it: run the agent with --url so it registers itself, or "
+                f"'loadmaster host create {host} -i VCPU=N -i MEMORY_MB=N'; or give "
+                f"--host-name as the host is registered"
+            )
+        elif self.status in (401, 403):
+            message = (
+                f"the loadmaster API refused the agent's token ({method} {path}: {detail}); "
+                f"an agent needs a token with role agent:<its host name> or admin"
+            )
+        else:
+            message = f"{method} {path}: {self.status} {detail}"
+        super().__init__(message)
 
 
 def _retry_after(response: httpx.Response) -> float:
@@ -114,6 +143,7 @@ def run_agent(
     collectors: str | None = None,
     guest_image: GuestImage | None = None,
     migration_data_uri: str | None = None,
+    on_cycle: Callable[[CycleReport], None] | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
 
@@ -195,11 +225,13 @@ def run_agent(
             reports = []
             for i in range(cycles):
                 reports.append(agent.run_cycle())
+                if on_cycle is not None:
+                    on_cycle(reports[-1])
                 if i + 1 < cycles and stop.wait(interval):
                     break
             return reports
         _stop_on_signals(stop)
-        agent.run_forever(stop)
+        agent.run_forever(stop, on_cycle)
         return []
     finally:
         stop.set()

@@ -18,6 +18,7 @@ from loadmaster.api.deps import MetricsDep
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
 from loadmaster.api.routes import (
     agents,
+    audit,
     catalog,
     maintenance,
     providers,
@@ -78,7 +79,7 @@ def create_app(
     app.state.lm = service
     app.state.metrics = Metrics(service)
     errors.install(app)
-    for module in (vocabulary, providers, catalog, vms, scheduling, maintenance, agents):
+    for module in (vocabulary, providers, catalog, vms, scheduling, maintenance, agents, audit):
         app.include_router(module.router)
     app.include_router(_operations_router())
     # Starlette runs the middleware added last first: request context, auth, size guard,

@@ -1,10 +1,14 @@
-"""The ``loadmaster`` command: root options and the command groups."""
+"""The ``loadmaster`` command: root options, the options every remote command shares and
+the command groups."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from loadmaster.cli.client import DEFAULT_URL, EXIT_CODES_HELP, ApiClient
 
@@ -13,31 +17,105 @@ app = typer.Typer(
     help="Decides where virtual machines run and keeps every host inside its promises.\n\n"
     + EXIT_CODES_HELP,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
 
 
+@dataclass
+class Settings:
+    """What the options of the running command chose. One command runs per invocation."""
+
+    url: str | None = None  # None: not given, DEFAULT_URL
+    token: str | None = None
+    debug: bool = False
+
+
+settings = Settings()
+
+
 @app.callback()
 def root(
     url: Annotated[
-        str, typer.Option("--url", envvar="LOADMASTER_URL", help="API address for remote commands")
-    ] = DEFAULT_URL,
+        str | None,
+        typer.Option(
+            "--url",
+            envvar="LOADMASTER_URL",
+            help=f"API address for remote commands (default: {DEFAULT_URL})",
+            show_default=False,
+        ),
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option("--token", envvar="LOADMASTER_TOKEN", help="bearer token", show_default=False),
     ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="show the traceback of an unexpected error")
+    ] = False,
 ) -> None:
-    """Remote commands (host, flavor, vm, group, usage, schedule, capacity) use --url and
-    --token (or LOADMASTER_URL / LOADMASTER_TOKEN); the others run locally."""
-    _client[0] = ApiClient(url, token)
+    """Remote commands (host, flavor, vm, group, class, trait, usage, schedule, capacity,
+    policies, audit --url) use --url and --token (or LOADMASTER_URL / LOADMASTER_TOKEN),
+    before or after the subcommand; the others run locally."""
+    settings.url, settings.token, settings.debug = url, token, debug
 
 
-# One command runs per invocation; the root callback sets its client before it runs.
-_client: list[ApiClient] = [ApiClient()]
+def _remote_options(
+    url: Annotated[
+        str | None,
+        typer.Option(help="API address (also before the subcommand, or LOADMASTER_URL)"),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(help="bearer token (also before the subcommand, or LOADMASTER_TOKEN)"),
+    ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="show the traceback of an unexpected error")
+    ] = False,
+) -> None:
+    """Never run: typer turns its signature into the options every remote command adds."""
+
+
+@cache
+def _remote_params() -> tuple[Any, ...]:
+    # Built once and shared: a parameter keeps no state between invocations.
+    shared = typer.Typer(add_completion=False)
+    shared.command()(_remote_options)
+    params = typer.main.get_command(shared).params
+    for param in params:
+        param.expose_value = False
+        param.callback = _setter(param.name)
+    return tuple(params)
+
+
+def _setter(name: str | None) -> Any:
+    def callback(ctx: Any, param: Any, value: Any) -> Any:
+        # Given after the subcommand it wins over the root option and the environment;
+        # left out, it leaves them alone.
+        if value:
+            setattr(settings, str(name), value)
+        return value
+
+    return callback
+
+
+class RemoteCommand(TyperCommand):
+    """A command that talks to the API: takes --url, --token and --debug after its name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(_remote_params())
+
+
+class RemoteGroup(TyperGroup):
+    """A group whose every command talks to the API (see RemoteCommand)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in self.commands.values():
+            command.params.extend(_remote_params())
 
 
 def api() -> ApiClient:
-    """The client configured by the root options of the running command."""
-    return _client[0]
+    """The client configured by the options of the running command."""
+    return ApiClient(settings.url or DEFAULT_URL, settings.token)

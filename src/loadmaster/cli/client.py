@@ -6,15 +6,24 @@ import json
 import sys
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, NoReturn
+from functools import cache
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import httpx
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-err_console = Console(stderr=True, highlight=False)
+
+
+@cache
+def err_console() -> Console:
+    # rich loads only when a command prints through it: scripts calling quick commands
+    # should not pay for it.
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
 
 
 class Exit(IntEnum):
@@ -34,7 +43,7 @@ EXIT_CODES_HELP = (
 
 
 def fail(message: str, code: Exit) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    sys.stderr.write(f"error: {message}\n")
     raise typer.Exit(int(code))
 
 
@@ -71,25 +80,39 @@ class ApiClient:
     ) -> Any:
         """The decoded JSON answer (None for 204). Any failure prints the server's
         ``{code, detail}`` and exits with the code that status means."""
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        # The standard library, not httpx: importing httpx (and the rich, click and pygments
+        # its own command line pulls in) would double the start-up of every quick command.
+        from urllib.error import HTTPError, URLError
+        from urllib.parse import quote, urlencode
+        from urllib.request import Request, urlopen
+
+        query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in (params or {}).items()}
+        target = self.url.rstrip("/") + quote(path, safe="/")
+        if query:
+            target += "?" + urlencode(query, doseq=True)
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = Request(target, data=payload, headers=headers, method=method)
         try:
-            response = httpx.request(
-                method,
-                self.url.rstrip("/") + path,
-                json=body,
-                params=params,
-                headers=headers,
-                timeout=self.timeout,
-            )
-        except httpx.TransportError as exc:
-            fail(f"cannot reach the loadmaster API at {self.url}: {exc}", Exit.UNREACHABLE)
-        if response.status_code == 204:
+            with urlopen(request, timeout=self.timeout) as response:
+                status, text = response.status, response.read()
+        except HTTPError as exc:
+            status, text = exc.code, exc.read()
+        except (URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            fail(f"cannot reach the loadmaster API at {self.url}: {reason}", Exit.UNREACHABLE)
+        if status == 204:
             return None
         try:
-            data = response.json()
-        except json.JSONDecodeError:
+            data = json.loads(text)
+        except ValueError:  # not JSON, or not even UTF-8
             data = None
-        if response.is_success:
+        if 200 <= status < 300:
             return data
         if isinstance(data, dict) and "code" in data:
             where = f" ({data['field']})" if data.get("field") else ""
@@ -98,8 +121,8 @@ class ApiClient:
             if isinstance(explanation, dict):
                 message += "\n" + format_explanation(explanation)
         else:
-            message = f"HTTP {response.status_code}: {response.text[:200]}"
-        fail(message, exit_code_for(response.status_code))
+            message = f"HTTP {status}: {text[:200].decode(errors='replace')}"
+        fail(message, exit_code_for(status))
 
 
 def format_explanation(explanation: dict[str, Any]) -> str:

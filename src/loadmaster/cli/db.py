@@ -69,7 +69,7 @@ def db_status(db: DbOpt = DEFAULT_DB) -> None:
     current, head = _revisions(db)
     typer.echo(f"schema: {current or 'empty'} (newest: {head})")
     if current != head:
-        err_console.print("behind: run `loadmaster db upgrade`")
+        err_console().print("behind: run `loadmaster db upgrade`")
         raise typer.Exit(int(Exit.SERVER_ERROR))
 
 
@@ -82,13 +82,13 @@ def db_upgrade(
 ) -> None:
     """Bring the schema to the newest revision. Safe while older servers still run on
     PostgreSQL (one process migrates at a time); a no-op when already there."""
-    from loadmaster.service import open_loadmaster
+    from loadmaster.cli.local import open_database
 
     if db.startswith("sqlite:///") and not _sqlite_file(db, must_exist=not create).is_file():
         before = None
     else:
         before, _ = _revisions(db)
-    with open_loadmaster(db) as lm:
+    with open_database(db, migrate=True) as lm:
         after, head = lm.store.revisions()
     typer.echo(f"schema: {before or 'empty'} -> {after} (newest: {head})")
 

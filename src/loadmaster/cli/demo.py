@@ -12,17 +12,15 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, fail
-from loadmaster.pending import group_rule_problems
-from loadmaster.service import Loadmaster, open_loadmaster
 
-console = Console(highlight=False)
+if TYPE_CHECKING:
+    from loadmaster.service import Loadmaster
 
 
 def _log_to(path: Path) -> None:
@@ -38,11 +36,15 @@ def _log_to(path: Path) -> None:
 
 
 def _say(line: str) -> None:
+    from rich.console import Console
+
     head, colon, rest = line.partition(":")
-    console.print(f"[bold]{head}[/]{colon}{rest}" if colon else line)
+    Console(highlight=False).print(f"[bold]{head}[/]{colon}{rest}" if colon else line)
 
 
 def _violations(lm: Loadmaster) -> int:
+    from loadmaster.pending import group_rule_problems
+
     return len(group_rule_problems(lm.store))
 
 
@@ -54,7 +56,7 @@ def demo(
     hosts: Annotated[int, typer.Option(min=3, help="simulated hosts, one agent each")] = 12,
     vms: Annotated[int, typer.Option(min=30, help="VMs to mass-start")] = 160,
     out: Annotated[Path, typer.Option(help="report directory")] = Path("loadmaster-report"),
-    seed: int = 7,
+    seed: Annotated[int, typer.Option(help="random seed of the scenario")] = 7,
     cycle: Annotated[
         float, typer.Option(min=0.05, help="seconds between SLA policy cycles on each host")
     ] = 0.4,
@@ -66,8 +68,13 @@ def demo(
     if not db.startswith("sqlite:///") or db == "sqlite:///:memory:":
         fail("the demo recreates its database: give --db sqlite:///FILE", Exit.USAGE)
     # The scenario starts a server and threads; it loads here, not whenever the CLI starts.
+    from rich.console import Console
+
     from loadmaster.demo.scenario import run
     from loadmaster.report import write_report
+    from loadmaster.service import open_loadmaster
+
+    console = Console(highlight=False)
 
     started = time.perf_counter()
     database = Path(db.removeprefix("sqlite:///"))

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from loadmaster.cli.app import app
-from loadmaster.cli.client import Exit, err_console, fail, print_json
+from loadmaster.cli.app import RemoteCommand, api, app, settings
+from loadmaster.cli.client import Exit, err_console, exit_code_for, fail, print_json
 from loadmaster.cli.remote import JsonOpt, show
 from loadmaster.errors import LoadmasterError
+
+if TYPE_CHECKING:
+    from loadmaster.service import Loadmaster
 
 policy_app = typer.Typer(help="Check and try out host SLA policies.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
@@ -27,8 +31,8 @@ def serve(
     db: Annotated[str, typer.Option(help="sqlite:///FILE or postgresql+psycopg://...")] = (
         "sqlite:///loadmaster.db"
     ),
-    host: str = "127.0.0.1",
-    port: int = 8080,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
     workers: Annotated[int, typer.Option(help="worker processes (PostgreSQL only)")] = 1,
     no_auth: Annotated[bool, typer.Option("--no-auth", help="no tokens: local use only")] = False,
     tokens: Annotated[
@@ -49,7 +53,6 @@ def serve(
 
     from loadmaster.api.app import MAX_BODY_ENV, NO_AUTH_ENV, SILENT_AFTER_ENV, TOKENS_FILE_ENV
     from loadmaster.api.auth import resolve_auth
-    from loadmaster.service import open_loadmaster
 
     if workers < 1:
         fail("--workers must be at least 1", Exit.USAGE)
@@ -61,12 +64,12 @@ def serve(
         )
     try:
         resolve_auth(no_auth=no_auth, tokens_file=tokens)
-        # Migrate once here, so workers starting together find the schema ready.
-        open_loadmaster(db).close()
     except LoadmasterError as exc:
         fail(exc.detail, Exit.USAGE)
     except OSError as exc:
         fail(f"cannot read {tokens}: {exc}", Exit.USAGE)
+    # Migrate once here, so workers starting together find the schema ready.
+    open_database(db, migrate=True).close()
     os.environ["LOADMASTER_DB"] = db
     os.environ[MAX_BODY_ENV] = str(max_body)
     os.environ[SILENT_AFTER_ENV] = str(agent_silent_after)
@@ -75,7 +78,7 @@ def serve(
     if tokens is not None:
         os.environ[TOKENS_FILE_ENV] = str(tokens.resolve())
     auth_note = "no auth" if no_auth else "bearer tokens"
-    err_console.print(
+    err_console().print(
         f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
     )
     uvicorn.run(
@@ -94,10 +97,19 @@ def agent(
     hypervisor: Annotated[str, typer.Option(help="libvirt URI, e.g. qemu:///system")],
     policy_dir: Annotated[Path, typer.Option(help="directory of *.policy files")],
     interval: Annotated[float, typer.Option(help="seconds between cycles")] = 15.0,
-    api_url: Annotated[
-        str | None, typer.Option("--api", help="loadmaster API to report to")
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url", help="loadmaster API to register with and report to (none: SLA policy only)"
+        ),
     ] = None,
-    token: Annotated[str | None, typer.Option(envvar="LOADMASTER_TOKEN")] = None,
+    api_alias: Annotated[
+        str | None, typer.Option("--api", hidden=True, help="deprecated name of --url")
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="LOADMASTER_TOKEN", help="the agent's token (role agent:<host>)"),
+    ] = None,
     host_name: Annotated[str | None, typer.Option(help="default: this machine's name")] = None,
     cycles: Annotated[int | None, typer.Option(help="stop after N cycles")] = None,
     state_dir: Annotated[
@@ -160,13 +172,19 @@ def agent(
         ),
     ] = None,
 ) -> None:
-    """Run the host agent. With --api it is the host's manager: it registers the host with
+    """Run the host agent. With --url it is the host's manager: it registers the host with
     the inventory it discovers, launches, moves and removes guests as the scheduler placed
     them, and reports; always, it applies the SLA policy every --interval."""
     from loadmaster.agent import run_agent
     from loadmaster.agent.collectors import collector_selection
     from loadmaster.agent.libvirt_hv import GuestImage
+    from loadmaster.agent.loop import CycleReport
+    from loadmaster.agent.narration import CycleNarrator
+    from loadmaster.agent.runner import ApiError, ApiUnreachable
 
+    if url is not None and api_alias is not None and url != api_alias:
+        fail("--api is the old name of --url: give one of them", Exit.USAGE)
+    api_url = url or api_alias
     if collectors is not None:
         try:
             collector_selection(collectors)
@@ -181,8 +199,14 @@ def agent(
             initrd=guest_initrd.resolve(),
             log_dir=guest_console_dir.resolve() if guest_console_dir else None,
         )
+    narrator = CycleNarrator()
+
+    def narrate(report: CycleReport) -> None:
+        # Plain lines, never wrapped: they end up in journald and in grep.
+        sys.stderr.writelines(f"{line}\n" for line in narrator.lines(report, datetime.now(UTC)))
+
     try:
-        reports = run_agent(
+        run_agent(
             hypervisor,
             policy_dir,
             interval,
@@ -196,16 +220,14 @@ def agent(
             collectors=collectors,
             guest_image=image,
             migration_data_uri=migration_data_uri,
+            on_cycle=narrate,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
-
-    for report in reports:
-        err_console.print(
-            f"cycle {report.cycle}: {report.guests} guests, {len(report.actions)} actions, "
-            f"{len(report.failures)} failures, {len(report.left_out)} guests left out, "
-            f"{len(report.not_applied)} controls not applied, reported={report.reported}"
-        )
+    except ApiUnreachable as exc:
+        fail(str(exc), Exit.UNREACHABLE)
+    except ApiError as exc:
+        fail(str(exc), exit_code_for(exc.status))
 
 
 @app.command("agent-journal")
@@ -257,9 +279,9 @@ def _when(timestamp: float) -> str:
 
 @app.command("simulate-host")
 def simulate_host(
-    guests: int = 40,
-    steps: int = 120,
-    seed: int = 1,
+    guests: Annotated[int, typer.Option(help="guests on the simulated host")] = 40,
+    steps: Annotated[int, typer.Option(help="policy cycles to simulate")] = 120,
+    seed: Annotated[int, typer.Option(help="random seed of the guests' demand")] = 1,
     out: Annotated[Path, typer.Option(help="where CSV, PNG and HTML go")] = Path("simulation"),
 ) -> None:
     """Simulate one host under memory pressure, with and without the shipped policies."""
@@ -267,31 +289,63 @@ def simulate_host(
 
     result = simulate(guests, steps, seed, out)
     for label, value in result.figures():
-        err_console.print(f"{label}: {value}", markup=False)
-    err_console.print(f"report: {result.html_path}", markup=False)
+        err_console().print(f"{label}: {value}", markup=False)
+    err_console().print(f"report: {result.html_path}", markup=False)
+
+
+PolicyPaths = Annotated[
+    list[Path],
+    typer.Argument(
+        exists=True,
+        help="policy files, or a directory: its *.policy files in name order, as the "
+        "agent's --policy-dir",
+    ),
+]
+
+
+def _policy_files(paths: list[Path]) -> list[Path]:
+    from loadmaster.policy.engine import policy_dir_files
+
+    files = [f for p in paths for f in (policy_dir_files(p) if p.is_dir() else [p])]
+    if not files:
+        fail(f"no *.policy file in {', '.join(map(str, paths))}", Exit.USAGE)
+    return files
 
 
 @policy_app.command("check")
-def policy_check(files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False)]) -> None:
+def policy_check(paths: PolicyPaths) -> None:
     """Report every syntax and shape problem; exit 1 if there is one."""
     from loadmaster.policy import check_files
 
+    files = _policy_files(paths)
     problems = check_files(files)
     for problem in problems:
-        err_console.print(str(problem))
+        err_console().print(str(problem))
     if problems:
         raise typer.Exit(int(Exit.SERVER_ERROR))
-    err_console.print(f"{len(files)} file(s) OK")
+    err_console().print(f"{len(files)} file(s) OK")
 
 
 @policy_app.command("eval")
 def policy_eval(
-    files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False)],
-    snapshot: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="snapshot JSON")],
+    paths: PolicyPaths,
+    snapshot: Annotated[
+        Path,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help='snapshot JSON: {"host": {"stats": {...}, "history": [...], "properties": '
+            '{...}}, "guests": [{"name": "vm-1", "tags": [...], "stats": {...}}]} '
+            "(docs/operators-guide.md, Agents and policies)",
+        ),
+    ],
 ) -> None:
-    """Run one policy cycle on a snapshot and print the controls as JSON."""
+    """Run one policy cycle on a snapshot of a host and its guests and print the controls
+    the policy sets as JSON: host controls, per-guest controls, stats the policy missed,
+    guests left out and controls refused."""
     from loadmaster.policy import eval_files
 
+    files = _policy_files(paths)
     try:
         data = json.loads(snapshot.read_text())
     except json.JSONDecodeError as exc:
@@ -302,19 +356,74 @@ def policy_eval(
         fail(exc.detail, Exit.SERVER_ERROR)
 
 
-@app.command("audit")
+@app.command("audit", cls=RemoteCommand)
 def audit(
-    db: Annotated[str, typer.Option(help="database URL")] = "sqlite:///loadmaster.db",
+    db: Annotated[
+        str | None,
+        typer.Option(help="database URL to audit here (default: sqlite:///loadmaster.db)"),
+    ] = None,
+    remote: Annotated[
+        bool,
+        typer.Option(
+            "--remote",
+            help="ask the server at --url (GET /audit, a reader token is enough); "
+            "implied by --url (before or after audit) or LOADMASTER_URL",
+        ),
+    ] = False,
 ) -> None:
     """Check the ledger's promises (no host over capacity, no orphaned or partial claims,
-    VM states matching their records); exit 1 if one is broken."""
-    from loadmaster.pending import audit as run_audit
-    from loadmaster.service import open_loadmaster
+    VM states matching their records, group rules); exit 1 if one is broken. Reads the
+    database given by --db, or asks a server."""
+    if db is not None and remote:
+        fail("--db audits a database here, --remote a server: give one of them", Exit.USAGE)
+    if db is None and (remote or settings.url is not None):
+        problems = [(p["kind"], p["subject"], p["detail"]) for p in api().get("/audit")["problems"]]
+    else:
+        from loadmaster.pending import audit as run_audit
 
-    with open_loadmaster(db, migrate=False) as lm:
-        problems = run_audit(lm.store)
-    for problem in problems:
-        err_console.print(f"{problem.kind}: {problem.subject}: {problem.detail}", markup=False)
+        url = db or "sqlite:///loadmaster.db"
+        try:
+            with open_database(url, migrate=False) as lm:
+                problems = [(p.kind, p.subject, p.detail) for p in run_audit(lm.store)]
+        except LoadmasterError as exc:
+            fail(f"--db {url!r}: {exc.detail}", Exit.UNREACHABLE)
+    for kind, subject, detail in problems:
+        err_console().print(f"{kind}: {subject}: {detail}", markup=False)
     if problems:
         raise typer.Exit(int(Exit.SERVER_ERROR))
-    err_console.print("no problems found")
+    err_console().print("no problems found")
+
+
+def open_database(url: str, *, migrate: bool) -> Loadmaster:
+    """The service on ``url``, or one line saying why not. Without ``migrate`` the
+    database must exist already: SQLite would create an empty file, and a command that
+    only reads would then fail on its missing tables."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from loadmaster.service import open_loadmaster
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        fail(
+            f"--db {url!r}: not a database URL (sqlite:///FILE or postgresql+psycopg://...)",
+            Exit.USAGE,
+        )
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        fail(f"--db {url!r}: only sqlite and postgresql databases are supported", Exit.USAGE)
+    if (
+        not migrate
+        and parsed.get_backend_name() == "sqlite"
+        and parsed.database not in (None, "", ":memory:")
+    ):
+        path = Path(parsed.database or "")
+        if not path.is_file():
+            fail(f"--db: no database at {path.resolve()} (give --db sqlite:///PATH)", Exit.USAGE)
+    try:
+        return open_loadmaster(url, migrate=migrate)
+    except LoadmasterError as exc:
+        fail(f"--db {url!r}: {exc.detail}", Exit.UNREACHABLE)
+    except (SQLAlchemyError, ImportError, OSError) as exc:
+        reason = str(exc).splitlines()[0]
+        fail(f"--db {url!r}: {reason}", Exit.UNREACHABLE)

@@ -1,4 +1,5 @@
-"""Commands that talk to a running API: hosts, flavors, VMs, groups, usage, scheduling."""
+"""Commands that talk to a running API: hosts, resource classes, traits, flavors, VMs,
+groups, usage, scheduling, the audit. rich loads only when a table is printed."""
 
 from __future__ import annotations
 
@@ -6,41 +7,75 @@ import secrets
 import time
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any
+from functools import cache
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from loadmaster.cli.app import api, app
+from loadmaster.cli.app import RemoteCommand, RemoteGroup, api, app
 from loadmaster.cli.client import Exit, err_console, fail, format_explanation, print_json
 
-console = Console(highlight=False, markup=False)  # names from the server are not markup
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
+if TYPE_CHECKING:
+    from rich.console import Console
 
-host_app = typer.Typer(help="Hosts (resource providers).", no_args_is_help=True)
-flavor_app = typer.Typer(help="Flavors.", no_args_is_help=True)
-vm_app = typer.Typer(help="VMs and their lifecycle.", no_args_is_help=True)
-group_app = typer.Typer(help="Server groups.", no_args_is_help=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
+VmArg = Annotated[str, typer.Argument(help="the VM's uuid or (unique) name")]
+HostArg = Annotated[str, typer.Argument(help="the host's name or uuid")]
+GroupArg = Annotated[str, typer.Argument(help="the server group's name or uuid")]
+
+
+def _group(help_text: str) -> typer.Typer:
+    return typer.Typer(help=help_text, no_args_is_help=True, cls=RemoteGroup)
+
+
+host_app = _group("Hosts (resource providers) and their child providers (NUMA cells).")
+class_app = _group("Resource classes (standard and CUSTOM_*).")
+trait_app = _group("Traits hosts carry and flavors require or forbid.")
+flavor_app = _group("Flavors.")
+vm_app = _group("VMs and their lifecycle.")
+group_app = _group("Server groups.")
 app.add_typer(host_app, name="host")
+app.add_typer(class_app, name="class")
+app.add_typer(trait_app, name="trait")
 app.add_typer(flavor_app, name="flavor")
 app.add_typer(vm_app, name="vm")
 app.add_typer(group_app, name="group")
 
 
+@cache
+def console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, markup=False)  # names from the server are not markup
+
+
 def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Iterable[Any]) -> None:
-    """JSON as the server sent it, or a table for people."""
+    """JSON as the server sent it, or a table for people. A table wider than the terminal
+    is printed wide rather than cut: a class or VM name must be read whole."""
     if as_json:
         print_json(data)
         return
-    table = Table(title=title, title_justify="left")
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    table = Table()
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+    from rich.console import Console
+
+    out = Console(highlight=False, markup=False)
+    out.width = max(
+        out.width, Measurement.get(out, out.options.update_width(10_000), table).maximum
+    )
+    # The title on a line of its own: as the table's title it would wrap at its width.
+    out.print(title, soft_wrap=True)
+    out.print(table)
+
+
+def say(text: str) -> None:
+    console().print(text, soft_wrap=True)
 
 
 def _cell(value: object) -> str:
@@ -99,16 +134,49 @@ def host_list(
     aggregate: Annotated[str | None, typer.Option(help="only hosts in this aggregate")] = None,
     as_json: JsonOpt = False,
 ) -> None:
+    """Hosts and child providers; a child names its parent."""
     data = api().get("/resource_providers", state=state, member_of=aggregate)
+    providers = data["resource_providers"]
+    names = {h["uuid"]: h["name"] for h in providers}
     rows = [
-        (h["name"], h["state"], h["generation"], h["traits"], h["aggregates"], h["uuid"])
-        for h in data["resource_providers"]
+        (
+            h["name"],
+            names.get(h["parent_provider_uuid"], h["parent_provider_uuid"]),
+            h["state"],
+            h["generation"],
+            h["traits"],
+            h["aggregates"],
+            h["uuid"],
+        )
+        for h in providers
     ]
-    show(data, as_json, "Hosts", ("name", "state", "gen", "traits", "aggregates", "uuid"), rows)
+    columns = ("name", "parent", "state", "gen", "traits", "aggregates", "uuid")
+    show(data, as_json, "Hosts", columns, rows)
+
+
+@host_app.command("tree")
+def host_tree(as_json: JsonOpt = False) -> None:
+    """Hosts with their child providers (NUMA cells) beneath them."""
+    data = api().get("/resource_providers")
+    if as_json:
+        print_json(data)
+        return
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for h in data["resource_providers"]:
+        children.setdefault(h["parent_provider_uuid"], []).append(h)
+
+    def lines(parent: str | None, depth: int) -> Iterable[str]:
+        for h in children.get(parent, []):
+            yield f"{'  ' * depth}{h['name']} ({h['state']})"
+            yield from lines(h["uuid"], depth + 1)
+
+    for line in lines(None, 0):
+        say(line)
 
 
 @host_app.command("show")
-def host_show(name: str, as_json: JsonOpt = False) -> None:
+def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
+    """Inventories, usage per class (pending counted as used) and its agent's status."""
     client = api()
     host = client.get(f"/resource_providers/{name}")
     usages = client.get(f"/resource_providers/{name}/usages")
@@ -145,15 +213,27 @@ def host_show(name: str, as_json: JsonOpt = False) -> None:
 
 @host_app.command("create")
 def host_create(
-    name: str,
+    name: Annotated[str, typer.Argument(help="the new host's (unique) name")],
     inventory: Annotated[
-        list[str], typer.Option("--inventory", "-i", help="CLASS=TOTAL[,allocation_ratio=4,...]")
+        list[str],
+        typer.Option(
+            "--inventory",
+            "-i",
+            help="CLASS=TOTAL[,allocation_ratio=4,reserved=2,min_unit=,max_unit=,step_size=]",
+        ),
     ],
-    trait: Annotated[list[str] | None, typer.Option("--trait", "-t")] = None,
-    aggregate: Annotated[list[str] | None, typer.Option("--aggregate", "-a")] = None,
-    state: str = "up",
+    trait: Annotated[list[str] | None, typer.Option("--trait", "-t", help="a trait it has")] = None,
+    aggregate: Annotated[
+        list[str] | None, typer.Option("--aggregate", "-a", help="an aggregate it belongs to")
+    ] = None,
+    parent: Annotated[
+        str | None,
+        typer.Option(help="make it a child provider (a NUMA cell) of this host"),
+    ] = None,
+    state: Annotated[str, typer.Option(help="up, maintenance or down")] = "up",
     as_json: JsonOpt = False,
 ) -> None:
+    """Register a host (or, with --parent, a child provider) by hand."""
     body = {
         "name": name,
         "state": state,
@@ -161,27 +241,88 @@ def host_create(
         "traits": trait or [],
         "aggregates": aggregate or [],
     }
+    if parent is not None:
+        body["parent_provider_uuid"] = api().get(f"/resource_providers/{parent}")["uuid"]
     host = api().post("/resource_providers", body)
     show(host, as_json, "Host created", ("name", "uuid"), [(host["name"], host["uuid"])])
 
 
 @host_app.command("delete")
-def host_delete(name: str) -> None:
+def host_delete(name: HostArg) -> None:
+    """Delete a host that holds nothing (no claims, no child providers)."""
     api().delete(f"/resource_providers/{name}")
-    console.print(f"host {name} deleted")
+    say(f"host {name} deleted")
+
+
+@host_app.command("set-inventory")
+def host_set_inventory(
+    name: HostArg,
+    inventory: Annotated[
+        str,
+        typer.Argument(
+            help="CLASS=TOTAL[,allocation_ratio=4,reserved=2,...]: the class's whole new "
+            "inventory (fields left out take their defaults)"
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Set one class's inventory on a host. Sent with the generation just read: a host
+    changed in between exits 4 instead of losing the other change; shrinking below what
+    is allocated is refused."""
+    resource_class, fields = parse_inventory(inventory)
+    client = api()
+    generation = client.get(f"/resource_providers/{name}")["generation"]
+    body = {**fields, "resource_provider_generation": generation}
+    result = client.put(f"/resource_providers/{name}/inventories/{resource_class}", body)
+    inv = result["inventories"][resource_class]
+    rows = [(resource_class, inv["total"], inv["allocation_ratio"], inv["capacity"])]
+    columns = ("class", "total", "ratio", "capacity")
+    show(result, as_json, f"{name}: inventory set", columns, rows)
+
+
+@host_app.command("remove-inventory")
+def host_remove_inventory(
+    name: HostArg,
+    resource_class: Annotated[str, typer.Argument(help="the class to remove from the host")],
+) -> None:
+    """Remove one class from a host (refused while anything is allocated from it)."""
+    client = api()
+    generation = client.get(f"/resource_providers/{name}")["generation"]
+    client.delete(
+        f"/resource_providers/{name}/inventories/{resource_class}",
+        resource_provider_generation=generation,
+    )
+    say(f"{name}: {resource_class} removed")
+
+
+@host_app.command("report")
+def host_report(name: HostArg, as_json: JsonOpt = False) -> None:
+    """What the host's agent last said: its status (ok, silent, none), hypervisor and
+    when it was last heard from, with the VMs on the host or coming to it."""
+    client = api()
+    agent = client.get(f"/hosts/{name}/agent")
+    vms = client.get("/vms", host=name, incoming=True)["vms"]
+    data = {"agent": agent, "vms": vms}
+    seen = agent["last_seen_at"] or "never"
+    title = (
+        f"{name}: agent {agent['status']} ({agent['hypervisor_uri'] or 'no hypervisor'}), "
+        f"last heard {seen}; {len(vms)} VMs"
+    )
+    show(data, as_json, title, VM_COLUMNS, [_vm_row(v) for v in vms])
 
 
 @host_app.command("state")
 def host_state(
-    name: str, state: Annotated[str, typer.Argument(help="up, maintenance or down")]
+    name: HostArg, state: Annotated[str, typer.Argument(help="up, maintenance or down")]
 ) -> None:
+    """Set a host's state: only up hosts take new VMs."""
     host = api().put(f"/resource_providers/{name}", {"state": state})
-    console.print(f"host {host['name']} is {host['state']} (generation {host['generation']})")
+    say(f"host {host['name']} is {host['state']} (generation {host['generation']})")
 
 
 @host_app.command("drain")
 def host_drain(
-    name: str,
+    name: HostArg,
     force: Annotated[
         bool, typer.Option("--force", help="stop the VMs that fit nowhere else")
     ] = False,
@@ -216,6 +357,14 @@ def _follow_drain(
 ) -> dict[str, Any]:
     """Poll the host until no migration from or to it is under way (or the timeout); a
     progress bar shows the migrations done. Returns the host's last drain status."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     client = api()
     status: dict[str, Any] = client.get(f"/hosts/{name}")["drain"]
     total = status["migrating"]
@@ -226,7 +375,7 @@ def _follow_drain(
         MofNCompleteColumn(),
         TextColumn("migrations done"),
         TimeElapsedColumn(),
-        console=err_console,
+        console=err_console(),
         disable=quiet or total == 0,
         transient=False,
     ) as progress:
@@ -251,11 +400,11 @@ def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None
     for u in result["unplaced"]:
         what = "fits nowhere, stopped (--force)" if u["stopped"] else "fits nowhere"
         why = format_explanation(u["explanation"]) if u["explanation"] else u["reason"]
-        console.print(f"VM {u['vm']} {what}: {why}")
+        say(f"VM {u['vm']} {what}: {why}")
     if result["in_flight"]:
-        console.print(f"{len(result['in_flight'])} migrations were already under way")
+        say(f"{len(result['in_flight'])} migrations were already under way")
     status = final or result
-    console.print(
+    say(
         f"host {name} is {status['status']}: {status['vms_left']} VMs left, "
         f"{status['migrating']} migrating"
     )
@@ -274,25 +423,95 @@ def _replace_set(name: str, kind: str, values: list[str]) -> Any:
 
 @host_app.command("set-traits")
 def host_set_traits(
-    name: str, traits: Annotated[list[str] | None, typer.Argument()] = None
+    name: HostArg,
+    traits: Annotated[list[str] | None, typer.Argument(help="the host's new traits")] = None,
 ) -> None:
     """Replace the host's traits (none given: clear them)."""
     result = _replace_set(name, "traits", traits or [])
-    console.print(f"{name}: traits {_cell(result['traits'])}")
+    say(f"{name}: traits {_cell(result['traits'])}")
 
 
 @host_app.command("set-aggregates")
 def host_set_aggregates(
-    name: str, aggregates: Annotated[list[str] | None, typer.Argument()] = None
+    name: HostArg,
+    aggregates: Annotated[
+        list[str] | None, typer.Argument(help="the host's new aggregates")
+    ] = None,
 ) -> None:
     """Replace the host's aggregates (none given: clear them)."""
     result = _replace_set(name, "aggregates", aggregates or [])
-    console.print(f"{name}: aggregates {_cell(result['aggregates'])}")
+    say(f"{name}: aggregates {_cell(result['aggregates'])}")
+
+
+# -- resource classes and traits -----------------------------------------------------
+@class_app.command("list")
+def class_list(as_json: JsonOpt = False) -> None:
+    """Every resource class, standard and custom."""
+    data = api().get("/resource_classes")
+    rows = [
+        (c["name"], c["kind"], c["unit"], "yes" if c["standard"] else "no", c["description"])
+        for c in data["resource_classes"]
+    ]
+    show(data, as_json, "Resource classes", ("name", "kind", "unit", "standard", "about"), rows)
+
+
+@class_app.command("show")
+def class_show(
+    name: Annotated[str, typer.Argument(help="the class, e.g. VCPU")], as_json: JsonOpt = False
+) -> None:
+    """One resource class."""
+    c = api().get(f"/resource_classes/{name}")
+    show(c, as_json, f"Resource class {name}", ("field", "value"), list(c.items()))
+
+
+@class_app.command("create")
+def class_create(
+    name: Annotated[str, typer.Argument(help="CUSTOM_<NAME>: upper case, digits and _")],
+    kind: Annotated[str, typer.Option(help="e.g. custom, accelerator")] = "custom",
+    unit: Annotated[str, typer.Option(help="what one unit is, e.g. gpu, MiB")] = "unit",
+    description: Annotated[str, typer.Option(help="a sentence for people")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a custom resource class."""
+    body = {"name": name, "kind": kind, "unit": unit, "description": description}
+    c = api().post("/resource_classes", body)
+    show(c, as_json, "Resource class created", ("name", "kind", "unit"), [(name, kind, unit)])
+
+
+@class_app.command("delete")
+def class_delete(name: Annotated[str, typer.Argument(help="the custom class")]) -> None:
+    """Delete a custom class no host has in its inventory."""
+    api().delete(f"/resource_classes/{name}")
+    say(f"resource class {name} deleted")
+
+
+@trait_app.command("list")
+def trait_list(as_json: JsonOpt = False) -> None:
+    """Every trait."""
+    data = api().get("/traits")
+    show(data, as_json, "Traits", ("name",), [(t,) for t in data["traits"]])
+
+
+@trait_app.command("create")
+def trait_create(
+    name: Annotated[str, typer.Argument(help="CUSTOM_<NAME>: upper case, digits and _")],
+) -> None:
+    """Create a custom trait (creating it again is harmless)."""
+    api().put(f"/traits/{name}")
+    say(f"trait {name} created")
+
+
+@trait_app.command("delete")
+def trait_delete(name: Annotated[str, typer.Argument(help="the custom trait")]) -> None:
+    """Delete a custom trait no host carries."""
+    api().delete(f"/traits/{name}")
+    say(f"trait {name} deleted")
 
 
 # -- flavors -------------------------------------------------------------------------
 @flavor_app.command("list")
 def flavor_list(as_json: JsonOpt = False) -> None:
+    """Every flavor: what it asks for, requires and forbids."""
     data = api().get("/flavors")
     rows = [
         (f["name"], f["resources"], f["required_traits"], f["forbidden_traits"])
@@ -302,7 +521,10 @@ def flavor_list(as_json: JsonOpt = False) -> None:
 
 
 @flavor_app.command("show")
-def flavor_show(name: str, as_json: JsonOpt = False) -> None:
+def flavor_show(
+    name: Annotated[str, typer.Argument(help="the flavor")], as_json: JsonOpt = False
+) -> None:
+    """One flavor with its extra specs."""
     f = api().get(f"/flavors/{name}")
     rows = [(k, _cell(v)) for k, v in f.items()]
     show(f, as_json, f"Flavor {name}", ("field", "value"), rows)
@@ -310,11 +532,13 @@ def flavor_show(name: str, as_json: JsonOpt = False) -> None:
 
 @flavor_app.command("create")
 def flavor_create(
-    name: str,
+    name: Annotated[str, typer.Argument(help="the new flavor's name")],
     resource: Annotated[
         list[str] | None,
         typer.Option(
-            "--resource", "-r", help="CLASS=AMOUNT (or give resources:CLASS=N extra specs)"
+            "--resource",
+            "-r",
+            help="CLASS=AMOUNT each VM asks for (or give resources:CLASS=N extra specs)",
         ),
     ] = None,
     require: Annotated[list[str] | None, typer.Option(help="required trait")] = None,
@@ -329,6 +553,7 @@ def flavor_create(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
+    """Create a flavor: the resources, traits and extra specs of its VMs."""
     body: dict[str, Any] = {
         "name": name,
         "resources": {k: _int(v, k) for k, v in _pairs(resource or [], "--resource").items()},
@@ -342,32 +567,33 @@ def flavor_create(
     show(f, as_json, "Flavor created", ("name", "resources"), [(f["name"], f["resources"])])
     if not as_json:
         for warning in f.get("warnings", []):
-            err_console.print(f"warning: {escape(warning)}")
+            err_console().print(f"warning: {warning}", markup=False)
 
 
 @flavor_app.command("delete")
-def flavor_delete(name: str) -> None:
+def flavor_delete(name: Annotated[str, typer.Argument(help="the flavor")]) -> None:
+    """Delete a flavor (VMs made from it keep their resources)."""
     api().delete(f"/flavors/{name}")
-    console.print(f"flavor {name} deleted")
+    say(f"flavor {name} deleted")
 
 
 # -- VMs -----------------------------------------------------------------------------
-VM_COLUMNS = ("name", "state", "host", "flavor", "group", "uuid")
+VM_COLUMNS = ("name", "state", "host", "flavor", "group", "tags", "uuid")
 
 
 def _vm_row(v: Mapping[str, Any]) -> tuple[Any, ...]:
     host = v["host"] if not v.get("target_host") else f"{v['host']} -> {v['target_host']}"
-    return (v["name"], v["state"], host, v["flavor"], v["group"], v["uuid"])
+    return (v["name"], v["state"], host, v["flavor"], v["group"], v["tags"], v["uuid"])
 
 
 def vm_uuid(ident: str, vms: list[dict[str, Any]] | None = None) -> str:
-    """A VM's uuid from its uuid or its (unique) name; ``vms`` is the VM list when the
-    caller has it already (many names, one request)."""
+    """A VM's uuid from its uuid or its (unique) name, looked up by the server; ``vms``
+    is the VM list when the caller has it already (many names, one request)."""
     try:
         return str(uuidlib.UUID(ident))
     except ValueError:
         pass
-    listed = api().get("/vms")["vms"] if vms is None else vms
+    listed = api().get("/vms", name=ident, limit=2)["vms"] if vms is None else vms
     matches = [v["uuid"] for v in listed if v["name"] == ident]
     if not matches:
         fail(f"no VM is named {ident!r}", Exit.NOT_FOUND)
@@ -378,18 +604,38 @@ def vm_uuid(ident: str, vms: list[dict[str, Any]] | None = None) -> str:
 
 @vm_app.command("list")
 def vm_list(
-    state: str | None = None,
-    host: str | None = None,
-    project: str | None = None,
-    group: str | None = None,
+    state: Annotated[str | None, typer.Option(help="only VMs in this state")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="only VMs on this host or migrating to it")
+    ] = None,
+    project: Annotated[str | None, typer.Option(help="only this project's VMs")] = None,
+    group: Annotated[str | None, typer.Option(help="only this server group's VMs")] = None,
+    tag: Annotated[str | None, typer.Option(help="only VMs with this tag")] = None,
+    name: Annotated[str | None, typer.Option(help="only VMs of this name")] = None,
+    limit: Annotated[int | None, typer.Option(min=0, help="at most this many")] = None,
+    offset: Annotated[int, typer.Option(min=0, help="skip this many first (oldest first)")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    data = api().get("/vms", state=state, host=host, project_id=project, group=group)
+    """VMs, oldest first; the server filters and pages. A migrating VM shows
+    SOURCE -> DESTINATION."""
+    data = api().get(
+        "/vms",
+        state=state,
+        host=host,
+        incoming=host is not None or None,
+        project_id=project,
+        group=group,
+        tag=tag,
+        name=name,
+        limit=limit,
+        offset=offset or None,
+    )
     show(data, as_json, "VMs", VM_COLUMNS, [_vm_row(v) for v in data["vms"]])
 
 
 @vm_app.command("show")
-def vm_show(vm: str, as_json: JsonOpt = False) -> None:
+def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
+    """A VM, its last fault and what it holds on which host (active, pending)."""
     client = api()
     uuid = vm_uuid(vm)
     data = {**client.get(f"/vms/{uuid}"), "allocations": client.get(f"/allocations/{uuid}")}
@@ -408,15 +654,18 @@ def vm_show(vm: str, as_json: JsonOpt = False) -> None:
 
 @vm_app.command("create")
 def vm_create(
-    name: str,
-    flavor: Annotated[str, typer.Option("--flavor", "-f")],
-    group: str | None = None,
-    tag: Annotated[list[str] | None, typer.Option("--tag")] = None,
-    project: str = "default",
-    user: str = "default",
+    name: Annotated[str, typer.Argument(help="the new VM's name")],
+    flavor: Annotated[str, typer.Option("--flavor", "-f", help="its flavor")],
+    group: Annotated[str | None, typer.Option(help="server group it joins")] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", help="a tag, e.g. gold or priority:2")
+    ] = None,
+    project: Annotated[str, typer.Option(help="project it is counted against")] = "default",
+    user: Annotated[str, typer.Option(help="user who owns it")] = "default",
     start: Annotated[bool, typer.Option(help="schedule it right away")] = False,
     as_json: JsonOpt = False,
 ) -> None:
+    """Create a VM (requested: it holds nothing until started)."""
     client = api()
     body: dict[str, Any] = {"name": name, "flavor": flavor, "project_id": project}
     body |= {"user_id": user, "tags": tag or [], "group": group}
@@ -433,37 +682,57 @@ def _lifecycle(vm: str, action: str, body: dict[str, Any] | None, as_json: bool)
 
 
 @vm_app.command("start")
-def vm_start(vm: str, policy: str | None = None, as_json: JsonOpt = False) -> None:
+def vm_start(
+    vm: VmArg,
+    policy: Annotated[str | None, typer.Option(help="scheduling policy (see policies)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Schedule and claim: the VM is pending on its host until it is reported up."""
     _lifecycle(vm, "start", {"policy": policy}, as_json)
 
 
 @vm_app.command("up")
-def vm_up(vm: str, as_json: JsonOpt = False) -> None:
+def vm_up(vm: VmArg, as_json: JsonOpt = False) -> None:
     """The VM is running: its pending resources become active."""
     _lifecycle(vm, "up", None, as_json)
 
 
 @vm_app.command("stop")
-def vm_stop(vm: str, as_json: JsonOpt = False) -> None:
+def vm_stop(vm: VmArg, as_json: JsonOpt = False) -> None:
+    """Stop a VM: what it holds is released."""
     _lifecycle(vm, "stop", None, as_json)
 
 
 @vm_app.command("migrate")
 def vm_migrate(
-    vm: str,
+    vm: VmArg,
     host: Annotated[
         str | None, typer.Option(help="destination (default: the scheduler's choice)")
     ] = None,
-    reason: str | None = None,
+    reason: Annotated[str | None, typer.Option(help="why, for the server's log")] = None,
     as_json: JsonOpt = False,
 ) -> None:
+    """Claim a destination for a running VM; the source host's agent moves it."""
     _lifecycle(vm, "migrate", {"host": host, "reason": reason}, as_json)
+
+
+@vm_app.command("abort-migration")
+def vm_abort_migration(vm: VmArg, as_json: JsonOpt = False) -> None:
+    """Give up a migration: the destination's claim is released and the VM stays where
+    it runs. A VM not migrating is left as it is."""
+    client = api()
+    uuid = vm_uuid(vm)
+    target = client.get(f"/vms/{uuid}")["target_host"]
+    if target is None:
+        fail(f"VM {vm} is not migrating", Exit.CONFLICT)
+    client.delete(f"/allocations/{uuid}", host=target)
+    record = client.get(f"/vms/{uuid}")
+    show(record, as_json, f"migration to {target} aborted", VM_COLUMNS, [_vm_row(record)])
 
 
 @vm_app.command("tag")
 def vm_tag(
-    vm: str,
+    vm: VmArg,
     tags: Annotated[list[str], typer.Argument(help="the VM's new tags, e.g. gold priority:2")],
     as_json: JsonOpt = False,
 ) -> None:
@@ -473,36 +742,45 @@ def vm_tag(
 
 
 @vm_app.command("delete")
-def vm_delete(vm: str) -> None:
+def vm_delete(vm: VmArg) -> None:
+    """Delete a VM and release what it holds (deleting again is harmless)."""
     uuid = vm_uuid(vm)
     api().delete(f"/vms/{uuid}")
-    console.print(f"VM {uuid} deleted")
+    say(f"VM {uuid} deleted")
 
 
 # -- server groups -------------------------------------------------------------------
 @group_app.command("list")
 def group_list(as_json: JsonOpt = False) -> None:
+    """Every server group and its rule."""
     data = api().get("/server_groups")
     rows = [(g["name"], g["policy"], g["max_per_host"], g["uuid"]) for g in data["server_groups"]]
     show(data, as_json, "Server groups", ("name", "policy", "max/host", "uuid"), rows)
 
 
 @group_app.command("show")
-def group_show(group: str, as_json: JsonOpt = False) -> None:
-    g = api().get(f"/server_groups/{group}")
-    rows = [(member,) for member in g["members"]]
-    show(g, as_json, f"Group {g['name']} ({g['policy']}): {len(rows)} members", ("vm",), rows)
+def group_show(group: GroupArg, as_json: JsonOpt = False) -> None:
+    """A group's rule and its members: name, state, host."""
+    client = api()
+    g = client.get(f"/server_groups/{group}")
+    members = client.get("/vms", group=g["uuid"])["vms"]
+    rows = [_vm_row(v) for v in members]
+    title = f"Group {g['name']} ({g['policy']}): {len(rows)} members"
+    show({**g, "vms": members}, as_json, title, VM_COLUMNS, rows)
 
 
 @group_app.command("create")
 def group_create(
-    name: str,
+    name: Annotated[str, typer.Argument(help="the new group's name")],
     policy: Annotated[
         str, typer.Option(help="affinity, anti-affinity, soft-affinity or soft-anti-affinity")
     ],
-    max_per_host: int | None = None,
+    max_per_host: Annotated[
+        int | None, typer.Option(help="anti-affinity: members allowed on one host")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
+    """Create a server group."""
     g = api().post("/server_groups", {"name": name, "policy": policy, "max_per_host": max_per_host})
     show(
         g,
@@ -514,13 +792,14 @@ def group_create(
 
 
 @group_app.command("delete")
-def group_delete(group: str) -> None:
+def group_delete(group: GroupArg) -> None:
+    """Delete a server group."""
     api().delete(f"/server_groups/{group}")
-    console.print(f"server group {group} deleted")
+    say(f"server group {group} deleted")
 
 
 # -- usage, scheduling ---------------------------------------------------------------
-@app.command("usage")
+@app.command("usage", cls=RemoteCommand)
 def usage(
     project: Annotated[str | None, typer.Option(help="one project's totals instead")] = None,
     resource_class: Annotated[str, typer.Option("--class", help="class to show per host")] = "VCPU",
@@ -564,17 +843,19 @@ def usage(
     )
 
 
-@app.command("schedule")
+@app.command("schedule", cls=RemoteCommand)
 def schedule(
     vms: Annotated[list[str] | None, typer.Argument(help="VMs to place (uuid or name)")] = None,
     flavor: Annotated[str | None, typer.Option(help="hypothetical VMs of this flavor")] = None,
-    count: int | None = None,
+    count: Annotated[int | None, typer.Option(help="how many hypothetical VMs")] = None,
     require: Annotated[list[str] | None, typer.Option(help="required trait")] = None,
     forbid: Annotated[list[str] | None, typer.Option(help="forbidden trait")] = None,
-    group: str | None = None,
+    group: Annotated[str | None, typer.Option(help="server group whose rule they obey")] = None,
     dry_run: Annotated[bool, typer.Option(help="decide, claim nothing")] = False,
     gang: Annotated[bool, typer.Option(help="all or none")] = False,
-    policy: str | None = None,
+    policy: Annotated[
+        str | None, typer.Option(help="scheduling policy (see policies; default the server's)")
+    ] = None,
     seed: Annotated[
         int | None,
         typer.Option(min=0, max=2**63 - 1, help="replay a decision: the seed a run printed"),
@@ -618,7 +899,7 @@ def schedule(
     else:
         _print_schedule(result, names)
         if explanation is not None:
-            console.print(format_explanation(explanation))
+            say(format_explanation(explanation))
     if result["failed"]:
         raise typer.Exit(int(Exit.CONFLICT))
 
@@ -639,21 +920,23 @@ def _print_schedule(result: dict[str, Any], names: Mapping[str, str]) -> None:
         f"{result['placed']} placed, {result['failed']} failed"
     )
     show(result, False, title, ("vm", "host", "ms"), rows)
-    console.print(f"seed {result['seed']} (--seed {result['seed']} on the same state replays it)")
+    say(f"seed {result['seed']} (--seed {result['seed']} on the same state replays it)")
     unlisted = result["placed"] + result["failed"] - result["listed"]
     if unlisted > 0:  # a big dry run is summarised by the server
         per_host = ", ".join(f"{h}: {n}" for h, n in result["by_host"].items())
-        console.print(f"{unlisted} more not listed; placed per host: {per_host}")
+        say(f"{unlisted} more not listed; placed per host: {per_host}")
     for failure in result["failure_reasons"]:
         vms = failure["vms"]
-        console.print(f"{vms} VM{'s' if vms != 1 else ''} not placed: {failure['reason']}")
+        say(f"{vms} VM{'s' if vms != 1 else ''} not placed: {failure['reason']}")
 
 
-@app.command("capacity")
+@app.command("capacity", cls=RemoteCommand)
 def capacity(
-    flavor: str,
-    group: str | None = None,
-    policy: str | None = None,
+    flavor: Annotated[str, typer.Argument(help="the flavor to count")],
+    group: Annotated[str | None, typer.Option(help="server group whose rule they obey")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="scheduling policy (see policies; default the server's)")
+    ] = None,
     top: Annotated[int, typer.Option(help="hosts to list (0: all)")] = 10,
     as_json: JsonOpt = False,
 ) -> None:
@@ -664,3 +947,18 @@ def capacity(
     rows += [(host, 0, reason) for host, reason in data["limits"].items()]
     title = f"{data['total']} more {flavor} fit on {len(data['per_host'])} hosts"
     show(data, as_json, title, ("host", "fits", "limited by"), rows[:top] if top else rows)
+
+
+@app.command("policies", cls=RemoteCommand)
+def policies(as_json: JsonOpt = False) -> None:
+    """The server's scheduling policies (for --policy) and its default."""
+    data = api().get("/policies")
+    rows = [
+        (
+            p["name"] + (" (default)" if p["name"] == data["default"] else ""),
+            ", ".join(f"{w['name']}x{w['multiplier']}" for w in p["weighers"]),
+            p["description"],
+        )
+        for p in data["policies"]
+    ]
+    show(data, as_json, "Scheduling policies", ("name", "weighers", "about"), rows)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import builtins
+import json
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import String, cast, or_, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -177,7 +178,14 @@ class VmService:
         project_id: str | None = None,
         group: str | None = None,
         include_deleted: bool = False,
+        name: str | None = None,
+        tag: str | None = None,
+        incoming: bool = False,
+        limit: int | None = None,
+        offset: int = 0,
     ) -> list[VmRecord]:
+        """Oldest first. ``incoming`` also lists the VMs migrating to ``host``; ``limit``
+        and ``offset`` page through the rest."""
         with self._store.read() as session:
             query = select(VmRow).order_by(VmRow.id)
             if state is not None:
@@ -189,11 +197,25 @@ class VmService:
             elif not include_deleted:
                 query = query.where(VmRow.state != "deleted")
             if host is not None:
-                query = query.where(VmRow.host_id == lookup.host_row(session, host).id)
+                host_id = lookup.host_row(session, host).id
+                here = VmRow.host_id == host_id
+                query = query.where(
+                    or_(here, VmRow.target_host_id == host_id) if incoming else here
+                )
             if project_id is not None:
                 query = query.where(VmRow.project_id == project_id)
             if group is not None:
                 query = query.where(VmRow.group_id == lookup.group_row(session, group).id)
+            if name is not None:
+                query = query.where(VmRow.name == name)
+            if tag is not None:
+                # Tags are a JSON list kept as json.dumps wrote it on both backends, so the
+                # tag's own JSON form matches one whole element and nothing inside another.
+                needle = json.dumps(tag)
+                query = query.where(cast(VmRow.tags, String).contains(needle, autoescape=True))
+            if offset < 0 or (limit is not None and limit < 0):
+                raise ValidationError("limit and offset must be at least 0", field="limit")
+            query = query.offset(offset).limit(limit)
             return vm_records(session, list(session.scalars(query)))
 
     def set_tags(self, ident: str, tags: Iterable[str]) -> VmRecord:

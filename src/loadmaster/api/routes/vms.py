@@ -29,8 +29,23 @@ def list_vms(
     host: str | None = None,
     project_id: str | None = None,
     group: str | None = None,
+    name: str | None = Query(None, description="only the VMs of this name"),
+    tag: str | None = Query(None, description="only the VMs carrying this tag"),
+    incoming: bool = Query(False, description="with host: also the VMs migrating to it"),
+    limit: int | None = Query(None, ge=0, description="at most this many VMs"),
+    offset: int = Query(0, ge=0, description="skip this many first (oldest first)"),
 ) -> dict[str, Any]:
-    vms = lm.vms.list(state=state, host=host, project_id=project_id, group=group)
+    vms = lm.vms.list(
+        state=state,
+        host=host,
+        project_id=project_id,
+        group=group,
+        name=name,
+        tag=tag,
+        incoming=incoming,
+        limit=limit,
+        offset=offset,
+    )
     return {"vms": [views.vm(v) for v in vms]}
 
 

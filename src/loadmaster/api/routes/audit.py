@@ -1,0 +1,21 @@
+"""The ledger audit of a running server, for operators who cannot reach its database."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter
+
+from loadmaster.api.deps import LM
+from loadmaster.pending import audit as run_audit
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/audit")
+def audit(lm: LM) -> dict[str, Any]:
+    """The ledger's broken promises (none: an empty list): hosts over capacity, orphaned
+    or partial claims, VM states not matching their records, group rules broken. Reads
+    only, so a reader token may ask."""
+    return {"problems": [asdict(p) for p in run_audit(lm.store)]}
