@@ -78,7 +78,8 @@ def test_drain_waits_for_the_agents_and_lists_what_fits_nowhere(
         thread.join()
     assert code == 4, output  # a VM is left: the host is not empty
     assert "3 VMs placed elsewhere" in output
-    assert f"VM {huge.uuid} fits nowhere" in output and "no host fits" in output
+    assert "VM huge fits nowhere" in output and "no host fits" in output  # named, not a uuid
+    assert all(f"│ {v.name} " in output for v in lm.vms.list() if v.name.startswith("s"))
     assert "resources" in output  # the filter that ruled the hosts out
     assert "host h0 is draining: 1 VMs left, 0 migrating" in output
     assert "migrations done" in output  # the progress bar
@@ -88,6 +89,7 @@ def test_drain_waits_for_the_agents_and_lists_what_fits_nowhere(
     assert code == 0, output
     data = json.loads(output)
     assert data["stopped"] == [huge.uuid] and data["status"] == "maintenance"
+    assert data["names"][huge.uuid] == "huge"
     assert data["unplaced"][0]["explanation"]["candidates"] == 0
     assert lm.vms.get(huge.uuid).state == "stopped"
 

@@ -388,19 +388,19 @@ def _follow_drain(
 
 
 def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None) -> None:
-    moved = result["moved"]
+    moved, names = result["moved"], result.get("names", {})
     if moved:
         show(
             result,
             False,
             f"{len(moved)} VMs placed elsewhere",
             ("vm", "destination"),
-            sorted(moved.items()),
+            sorted((names.get(vm, vm), host) for vm, host in moved.items()),
         )
     for u in result["unplaced"]:
         what = "fits nowhere, stopped (--force)" if u["stopped"] else "fits nowhere"
         why = format_explanation(u["explanation"]) if u["explanation"] else u["reason"]
-        say(f"VM {u['vm']} {what}: {why}")
+        say(f"VM {names.get(u['vm'], u['vm'])} {what}: {why}")
     if result["in_flight"]:
         say(f"{len(result['in_flight'])} migrations were already under way")
     status = final or result

@@ -15,7 +15,7 @@ headed to a host in maintenance, ``maintenance`` once none is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -112,7 +112,8 @@ class Unplaced:
 class DrainResult:
     """``moved``: VM -> destination claimed by this call. ``in_flight``: migrations from or
     to the host already under way, which the agents have yet to finish or abort.
-    ``seed``: the scheduling decision's, to replay it (None when nothing was placed)."""
+    ``seed``: the scheduling decision's, to replay it (None when nothing was placed).
+    ``names``: VM uuid -> name, for every VM on the host when the drain began."""
 
     moved: dict[str, str]
     unplaced: tuple[Unplaced, ...]
@@ -120,6 +121,7 @@ class DrainResult:
     status: DrainStatus
     seconds: float = 0.0
     seed: int | None = None
+    names: dict[str, str] = field(default_factory=dict)
 
     @property
     def stopped(self) -> list[str]:
@@ -134,6 +136,7 @@ class DrainResult:
             "in_flight": list(self.in_flight),
             "seconds": self.seconds,
             "seed": self.seed,
+            "names": dict(self.names),
         }
 
 
@@ -185,7 +188,10 @@ class DrainService:
                 assert placement.error is not None
                 stopped = force and self._stop(placement.vm, name)
                 unplaced.append(Unplaced(placement.vm, placement.error, stopped))
-        return DrainResult(moved, tuple(unplaced), in_flight, self.status(name), seconds, seed)
+        names = {v.vm: v.name for v in before.vms_left}
+        return DrainResult(
+            moved, tuple(unplaced), in_flight, self.status(name), seconds, seed, names
+        )
 
     def _enter_maintenance(self, host: str) -> str:
         """From here on neither the scheduler nor the ledger puts anything new on the host.
