@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -156,7 +157,11 @@ def test_request_ids_are_echoed_or_made(live: Live) -> None:
     given = live.reader.get("/flavors", headers={"X-Request-ID": "trace-42"})
     assert given.headers["x-request-id"] == "trace-42"
     made = live.anonymous.get("/flavors")
-    assert made.status_code == 401 and len(made.headers["x-request-id"]) == 32
+    assert made.status_code == 401 and re.fullmatch(
+        r"req-[0-9a-f-]{36}", made.headers["x-request-id"]
+    )
+    assert made.headers["openstack-request-id"] == made.headers["x-request-id"]
+    assert made.json()["errors"][0]["request_id"] == made.headers["x-request-id"]
     odd = live.reader.get("/flavors", headers={"X-Request-ID": "bad id\twith spaces"})
     assert odd.headers["x-request-id"] != "bad id\twith spaces"
 

@@ -67,7 +67,7 @@ def test_openapi_document_describes_the_api(tmp_path: Path) -> None:
     schemas = doc["components"]["schemas"]
     for body in ("FlavorCreate", "ProviderCreate", "InventoryIn", "ScheduleIn", "HostReport"):
         assert schemas[body]["additionalProperties"] is False, body
-    assert set(schemas["ErrorBody"]["required"]) == {"code", "title", "detail"}
+    assert set(schemas["ErrorBody"]["required"]) == {"code", "title", "detail", "errors"}
 
 
 def _fuzz_service() -> Loadmaster:

@@ -1,4 +1,7 @@
-"""Every error the API sends has one shape, ``{code, title, detail}`` (+ ``field``).
+"""Every error the API sends has one shape: loadmaster's ``{code, title, detail}`` (+
+``field``), which its own CLI and agents read, and beside it Placement's ``errors`` list
+(``[{status, title, detail, request_id, code}]``, ``code`` from microversion 1.23), which
+OpenStack's clients read. Both describe the same single error.
 
 Domain errors carry their own status and code (``LoadmasterError.to_dict``); the few
 errors born in the web layer (bad JSON, schema violations, auth, unknown routes, bodies
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -21,9 +25,27 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loadmaster.errors import LoadmasterError, NotFound, StoreUnavailable, ValidationError
+from loadmaster.api import microversion
+from loadmaster.api.observability import request_id_var
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    LoadmasterError,
+    NotFound,
+    StoreUnavailable,
+    ValidationError,
+)
 
 log = logging.getLogger("loadmaster.api")
+
+
+class PlacementError(BaseModel):
+    """One entry of Placement's ``errors`` list (the OpenStack API-WG error guideline)."""
+
+    status: int
+    title: str
+    detail: str
+    request_id: str | None = None
+    code: str | None = None
 
 
 class ErrorBody(BaseModel):
@@ -33,6 +55,7 @@ class ErrorBody(BaseModel):
     title: str
     detail: str
     field: str | None = None
+    errors: list[PlacementError]
 
 
 class InvalidJson(ValidationError):
@@ -86,9 +109,18 @@ _BY_STATUS: dict[int, type[LoadmasterError]] = {
     415: UnsupportedMediaType,
 }
 
+# Placement's codes for loadmaster's errors that Placement names; any other is
+# ``placement.undefined_code``, as Placement answers for an error it gives no code.
+PLACEMENT_CODES = {ConcurrentUpdate.code: "placement.concurrent_update"}
+UNDEFINED_CODE = "placement.undefined_code"
+ERROR_CODE_SINCE = (1, 23)
+
 # Documented on every route: schemathesis and client authors see the real error shape.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    "4XX": {"model": ErrorBody, "description": "Client error: `{code, title, detail, field}`"},
+    "4XX": {
+        "model": ErrorBody,
+        "description": "Client error: `{code, title, detail, field, errors}`",
+    },
     "5XX": {"model": ErrorBody, "description": "Server or database unavailable"},
 }
 
@@ -103,7 +135,27 @@ def error_response(
 ) -> JSONResponse:
     if isinstance(error, StoreUnavailable):
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
-    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
+    body = {**error.to_dict(), "errors": [placement_error(error)]}
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def placement_error(error: LoadmasterError) -> dict[str, object]:
+    """``error`` as an entry of Placement's ``errors`` list: its title is the status's
+    reason phrase, as Placement's (webob's) is."""
+    entry: dict[str, object] = {
+        "status": error.status,
+        "title": HTTPStatus(error.status).phrase,
+        "detail": error.detail,
+    }
+    if microversion.current().matches(*ERROR_CODE_SINCE):
+        entry["code"] = PLACEMENT_CODES.get(error.code, UNDEFINED_CODE)
+    request_id = request_id_var.get()
+    if request_id is not None:
+        entry["request_id"] = request_id
+    if isinstance(error, microversion.UnacceptableVersion):
+        entry["max_version"] = str(microversion.MAX)
+        entry["min_version"] = str(microversion.MIN)
+    return entry
 
 
 def field_of(loc: Sequence[int | str]) -> str | None:
