@@ -201,13 +201,27 @@ def _chunks(data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
         yield data[start : start + size]
 
 
+JSON = {"Content-Type": "application/json"}
 BIG = b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'", "resources": {}}'
 
 
 @pytest.mark.parametrize(
     ("case", "request_kwargs", "status", "code", "field"),
     [
-        ("bad JSON", {"content": b'{"name": "x", '}, 400, "loadmaster.invalid_json", "body"),
+        (
+            "bad JSON",
+            {"content": b'{"name": "x", ', "headers": JSON},
+            400,
+            "loadmaster.invalid_json",
+            "body",
+        ),
+        (
+            "a body not saying its type",
+            {"content": b'{"name": "x"}'},
+            400,
+            "loadmaster.invalid",
+            "header.content-type",
+        ),
         ("not an object", {"json": ["small"]}, 400, "loadmaster.invalid", None),
         (
             "wrong type",
@@ -245,8 +259,14 @@ BIG = b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'", "resources": {}}'
             "loadmaster.unsupported_media_type",
             "body",
         ),
-        ("oversized", {"content": BIG}, 413, "loadmaster.body_too_large", None),
-        ("oversized, chunked", {"content": _chunks(BIG)}, 413, "loadmaster.body_too_large", None),
+        ("oversized", {"content": BIG, "headers": JSON}, 413, "loadmaster.body_too_large", None),
+        (
+            "oversized, chunked",
+            {"content": _chunks(BIG), "headers": JSON},
+            413,
+            "loadmaster.body_too_large",
+            None,
+        ),
     ],
 )
 def test_bad_bodies_get_a_clear_4xx_and_change_nothing(
@@ -260,7 +280,7 @@ def test_bad_bodies_get_a_clear_4xx_and_change_nothing(
     build_cluster(live.admin, hosts=1)
     before = table_rows(live.lm)
     if isinstance(request_kwargs.get("content"), Iterator):
-        request_kwargs = {"content": _chunks(BIG)}  # a generator runs once per test
+        request_kwargs = {"content": _chunks(BIG), "headers": JSON}  # a generator runs once
     response = live.admin.post("/flavors", **request_kwargs)  # type: ignore[arg-type]
     assert response.status_code == status, (case, response.text)
     body = response.json()

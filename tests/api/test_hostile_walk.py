@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 import loadmaster
 from loadmaster.api import AuthConfig, create_app
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.service import Loadmaster
 
 TOKEN = "walk-admin-token"
@@ -38,7 +39,9 @@ def walker(db_url: str) -> Iterator[tuple[TestClient, Loadmaster]]:
     lm.vms.create("0", "0", uuid=VM_UUID)
     app = create_app(lm, AuthConfig({TOKEN: "admin"}))
     with TestClient(
-        app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"}
+        app,
+        raise_server_exceptions=False,
+        headers={**CLIENT_HEADERS, "Authorization": f"Bearer {TOKEN}"},
     ) as client:
         yield client, lm
     lm.close()

@@ -102,7 +102,8 @@ def test_fuzz_finds_no_server_errors(case: Any) -> None:
     a domain rule (a trait name in lower case, a class that does not exist) and get 400."""
     before = table_rows(FUZZED)
     response = case.call_and_validate(
-        headers={"Authorization": f"Bearer {TOKEN}"}, excluded_checks=[positive_data_acceptance]
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        excluded_checks=[positive_data_acceptance],
     )
     if response.status_code >= 400:
         assert table_rows(FUZZED) == before, f"{case.method} {case.path} refused but wrote"

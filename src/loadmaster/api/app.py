@@ -10,11 +10,13 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loadmaster.api import errors, microversion
 from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, resolve_auth
 from loadmaster.api.deps import MetricsDep
+from loadmaster.api.negotiation import ContentNegotiation
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
 from loadmaster.api.routes import (
     agents,
@@ -75,19 +77,29 @@ def create_app(
         responses=errors.ERROR_RESPONSES,
         dependencies=[Depends(errors.no_nul), Depends(errors.no_unknown_query)],
         redoc_url=None,
-        # A client that sends JSON without saying so still gets it parsed.
+        # ContentNegotiation refuses a body that does not say it is JSON, in the error shape.
         strict_content_type=False,
     )
     app.state.lm = service
     app.state.metrics = Metrics(service)
     errors.install(app)
-    for module in (root, vocabulary, providers, catalog, vms, scheduling, maintenance, agents):
-        app.include_router(module.router)
-    app.include_router(_operations_router())
+    routers = [
+        *(
+            m.router
+            for m in (root, vocabulary, providers, catalog, vms, scheduling, maintenance, agents)
+        ),
+        _operations_router(),
+    ]
+    for router in routers:
+        app.include_router(router)
     # Starlette runs the middleware added last first: request context, microversion (so
-    # every answer, refusals included, says its version), auth, size guard, and innermost
-    # the catcher of unexpected errors.
+    # every answer, refusals included, says its version), auth, size guard, JSON-only
+    # negotiation, and innermost the catcher of unexpected errors.
     app.add_middleware(errors.CatchUnexpected)
+    app.add_middleware(
+        ContentNegotiation,
+        routes=[r for router in routers for r in router.routes if isinstance(r, APIRoute)],
+    )
     app.add_middleware(errors.BodySizeLimit, max_body_size=max_body_size)
     if auth is not None:
         app.add_middleware(AuthMiddleware, config=auth)

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.api import microversion
@@ -87,10 +88,28 @@ class BodyTooLarge(LoadmasterError):
     status = 413
 
 
+class NotAcceptable(LoadmasterError):
+    code = "loadmaster.not_acceptable"
+    title = "Not acceptable"
+    status = 406
+
+
 class UnsupportedMediaType(LoadmasterError):
     code = "loadmaster.unsupported_media_type"
     title = "Unsupported media type"
     status = 415
+
+
+JSON = "application/json"
+# What Placement says for a path it does not serve (at the request's microversion).
+NOT_FOUND = "The resource could not be found."
+
+
+def media_type_refused(content_type: str | None) -> UnsupportedMediaType:
+    """In Placement's words, which name a missing type ``None``."""
+    return UnsupportedMediaType(
+        f"The media type {content_type} is not supported, use {JSON}", field="body"
+    )
 
 
 class InternalError(LoadmasterError):
@@ -105,6 +124,7 @@ _BY_STATUS: dict[int, type[LoadmasterError]] = {
     403: Forbidden,
     404: NotFound,
     405: MethodNotAllowed,
+    406: NotAcceptable,
     413: BodyTooLarge,
     415: UnsupportedMediaType,
 }
@@ -175,8 +195,12 @@ def field_of(loc: Sequence[int | str]) -> str | None:
     return text or None
 
 
-def from_validation(exc: RequestValidationError) -> LoadmasterError:
+def from_validation(exc: RequestValidationError, content_type: str | None) -> LoadmasterError:
     first = exc.errors()[0]
+    missing_body = first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",)
+    if missing_body and content_type is None:
+        # Nothing was sent, not even its type: Placement names the missing type.
+        return media_type_refused(None)
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", "not JSON")
         return InvalidJson(f"request body is not valid JSON: {reason}", field="body")
@@ -212,18 +236,24 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, LoadmasterError)
         return error_response(exc)
 
-    async def validation(_request: Request, exc: Exception) -> JSONResponse:
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(from_validation(exc))
+        return error_response(from_validation(exc, request.headers.get("content-type")))
 
     async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         headers = dict(exc.headers or {})
+        error = from_http(exc)
         if exc.status_code == 405:
             # Starlette lists only the first matching route's methods; a path served by
             # several routes (GET and POST /vms) must list them all.
             headers["Allow"] = ", ".join(sorted(_allowed_methods(app, request.url.path)))
-        return error_response(from_http(exc), headers=headers)
+            error = MethodNotAllowed(
+                f"The method {request.method} is not allowed for this resource."
+            )
+        elif exc.status_code == 404 and request.scope.get("route") is None:
+            error = NotFound(NOT_FOUND)
+        return error_response(error, headers=headers)
 
     app.add_exception_handler(LoadmasterError, domain)
     app.add_exception_handler(RequestValidationError, validation)
@@ -268,12 +298,18 @@ class CatchUnexpected:
             await internal_error()(scope, receive, send)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
 def _allowed_methods(app: FastAPI, path: str) -> set[str]:
-    methods: set[str] = set()
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.path_regex.match(path):
-            methods |= route.methods or set()
-    return methods
+    """The methods some route fully matches for ``path``, asked through Starlette's own
+    matching (included routers are not flattened into ``app.routes``)."""
+    allowed = set()
+    for method in _METHODS:
+        scope = {"type": "http", "path": path, "method": method, "root_path": "", "app": app}
+        if any(route.matches(scope)[0] is Match.FULL for route in app.routes):
+            allowed.add(method)
+    return allowed
 
 
 class BodySizeLimit:

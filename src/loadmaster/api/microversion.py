@@ -13,32 +13,22 @@ from __future__ import annotations
 import contextvars
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import format_datetime
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.errors import LoadmasterError
+from loadmaster.microversions import HEADER as _HEADER
+from loadmaster.microversions import MAX, MIN, SERVICE_TYPE, Version
 
-SERVICE_TYPE = "placement"
-HEADER = "openstack-api-version"
+__all__ = ["MAX", "MIN", "Version", "current", "parse"]
 
-
-@dataclass(frozen=True, order=True)
-class Version:
-    major: int
-    minor: int
-
-    def __str__(self) -> str:
-        return f"{self.major}.{self.minor}"
-
-    def matches(self, major: int, minor: int) -> bool:
-        """At least ``major.minor``: the test Placement's handlers use for a feature."""
-        return self >= Version(major, minor)
-
-
-MIN = Version(1, 0)
-MAX = Version(1, 39)
+HEADER = _HEADER.lower()  # ASGI header names are lower case
+CACHE_HEADERS_SINCE = (1, 15)
+# A route's ``openapi_extra`` key for the first microversion that has it.
+SINCE_KEY = "x-placement-since"
 
 _current: contextvars.ContextVar[Version] = contextvars.ContextVar(
     "placement_microversion", default=MIN
@@ -60,6 +50,18 @@ class UnacceptableVersion(LoadmasterError):
 
 def current() -> Version:
     return _current.get()
+
+
+def since(major: int, minor: int) -> dict[str, str]:
+    """A route's ``openapi_extra`` for a route Placement added in ``major.minor``: below it
+    the route answers 404, as if it were not there (it is also shown in the API document)."""
+    return {SINCE_KEY: str(Version(major, minor))}
+
+
+def route_available(openapi_extra: Mapping[str, object] | None) -> bool:
+    wanted = str((openapi_extra or {}).get(SINCE_KEY, MIN))
+    major, _, minor = wanted.partition(".")
+    return current() >= Version(int(major), int(minor))
 
 
 def parse(header: str | None) -> Version:
@@ -111,11 +113,16 @@ class MicroversionMiddleware:
             return
         token = _current.set(version)
 
+        cached_read = scope["method"] == "GET" and version.matches(*CACHE_HEADERS_SINCE)
+
         async def labelled(message: Message) -> None:
             if message["type"] == "http.response.start":
+                added = _headers(version)
+                if cached_read and 200 <= message["status"] < 300:
+                    added.update(_cache_headers())
                 message["headers"] = [
                     *message.get("headers", []),
-                    *((k.encode(), v.encode()) for k, v in _headers(version).items()),
+                    *((k.encode(), v.encode()) for k, v in added.items()),
                 ]
             await send(message)
 
@@ -127,3 +134,14 @@ class MicroversionMiddleware:
 
 def _headers(version: Version) -> dict[str, str]:
     return {HEADER: f"{SERVICE_TYPE} {version}", "vary": HEADER}
+
+
+def _cache_headers() -> dict[str, str]:
+    """From 1.15 every successful read says ``no-cache`` and when it was last modified.
+    Placement gives the newest ``updated_at`` of what it shows where it has one and the
+    time of the answer otherwise; loadmaster gives the time of the answer, which is never
+    older than the truth, so a client never keeps a stale copy because of it."""
+    return {
+        "cache-control": "no-cache",
+        "last-modified": format_datetime(datetime.now(UTC), usegmt=True),
+    }

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from loadmaster.microversions import CLIENT_HEADERS
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 err_console = Console(stderr=True, highlight=False)
 
@@ -71,7 +73,9 @@ class ApiClient:
     ) -> Any:
         """The decoded JSON answer (None for 204). Any failure prints the server's
         ``{code, detail}`` and exits with the code that status means."""
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = dict(CLIENT_HEADERS)
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         try:
             response = httpx.request(
                 method,

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Response
+from fastapi.responses import JSONResponse
 
-from loadmaster.api import views
+from loadmaster.api import microversion, views
 from loadmaster.api.deps import LM
+from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
     InventoriesPut,
@@ -24,6 +26,8 @@ from loadmaster.errors import NotFound
 
 router = APIRouter(tags=["resource providers"])
 PROVIDER = "/resource_providers/{provider}"
+AGGREGATES_SINCE = microversion.since(1, 1)
+PROVIDER_BODY_SINCE = (1, 20)
 
 
 @router.get("/resource_providers")
@@ -36,11 +40,21 @@ def list_providers(
     return {"resource_providers": [views.provider(h) for h in hosts]}
 
 
-@router.post("/resource_providers", status_code=201)
-def create_provider(lm: LM, body: ProviderCreate) -> dict[str, Any]:
+@router.post(
+    "/resource_providers",
+    response_model=None,
+    responses={201: {"description": "Created; no body (microversions before 1.20)"}},
+)
+def create_provider(lm: LM, body: ProviderCreate) -> Response | dict[str, Any]:
+    """Placement's answer: 201 with no body before microversion 1.20, then 200 with the
+    provider; a ``Location`` either way."""
     fields = body.fields()
     parent = fields.pop("parent_provider_uuid", None)
-    return views.provider(lm.hosts.create(fields.pop("name"), parent=parent, **fields))
+    host = lm.hosts.create(fields.pop("name"), parent=parent, **fields)
+    location = {"location": f"/resource_providers/{host.uuid}"}
+    if microversion.current().matches(*PROVIDER_BODY_SINCE):
+        return JSONResponse(views.provider(host), headers=location)
+    return Response(status_code=201, headers=location)
 
 
 @router.get(PROVIDER)
@@ -104,25 +118,25 @@ def delete_inventory(
     return views.inventories(host)
 
 
-@router.get(PROVIDER + "/traits")
+@router.get(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
 def get_traits(lm: LM, provider: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
     return {"resource_provider_generation": host.generation, "traits": list(host.traits)}
 
 
-@router.put(PROVIDER + "/traits")
+@router.put(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
 def put_traits(lm: LM, provider: str, body: TraitsPut) -> dict[str, Any]:
     host = lm.hosts.set_traits(provider, body.traits, generation=body.resource_provider_generation)
     return {"resource_provider_generation": host.generation, "traits": list(host.traits)}
 
 
-@router.get(PROVIDER + "/aggregates")
+@router.get(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
 def get_aggregates(lm: LM, provider: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
     return {"resource_provider_generation": host.generation, "aggregates": list(host.aggregates)}
 
 
-@router.put(PROVIDER + "/aggregates")
+@router.put(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
 def put_aggregates(lm: LM, provider: str, body: AggregatesPut) -> dict[str, Any]:
     host = lm.hosts.set_aggregates(
         provider, body.aggregates, generation=body.resource_provider_generation
