@@ -53,7 +53,7 @@ def build_cluster(admin: httpx.Client, hosts: int = 3) -> None:
         if i == 0:
             inventories["CUSTOM_GPU"] = {"total": 2}
         body = {"name": f"h{i}", "inventories": inventories, "aggregates": ["rack-1"]}
-        ok(admin.post("/resource_providers", json=body))
+        ok(admin.post("/hosts", json=body), 201)
     ok(
         admin.post("/flavors", json={"name": "small", "resources": {"VCPU": 2, "MEMORY_MB": 4096}}),
         201,

@@ -13,7 +13,7 @@ from api_helpers import Live, build_cluster, new_vm, ok, table_rows
 def test_vm_lifecycle_over_http(live: Live) -> None:
     admin, reader = live.admin, live.reader
     build_cluster(admin)
-    hosts = ok(reader.get("/resource_providers"))["resource_providers"]
+    hosts = ok(reader.get("/hosts"))["hosts"]
     assert [h["name"] for h in hosts] == ["h0", "h1", "h2"]
     assert hosts[0]["root_provider_uuid"] == hosts[0]["uuid"]
 
@@ -82,7 +82,7 @@ def test_inventories_traits_aggregates_are_generation_guarded(live: Live) -> Non
 
 def test_no_valid_host_is_409_with_explanation(live: Live) -> None:
     build_cluster(live.admin)
-    ok(live.admin.put("/resource_providers/h0", json={"state": "maintenance"}))
+    ok(live.admin.put("/hosts/h0", json={"state": "maintenance"}))
     uuid = new_vm(live.admin, "gpu-1", "gpu")
     response = live.admin.post(f"/vms/{uuid}/start")
     assert response.status_code == 409
@@ -185,7 +185,7 @@ def test_tokens_and_roles(live: Live) -> None:
         ("POST", "/flavors", {"name": "x", "resources": {"VCPU": 1}}),
         ("DELETE", "/flavors/small", None),
         ("PUT", "/traits/CUSTOM_NEW", None),
-        ("PUT", "/resource_providers/h0", {"state": "down"}),
+        ("PUT", "/hosts/h0", {"state": "down"}),
         ("POST", "/hosts/h0/report", {"running_vms": []}),
     ]:
         response = live.reader.request(method, path, json=body)

@@ -100,7 +100,7 @@ def _targeted(word: str) -> list[tuple[str, str, dict[str, Any]]]:
     (a body hostile everywhere is refused by its first field)."""
     return [
         ("POST", "/resource_providers", {"json": {"name": word}}),
-        ("POST", "/resource_providers", {"json": {"name": "p", "aggregates": [word]}}),
+        ("POST", "/hosts", {"json": {"name": "p", "aggregates": [word]}}),
         ("POST", "/vms", {"json": {"name": word, "flavor": "0"}}),
         ("POST", "/vms", {"json": {"name": "v", "flavor": "0", "project_id": word}}),
         ("POST", "/vms", {"json": {"name": "v", "flavor": "0", "tags": [word]}}),

@@ -65,7 +65,7 @@ def _scenarios(r: int) -> dict[str, Callable[[int], Request]]:
             if i == 0
             else (
                 "POST",
-                "/resource_providers",
+                "/hosts",
                 {"name": f"dt{r}-{i}", "traits": [f"CUSTOM_DT{r}"]},
             )
         ),

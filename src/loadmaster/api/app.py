@@ -21,6 +21,7 @@ from loadmaster.api.observability import Metrics, RequestContextMiddleware, conf
 from loadmaster.api.routes import (
     agents,
     catalog,
+    hosts,
     maintenance,
     providers,
     root,
@@ -86,7 +87,17 @@ def create_app(
     routers = [
         *(
             m.router
-            for m in (root, vocabulary, providers, catalog, vms, scheduling, maintenance, agents)
+            for m in (
+                root,
+                vocabulary,
+                providers,
+                hosts,
+                catalog,
+                vms,
+                scheduling,
+                maintenance,
+                agents,
+            )
         ),
         _operations_router(),
     ]

@@ -14,6 +14,7 @@ from loadmaster.cluster import (
     HostRecord,
     VmRecord,
 )
+from loadmaster.microversions import Version
 from loadmaster.pending import ReconcileResult
 from loadmaster.resources import Inventory, ResourceClass
 
@@ -28,7 +29,8 @@ def resource_class(rc: ResourceClass) -> dict[str, Any]:
     }
 
 
-def provider(host: HostRecord) -> dict[str, Any]:
+def host(host: HostRecord) -> dict[str, Any]:
+    """loadmaster's view of a host (``/hosts``)."""
     return {
         "uuid": host.uuid,
         "name": host.name,
@@ -39,6 +41,39 @@ def provider(host: HostRecord) -> dict[str, Any]:
         "traits": list(host.traits),
         "aggregates": list(host.aggregates),
     }
+
+
+# Placement's links of a provider, each from the microversion that brought its path.
+_PROVIDER_LINKS = (
+    ("inventories", (1, 0)),
+    ("usages", (1, 0)),
+    ("aggregates", (1, 1)),
+    ("traits", (1, 6)),
+    ("allocations", (1, 11)),
+)
+PARENT_SINCE = (1, 14)
+
+
+def provider(host: HostRecord, version: Version) -> dict[str, Any]:
+    """Placement's representation of a resource provider at ``version``: exactly these
+    keys, since Placement's clients and tests check them all."""
+    base = f"/resource_providers/{host.uuid}"
+    links = [{"rel": "self", "href": base}]
+    links += [
+        {"rel": rel, "href": f"{base}/{rel}"}
+        for rel, since in _PROVIDER_LINKS
+        if version.matches(*since)
+    ]
+    body: dict[str, Any] = {
+        "uuid": host.uuid,
+        "name": host.name,
+        "generation": host.generation,
+        "links": links,
+    }
+    if version.matches(*PARENT_SINCE):
+        body["parent_provider_uuid"] = host.parent
+        body["root_provider_uuid"] = host.root
+    return body
 
 
 def inventory(inv: Inventory) -> dict[str, Any]:

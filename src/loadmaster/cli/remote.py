@@ -97,10 +97,10 @@ def host_list(
     aggregate: Annotated[str | None, typer.Option(help="only hosts in this aggregate")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    data = api().get("/resource_providers", state=state, member_of=aggregate)
+    data = api().get("/hosts", state=state, member_of=aggregate)
     rows = [
         (h["name"], h["state"], h["generation"], h["traits"], h["aggregates"], h["uuid"])
-        for h in data["resource_providers"]
+        for h in data["hosts"]
     ]
     show(data, as_json, "Hosts", ("name", "state", "gen", "traits", "aggregates", "uuid"), rows)
 
@@ -108,7 +108,7 @@ def host_list(
 @host_app.command("show")
 def host_show(name: str, as_json: JsonOpt = False) -> None:
     client = api()
-    host = client.get(f"/resource_providers/{name}")
+    host = client.get(f"/hosts/{name}")
     usages = client.get(f"/resource_providers/{name}/usages")
     inventories = client.get(f"/resource_providers/{name}/inventories")["inventories"]
     agent = client.get(f"/hosts/{name}/agent")
@@ -159,7 +159,7 @@ def host_create(
         "traits": trait or [],
         "aggregates": aggregate or [],
     }
-    host = api().post("/resource_providers", body)
+    host = api().post("/hosts", body)
     show(host, as_json, "Host created", ("name", "uuid"), [(host["name"], host["uuid"])])
 
 
@@ -173,7 +173,7 @@ def host_delete(name: str) -> None:
 def host_state(
     name: str, state: Annotated[str, typer.Argument(help="up, maintenance or down")]
 ) -> None:
-    host = api().put(f"/resource_providers/{name}", {"state": state})
+    host = api().put(f"/hosts/{name}", {"state": state})
     console.print(f"host {host['name']} is {host['state']} (generation {host['generation']})")
 
 

@@ -271,6 +271,18 @@ class HostService:
                 raise Conflict(f"host {row.name} has allocations; release them first", field="host")
             session.delete(row)
 
+    def rename(self, ident: str, name: str) -> HostRecord:
+        """Placement's ``PUT /resource_providers/{uuid}``: the name may change, the uuid
+        never; the generation moves so that a writer holding the old view is told."""
+        with self._store.write() as session:
+            row = lookup.host_row(session, ident)
+            if name != row.name:
+                taken = session.scalar(select(HostRow.id).where(HostRow.name == name))
+                if taken is not None:
+                    raise Conflict(f"name {name!r} is already used by a host", field="name")
+                row.name = name
+            return self._bump(session, row)
+
     def set_state(self, ident: str, state: str, *, generation: int | None = None) -> HostRecord:
         _validate_state(state)
         with self._store.write() as session:

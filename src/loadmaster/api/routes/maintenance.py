@@ -20,7 +20,7 @@ def get_host(lm: LM, host_name: str) -> dict[str, Any]:
     headed to a host in maintenance) and the VMs left on it."""
     host = lm.hosts.get(host_name)
     drain = lm.maintenance.status(host.uuid)
-    return {**views.provider(host), "status": drain.status, "drain": drain.to_dict()}
+    return {**views.host(host), "status": drain.status, "drain": drain.to_dict()}
 
 
 @router.post("/hosts/{host_name}/drain")

@@ -19,10 +19,10 @@ from loadmaster.api.schemas import (
     InventoriesPut,
     InventoryPut,
     ProviderCreate,
-    ProviderUpdate,
+    ProviderPut,
     TraitsPut,
 )
-from loadmaster.errors import NotFound
+from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["resource providers"])
 PROVIDER = "/resource_providers/{provider}"
@@ -33,11 +33,19 @@ PROVIDER_BODY_SINCE = (1, 20)
 @router.get("/resource_providers")
 def list_providers(
     lm: LM,
-    state: str | None = None,
-    member_of: str | None = Query(None, description="only hosts in this aggregate"),
+    name: str | None = None,
+    uuid: str | None = None,
+    member_of: str | None = Query(None, description="only providers in this aggregate"),
 ) -> dict[str, Any]:
-    hosts = lm.hosts.list(state=state, aggregate=member_of)
-    return {"resource_providers": [views.provider(h) for h in hosts]}
+    hosts = lm.hosts.list(aggregate=member_of)
+    version = microversion.current()
+    return {
+        "resource_providers": [
+            views.provider(h, version)
+            for h in hosts
+            if (name is None or h.name == name) and (uuid is None or h.uuid == uuid)
+        ]
+    }
 
 
 @router.post(
@@ -52,23 +60,27 @@ def create_provider(lm: LM, body: ProviderCreate) -> Response | dict[str, Any]:
     parent = fields.pop("parent_provider_uuid", None)
     host = lm.hosts.create(fields.pop("name"), parent=parent, **fields)
     location = {"location": f"/resource_providers/{host.uuid}"}
-    if microversion.current().matches(*PROVIDER_BODY_SINCE):
-        return JSONResponse(views.provider(host), headers=location)
+    version = microversion.current()
+    if version.matches(*PROVIDER_BODY_SINCE):
+        return JSONResponse(views.provider(host, version), headers=location)
     return Response(status_code=201, headers=location)
 
 
 @router.get(PROVIDER)
 def get_provider(lm: LM, provider: str) -> dict[str, Any]:
-    """``provider`` is a uuid or a name."""
-    return views.provider(lm.hosts.get(provider))
+    """``provider`` is a uuid (or, for loadmaster's callers, a name)."""
+    return views.provider(lm.hosts.get(provider), microversion.current())
 
 
 @router.put(PROVIDER)
-def update_provider(lm: LM, provider: str, body: ProviderUpdate) -> dict[str, Any]:
-    """Change the host's state (up, maintenance, down)."""
-    return views.provider(
-        lm.hosts.set_state(provider, body.state, generation=body.resource_provider_generation)
-    )
+def update_provider(lm: LM, provider: str, body: ProviderPut) -> dict[str, Any]:
+    """Rename the provider. Its parent cannot change yet (Placement allows it from 1.37)."""
+    host = lm.hosts.get(provider)
+    if "parent_provider_uuid" in body.model_fields_set and body.parent_provider_uuid != host.parent:
+        raise ValidationError(
+            "changing a provider's parent is not supported", field="parent_provider_uuid"
+        )
+    return views.provider(lm.hosts.rename(host.uuid, body.name), microversion.current())
 
 
 @router.delete(PROVIDER, status_code=204)
