@@ -70,14 +70,15 @@ def test_inventories_traits_aggregates_are_generation_guarded(live: Live) -> Non
     assert table_rows(live.lm) == before
 
     inventories = ok(admin.get("/resource_providers/h0/inventories"))
-    assert inventories["inventories"]["VCPU"]["capacity"] == 8
+    assert inventories["inventories"]["VCPU"]["total"] == 8
     fresh = {
         "resource_provider_generation": inventories["resource_provider_generation"],
         "inventories": {"VCPU": {"total": 16, "allocation_ratio": 2.0}},
     }
     replaced = ok(admin.put("/resource_providers/h0/inventories", json=fresh))
     assert list(replaced["inventories"]) == ["VCPU"]
-    assert replaced["inventories"]["VCPU"]["capacity"] == 32
+    capacity = ok(admin.get("/usages/hosts"))["hosts"]["h0"]["VCPU"]["capacity"]
+    assert capacity == 32
 
 
 def test_no_valid_host_is_409_with_explanation(live: Live) -> None:

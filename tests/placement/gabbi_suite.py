@@ -129,8 +129,11 @@ def _start_server(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen[bytes]
     The files send ``X-Auth-Token: admin`` or ``user`` (Placement's ``noauth2`` tokens, and
     its test policy lets both do everything), and one file checks that no token gets 401:
     so the server runs with tokens, not ``--no-auth``."""
+    # A token only this server knows: the readiness probe must reach this server, not
+    # another file's that took the same port first (this one then fails to bind).
+    probe = uuid.uuid4().hex
     tokens = tmp / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": dict.fromkeys(GABBI_TOKENS, "admin")}))
+    tokens.write_text(json.dumps({"tokens": dict.fromkeys((*GABBI_TOKENS, probe), "admin")}))
     log = tmp / "server.log"
     for _ in range(attempts):
         port = _free_port()
@@ -153,10 +156,16 @@ def _start_server(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen[bytes]
         deadline = time.monotonic() + 60
         while server.poll() is None and time.monotonic() < deadline:
             try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                return server, port
+                answer = httpx.get(
+                    f"http://127.0.0.1:{port}/resource_providers",
+                    headers={"x-auth-token": probe},
+                    timeout=1,
+                )
+                if answer.status_code == 200:
+                    return server, port
             except httpx.TransportError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         _stop(server)
     raise RuntimeError(f"loadmaster serve did not start; see {log}")
 

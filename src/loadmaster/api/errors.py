@@ -217,7 +217,9 @@ def from_validation(exc: RequestValidationError, content_type: str | None) -> Lo
         message = "field required"
     more = len(exc.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return ValidationError(f"{field or 'body'}: {message}{suffix}", field=field)
+    # Placement's prefix for a body its schema refuses, which its clients look for.
+    prefix = "JSON does not validate: " if loc[:1] == ("body",) else ""
+    return ValidationError(f"{prefix}{field or 'body'}: {message}{suffix}", field=field)
 
 
 def from_http(exc: StarletteHTTPException) -> LoadmasterError:

@@ -84,6 +84,11 @@ class InventoriesPut(Body):
     inventories: dict[str, InventoryIn]
 
 
+class InventoryPost(InventoryIn):
+    resource_class: Name
+    resource_provider_generation: Generation | None = None
+
+
 class InventoryPut(InventoryIn):
     resource_provider_generation: Generation
 

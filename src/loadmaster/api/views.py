@@ -16,7 +16,7 @@ from loadmaster.cluster import (
 )
 from loadmaster.microversions import Version
 from loadmaster.pending import ReconcileResult
-from loadmaster.resources import Inventory, ResourceClass
+from loadmaster.resources import ResourceClass
 
 
 def resource_class(rc: ResourceClass) -> dict[str, Any]:
@@ -76,14 +76,19 @@ def provider(host: HostRecord, version: Version) -> dict[str, Any]:
     return body
 
 
-def inventory(inv: Inventory) -> dict[str, Any]:
-    return {**inv.as_dict(), "capacity": inv.capacity}
-
-
 def inventories(host: HostRecord) -> dict[str, Any]:
+    """Placement's inventory set (capacity is in loadmaster's usage views)."""
     return {
         "resource_provider_generation": host.generation,
-        "inventories": {name: inventory(inv) for name, inv in sorted(host.inventories.items())},
+        "inventories": {name: inv.as_dict() for name, inv in sorted(host.inventories.items())},
+    }
+
+
+def inventory_of(host: HostRecord, resource_class: str) -> dict[str, Any]:
+    """Placement's one inventory: its fields and the provider's generation."""
+    return {
+        "resource_provider_generation": host.generation,
+        **host.inventories[resource_class].as_dict(),
     }
 
 

@@ -6,14 +6,14 @@ import builtins
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import HOST_STATES, ClassUsage, HostRecord
-from loadmaster.errors import ConcurrentUpdate, Conflict, ValidationError
+from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
 from loadmaster.resources import Inventory, validate_trait_name
 from loadmaster.store import Store
 from loadmaster.store.schema import (
@@ -311,11 +311,26 @@ class HostService:
         inventory: Mapping[str, object],
         *,
         generation: int | None = None,
+        only: Literal["new", "existing"] | None = None,
     ) -> HostRecord:
+        """Set one class's inventory. ``only="new"``: only if the host has none of that
+        class yet (Placement's POST); ``"existing"``: only if it has (Placement's PUT of
+        one class). Checked in the same transaction as the write."""
         parsed = Inventory.parse(inventory, f"inventories.{resource_class}")
         with self._store.write() as session:
             row = self._locked(session, ident, generation)
             current = self._inventories(session, row)
+            if only == "new" and resource_class in current:
+                raise Conflict(
+                    f"Update conflict: host {row.name} already has a {resource_class} inventory",
+                    field="resource_class",
+                )
+            if only == "existing" and resource_class not in current:
+                raise ValidationError(
+                    f"No inventory record with resource class {resource_class} for resource "
+                    f"provider {row.uuid}",
+                    field="resource_class",
+                )
             current[resource_class] = parsed
             self._write_inventories(session, row, current)
             return self._bump(session, row)
@@ -327,8 +342,8 @@ class HostService:
             row = self._locked(session, ident, generation)
             current = self._inventories(session, row)
             if current.pop(resource_class, None) is None:
-                raise ValidationError(
-                    f"inventories.{resource_class}: host {row.name} has no such inventory",
+                raise NotFound(
+                    f"No inventory of class {resource_class} found for delete (host {row.name})",
                     field=f"inventories.{resource_class}",
                 )
             self._write_inventories(session, row, current)
@@ -358,7 +373,8 @@ class HostService:
         row = lookup.host_row(session, ident)
         if generation is not None and row.generation != generation:
             raise ConcurrentUpdate(
-                f"host {row.name} changed: generation is {row.generation}, request had {generation}",
+                f"resource provider generation conflict: host {row.name} changed: "
+                f"generation is {row.generation}, request had {generation}",
                 field="generation",
             )
         return row

@@ -6,9 +6,11 @@ one gets 409 ``loadmaster.concurrent_update`` and the client re-reads and retrie
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from loadmaster.api import microversion, views
@@ -17,6 +19,7 @@ from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
     InventoriesPut,
+    InventoryPost,
     InventoryPut,
     ProviderCreate,
     ProviderPut,
@@ -25,6 +28,24 @@ from loadmaster.api.schemas import (
 from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["resource providers"])
+
+
+def absolute(request: Request, path: str) -> str:
+    """A ``Location`` as Placement sends it: the full URL the client used."""
+    return str(request.base_url).rstrip("/") + path
+
+
+@contextmanager
+def _placement_words(action: str, provider: str) -> Iterator[None]:
+    """An inventory the rules refuse is told in Placement's words (its clients look for
+    them) followed by loadmaster's reason."""
+    try:
+        yield
+    except ValidationError as exc:
+        exc.detail = f"{action} {provider}: {exc.detail}"
+        raise
+
+
 PROVIDER = "/resource_providers/{provider}"
 AGGREGATES_SINCE = microversion.since(1, 1)
 PROVIDER_BODY_SINCE = (1, 20)
@@ -53,13 +74,13 @@ def list_providers(
     response_model=None,
     responses={201: {"description": "Created; no body (microversions before 1.20)"}},
 )
-def create_provider(lm: LM, body: ProviderCreate) -> Response | dict[str, Any]:
+def create_provider(lm: LM, request: Request, body: ProviderCreate) -> Response | dict[str, Any]:
     """Placement's answer: 201 with no body before microversion 1.20, then 200 with the
     provider; a ``Location`` either way."""
     fields = body.fields()
     parent = fields.pop("parent_provider_uuid", None)
     host = lm.hosts.create(fields.pop("name"), parent=parent, **fields)
-    location = {"location": f"/resource_providers/{host.uuid}"}
+    location = {"location": absolute(request, f"/resource_providers/{host.uuid}")}
     version = microversion.current()
     if version.matches(*PROVIDER_BODY_SINCE):
         return JSONResponse(views.provider(host, version), headers=location)
@@ -94,40 +115,70 @@ def get_inventories(lm: LM, provider: str) -> dict[str, Any]:
     return views.inventories(lm.hosts.get(provider))
 
 
+@router.post(PROVIDER + "/inventories", status_code=201)
+def post_inventory(
+    lm: LM, request: Request, provider: str, body: InventoryPost, response: Response
+) -> dict[str, Any]:
+    """Add one class's inventory; 409 if the provider has one already."""
+    fields = body.fields()
+    # Optional here, unlike Placement's other inventory writes.
+    generation = fields.pop("resource_provider_generation", None)
+    resource_class = fields.pop("resource_class")
+    with _placement_words("Unable to create inventory for resource provider", provider):
+        host = lm.hosts.set_inventory(
+            provider, resource_class, fields, generation=generation, only="new"
+        )
+    response.headers["location"] = absolute(
+        request, f"/resource_providers/{host.uuid}/inventories/{resource_class}"
+    )
+    return views.inventory_of(host, resource_class)
+
+
 @router.put(PROVIDER + "/inventories")
 def put_inventories(lm: LM, provider: str, body: InventoriesPut) -> dict[str, Any]:
     wanted = {name: inv.fields() for name, inv in body.inventories.items()}
-    host = lm.hosts.set_inventories(provider, wanted, generation=body.resource_provider_generation)
+    with _placement_words("Unable to update inventory for resource provider", provider):
+        host = lm.hosts.set_inventories(
+            provider, wanted, generation=body.resource_provider_generation
+        )
     return views.inventories(host)
+
+
+@router.delete(PROVIDER + "/inventories", status_code=204, openapi_extra=microversion.since(1, 5))
+def delete_inventories(lm: LM, provider: str) -> Response:
+    """Remove every inventory (refused while any is allocated from)."""
+    lm.hosts.set_inventories(provider, {})
+    return Response(status_code=204)
 
 
 @router.get(PROVIDER + "/inventories/{resource_class}")
 def get_inventory(lm: LM, provider: str, resource_class: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
-    inventories = views.inventories(host)["inventories"]
-    if resource_class not in inventories:
+    if resource_class not in host.inventories:
         raise NotFound(
             f"host {host.name} has no {resource_class} inventory", field="resource_class"
         )
-    return {"resource_provider_generation": host.generation, **inventories[resource_class]}
+    return views.inventory_of(host, resource_class)
 
 
 @router.put(PROVIDER + "/inventories/{resource_class}")
 def put_inventory(lm: LM, provider: str, resource_class: str, body: InventoryPut) -> dict[str, Any]:
+    """Replace the inventory of a class the provider has (400 if it has none)."""
     fields = body.fields()
     generation = fields.pop("resource_provider_generation")
-    host = lm.hosts.set_inventory(provider, resource_class, fields, generation=generation)
-    return views.inventories(host)
+    with _placement_words("Unable to update inventory for resource provider", provider):
+        host = lm.hosts.set_inventory(
+            provider, resource_class, fields, generation=generation, only="existing"
+        )
+    return views.inventory_of(host, resource_class)
 
 
-@router.delete(PROVIDER + "/inventories/{resource_class}")
+@router.delete(PROVIDER + "/inventories/{resource_class}", status_code=204)
 def delete_inventory(
     lm: LM, provider: str, resource_class: str, resource_provider_generation: int | None = None
-) -> dict[str, Any]:
-    host = lm.hosts.delete_inventory(
-        provider, resource_class, generation=resource_provider_generation
-    )
-    return views.inventories(host)
+) -> Response:
+    lm.hosts.delete_inventory(provider, resource_class, generation=resource_provider_generation)
+    return Response(status_code=204)
 
 
 @router.get(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
