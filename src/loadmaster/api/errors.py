@@ -406,6 +406,8 @@ def no_unknown_query(request: Request) -> None:
     for name in request.query_params:
         if name not in known:
             raise ValidationError(
-                f"query.{name}: unknown query parameter (known: {', '.join(sorted(known)) or 'none'})",
+                # Placement's words first, which its clients look for.
+                "Invalid query string parameters: Additional properties are not allowed "
+                f"({name!r} was unexpected); known: {', '.join(sorted(known)) or 'none'}",
                 field=f"query.{name}",
             )

@@ -119,7 +119,7 @@ class MicroversionMiddleware:
             if message["type"] == "http.response.start":
                 added = _headers(version)
                 if cached_read and 200 <= message["status"] < 300:
-                    added.update(_cache_headers())
+                    added.update(cache_headers())
                 message["headers"] = [
                     *message.get("headers", []),
                     *((k.encode(), v.encode()) for k, v in added.items()),
@@ -136,7 +136,7 @@ def _headers(version: Version) -> dict[str, str]:
     return {HEADER: f"{SERVICE_TYPE} {version}", "vary": HEADER}
 
 
-def _cache_headers() -> dict[str, str]:
+def cache_headers() -> dict[str, str]:
     """From 1.15 every successful read says ``no-cache`` and when it was last modified.
     Placement gives the newest ``updated_at`` of what it shows where it has one and the
     time of the answer otherwise; loadmaster gives the time of the answer, which is never

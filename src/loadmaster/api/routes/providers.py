@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from loadmaster.api import microversion, views
+from loadmaster.api import microversion, queries, views
 from loadmaster.api.deps import LM
+from loadmaster.api.location import absolute
 from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
@@ -28,11 +29,6 @@ from loadmaster.api.schemas import (
 from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["resource providers"])
-
-
-def absolute(request: Request, path: str) -> str:
-    """A ``Location`` as Placement sends it: the full URL the client used."""
-    return str(request.base_url).rstrip("/") + path
 
 
 @contextmanager
@@ -56,15 +52,20 @@ def list_providers(
     lm: LM,
     name: str | None = None,
     uuid: str | None = None,
-    member_of: str | None = Query(None, description="only providers in this aggregate"),
+    member_of: list[str] = Query(
+        [], description="aggregate uuid, in:A,B (any), !A or !in:A,B (none); repeated: all"
+    ),
 ) -> dict[str, Any]:
-    hosts = lm.hosts.list(aggregate=member_of)
     version = microversion.current()
+    wanted = queries.member_of(member_of, version)
+    wanted_uuid = queries.uuid_param(uuid, "uuid") if uuid is not None else None
     return {
         "resource_providers": [
             views.provider(h, version)
-            for h in hosts
-            if (name is None or h.name == name) and (uuid is None or h.uuid == uuid)
+            for h in lm.hosts.list()
+            if (name is None or h.name == name)
+            and (wanted_uuid is None or h.uuid == wanted_uuid)
+            and wanted.admits({a.lower() for a in h.aggregates})
         ]
     }
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from loadmaster.api import microversion, views
 from loadmaster.api.deps import LM
+from loadmaster.api.location import absolute
 from loadmaster.api.schemas import ResourceClassCreate, ResourceClassFields
+from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["vocabulary"])
 # The microversions that brought resource classes and traits.
@@ -47,15 +49,73 @@ def delete_resource_class(lm: LM, name: str) -> Response:
     return Response(status_code=204)
 
 
+# Placement's words for a name its schema refuses.
+INVALID_TRAIT = (
+    "The trait is invalid. A valid trait must be no longer than 255 characters, start with "
+    'the prefix "CUSTOM_" and use following characters: "A"-"Z", "0"-"9" and "_"'
+)
+
+
 @router.get("/traits", openapi_extra=TRAITS_SINCE)
-def list_traits(lm: LM) -> dict[str, list[str]]:
-    return {"traits": lm.traits.list()}
+def list_traits(
+    lm: LM,
+    name: str | None = Query(None, description="in:A,B (these) or startswith:PREFIX"),
+    associated: str | None = Query(None, description="true: set on some provider; false: not"),
+) -> dict[str, list[str]]:
+    names: list[str] | None = None
+    prefix: str | None = None
+    if name is not None:
+        kind, _, value = name.partition(":")
+        if kind == "in" and value:
+            names = value.split(",")
+        elif kind == "startswith" and value:
+            prefix = value
+        else:
+            raise ValidationError(
+                "Badly formatted name parameter. Expected name query string parameter in "
+                f'form: ?name=[in|startswith]:[name1,name2|prefix]. Got: "{name}"',
+                field="query.name",
+            )
+    used: bool | None = None
+    if associated is not None:
+        if associated.lower() not in ("true", "false"):
+            raise ValidationError(
+                'The query parameter "associated" only accepts "true" or "false"',
+                field="query.associated",
+            )
+        used = associated.lower() == "true"
+    return {"traits": lm.traits.list(names=names, prefix=prefix, associated=used)}
 
 
-@router.put("/traits/{name}", status_code=204, openapi_extra=TRAITS_SINCE)
-def put_trait(lm: LM, name: str) -> Response:
-    lm.traits.create(name)
+@router.get(
+    "/traits/{name}",
+    status_code=204,
+    openapi_extra=TRAITS_SINCE,
+    responses={404: {"description": "No such trait"}},
+)
+def get_trait(lm: LM, name: str) -> Response:
+    """204 if the trait exists: Placement shows a trait by its name alone."""
+    if not lm.traits.exists(name):
+        raise NotFound(f"No such trait(s): {name}", field="name")
     return Response(status_code=204)
+
+
+@router.put(
+    "/traits/{name}",
+    status_code=204,
+    openapi_extra=TRAITS_SINCE,
+    responses={201: {"description": "Created"}},
+)
+def put_trait(lm: LM, request: Request, name: str) -> Response:
+    """Create a custom trait: 201 if new, 204 if it was there; a ``Location`` either way."""
+    try:
+        created = lm.traits.create(name)
+    except ValidationError as exc:
+        raise ValidationError(INVALID_TRAIT, field="name") from exc
+    headers = {"location": absolute(request, f"/traits/{name}")}
+    if microversion.current().matches(*microversion.CACHE_HEADERS_SINCE):
+        headers.update(microversion.cache_headers())
+    return Response(status_code=201 if created else 204, headers=headers)
 
 
 @router.delete("/traits/{name}", status_code=204, openapi_extra=TRAITS_SINCE)
