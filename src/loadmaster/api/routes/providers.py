@@ -55,17 +55,34 @@ def list_providers(
     member_of: list[str] = Query(
         [], description="aggregate uuid, in:A,B (any), !A or !in:A,B (none); repeated: all"
     ),
+    in_tree: str | None = Query(None, description="only providers in this provider's tree"),
+    required: list[str] = Query(
+        [], description="traits: A,B (all), !A (not), in:A,B (any of them)"
+    ),
 ) -> dict[str, Any]:
     version = microversion.current()
     wanted = queries.member_of(member_of, version)
+    traits = queries.required(required, version)
+    unknown = sorted(traits.names() - set(lm.traits.list(names=traits.names())))
+    if unknown:
+        raise ValidationError(f"No such trait(s): {', '.join(unknown)}.", field="query.required")
     wanted_uuid = queries.uuid_param(uuid, "uuid") if uuid is not None else None
+    hosts = lm.hosts.list()
+    root: str | None = None
+    if in_tree is not None:
+        if not version.matches(*queries.IN_TREE_SINCE):
+            raise queries.too_new("in_tree")
+        tree = queries.uuid_param(in_tree, "in_tree")
+        root = next((h.root for h in hosts if h.uuid == tree), "")
     return {
         "resource_providers": [
             views.provider(h, version)
-            for h in lm.hosts.list()
+            for h in hosts
             if (name is None or h.name == name)
             and (wanted_uuid is None or h.uuid == wanted_uuid)
+            and (root is None or h.root == root)
             and wanted.admits({a.lower() for a in h.aggregates})
+            and traits.admits(set(h.traits))
         ]
     }
 
