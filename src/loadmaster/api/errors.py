@@ -30,6 +30,8 @@ from loadmaster.api import microversion
 from loadmaster.api.observability import request_id_var
 from loadmaster.errors import (
     ConcurrentUpdate,
+    HostHasChildren,
+    HostInUse,
     LoadmasterError,
     NotFound,
     StoreUnavailable,
@@ -131,7 +133,11 @@ _BY_STATUS: dict[int, type[LoadmasterError]] = {
 
 # Placement's codes for loadmaster's errors that Placement names; any other is
 # ``placement.undefined_code``, as Placement answers for an error it gives no code.
-PLACEMENT_CODES = {ConcurrentUpdate.code: "placement.concurrent_update"}
+PLACEMENT_CODES = {
+    ConcurrentUpdate.code: "placement.concurrent_update",
+    HostHasChildren.code: "placement.resource_provider.cannot_delete_parent",
+    HostInUse.code: "placement.resource_provider.inuse",
+}
 UNDEFINED_CODE = "placement.undefined_code"
 ERROR_CODE_SINCE = (1, 23)
 

@@ -13,7 +13,14 @@ from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import HOST_STATES, ClassUsage, HostRecord
-from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    Conflict,
+    HostHasChildren,
+    HostInUse,
+    NotFound,
+    ValidationError,
+)
 from loadmaster.resources import Inventory, validate_trait_name
 from loadmaster.store import Store
 from loadmaster.store.schema import (
@@ -260,15 +267,21 @@ class HostService:
             if session.scalar(
                 select(func.count()).select_from(HostRow).where(HostRow.parent_id == row.id)
             ):
-                raise Conflict(
-                    f"host {row.name} has child providers; delete them first", field="host"
+                raise HostHasChildren(
+                    f"Unable to delete parent resource provider {row.uuid}: It has child "
+                    f"resource providers. (host {row.name}: delete them first)",
+                    field="host",
                 )
             if session.scalar(
                 select(func.count())
                 .select_from(AllocationRow)
                 .where(AllocationRow.host_id == row.id)
             ):
-                raise Conflict(f"host {row.name} has allocations; release them first", field="host")
+                raise HostInUse(
+                    f"Unable to delete resource provider {row.uuid}: Resource provider has "
+                    f"allocations. (host {row.name}: release them first)",
+                    field="host",
+                )
             session.delete(row)
 
     def rename(self, ident: str, name: str) -> HostRecord:
