@@ -284,9 +284,12 @@ class HostService:
                 )
             session.delete(row)
 
-    def rename(self, ident: str, name: str) -> HostRecord:
-        """Placement's ``PUT /resource_providers/{uuid}``: the name may change, the uuid
-        never; the generation moves so that a writer holding the old view is told."""
+    def update(self, ident: str, name: str, parent: str | None) -> HostRecord:
+        """Placement's ``PUT /resource_providers/{uuid}``: a new name, a new parent (or
+        none). The uuid never changes; the generation moves so that a writer holding the old
+        view is told. A provider moves to another tree only with nothing allocated from it
+        or below it: a VM's claim belongs to one host (a root) and must not change hosts
+        without the ledger moving it."""
         with self._store.write() as session:
             row = lookup.host_row(session, ident)
             if name != row.name:
@@ -294,7 +297,48 @@ class HostService:
                 if taken is not None:
                     raise Conflict(f"name {name!r} is already used by a host", field="name")
                 row.name = name
-            return self._bump(session, row)
+            parent_row = None
+            if parent is not None:
+                parent_row = session.scalar(
+                    select(HostRow).where(HostRow.uuid == lookup.canonical_uuid(parent))
+                )
+                if parent_row is None:
+                    raise ValidationError(
+                        "parent provider UUID does not exist.", field="parent_provider_uuid"
+                    )
+            others: set[int] = set()
+            if (parent_row.id if parent_row else None) != row.parent_id:
+                others = self._move_subtree(session, row, parent_row)
+            return self._bump(session, row, touch=others)
+
+    def _move_subtree(self, session: Session, row: HostRow, parent: HostRow | None) -> set[int]:
+        """Move ``row`` and everything below it under ``parent``; the other roots whose
+        trees changed."""
+        subtree = [row.id]
+        for host_id in subtree:  # grows while walked: breadth first
+            subtree += session.scalars(select(HostRow.id).where(HostRow.parent_id == host_id))
+        if parent is not None and parent.id in subtree:
+            raise ValidationError(
+                "creating loop in the provider tree is not allowed.",
+                field="parent_provider_uuid",
+            )
+        if session.scalar(
+            select(func.count())
+            .select_from(AllocationRow)
+            .where(AllocationRow.host_id.in_(subtree))
+        ):
+            raise HostInUse(
+                f"Unable to move resource provider {row.uuid} to another tree: it or a "
+                "provider below it has allocations",
+                field="parent_provider_uuid",
+            )
+        old_root = row.root_id
+        row.parent_id = parent.id if parent is not None else None
+        new_root = parent.root_id if parent is not None else row.id
+        session.execute(update(HostRow).where(HostRow.id.in_(subtree)).values(root_id=new_root))
+        session.refresh(row)
+        # Both trees changed: whoever holds a view of either must re-read.
+        return {r for r in (old_root, new_root) if r is not None and r != row.id}
 
     def set_state(self, ident: str, state: str, *, generation: int | None = None) -> HostRecord:
         _validate_state(state)
@@ -392,8 +436,9 @@ class HostService:
             )
         return row
 
-    def _bump(self, session: Session, row: HostRow) -> HostRecord:
-        bump_generations(session, {row.id: row.generation})
+    def _bump(self, session: Session, row: HostRow, *, touch: Iterable[int] = ()) -> HostRecord:
+        """Bump ``row``'s generation (compare-and-swap) and those of ``touch``."""
+        bump_generations(session, {row.id: row.generation}, touch=touch)
         row.updated_at = now()
         session.flush()
         session.refresh(row)

@@ -45,6 +45,7 @@ def _placement_words(action: str, provider: str) -> Iterator[None]:
 PROVIDER = "/resource_providers/{provider}"
 AGGREGATES_SINCE = microversion.since(1, 1)
 PROVIDER_BODY_SINCE = (1, 20)
+REPARENT_SINCE = (1, 37)
 
 
 @router.get("/resource_providers")
@@ -113,13 +114,25 @@ def get_provider(lm: LM, provider: str) -> dict[str, Any]:
 
 @router.put(PROVIDER)
 def update_provider(lm: LM, provider: str, body: ProviderPut) -> dict[str, Any]:
-    """Rename the provider. Its parent cannot change yet (Placement allows it from 1.37)."""
+    """Rename the provider, give it a parent (from 1.14), move it to another parent or
+    make it a root (from 1.37)."""
+    version = microversion.current()
     host = lm.hosts.get(provider)
-    if "parent_provider_uuid" in body.model_fields_set and body.parent_provider_uuid != host.parent:
-        raise ValidationError(
-            "changing a provider's parent is not supported", field="parent_provider_uuid"
-        )
-    return views.provider(lm.hosts.rename(host.uuid, body.name), microversion.current())
+    parent = host.parent
+    if "parent_provider_uuid" in body.model_fields_set:
+        if not version.matches(*views.PARENT_SINCE):
+            raise queries.too_new("parent_provider_uuid")
+        parent = body.parent_provider_uuid
+        if (
+            host.parent is not None
+            and parent != host.parent
+            and not version.matches(*REPARENT_SINCE)
+        ):
+            what = "un-parenting" if parent is None else "re-parenting"
+            raise ValidationError(
+                f"{what} a provider is not currently allowed.", field="parent_provider_uuid"
+            )
+    return views.provider(lm.hosts.update(host.uuid, body.name, parent), version)
 
 
 @router.delete(PROVIDER, status_code=204)
