@@ -16,6 +16,8 @@ from types import TracebackType
 
 import httpx
 
+from loadmaster.microversions import CLIENT_HEADERS
+
 ROOT = Path(__file__).resolve().parents[1]
 POSTGRES = ["bash", str(ROOT / "scripts/postgres.sh")]
 
@@ -90,7 +92,9 @@ class ServedApi:
 
     def client(self, timeout: float = 30.0) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout
+            base_url=self.url,
+            headers={**CLIENT_HEADERS, "Authorization": f"Bearer {self.token}"},
+            timeout=timeout,
         )
 
     def worker_pids(self) -> list[int]:

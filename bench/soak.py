@@ -51,6 +51,7 @@ from rich.table import Table
 
 import loadmaster
 from harness import PrivatePostgres, ServedApi
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.pending import audit
 
 GROUP = "soak-ha"
@@ -105,7 +106,7 @@ class Shared:
     runs: MutableMapping[str, tuple[str, float]]
 
     def http(self) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.token}"}
+        headers = {**CLIENT_HEADERS, "Authorization": f"Bearer {self.token}"}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
 
 

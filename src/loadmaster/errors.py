@@ -52,6 +52,16 @@ class ConcurrentUpdate(Conflict):
     title = "Concurrent update"
 
 
+class HostHasChildren(Conflict):
+    code = "loadmaster.host_has_children"
+    title = "Host has child providers"
+
+
+class HostInUse(Conflict):
+    code = "loadmaster.host_in_use"
+    title = "Host has allocations"
+
+
 class InsufficientCapacity(Conflict):
     code = "loadmaster.insufficient_capacity"
     title = "Insufficient capacity"

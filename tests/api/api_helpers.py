@@ -47,13 +47,13 @@ def build_cluster(admin: httpx.Client, hosts: int = 3) -> None:
     """``hosts`` hosts with 8 VCPU and 16 GiB, the first one with 2 CUSTOM_GPU; flavors
     ``small`` (2 VCPU, 4 GiB) and ``gpu`` (1 GPU)."""
     ok(admin.post("/resource_classes", json={"name": "CUSTOM_GPU", "kind": "accelerator"}), 201)
-    ok(admin.put("/traits/CUSTOM_FAST"), 204)
+    assert admin.put("/traits/CUSTOM_FAST").status_code == 201  # no body, as Placement
     for i in range(hosts):
         inventories: dict[str, Any] = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 16384}}
         if i == 0:
             inventories["CUSTOM_GPU"] = {"total": 2}
         body = {"name": f"h{i}", "inventories": inventories, "aggregates": ["rack-1"]}
-        ok(admin.post("/resource_providers", json=body), 201)
+        ok(admin.post("/hosts", json=body), 201)
     ok(
         admin.post("/flavors", json={"name": "small", "resources": {"VCPU": 2, "MEMORY_MB": 4096}}),
         201,

@@ -11,6 +11,7 @@ from api_helpers import Live, run_server
 
 import loadmaster
 from loadmaster.api import AuthConfig, create_app
+from loadmaster.microversions import CLIENT_HEADERS
 
 ADMIN = "admin-5f1c0e1d9a"
 READER = "reader-77b2a4c3e0"
@@ -22,10 +23,12 @@ def live(db_url: str) -> Iterator[Live]:
     app = create_app(lm, AuthConfig({ADMIN: "admin", READER: "reader"}))
     server, thread, url = run_server(app)
     clients = [
-        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        httpx.Client(
+            base_url=url, headers={**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}, timeout=30
+        )
         for token in (ADMIN, READER)
     ]
-    anonymous = httpx.Client(base_url=url, timeout=30)
+    anonymous = httpx.Client(base_url=url, headers=CLIENT_HEADERS, timeout=30)
     try:
         yield Live(url, lm, clients[0], clients[1], anonymous)
     finally:

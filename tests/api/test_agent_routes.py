@@ -13,6 +13,7 @@ from api_helpers import ok, run_server, table_rows
 
 import loadmaster
 from loadmaster.api import AuthConfig, create_app
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.service import Loadmaster
 
 ADMIN, AGENT0, AGENT1 = "adm-0c1f", "agt-h0-77aa", "agt-h1-88bb"
@@ -25,7 +26,9 @@ def served(db_url: str) -> Iterator[tuple[Loadmaster, dict[str, httpx.Client]]]:
     auth = AuthConfig({ADMIN: "admin", AGENT0: "agent:h0", AGENT1: "agent:h1"})
     server, thread, url = run_server(create_app(lm, auth))
     clients = {
-        name: httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        name: httpx.Client(
+            base_url=url, headers={**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}, timeout=30
+        )
         for name, token in (("admin", ADMIN), ("h0", AGENT0), ("h1", AGENT1))
     }
     try:

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.auth import resolve_auth
 from loadmaster.errors import ValidationError
+from loadmaster.microversions import CLIENT_HEADERS
 
 SECRET = "s3cr3t-admin-token"
 
@@ -72,5 +73,5 @@ def test_tokens_are_not_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture)
 def test_no_auth_app_serves_without_tokens(tmp_path: Path) -> None:
     app = create_app(f"sqlite:///{tmp_path / 'open.db'}", None)
     with TestClient(app) as client:
-        assert client.put("/traits/CUSTOM_OPEN").status_code == 204
+        assert client.put("/traits/CUSTOM_OPEN", headers=CLIENT_HEADERS).status_code == 201
         assert "securitySchemes" not in client.get("/openapi.json").json().get("components", {})

@@ -44,7 +44,7 @@ def test_a_vm_that_fits_nowhere_comes_back_explained_and_force_stops_it(live: Li
     admin = live.admin
     build_cluster(admin, hosts=1)  # only h0 has the GPU the VM needs
     h1 = {"name": "h1", "inventories": {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}}
-    ok(admin.post("/resource_providers", json=h1), 201)
+    ok(admin.post("/hosts", json=h1), 201)
     vm = new_vm(admin, "gpu-1", "gpu")
     ok(admin.post(f"/vms/{vm}/start"))
     ok(admin.post(f"/vms/{vm}/up"))

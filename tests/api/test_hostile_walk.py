@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 import loadmaster
 from loadmaster.api import AuthConfig, create_app
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.service import Loadmaster
 
 TOKEN = "walk-admin-token"
@@ -38,7 +39,9 @@ def walker(db_url: str) -> Iterator[tuple[TestClient, Loadmaster]]:
     lm.vms.create("0", "0", uuid=VM_UUID)
     app = create_app(lm, AuthConfig({TOKEN: "admin"}))
     with TestClient(
-        app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"}
+        app,
+        raise_server_exceptions=False,
+        headers={**CLIENT_HEADERS, "Authorization": f"Bearer {TOKEN}"},
     ) as client:
         yield client, lm
     lm.close()
@@ -97,7 +100,7 @@ def _targeted(word: str) -> list[tuple[str, str, dict[str, Any]]]:
     (a body hostile everywhere is refused by its first field)."""
     return [
         ("POST", "/resource_providers", {"json": {"name": word}}),
-        ("POST", "/resource_providers", {"json": {"name": "p", "aggregates": [word]}}),
+        ("POST", "/hosts", {"json": {"name": "p", "aggregates": [word]}}),
         ("POST", "/vms", {"json": {"name": word, "flavor": "0"}}),
         ("POST", "/vms", {"json": {"name": "v", "flavor": "0", "project_id": word}}),
         ("POST", "/vms", {"json": {"name": "v", "flavor": "0", "tags": [word]}}),

@@ -53,7 +53,7 @@ def test_cluster_from_the_command_line(server: str) -> None:
         "HW_CPU_X86_AVX2",
     )
     ok(server, "host", "create", "c2", "-i", "VCPU=8", "-i", "MEMORY_MB=16384", "-a", "rack-9")
-    hosts = json.loads(ok(server, "host", "list", "--json"))["resource_providers"]
+    hosts = json.loads(ok(server, "host", "list", "--json"))["hosts"]
     assert {"c1", "c2"} <= {h["name"] for h in hosts}
     assert "HW_CPU_X86_AVX2" in ok(server, "host", "list")
 
@@ -140,7 +140,7 @@ def test_serve_with_workers_on_postgresql(pg_url: str) -> None:
         assert created.returncode == 0, created.stderr
         for _ in range(6):  # whichever worker answers sees the same database
             listed = run_cli("host", "list", "--json", url=url, token=None)
-            assert [h["name"] for h in json.loads(listed.stdout)["resource_providers"]] == ["pg-1"]
+            assert [h["name"] for h in json.loads(listed.stdout)["hosts"]] == ["pg-1"]
     finally:
         stop_server(process)
 

@@ -52,7 +52,7 @@ def test_shell_completion_script() -> None:
 def test_url_and_token_after_the_subcommand(server: str) -> None:
     listed = run_cli("host", "list", "--json", "--url", server, "--token", ADMIN, token=None)
     assert listed.returncode == 0, listed.stderr
-    assert "resource_providers" in json.loads(listed.stdout)
+    assert "hosts" in json.loads(listed.stdout)
     # After the subcommand they win over the environment.
     overridden = run_cli("host", "list", "--url", server, url="http://127.0.0.1:1")
     assert overridden.returncode == 0, overridden.stderr
@@ -71,7 +71,7 @@ def test_commands_that_were_api_only(server: str) -> None:
 
     ok(*base, "host", "create", "sf-1", "-i", "VCPU=8", "-i", "MEMORY_MB=8192")
     ok(*base, "host", "create", "sf-1-numa0", "--parent", "sf-1", "-i", f"{long_class}=2")
-    listed = json.loads(ok(*base, "host", "list", "--json"))["resource_providers"]
+    listed = json.loads(ok(*base, "host", "list", "--json"))["hosts"]
     by_name = {h["name"]: h for h in listed}
     assert by_name["sf-1-numa0"]["parent_provider_uuid"] == by_name["sf-1"]["uuid"]
     tree = ok(*base, "host", "tree").splitlines()

@@ -56,6 +56,7 @@ from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.cli import app
 from loadmaster.demo.cloud import ADMIN_TOKEN, agent_token
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.pending import audit
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.service import Loadmaster
@@ -177,7 +178,9 @@ def cloud(real_hosts: RealHosts, tmp_path_factory: pytest.TempPathFactory) -> It
     tokens = {ADMIN_TOKEN: "admin", **{agent_token(n): f"agent:{n}" for n in names}}
     server = serve_in_thread(create_app(lm, AuthConfig(tokens)))
     admin = httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60
+        base_url=server.url,
+        headers={**CLIENT_HEADERS, "Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=60,
     )
     flavor = {"name": FLAVOR, "resources": {"VCPU": 1, "MEMORY_MB": GUEST_MIB}}
     assert admin.post("/flavors", json=flavor).status_code == 201

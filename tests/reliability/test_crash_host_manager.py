@@ -42,6 +42,7 @@ from loadmaster.agent.libvirt_hv import domain_xml
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import serve_in_thread
 from loadmaster.cluster import VmSpec
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
 
@@ -149,7 +150,9 @@ def crash_cloud(tmp_path: Path) -> Iterator[Cloud]:
     tokens = {ADMIN: "admin", **{token(h): f"agent:{h}" for h in HOSTS}}
     server = serve_in_thread(create_app(lm, AuthConfig(tokens)))
     admin = httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60
+        base_url=server.url,
+        headers={**CLIENT_HEADERS, "Authorization": f"Bearer {ADMIN}"},
+        timeout=60,
     )
     policy_dir = tmp_path / "policy"  # no policy: the manager is the subject
     policy_dir.mkdir()

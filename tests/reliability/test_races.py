@@ -23,6 +23,7 @@ from sqlalchemy import text
 import loadmaster
 from harness import ServedApi
 from loadmaster.cluster import VmSpec
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.pending import audit
 
 CLIENTS = 6
@@ -64,7 +65,7 @@ def _scenarios(r: int) -> dict[str, Callable[[int], Request]]:
             if i == 0
             else (
                 "POST",
-                "/resource_providers",
+                "/hosts",
                 {"name": f"dt{r}-{i}", "traits": [f"CUSTOM_DT{r}"]},
             )
         ),
@@ -127,7 +128,9 @@ def _client(
     index: int, base_url: str, token: str, barrier: Any, answers: Any, plan: list[str]
 ) -> None:
     with httpx.Client(
-        base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        base_url=base_url,
+        headers={**CLIENT_HEADERS, "Authorization": f"Bearer {token}"},
+        timeout=60,
     ) as http:
         for key in plan:
             r, name = key.split(":", 1)

@@ -18,6 +18,7 @@ from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.errors import InvalidTransition
+from loadmaster.microversions import CLIENT_HEADERS
 
 log = logging.getLogger(__name__)
 # The manager's long-poll of its work list: a change returns it at once, so this only
@@ -32,7 +33,9 @@ class ApiClient:
     RETRIES_ON_503 = 3
 
     def __init__(self, api_url: str, token: str | None = None, timeout: float = 5.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = dict(CLIENT_HEADERS)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self._client = httpx.Client(base_url=api_url.rstrip("/"), headers=headers, timeout=timeout)
 
     def close(self) -> None:

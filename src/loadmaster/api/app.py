@@ -10,18 +10,22 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from loadmaster.api import errors
+from loadmaster.api import errors, microversion
 from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, resolve_auth
 from loadmaster.api.deps import MetricsDep
+from loadmaster.api.negotiation import ContentNegotiation
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
 from loadmaster.api.routes import (
     agents,
     audit,
     catalog,
+    hosts,
     maintenance,
     providers,
+    root,
     scheduling,
     vms,
     vocabulary,
@@ -41,9 +45,11 @@ resource providers with inventories, traits, aggregates and usages, allocations,
 project usages), plus what Placement lacks: pending state, scheduling with
 explanations, server groups, capacity questions and host reports.
 
-Every request needs `Authorization: Bearer <token>` (role `admin` writes, `reader`
-reads) unless the server runs with `--no-auth`. Errors are `{code, title, detail,
-field}` with a stable dotted `code`."""
+Every request needs `Authorization: Bearer <token>` or `X-Auth-Token: <token>` (role
+`admin` writes, `reader` reads) unless the server runs with `--no-auth`. Errors are
+`{code, title, detail, field}` with a stable dotted `code`, and Placement's `errors` list
+beside it. `OpenStack-API-Version: placement X.Y` (1.0 to 1.39, default 1.0) picks
+Placement's microversion; `GET /` lists the range."""
 
 
 def create_app(
@@ -73,21 +79,44 @@ def create_app(
         responses=errors.ERROR_RESPONSES,
         dependencies=[Depends(errors.no_nul), Depends(errors.no_unknown_query)],
         redoc_url=None,
-        # A client that sends JSON without saying so still gets it parsed.
+        # ContentNegotiation refuses a body that does not say it is JSON, in the error shape.
         strict_content_type=False,
     )
     app.state.lm = service
     app.state.metrics = Metrics(service)
     errors.install(app)
-    for module in (vocabulary, providers, catalog, vms, scheduling, maintenance, agents, audit):
-        app.include_router(module.router)
-    app.include_router(_operations_router())
-    # Starlette runs the middleware added last first: request context, auth, size guard,
-    # and innermost the catcher of unexpected errors.
+    routers = [
+        *(
+            m.router
+            for m in (
+                root,
+                vocabulary,
+                providers,
+                hosts,
+                catalog,
+                vms,
+                scheduling,
+                maintenance,
+                agents,
+                audit,
+            )
+        ),
+        _operations_router(),
+    ]
+    for router in routers:
+        app.include_router(router)
+    # Starlette runs the middleware added last first: request context, microversion (so
+    # every answer, refusals included, says its version), auth, size guard, JSON-only
+    # negotiation, and innermost the catcher of unexpected errors.
     app.add_middleware(errors.CatchUnexpected)
+    app.add_middleware(
+        ContentNegotiation,
+        routes=[r for router in routers for r in router.routes if isinstance(r, APIRoute)],
+    )
     app.add_middleware(errors.BodySizeLimit, max_body_size=max_body_size)
     if auth is not None:
         app.add_middleware(AuthMiddleware, config=auth)
+    app.add_middleware(microversion.MicroversionMiddleware, render=errors.error_response)
     # Even refused requests get an id and a log line.
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.openapi = lambda: _openapi(app, secured=auth is not None)  # type: ignore[method-assign]

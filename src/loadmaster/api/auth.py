@@ -10,8 +10,10 @@ Tokens come from a file (TOML, YAML or JSON, chosen by extension)::
     "s3cr3t-reader" = "reader"
     "s3cr3t-host-1" = "agent:host-1"
 
-or from ``LOADMASTER_TOKENS="tok1:admin,tok2:reader"``. Checking is a middleware, so
-a request without a valid token is refused before its body is read.
+or from ``LOADMASTER_TOKENS="tok1:admin,tok2:reader"``. A token comes as
+``Authorization: Bearer <token>`` or, as OpenStack's clients send it, ``X-Auth-Token:
+<token>``; both map through the same table, so the same roles apply. Checking is a
+middleware, so a request without a valid token is refused before its body is read.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ _AGENT_HOST_WRITES = (re.compile(r"^/hosts/(?P<host>[^/]+)/(agent|report)$"),)
 _AGENT_VM_WRITES = re.compile(r"^/vms/[^/]+/(up|launch-failed|migration-failed|migrate)$")
 TOKENS_ENV = "LOADMASTER_TOKENS"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# Liveness probes and the API description need no token.
-OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+# Liveness probes, the API description and Placement's version document (clients read it
+# to negotiate before they authenticate) need no token.
+OPEN_PATHS = frozenset({"/", "/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,9 @@ class AuthMiddleware:
         role = self._role(scope)
         if role is None:
             response = error_response(
-                Unauthenticated("send a valid token: Authorization: Bearer <token>"),
+                Unauthenticated(
+                    "send a valid token: Authorization: Bearer <token> or X-Auth-Token: <token>"
+                ),
                 headers={"WWW-Authenticate": "Bearer"},
             )
         elif role.startswith(AGENT_PREFIX):
@@ -153,6 +158,8 @@ class AuthMiddleware:
                 scheme, _, token = value.decode("latin-1").partition(" ")
                 if scheme.lower() == "bearer" and token.strip():
                     return self.config.role_of(token.strip())
+            elif name == b"x-auth-token" and value.strip():
+                return self.config.role_of(value.decode("latin-1").strip())
         return None
 
 

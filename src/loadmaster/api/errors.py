@@ -1,4 +1,7 @@
-"""Every error the API sends has one shape, ``{code, title, detail}`` (+ ``field``).
+"""Every error the API sends has one shape: loadmaster's ``{code, title, detail}`` (+
+``field``), which its own CLI and agents read, and beside it Placement's ``errors`` list
+(``[{status, title, detail, request_id, code}]``, ``code`` from microversion 1.23), which
+OpenStack's clients read. Both describe the same single error.
 
 Domain errors carry their own status and code (``LoadmasterError.to_dict``); the few
 errors born in the web layer (bad JSON, schema violations, auth, unknown routes, bodies
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -19,11 +23,32 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loadmaster.errors import LoadmasterError, NotFound, StoreUnavailable, ValidationError
+from loadmaster.api import microversion
+from loadmaster.api.observability import request_id_var
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    HostHasChildren,
+    HostInUse,
+    LoadmasterError,
+    NotFound,
+    StoreUnavailable,
+    ValidationError,
+)
 
 log = logging.getLogger("loadmaster.api")
+
+
+class PlacementError(BaseModel):
+    """One entry of Placement's ``errors`` list (the OpenStack API-WG error guideline)."""
+
+    status: int
+    title: str
+    detail: str
+    request_id: str | None = None
+    code: str | None = None
 
 
 class ErrorBody(BaseModel):
@@ -33,6 +58,7 @@ class ErrorBody(BaseModel):
     title: str
     detail: str
     field: str | None = None
+    errors: list[PlacementError]
 
 
 class InvalidJson(ValidationError):
@@ -64,10 +90,28 @@ class BodyTooLarge(LoadmasterError):
     status = 413
 
 
+class NotAcceptable(LoadmasterError):
+    code = "loadmaster.not_acceptable"
+    title = "Not acceptable"
+    status = 406
+
+
 class UnsupportedMediaType(LoadmasterError):
     code = "loadmaster.unsupported_media_type"
     title = "Unsupported media type"
     status = 415
+
+
+JSON = "application/json"
+# What Placement says for a path it does not serve (at the request's microversion).
+NOT_FOUND = "The resource could not be found."
+
+
+def media_type_refused(content_type: str | None) -> UnsupportedMediaType:
+    """In Placement's words, which name a missing type ``None``."""
+    return UnsupportedMediaType(
+        f"The media type {content_type} is not supported, use {JSON}", field="body"
+    )
 
 
 class InternalError(LoadmasterError):
@@ -82,13 +126,27 @@ _BY_STATUS: dict[int, type[LoadmasterError]] = {
     403: Forbidden,
     404: NotFound,
     405: MethodNotAllowed,
+    406: NotAcceptable,
     413: BodyTooLarge,
     415: UnsupportedMediaType,
 }
 
+# Placement's codes for loadmaster's errors that Placement names; any other is
+# ``placement.undefined_code``, as Placement answers for an error it gives no code.
+PLACEMENT_CODES = {
+    ConcurrentUpdate.code: "placement.concurrent_update",
+    HostHasChildren.code: "placement.resource_provider.cannot_delete_parent",
+    HostInUse.code: "placement.resource_provider.inuse",
+}
+UNDEFINED_CODE = "placement.undefined_code"
+ERROR_CODE_SINCE = (1, 23)
+
 # Documented on every route: schemathesis and client authors see the real error shape.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    "4XX": {"model": ErrorBody, "description": "Client error: `{code, title, detail, field}`"},
+    "4XX": {
+        "model": ErrorBody,
+        "description": "Client error: `{code, title, detail, field, errors}`",
+    },
     "5XX": {"model": ErrorBody, "description": "Server or database unavailable"},
 }
 
@@ -103,7 +161,27 @@ def error_response(
 ) -> JSONResponse:
     if isinstance(error, StoreUnavailable):
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
-    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
+    body = {**error.to_dict(), "errors": [placement_error(error)]}
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def placement_error(error: LoadmasterError) -> dict[str, object]:
+    """``error`` as an entry of Placement's ``errors`` list: its title is the status's
+    reason phrase, as Placement's (webob's) is."""
+    entry: dict[str, object] = {
+        "status": error.status,
+        "title": HTTPStatus(error.status).phrase,
+        "detail": error.detail,
+    }
+    if microversion.current().matches(*ERROR_CODE_SINCE):
+        entry["code"] = PLACEMENT_CODES.get(error.code, UNDEFINED_CODE)
+    request_id = request_id_var.get()
+    if request_id is not None:
+        entry["request_id"] = request_id
+    if isinstance(error, microversion.UnacceptableVersion):
+        entry["max_version"] = str(microversion.MAX)
+        entry["min_version"] = str(microversion.MIN)
+    return entry
 
 
 def field_of(loc: Sequence[int | str]) -> str | None:
@@ -123,8 +201,12 @@ def field_of(loc: Sequence[int | str]) -> str | None:
     return text or None
 
 
-def from_validation(exc: RequestValidationError) -> LoadmasterError:
+def from_validation(exc: RequestValidationError, content_type: str | None) -> LoadmasterError:
     first = exc.errors()[0]
+    missing_body = first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",)
+    if missing_body and content_type is None:
+        # Nothing was sent, not even its type: Placement names the missing type.
+        return media_type_refused(None)
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", "not JSON")
         return InvalidJson(f"request body is not valid JSON: {reason}", field="body")
@@ -141,7 +223,9 @@ def from_validation(exc: RequestValidationError) -> LoadmasterError:
         message = "field required"
     more = len(exc.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return ValidationError(f"{field or 'body'}: {message}{suffix}", field=field)
+    # Placement's prefix for a body its schema refuses, which its clients look for.
+    prefix = "JSON does not validate: " if loc[:1] == ("body",) else ""
+    return ValidationError(f"{prefix}{field or 'body'}: {message}{suffix}", field=field)
 
 
 def from_http(exc: StarletteHTTPException) -> LoadmasterError:
@@ -160,18 +244,24 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, LoadmasterError)
         return error_response(exc)
 
-    async def validation(_request: Request, exc: Exception) -> JSONResponse:
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(from_validation(exc))
+        return error_response(from_validation(exc, request.headers.get("content-type")))
 
     async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         headers = dict(exc.headers or {})
+        error = from_http(exc)
         if exc.status_code == 405:
             # Starlette lists only the first matching route's methods; a path served by
             # several routes (GET and POST /vms) must list them all.
             headers["Allow"] = ", ".join(sorted(_allowed_methods(app, request.url.path)))
-        return error_response(from_http(exc), headers=headers)
+            error = MethodNotAllowed(
+                f"The method {request.method} is not allowed for this resource."
+            )
+        elif exc.status_code == 404 and request.scope.get("route") is None:
+            error = NotFound(NOT_FOUND)
+        return error_response(error, headers=headers)
 
     app.add_exception_handler(LoadmasterError, domain)
     app.add_exception_handler(RequestValidationError, validation)
@@ -216,12 +306,18 @@ class CatchUnexpected:
             await internal_error()(scope, receive, send)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
 def _allowed_methods(app: FastAPI, path: str) -> set[str]:
-    methods: set[str] = set()
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.path_regex.match(path):
-            methods |= route.methods or set()
-    return methods
+    """The methods some route fully matches for ``path``, asked through Starlette's own
+    matching (included routers are not flattened into ``app.routes``)."""
+    allowed = set()
+    for method in _METHODS:
+        scope = {"type": "http", "path": path, "method": method, "root_path": "", "app": app}
+        if any(route.matches(scope)[0] is Match.FULL for route in app.routes):
+            allowed.add(method)
+    return allowed
 
 
 class BodySizeLimit:
@@ -316,6 +412,8 @@ def no_unknown_query(request: Request) -> None:
     for name in request.query_params:
         if name not in known:
             raise ValidationError(
-                f"query.{name}: unknown query parameter (known: {', '.join(sorted(known)) or 'none'})",
+                # Placement's words first, which its clients look for.
+                "Invalid query string parameters: Additional properties are not allowed "
+                f"({name!r} was unexpected); known: {', '.join(sorted(known)) or 'none'}",
                 field=f"query.{name}",
             )

@@ -25,6 +25,8 @@ from loadmaster.scheduler import ScheduleResult
 from loadmaster.service import Loadmaster
 
 REQUEST_ID_HEADER = "x-request-id"
+# The id is echoed under loadmaster's header and under OpenStack's two.
+ECHOED_AS = (REQUEST_ID_HEADER, "openstack-request-id", "x-openstack-request-id")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "loadmaster_request_id", default=None
@@ -148,7 +150,8 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
-        request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
+        # A made id has OpenStack's form, which its clients and logs expect.
+        request_id = given if _SAFE_ID.match(given) else f"req-{uuid.uuid4()}"
         token = request_id_var.set(request_id)
         started = time.perf_counter()
         status = 500
@@ -159,7 +162,7 @@ class RequestContextMiddleware:
                 status = message["status"]
                 message["headers"] = [
                     *message.get("headers", []),
-                    (REQUEST_ID_HEADER.encode(), request_id.encode()),
+                    *((name.encode(), request_id.encode()) for name in ECHOED_AS),
                 ]
             await send(message)
 

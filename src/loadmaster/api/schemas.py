@@ -50,7 +50,7 @@ class InventoryIn(Body):
     allocation_ratio: Annotated[float, Field(gt=0, le=1e6)] = 1.0
 
 
-class ProviderCreate(Body):
+class HostCreate(Body):
     name: Name
     uuid: Name | None = None
     parent_provider_uuid: Name | None = None
@@ -60,14 +60,33 @@ class ProviderCreate(Body):
     aggregates: list[Name] = []
 
 
-class ProviderUpdate(Body):
+class HostUpdate(Body):
     state: Name
     resource_provider_generation: Generation | None = None
+
+
+class ProviderCreate(Body):
+    """Placement's body: a provider is created bare; inventories, traits and aggregates
+    are written on their own paths."""
+
+    name: Name
+    uuid: Name | None = None
+    parent_provider_uuid: Name | None = None
+
+
+class ProviderPut(Body):
+    name: Name
+    parent_provider_uuid: Name | None = None
 
 
 class InventoriesPut(Body):
     resource_provider_generation: Generation
     inventories: dict[str, InventoryIn]
+
+
+class InventoryPost(InventoryIn):
+    resource_class: Name
+    resource_provider_generation: Generation | None = None
 
 
 class InventoryPut(InventoryIn):

@@ -14,8 +14,9 @@ from loadmaster.cluster import (
     HostRecord,
     VmRecord,
 )
+from loadmaster.microversions import Version
 from loadmaster.pending import ReconcileResult
-from loadmaster.resources import Inventory, ResourceClass
+from loadmaster.resources import ResourceClass
 
 
 def resource_class(rc: ResourceClass) -> dict[str, Any]:
@@ -28,7 +29,8 @@ def resource_class(rc: ResourceClass) -> dict[str, Any]:
     }
 
 
-def provider(host: HostRecord) -> dict[str, Any]:
+def host(host: HostRecord) -> dict[str, Any]:
+    """loadmaster's view of a host (``/hosts``)."""
     return {
         "uuid": host.uuid,
         "name": host.name,
@@ -41,14 +43,52 @@ def provider(host: HostRecord) -> dict[str, Any]:
     }
 
 
-def inventory(inv: Inventory) -> dict[str, Any]:
-    return {**inv.as_dict(), "capacity": inv.capacity}
+# Placement's links of a provider, each from the microversion that brought its path.
+_PROVIDER_LINKS = (
+    ("inventories", (1, 0)),
+    ("usages", (1, 0)),
+    ("aggregates", (1, 1)),
+    ("traits", (1, 6)),
+    ("allocations", (1, 11)),
+)
+PARENT_SINCE = (1, 14)
+
+
+def provider(host: HostRecord, version: Version) -> dict[str, Any]:
+    """Placement's representation of a resource provider at ``version``: exactly these
+    keys, since Placement's clients and tests check them all."""
+    base = f"/resource_providers/{host.uuid}"
+    links = [{"rel": "self", "href": base}]
+    links += [
+        {"rel": rel, "href": f"{base}/{rel}"}
+        for rel, since in _PROVIDER_LINKS
+        if version.matches(*since)
+    ]
+    body: dict[str, Any] = {
+        "uuid": host.uuid,
+        "name": host.name,
+        "generation": host.generation,
+        "links": links,
+    }
+    if version.matches(*PARENT_SINCE):
+        body["parent_provider_uuid"] = host.parent
+        body["root_provider_uuid"] = host.root
+    return body
 
 
 def inventories(host: HostRecord) -> dict[str, Any]:
+    """Placement's inventory set (capacity is in loadmaster's usage views)."""
     return {
         "resource_provider_generation": host.generation,
-        "inventories": {name: inventory(inv) for name, inv in sorted(host.inventories.items())},
+        "inventories": {name: inv.as_dict() for name, inv in sorted(host.inventories.items())},
+    }
+
+
+def inventory_of(host: HostRecord, resource_class: str) -> dict[str, Any]:
+    """Placement's one inventory: its fields and the provider's generation."""
+    return {
+        "resource_provider_generation": host.generation,
+        **host.inventories[resource_class].as_dict(),
     }
 
 

@@ -14,6 +14,8 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
+from loadmaster.microversions import CLIENT_HEADERS
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
@@ -90,7 +92,7 @@ class ApiClient:
         target = self.url.rstrip("/") + quote(path, safe="/")
         if query:
             target += "?" + urlencode(query, doseq=True)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **CLIENT_HEADERS}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         payload = None

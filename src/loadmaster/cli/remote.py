@@ -135,8 +135,8 @@ def host_list(
     as_json: JsonOpt = False,
 ) -> None:
     """Hosts and child providers; a child names its parent."""
-    data = api().get("/resource_providers", state=state, member_of=aggregate)
-    providers = data["resource_providers"]
+    data = api().get("/hosts", state=state, member_of=aggregate)
+    providers = data["hosts"]
     names = {h["uuid"]: h["name"] for h in providers}
     rows = [
         (
@@ -157,12 +157,12 @@ def host_list(
 @host_app.command("tree")
 def host_tree(as_json: JsonOpt = False) -> None:
     """Hosts with their child providers (NUMA cells) beneath them."""
-    data = api().get("/resource_providers")
+    data = api().get("/hosts")
     if as_json:
         print_json(data)
         return
     children: dict[str | None, list[dict[str, Any]]] = {}
-    for h in data["resource_providers"]:
+    for h in data["hosts"]:
         children.setdefault(h["parent_provider_uuid"], []).append(h)
 
     def lines(parent: str | None, depth: int) -> Iterable[str]:
@@ -178,7 +178,7 @@ def host_tree(as_json: JsonOpt = False) -> None:
 def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
     """Inventories, usage per class (pending counted as used) and its agent's status."""
     client = api()
-    host = client.get(f"/resource_providers/{name}")
+    host = client.get(f"/hosts/{name}")
     usages = client.get(f"/resource_providers/{name}/usages")
     inventories = client.get(f"/resource_providers/{name}/inventories")["inventories"]
     agent = client.get(f"/hosts/{name}/agent")
@@ -243,7 +243,7 @@ def host_create(
     }
     if parent is not None:
         body["parent_provider_uuid"] = api().get(f"/resource_providers/{parent}")["uuid"]
-    host = api().post("/resource_providers", body)
+    host = api().post("/hosts", body)
     show(host, as_json, "Host created", ("name", "uuid"), [(host["name"], host["uuid"])])
 
 
@@ -273,11 +273,12 @@ def host_set_inventory(
     client = api()
     generation = client.get(f"/resource_providers/{name}")["generation"]
     body = {**fields, "resource_provider_generation": generation}
-    result = client.put(f"/resource_providers/{name}/inventories/{resource_class}", body)
-    inv = result["inventories"][resource_class]
-    rows = [(resource_class, inv["total"], inv["allocation_ratio"], inv["capacity"])]
+    inv = client.put(f"/resource_providers/{name}/inventories/{resource_class}", body)
+    # Placement's answer has no capacity; it is what the ledger counts against.
+    capacity = int((inv["total"] - inv["reserved"]) * inv["allocation_ratio"])
+    rows = [(resource_class, inv["total"], inv["allocation_ratio"], capacity)]
     columns = ("class", "total", "ratio", "capacity")
-    show(result, as_json, f"{name}: inventory set", columns, rows)
+    show(inv, as_json, f"{name}: inventory set", columns, rows)
 
 
 @host_app.command("remove-inventory")
@@ -316,7 +317,7 @@ def host_state(
     name: HostArg, state: Annotated[str, typer.Argument(help="up, maintenance or down")]
 ) -> None:
     """Set a host's state: only up hosts take new VMs."""
-    host = api().put(f"/resource_providers/{name}", {"state": state})
+    host = api().put(f"/hosts/{name}", {"state": state})
     say(f"host {host['name']} is {host['state']} (generation {host['generation']})")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import replace
 
 from sqlalchemy import func, select, update
@@ -175,25 +176,46 @@ class TraitService:
     def __init__(self, store: Store) -> None:
         self._store = store
 
-    def list(self) -> list[str]:
+    def list(
+        self,
+        *,
+        names: Iterable[str] | None = None,
+        prefix: str | None = None,
+        associated: bool | None = None,
+    ) -> list[str]:
+        """Every trait, or those named, starting with ``prefix``, set (``associated``) or
+        not set on some host, as Placement's ``GET /traits`` filters."""
+        query = select(TraitRow.name).order_by(TraitRow.name)
+        if names is not None:
+            query = query.where(TraitRow.name.in_(list(names)))
+        if prefix is not None:
+            query = query.where(TraitRow.name.startswith(prefix, autoescape=True))
+        if associated is not None:
+            used = select(HostTraitRow.trait_id)
+            query = query.where(TraitRow.id.in_(used) if associated else TraitRow.id.not_in(used))
         with self._store.read() as session:
-            return list(session.scalars(select(TraitRow.name).order_by(TraitRow.name)))
+            return list(session.scalars(query))
 
-    def create(self, name: str) -> str:
-        """Idempotent, like Placement's PUT /traits/{name}."""
+    def exists(self, name: str) -> bool:
+        with self._store.read() as session:
+            return session.scalar(select(TraitRow.id).where(TraitRow.name == name)) is not None
+
+    def create(self, name: str) -> bool:
+        """Idempotent, like Placement's PUT /traits/{name}; True if it was new."""
         validate_custom_trait(name, "name")
 
-        def write() -> str:
+        def write() -> bool:
             with self._store.write() as session:
                 if session.scalar(select(TraitRow.id).where(TraitRow.name == name)) is None:
                     session.add(TraitRow(name=name))
-            return name
+                    return True
+            return False
 
         return again_on_write_conflict(write)
 
     def delete(self, name: str) -> None:
         if name in STANDARD_TRAITS:
-            raise Conflict(f"trait {name} is standard and cannot be deleted", field="name")
+            raise ValidationError(f"Cannot delete standard trait {name}.", field="name")
         with self._store.write() as session:
             row = session.scalar(select(TraitRow).where(TraitRow.name == name))
             if row is None:

@@ -6,14 +6,21 @@ import builtins
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import HOST_STATES, ClassUsage, HostRecord
-from loadmaster.errors import ConcurrentUpdate, Conflict, ValidationError
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    Conflict,
+    HostHasChildren,
+    HostInUse,
+    NotFound,
+    ValidationError,
+)
 from loadmaster.resources import Inventory, validate_trait_name
 from loadmaster.store import Store
 from loadmaster.store.chunks import in_chunks
@@ -260,16 +267,78 @@ class HostService:
             if session.scalar(
                 select(func.count()).select_from(HostRow).where(HostRow.parent_id == row.id)
             ):
-                raise Conflict(
-                    f"host {row.name} has child providers; delete them first", field="host"
+                raise HostHasChildren(
+                    f"Unable to delete parent resource provider {row.uuid}: It has child "
+                    f"resource providers. (host {row.name}: delete them first)",
+                    field="host",
                 )
             if session.scalar(
                 select(func.count())
                 .select_from(AllocationRow)
                 .where(AllocationRow.host_id == row.id)
             ):
-                raise Conflict(f"host {row.name} has allocations; release them first", field="host")
+                raise HostInUse(
+                    f"Unable to delete resource provider {row.uuid}: Resource provider has "
+                    f"allocations. (host {row.name}: release them first)",
+                    field="host",
+                )
             session.delete(row)
+
+    def update(self, ident: str, name: str, parent: str | None) -> HostRecord:
+        """Placement's ``PUT /resource_providers/{uuid}``: a new name, a new parent (or
+        none). The uuid never changes; the generation moves so that a writer holding the old
+        view is told. A provider moves to another tree only with nothing allocated from it
+        or below it: a VM's claim belongs to one host (a root) and must not change hosts
+        without the ledger moving it."""
+        with self._store.write() as session:
+            row = lookup.host_row(session, ident)
+            if name != row.name:
+                taken = session.scalar(select(HostRow.id).where(HostRow.name == name))
+                if taken is not None:
+                    raise Conflict(f"name {name!r} is already used by a host", field="name")
+                row.name = name
+            parent_row = None
+            if parent is not None:
+                parent_row = session.scalar(
+                    select(HostRow).where(HostRow.uuid == lookup.canonical_uuid(parent))
+                )
+                if parent_row is None:
+                    raise ValidationError(
+                        "parent provider UUID does not exist.", field="parent_provider_uuid"
+                    )
+            others: set[int] = set()
+            if (parent_row.id if parent_row else None) != row.parent_id:
+                others = self._move_subtree(session, row, parent_row)
+            return self._bump(session, row, touch=others)
+
+    def _move_subtree(self, session: Session, row: HostRow, parent: HostRow | None) -> set[int]:
+        """Move ``row`` and everything below it under ``parent``; the other roots whose
+        trees changed."""
+        subtree = [row.id]
+        for host_id in subtree:  # grows while walked: breadth first
+            subtree += session.scalars(select(HostRow.id).where(HostRow.parent_id == host_id))
+        if parent is not None and parent.id in subtree:
+            raise ValidationError(
+                "creating loop in the provider tree is not allowed.",
+                field="parent_provider_uuid",
+            )
+        if session.scalar(
+            select(func.count())
+            .select_from(AllocationRow)
+            .where(AllocationRow.host_id.in_(subtree))
+        ):
+            raise HostInUse(
+                f"Unable to move resource provider {row.uuid} to another tree: it or a "
+                "provider below it has allocations",
+                field="parent_provider_uuid",
+            )
+        old_root = row.root_id
+        row.parent_id = parent.id if parent is not None else None
+        new_root = parent.root_id if parent is not None else row.id
+        session.execute(update(HostRow).where(HostRow.id.in_(subtree)).values(root_id=new_root))
+        session.refresh(row)
+        # Both trees changed: whoever holds a view of either must re-read.
+        return {r for r in (old_root, new_root) if r is not None and r != row.id}
 
     def set_state(self, ident: str, state: str, *, generation: int | None = None) -> HostRecord:
         _validate_state(state)
@@ -299,11 +368,26 @@ class HostService:
         inventory: Mapping[str, object],
         *,
         generation: int | None = None,
+        only: Literal["new", "existing"] | None = None,
     ) -> HostRecord:
+        """Set one class's inventory. ``only="new"``: only if the host has none of that
+        class yet (Placement's POST); ``"existing"``: only if it has (Placement's PUT of
+        one class). Checked in the same transaction as the write."""
         parsed = Inventory.parse(inventory, f"inventories.{resource_class}")
         with self._store.write() as session:
             row = self._locked(session, ident, generation)
             current = self._inventories(session, row)
+            if only == "new" and resource_class in current:
+                raise Conflict(
+                    f"Update conflict: host {row.name} already has a {resource_class} inventory",
+                    field="resource_class",
+                )
+            if only == "existing" and resource_class not in current:
+                raise ValidationError(
+                    f"No inventory record with resource class {resource_class} for resource "
+                    f"provider {row.uuid}",
+                    field="resource_class",
+                )
             current[resource_class] = parsed
             self._write_inventories(session, row, current)
             return self._bump(session, row)
@@ -315,8 +399,8 @@ class HostService:
             row = self._locked(session, ident, generation)
             current = self._inventories(session, row)
             if current.pop(resource_class, None) is None:
-                raise ValidationError(
-                    f"inventories.{resource_class}: host {row.name} has no such inventory",
+                raise NotFound(
+                    f"No inventory of class {resource_class} found for delete (host {row.name})",
                     field=f"inventories.{resource_class}",
                 )
             self._write_inventories(session, row, current)
@@ -346,13 +430,15 @@ class HostService:
         row = lookup.host_row(session, ident)
         if generation is not None and row.generation != generation:
             raise ConcurrentUpdate(
-                f"host {row.name} changed: generation is {row.generation}, request had {generation}",
+                f"resource provider generation conflict: host {row.name} changed: "
+                f"generation is {row.generation}, request had {generation}",
                 field="generation",
             )
         return row
 
-    def _bump(self, session: Session, row: HostRow) -> HostRecord:
-        bump_generations(session, {row.id: row.generation})
+    def _bump(self, session: Session, row: HostRow, *, touch: Iterable[int] = ()) -> HostRecord:
+        """Bump ``row``'s generation (compare-and-swap) and those of ``touch``."""
+        bump_generations(session, {row.id: row.generation}, touch=touch)
         row.updated_at = now()
         session.flush()
         session.refresh(row)

@@ -59,8 +59,19 @@ def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
         select(HostRow).where((HostRow.uuid == canonical_uuid(ident)) | (HostRow.name == ident))
     )
     if row is None:
+        if _is_uuid(ident):
+            # Placement's words, which its clients and tests look for.
+            raise NotFound(f"No resource provider with uuid {ident} found", field=field)
         raise NotFound(f"{field} {ident!r}: no such host", field=field)
     return row
+
+
+def _is_uuid(ident: str) -> bool:
+    try:
+        uuidlib.UUID(ident)
+    except ValueError:
+        return False
+    return True
 
 
 def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = False) -> VmRow:

@@ -21,6 +21,7 @@ from loadmaster.agent.runner import ApiClient
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
+from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.service import Loadmaster
 
@@ -133,7 +134,9 @@ class SimulatedCloud:
         self.server: ThreadedServer = serve_in_thread(create_app(lm, AuthConfig(tokens)))
         self.url = self.server.url
         self.admin = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60
+            base_url=self.url,
+            headers={**CLIENT_HEADERS, "Authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=60,
         )
         self.hosts: dict[str, SimHost] = {}
         self.sims: dict[str, SimulatedHypervisor] = {}

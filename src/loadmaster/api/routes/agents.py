@@ -63,7 +63,7 @@ def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) 
         children=fields["children"],
     )
     return {
-        "host": views.provider(registration.host),
+        "host": views.host(registration.host),
         "refused": dict(registration.refused),
         "agent": lm.host_agents.status(host_name).to_dict(),
     }

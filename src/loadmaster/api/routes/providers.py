@@ -6,55 +6,133 @@ one gets 409 ``loadmaster.concurrent_update`` and the client re-reads and retrie
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
 
-from loadmaster.api import views
+from loadmaster.api import microversion, queries, views
 from loadmaster.api.deps import LM
+from loadmaster.api.location import absolute
+from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
     InventoriesPut,
+    InventoryPost,
     InventoryPut,
     ProviderCreate,
-    ProviderUpdate,
+    ProviderPut,
     TraitsPut,
 )
-from loadmaster.errors import NotFound
+from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["resource providers"])
+
+
+@contextmanager
+def _placement_words(action: str, provider: str) -> Iterator[None]:
+    """An inventory the rules refuse is told in Placement's words (its clients look for
+    them) followed by loadmaster's reason."""
+    try:
+        yield
+    except ValidationError as exc:
+        exc.detail = f"{action} {provider}: {exc.detail}"
+        raise
+
+
 PROVIDER = "/resource_providers/{provider}"
+AGGREGATES_SINCE = microversion.since(1, 1)
+PROVIDER_BODY_SINCE = (1, 20)
+REPARENT_SINCE = (1, 37)
 
 
 @router.get("/resource_providers")
 def list_providers(
     lm: LM,
-    state: str | None = None,
-    member_of: str | None = Query(None, description="only hosts in this aggregate"),
+    name: str | None = None,
+    uuid: str | None = None,
+    member_of: list[str] = Query(
+        [], description="aggregate uuid, in:A,B (any), !A or !in:A,B (none); repeated: all"
+    ),
+    in_tree: str | None = Query(None, description="only providers in this provider's tree"),
+    required: list[str] = Query(
+        [], description="traits: A,B (all), !A (not), in:A,B (any of them)"
+    ),
 ) -> dict[str, Any]:
-    hosts = lm.hosts.list(state=state, aggregate=member_of)
-    return {"resource_providers": [views.provider(h) for h in hosts]}
+    version = microversion.current()
+    wanted = queries.member_of(member_of, version)
+    traits = queries.required(required, version)
+    unknown = sorted(traits.names() - set(lm.traits.list(names=traits.names())))
+    if unknown:
+        raise ValidationError(f"No such trait(s): {', '.join(unknown)}.", field="query.required")
+    wanted_uuid = queries.uuid_param(uuid, "uuid") if uuid is not None else None
+    hosts = lm.hosts.list()
+    root: str | None = None
+    if in_tree is not None:
+        if not version.matches(*queries.IN_TREE_SINCE):
+            raise queries.too_new("in_tree")
+        tree = queries.uuid_param(in_tree, "in_tree")
+        root = next((h.root for h in hosts if h.uuid == tree), "")
+    return {
+        "resource_providers": [
+            views.provider(h, version)
+            for h in hosts
+            if (name is None or h.name == name)
+            and (wanted_uuid is None or h.uuid == wanted_uuid)
+            and (root is None or h.root == root)
+            and wanted.admits({a.lower() for a in h.aggregates})
+            and traits.admits(set(h.traits))
+        ]
+    }
 
 
-@router.post("/resource_providers", status_code=201)
-def create_provider(lm: LM, body: ProviderCreate) -> dict[str, Any]:
+@router.post(
+    "/resource_providers",
+    response_model=None,
+    responses={201: {"description": "Created; no body (microversions before 1.20)"}},
+)
+def create_provider(lm: LM, request: Request, body: ProviderCreate) -> Response | dict[str, Any]:
+    """Placement's answer: 201 with no body before microversion 1.20, then 200 with the
+    provider; a ``Location`` either way."""
     fields = body.fields()
     parent = fields.pop("parent_provider_uuid", None)
-    return views.provider(lm.hosts.create(fields.pop("name"), parent=parent, **fields))
+    host = lm.hosts.create(fields.pop("name"), parent=parent, **fields)
+    location = {"location": absolute(request, f"/resource_providers/{host.uuid}")}
+    version = microversion.current()
+    if version.matches(*PROVIDER_BODY_SINCE):
+        return JSONResponse(views.provider(host, version), headers=location)
+    return Response(status_code=201, headers=location)
 
 
 @router.get(PROVIDER)
 def get_provider(lm: LM, provider: str) -> dict[str, Any]:
-    """``provider`` is a uuid or a name."""
-    return views.provider(lm.hosts.get(provider))
+    """``provider`` is a uuid (or, for loadmaster's callers, a name)."""
+    return views.provider(lm.hosts.get(provider), microversion.current())
 
 
 @router.put(PROVIDER)
-def update_provider(lm: LM, provider: str, body: ProviderUpdate) -> dict[str, Any]:
-    """Change the host's state (up, maintenance, down)."""
-    return views.provider(
-        lm.hosts.set_state(provider, body.state, generation=body.resource_provider_generation)
-    )
+def update_provider(lm: LM, provider: str, body: ProviderPut) -> dict[str, Any]:
+    """Rename the provider, give it a parent (from 1.14), move it to another parent or
+    make it a root (from 1.37)."""
+    version = microversion.current()
+    host = lm.hosts.get(provider)
+    parent = host.parent
+    if "parent_provider_uuid" in body.model_fields_set:
+        if not version.matches(*views.PARENT_SINCE):
+            raise queries.too_new("parent_provider_uuid")
+        parent = body.parent_provider_uuid
+        if (
+            host.parent is not None
+            and parent != host.parent
+            and not version.matches(*REPARENT_SINCE)
+        ):
+            what = "un-parenting" if parent is None else "re-parenting"
+            raise ValidationError(
+                f"{what} a provider is not currently allowed.", field="parent_provider_uuid"
+            )
+    return views.provider(lm.hosts.update(host.uuid, body.name, parent), version)
 
 
 @router.delete(PROVIDER, status_code=204)
@@ -68,61 +146,91 @@ def get_inventories(lm: LM, provider: str) -> dict[str, Any]:
     return views.inventories(lm.hosts.get(provider))
 
 
+@router.post(PROVIDER + "/inventories", status_code=201)
+def post_inventory(
+    lm: LM, request: Request, provider: str, body: InventoryPost, response: Response
+) -> dict[str, Any]:
+    """Add one class's inventory; 409 if the provider has one already."""
+    fields = body.fields()
+    # Optional here, unlike Placement's other inventory writes.
+    generation = fields.pop("resource_provider_generation", None)
+    resource_class = fields.pop("resource_class")
+    with _placement_words("Unable to create inventory for resource provider", provider):
+        host = lm.hosts.set_inventory(
+            provider, resource_class, fields, generation=generation, only="new"
+        )
+    response.headers["location"] = absolute(
+        request, f"/resource_providers/{host.uuid}/inventories/{resource_class}"
+    )
+    return views.inventory_of(host, resource_class)
+
+
 @router.put(PROVIDER + "/inventories")
 def put_inventories(lm: LM, provider: str, body: InventoriesPut) -> dict[str, Any]:
     wanted = {name: inv.fields() for name, inv in body.inventories.items()}
-    host = lm.hosts.set_inventories(provider, wanted, generation=body.resource_provider_generation)
+    with _placement_words("Unable to update inventory for resource provider", provider):
+        host = lm.hosts.set_inventories(
+            provider, wanted, generation=body.resource_provider_generation
+        )
     return views.inventories(host)
+
+
+@router.delete(PROVIDER + "/inventories", status_code=204, openapi_extra=microversion.since(1, 5))
+def delete_inventories(lm: LM, provider: str) -> Response:
+    """Remove every inventory (refused while any is allocated from)."""
+    lm.hosts.set_inventories(provider, {})
+    return Response(status_code=204)
 
 
 @router.get(PROVIDER + "/inventories/{resource_class}")
 def get_inventory(lm: LM, provider: str, resource_class: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
-    inventories = views.inventories(host)["inventories"]
-    if resource_class not in inventories:
+    if resource_class not in host.inventories:
         raise NotFound(
             f"host {host.name} has no {resource_class} inventory", field="resource_class"
         )
-    return {"resource_provider_generation": host.generation, **inventories[resource_class]}
+    return views.inventory_of(host, resource_class)
 
 
 @router.put(PROVIDER + "/inventories/{resource_class}")
 def put_inventory(lm: LM, provider: str, resource_class: str, body: InventoryPut) -> dict[str, Any]:
+    """Replace the inventory of a class the provider has (400 if it has none)."""
     fields = body.fields()
     generation = fields.pop("resource_provider_generation")
-    host = lm.hosts.set_inventory(provider, resource_class, fields, generation=generation)
-    return views.inventories(host)
+    with _placement_words("Unable to update inventory for resource provider", provider):
+        host = lm.hosts.set_inventory(
+            provider, resource_class, fields, generation=generation, only="existing"
+        )
+    return views.inventory_of(host, resource_class)
 
 
-@router.delete(PROVIDER + "/inventories/{resource_class}")
+@router.delete(PROVIDER + "/inventories/{resource_class}", status_code=204)
 def delete_inventory(
     lm: LM, provider: str, resource_class: str, resource_provider_generation: int | None = None
-) -> dict[str, Any]:
-    host = lm.hosts.delete_inventory(
-        provider, resource_class, generation=resource_provider_generation
-    )
-    return views.inventories(host)
+) -> Response:
+    lm.hosts.delete_inventory(provider, resource_class, generation=resource_provider_generation)
+    return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/traits")
+@router.get(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
 def get_traits(lm: LM, provider: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
     return {"resource_provider_generation": host.generation, "traits": list(host.traits)}
 
 
-@router.put(PROVIDER + "/traits")
+@router.put(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
 def put_traits(lm: LM, provider: str, body: TraitsPut) -> dict[str, Any]:
     host = lm.hosts.set_traits(provider, body.traits, generation=body.resource_provider_generation)
     return {"resource_provider_generation": host.generation, "traits": list(host.traits)}
 
 
-@router.get(PROVIDER + "/aggregates")
+@router.get(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
 def get_aggregates(lm: LM, provider: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
     return {"resource_provider_generation": host.generation, "aggregates": list(host.aggregates)}
 
 
-@router.put(PROVIDER + "/aggregates")
+@router.put(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
 def put_aggregates(lm: LM, provider: str, body: AggregatesPut) -> dict[str, Any]:
     host = lm.hosts.set_aggregates(
         provider, body.aggregates, generation=body.resource_provider_generation

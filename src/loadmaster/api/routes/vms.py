@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from loadmaster.api import views
+from loadmaster.api import microversion, views
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.observability import Metrics
 from loadmaster.api.routes.agents import check_vm_of_agent
@@ -167,7 +167,7 @@ def release(
     return Response(status_code=204)
 
 
-@router.get("/usages", tags=["allocations"])
+@router.get("/usages", tags=["allocations"], openapi_extra=microversion.since(1, 9))
 def project_usages(lm: LM, project_id: str) -> dict[str, Any]:
     """Placement's per-project usage (pending counted as used), plus the split."""
     split = lm.allocations.project_usage(project_id)

@@ -4,32 +4,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Request, Response
 
-from loadmaster.api import views
+from loadmaster.api import microversion, views
 from loadmaster.api.deps import LM
+from loadmaster.api.location import absolute
 from loadmaster.api.schemas import ResourceClassCreate, ResourceClassFields
+from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["vocabulary"])
+# The microversions that brought resource classes and traits.
+SINCE_1_2 = microversion.since(1, 2)
+TRAITS_SINCE = microversion.since(1, 6)
 
 
-@router.get("/resource_classes")
+@router.get("/resource_classes", openapi_extra=SINCE_1_2)
 def list_resource_classes(lm: LM) -> dict[str, Any]:
     return {"resource_classes": [views.resource_class(rc) for rc in lm.resource_classes.list()]}
 
 
-@router.post("/resource_classes", status_code=201)
+@router.post("/resource_classes", status_code=201, openapi_extra=SINCE_1_2)
 def create_resource_class(lm: LM, body: ResourceClassCreate) -> dict[str, Any]:
     fields = body.fields()
     return views.resource_class(lm.resource_classes.create(fields.pop("name"), **fields))
 
 
-@router.get("/resource_classes/{name}")
+@router.get("/resource_classes/{name}", openapi_extra=SINCE_1_2)
 def get_resource_class(lm: LM, name: str) -> dict[str, Any]:
     return views.resource_class(lm.resource_classes.get(name))
 
 
-@router.put("/resource_classes/{name}")
+@router.put("/resource_classes/{name}", openapi_extra=SINCE_1_2)
 def put_resource_class(
     lm: LM, name: str, body: ResourceClassFields | None = None
 ) -> dict[str, Any]:
@@ -38,24 +43,82 @@ def put_resource_class(
     return views.resource_class(lm.resource_classes.create(name, **fields))
 
 
-@router.delete("/resource_classes/{name}", status_code=204)
+@router.delete("/resource_classes/{name}", status_code=204, openapi_extra=SINCE_1_2)
 def delete_resource_class(lm: LM, name: str) -> Response:
     lm.resource_classes.delete(name)
     return Response(status_code=204)
 
 
-@router.get("/traits")
-def list_traits(lm: LM) -> dict[str, list[str]]:
-    return {"traits": lm.traits.list()}
+# Placement's words for a name its schema refuses.
+INVALID_TRAIT = (
+    "The trait is invalid. A valid trait must be no longer than 255 characters, start with "
+    'the prefix "CUSTOM_" and use following characters: "A"-"Z", "0"-"9" and "_"'
+)
 
 
-@router.put("/traits/{name}", status_code=204)
-def put_trait(lm: LM, name: str) -> Response:
-    lm.traits.create(name)
+@router.get("/traits", openapi_extra=TRAITS_SINCE)
+def list_traits(
+    lm: LM,
+    name: str | None = Query(None, description="in:A,B (these) or startswith:PREFIX"),
+    associated: str | None = Query(None, description="true: set on some provider; false: not"),
+) -> dict[str, list[str]]:
+    names: list[str] | None = None
+    prefix: str | None = None
+    if name is not None:
+        kind, _, value = name.partition(":")
+        if kind == "in" and value:
+            names = value.split(",")
+        elif kind == "startswith" and value:
+            prefix = value
+        else:
+            raise ValidationError(
+                "Badly formatted name parameter. Expected name query string parameter in "
+                f'form: ?name=[in|startswith]:[name1,name2|prefix]. Got: "{name}"',
+                field="query.name",
+            )
+    used: bool | None = None
+    if associated is not None:
+        if associated.lower() not in ("true", "false"):
+            raise ValidationError(
+                'The query parameter "associated" only accepts "true" or "false"',
+                field="query.associated",
+            )
+        used = associated.lower() == "true"
+    return {"traits": lm.traits.list(names=names, prefix=prefix, associated=used)}
+
+
+@router.get(
+    "/traits/{name}",
+    status_code=204,
+    openapi_extra=TRAITS_SINCE,
+    responses={404: {"description": "No such trait"}},
+)
+def get_trait(lm: LM, name: str) -> Response:
+    """204 if the trait exists: Placement shows a trait by its name alone."""
+    if not lm.traits.exists(name):
+        raise NotFound(f"No such trait(s): {name}", field="name")
     return Response(status_code=204)
 
 
-@router.delete("/traits/{name}", status_code=204)
+@router.put(
+    "/traits/{name}",
+    status_code=204,
+    openapi_extra=TRAITS_SINCE,
+    responses={201: {"description": "Created"}},
+)
+def put_trait(lm: LM, request: Request, name: str) -> Response:
+    """Create a custom trait: 201 if new, 204 if it was there; a ``Location`` either way."""
+    try:
+        created = lm.traits.create(name)
+    except ValidationError as exc:
+        raise ValidationError(INVALID_TRAIT, field="name") from exc
+    headers = {"location": absolute(request, f"/traits/{name}")}
+    if microversion.current().matches(*microversion.CACHE_HEADERS_SINCE):
+        headers.update(microversion.cache_headers())
+    return Response(status_code=201 if created else 204, headers=headers)
+
+
+@router.delete("/traits/{name}", status_code=204, openapi_extra=TRAITS_SINCE)
 def delete_trait(lm: LM, name: str) -> Response:
     lm.traits.delete(name)
     return Response(status_code=204)

@@ -1,0 +1,164 @@
+"""Placement's query-string languages, parsed into plain values the routes filter by."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence, Set
+from dataclasses import dataclass
+
+from loadmaster.errors import ValidationError
+from loadmaster.microversions import Version
+
+MEMBER_OF_SINCE = (1, 3)  # member_of=in:A,B
+MEMBER_OF_REPEATED_SINCE = (1, 24)  # several member_of, all must hold
+MEMBER_OF_FORBIDDEN_SINCE = (1, 32)  # member_of=!A or !in:A,B
+IN_TREE_SINCE = (1, 14)
+REQUIRED_SINCE = (1, 18)  # required=A,B
+REQUIRED_FORBIDDEN_SINCE = (1, 22)  # required=!A
+REQUIRED_ANY_SINCE = (1, 39)  # required=in:A,B, and several required params
+
+
+@dataclass(frozen=True)
+class MemberOf:
+    """``any_of``: each set must share an aggregate with the provider; ``none_of``: the
+    provider must be in none of these."""
+
+    any_of: tuple[frozenset[str], ...] = ()
+    none_of: frozenset[str] = frozenset()
+
+    def admits(self, aggregates: Set[str]) -> bool:
+        return all(aggregates & wanted for wanted in self.any_of) and not (
+            aggregates & self.none_of
+        )
+
+
+def _bad(detail: str) -> ValidationError:
+    return ValidationError(f"Invalid query string parameters: {detail}", field="query.member_of")
+
+
+def uuid_param(value: str, name: str) -> str:
+    """A query value that must be a uuid, canonical."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ValidationError(
+            f"Invalid query string parameters: '{value}' is not a 'uuid'", field=f"query.{name}"
+        ) from None
+
+
+def _uuids(text: str, raw: str) -> frozenset[str]:
+    found = set()
+    for item in text.split(","):
+        try:
+            found.add(str(uuid.UUID(item)))
+        except ValueError:
+            raise _bad(
+                f"Expected 'member_of' parameter to contain valid UUID(s). Got: {raw}"
+            ) from None
+    return frozenset(found)
+
+
+def member_of(values: Sequence[str], version: Version) -> MemberOf:
+    """Every ``member_of`` value of a request, as the request's microversion allows."""
+    if values and not version.matches(*MEMBER_OF_SINCE):
+        raise _bad("Additional properties are not allowed ('member_of' was unexpected)")
+    if len(values) > 1 and not version.matches(*MEMBER_OF_REPEATED_SINCE):
+        raise _bad("Multiple member_of parameters are not supported")
+    any_of: list[frozenset[str]] = []
+    none_of: set[str] = set()
+    for raw in values:
+        value = raw
+        forbidden = value.startswith("!")
+        if forbidden:
+            if not version.matches(*MEMBER_OF_FORBIDDEN_SINCE):
+                raise _bad(
+                    "Forbidden member_of parameters are not supported in the specified "
+                    f"microversion. Got: {raw}"
+                )
+            value = value[1:]
+        if value.startswith("in:"):
+            value = value[3:]
+        elif "," in value:
+            raise _bad(
+                "Multiple values for 'member_of' must be prefixed with the 'in:' keyword. "
+                f"Got: {raw}"
+            )
+        if forbidden and value.startswith("!"):
+            raise _bad(f"Expected 'member_of' parameter to contain valid UUID(s). Got: {raw}")
+        uuids = _uuids(value, raw)
+        if forbidden:
+            none_of |= uuids
+        else:
+            any_of.append(uuids)
+    return MemberOf(tuple(any_of), frozenset(none_of))
+
+
+@dataclass(frozen=True)
+class Required:
+    """``all_of``: traits the provider must have; ``any_of``: of each set, at least one;
+    ``none_of``: traits it must not have."""
+
+    all_of: frozenset[str] = frozenset()
+    any_of: tuple[frozenset[str], ...] = ()
+    none_of: frozenset[str] = frozenset()
+
+    def names(self) -> set[str]:
+        return set(self.all_of | self.none_of).union(*self.any_of)
+
+    def admits(self, traits: Set[str]) -> bool:
+        return (
+            self.all_of <= traits
+            and all(traits & wanted for wanted in self.any_of)
+            and not traits & self.none_of
+        )
+
+
+def too_new(name: str) -> ValidationError:
+    """A parameter the request's microversion does not have, as Placement's schema says it."""
+    return ValidationError(
+        f"Invalid query string parameters: Additional properties are not allowed "
+        f"({name!r} was unexpected)",
+        field=f"query.{name}",
+    )
+
+
+def required(values: Sequence[str], version: Version) -> Required:
+    """Every ``required`` value of a request, as its microversion allows."""
+    if not values:
+        return Required()
+    if not version.matches(*REQUIRED_SINCE):
+        raise too_new("required")
+    forbidding = version.matches(*REQUIRED_FORBIDDEN_SINCE)
+    form = "HW_CPU_X86_VMX,!CUSTOM_MAGIC" if forbidding else "HW_CPU_X86_VMX,CUSTOM_MAGIC"
+    if len(values) > 1 and not version.matches(*REQUIRED_ANY_SINCE):
+        raise too_new("required")
+    all_of: set[str] = set()
+    any_of: list[frozenset[str]] = []
+    none_of: set[str] = set()
+    for raw in values:
+        value = raw
+        grouped = value.startswith("in:") and version.matches(*REQUIRED_ANY_SINCE)
+        if grouped:
+            value = value[3:]
+        names = value.split(",")
+        if not value or any(not n or n == "!" for n in names):
+            raise ValidationError(
+                "Invalid query string parameters: Expected 'required' parameter value of "
+                f"the form: {form}.",
+                field="query.required",
+            )
+        if grouped:
+            any_of.append(frozenset(names))
+            continue
+        for name in names:
+            if name.startswith("!"):
+                if not forbidding:
+                    raise ValidationError(
+                        "Invalid query string parameters: Expected 'required' parameter "
+                        f"value of the form: {form}. Got: {raw}",
+                        field="query.required",
+                    )
+                none_of.add(name[1:])
+            else:
+                all_of.add(name)
+    return Required(frozenset(all_of), tuple(any_of), frozenset(none_of))

@@ -1,0 +1,40 @@
+"""loadmaster's own view of hosts: state, traits and aggregates with the provider, created
+with inventories in one call (one host: ``GET /hosts/{host_name}``, with its drain status, in
+``maintenance``). Placement's paths (``/resource_providers``) answer
+Placement's representation only, which OpenStack's clients check exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+
+from loadmaster.api import views
+from loadmaster.api.deps import LM
+from loadmaster.api.schemas import HostCreate, HostUpdate
+
+router = APIRouter(tags=["hosts"])
+
+
+@router.get("/hosts")
+def list_hosts(
+    lm: LM,
+    state: str | None = None,
+    member_of: str | None = Query(None, description="only hosts in this aggregate"),
+) -> dict[str, Any]:
+    return {"hosts": [views.host(h) for h in lm.hosts.list(state=state, aggregate=member_of)]}
+
+
+@router.post("/hosts", status_code=201)
+def create_host(lm: LM, body: HostCreate) -> dict[str, Any]:
+    fields = body.fields()
+    parent = fields.pop("parent_provider_uuid", None)
+    return views.host(lm.hosts.create(fields.pop("name"), parent=parent, **fields))
+
+
+@router.put("/hosts/{host_name}")
+def update_host(lm: LM, host_name: str, body: HostUpdate) -> dict[str, Any]:
+    """Change the host's state (up, maintenance, down)."""
+    return views.host(
+        lm.hosts.set_state(host_name, body.state, generation=body.resource_provider_generation)
+    )
