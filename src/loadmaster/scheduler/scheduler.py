@@ -743,10 +743,16 @@ class Scheduler:
         rule = "anti_affinity" if group.policy == "anti-affinity" else "max_per_host"
         if rule not in (name for name, _ in decision.verdicts):
             return None
-        others = _kept(decision, but=rule)
+        # A host the group filled is often full by resources too (its members use them):
+        # the rule is the reason when every host the remaining filters keep holds its
+        # share of members already.
+        others = _kept(decision, but=(rule, "resources"))
         if not others.any():
             return None
         cap = group.max_per_host or 1
+        members = hosts.group_members.get(group.name)
+        if members is None or (members[others] < cap).any():
+            return None
         needed = -(-request.group_size // cap)
         return (
             f"{group.policy} group {group.name} (at most {cap} per host) needs {needed} hosts "
@@ -1057,12 +1063,13 @@ def _plugin(kind: str, name: str, call: Callable[..., T], *args: Any) -> T:
         ) from exc
 
 
-def _kept(decision: _Decision, but: str) -> Bools:
-    """The hosts every filter of the decision keeps, ``but`` one of them."""
+def _kept(decision: _Decision, but: str | tuple[str, ...]) -> Bools:
+    """The hosts every filter of the decision keeps, ``but`` the ones named."""
+    left_out = (but,) if isinstance(but, str) else but
     size = len(decision.verdicts[0][1].keep) if decision.verdicts else 0
     keep = np.ones(size, np.bool_)
     for name, verdict in decision.verdicts:
-        if name != but:
+        if name not in left_out:
             keep &= verdict.keep
     return keep
 
