@@ -31,6 +31,11 @@ def start_server(args: list[str], port: int) -> subprocess.Popen[str]:
         text=True,
         env={**os.environ, "LOADMASTER_TOKENS": ""},
     )
+    return wait_until_healthy(process, port)
+
+
+def wait_until_healthy(process: subprocess.Popen[str], port: int | str) -> subprocess.Popen[str]:
+    """``process`` once its server answers /healthz; killed if it never does."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -13,12 +13,10 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-from cli_helpers import ROOT, free_port, stop_server
+from cli_helpers import ROOT, free_port, stop_server, wait_until_healthy
 
 GUIDE = ROOT / "docs" / "operators-guide.md"
 BORDERS = re.compile(r"[│┃┏┓┗┛┡┩┢┪└┘┌┐├┤┬┴┼━─╇╈╋┳┻]+")
@@ -103,13 +101,4 @@ def start(command: str, cwd: Path, env: dict[str, str], port: str) -> subprocess
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"{command} exited with {process.returncode}"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError(f"{command} did not answer /healthz")
+    return wait_until_healthy(process, port)
