@@ -47,7 +47,7 @@ def main() -> None:
         with served.client() as http:
             for i in range(20):
                 body = {"name": f"b-{i}", "inventories": {"VCPU": {"total": 8}}}
-                http.post("/resource_providers", json=body).raise_for_status()
+                http.post("/hosts", json=body).raise_for_status()
             http.post(
                 "/flavors", json={"name": "b.tiny", "resources": {"VCPU": 1}}
             ).raise_for_status()
