@@ -1,6 +1,6 @@
 """Resource classes: the kinds of quantity a host offers and a VM consumes.
 
-Standard classes follow os-resource-classes (what Placement users know); operators add
+Standard classes are os-resource-classes' (what Placement users know); operators add
 their own as ``CUSTOM_*`` (a GPU model, a licence, "one of these per host").
 """
 
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import os_resource_classes
 
 from loadmaster.errors import ValidationError
 
@@ -28,21 +30,26 @@ class ResourceClass:
         return not self.name.startswith(CUSTOM_PREFIX)
 
 
-STANDARD_CLASSES: tuple[ResourceClass, ...] = (
-    ResourceClass("VCPU", "cpu", "vcpu", "Shared virtual CPUs, overcommittable"),
-    ResourceClass("PCPU", "cpu", "pcpu", "Dedicated physical CPUs for pinned guests"),
-    ResourceClass("MEMORY_MB", "memory", "MiB", "Guest memory"),
-    ResourceClass("MEMORY_HUGEPAGES_2M", "memory", "page", "2 MiB huge pages"),
-    ResourceClass("MEMORY_HUGEPAGES_1G", "memory", "page", "1 GiB huge pages"),
-    ResourceClass("DISK_GB", "storage", "GiB", "Local disk"),
-    ResourceClass("IPV4_ADDRESS", "network", "address", "IPv4 addresses"),
-    ResourceClass("SRIOV_NET_VF", "network", "vf", "SR-IOV virtual functions"),
-    ResourceClass("NET_BW_EGR_KILOBIT_PER_SEC", "network", "kbit/s", "Egress bandwidth"),
-    ResourceClass("NET_BW_IGR_KILOBIT_PER_SEC", "network", "kbit/s", "Ingress bandwidth"),
-    ResourceClass("PCI_DEVICE", "device", "device", "Passthrough PCI devices"),
-    ResourceClass("VGPU", "accelerator", "vgpu", "Virtual GPUs (mediated devices)"),
-    ResourceClass("VGPU_DISPLAY_HEAD", "accelerator", "head", "Display heads of virtual GPUs"),
-    ResourceClass("MEM_ENCRYPTION_CONTEXT", "security", "context", "Memory encryption slots"),
+# What loadmaster adds to os-resource-classes' names: a kind, a unit and a description.
+_DETAILS: dict[str, tuple[str, str, str]] = {
+    "VCPU": ("cpu", "vcpu", "Shared virtual CPUs, overcommittable"),
+    "PCPU": ("cpu", "pcpu", "Dedicated physical CPUs for pinned guests"),
+    "MEMORY_MB": ("memory", "MiB", "Guest memory"),
+    "DISK_GB": ("storage", "GiB", "Local disk"),
+    "IPV4_ADDRESS": ("network", "address", "IPv4 addresses"),
+    "SRIOV_NET_VF": ("network", "vf", "SR-IOV virtual functions"),
+    "NET_BW_EGR_KILOBIT_PER_SEC": ("network", "kbit/s", "Egress bandwidth"),
+    "NET_BW_IGR_KILOBIT_PER_SEC": ("network", "kbit/s", "Ingress bandwidth"),
+    "PCI_DEVICE": ("device", "device", "Passthrough PCI devices"),
+    "VGPU": ("accelerator", "vgpu", "Virtual GPUs (mediated devices)"),
+    "VGPU_DISPLAY_HEAD": ("accelerator", "head", "Display heads of virtual GPUs"),
+    "MEM_ENCRYPTION_CONTEXT": ("security", "context", "Memory encryption slots"),
+}
+
+# os-resource-classes' list (pinned), in its order, as Placement serves it.
+STANDARD_CLASSES: tuple[ResourceClass, ...] = tuple(
+    ResourceClass(name, *_DETAILS.get(name, ("other", "unit", "")))
+    for name in os_resource_classes.STANDARDS
 )
 
 STANDARD_BY_NAME = {rc.name: rc for rc in STANDARD_CLASSES}
