@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from loadmaster.agent.hypervisor import KSM_KEYS, NET_KEYS, GuestInfo, Hypervisor
 from loadmaster.agent.plugins import GUEST_COLLECTOR_GROUP, HOST_COLLECTOR_GROUP, registered
-from loadmaster.policy.entities import HOST_MEMORY_STATS
+from loadmaster.policy.entities import HOST_MEMORY_STATS, HOST_TIME_STATS
 from loadmaster.policy.snapshot import StatValue
 
 log = logging.getLogger(__name__)
@@ -376,15 +376,7 @@ class HostTimeCollector:
     """MOM's HostTime: the local date and time, for policies that act by time of day."""
 
     name = "host-time"
-    fields: tuple[str, ...] = (
-        "time_year",
-        "time_month",
-        "time_day",
-        "time_hour",
-        "time_minute",
-        "time_second",
-        "time_microsecond",
-    )
+    fields: tuple[str, ...] = HOST_TIME_STATS
     mandatory_fields = fields
 
     def __init__(self, now: Callable[[], datetime] = datetime.now) -> None:
@@ -619,10 +611,12 @@ class Declaration:
 def default_guest_collectors(
     hypervisor: Hypervisor, clock: Callable[[], float] = time.monotonic
 ) -> list[GuestCollector]:
-    return named_collectors(DEFAULT_COLLECTOR_SET, CollectorSources(hypervisor, clock=clock))[1]
+    default = CollectorSet((), COLLECTOR_SETS[DEFAULT_COLLECTOR_SET].guest)
+    return named_collectors(default, CollectorSources(hypervisor, clock=clock))[1]
 
 
 def default_host_collectors(
     hypervisor: Hypervisor, proc_root: Path = Path("/proc")
 ) -> list[HostCollector]:
-    return named_collectors(DEFAULT_COLLECTOR_SET, CollectorSources(hypervisor, proc_root))[0]
+    default = CollectorSet(COLLECTOR_SETS[DEFAULT_COLLECTOR_SET].host, ())
+    return named_collectors(default, CollectorSources(hypervisor, proc_root))[0]

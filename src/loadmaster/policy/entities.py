@@ -30,6 +30,15 @@ HOST_MEMORY_STATS = (
     "swap_in",
     "swap_out",
 )
+HOST_TIME_STATS = (
+    "time_year",
+    "time_month",
+    "time_day",
+    "time_hour",
+    "time_minute",
+    "time_second",
+    "time_microsecond",
+)
 HOST_STATS = frozenset(
     {
         *HOST_MEMORY_STATS,
@@ -45,13 +54,7 @@ HOST_STATS = frozenset(
         "ksm_shareable",
         "ksmd_cpu_usage",
         "cpu_count",
-        "time_year",
-        "time_month",
-        "time_day",
-        "time_hour",
-        "time_minute",
-        "time_second",
-        "time_microsecond",
+        *HOST_TIME_STATS,
     }
 )
 GUEST_STATS = frozenset(
