@@ -157,6 +157,7 @@ class Scheduler:
         self._seeds = np.random.default_rng(seed)
         self._rng = np.random.default_rng(seed)
         self._filters: list[LoadedFilter] | None = None
+        self._statics: dict[frozenset[str], list[LoadedFilter]] = {}
         self._scorings: dict[str, _Scoring] = {}
         self._static: dict[tuple[Hashable, ...], tuple[Bools, list[tuple[str, Verdict]]]] = {}
         self._groups: dict[str, GroupRecord] = {}
@@ -598,11 +599,13 @@ class Scheduler:
     ) -> tuple[Bools, list[tuple[str, Verdict]]]:
         """The verdicts of the filters that ignore the batch's own claims: computed once
         per combination of their signatures, or every time while one of them has none."""
-        statics = [
-            entry
-            for entry in self._loaded_filters()
-            if entry.mask is not None and not entry.dynamic and entry.name not in disabled
-        ]
+        statics = self._statics.get(disabled)
+        if statics is None:  # once per policy: this runs for every VM decided
+            statics = self._statics[disabled] = [
+                entry
+                for entry in self._loaded_filters()
+                if entry.mask is not None and not entry.dynamic and entry.name not in disabled
+            ]
         cacheable = all(entry.signature is not None for entry in statics)
         key: tuple[Hashable, ...] = (
             disabled,
