@@ -11,7 +11,7 @@ from dbstate import dump
 from sqlalchemy import update
 
 from loadmaster.errors import Conflict, InvalidTransition, NotFound, ValidationError
-from loadmaster.pending import ledger as ledger_module
+from loadmaster.pending import claims as claims_module
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
 from loadmaster.store.schema import VmRow
@@ -124,8 +124,8 @@ def test_a_host_deleted_between_two_reads_is_not_found(
     lm = cluster
     vm = lm.vms.create("v", "small").uuid
     # What READ COMMITTED lets happen: the host row was read, then its tree was gone.
-    monkeypatch.setattr(ledger_module, "_load_trees", lambda *_a: {})
+    monkeypatch.setattr(claims_module, "load_trees", lambda *_a: {})
     with pytest.raises(NotFound, match="deleted meanwhile"):
         lm.allocations.claim(vm, "h1")
-    outcomes: Any = lm.allocations.claim_many([ledger_module.Claim(vm, "h1")], all_or_nothing=False)
+    outcomes: Any = lm.allocations.claim_many([claims_module.Claim(vm, "h1")], all_or_nothing=False)
     assert isinstance(outcomes[0].error, NotFound)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import builtins
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -24,6 +23,7 @@ from loadmaster.errors import (
 from loadmaster.resources import Inventory, validate_trait_name
 from loadmaster.store import Store
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.locking import bump_generations, now
 from loadmaster.store.schema import (
     AllocationRow,
     HostAggregateRow,
@@ -32,10 +32,6 @@ from loadmaster.store.schema import (
     InventoryRow,
     TraitRow,
 )
-
-
-def now() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def _validate_name(name: object) -> str:
@@ -566,63 +562,6 @@ def _check_host(
         parse_inventories(inventories or {}),
         [validate_trait_name(t, f"traits[{i}]") for i, t in enumerate(traits)],
         _validate_aggregates(aggregates),
-    )
-
-
-def bump_generations(
-    session: Session, expected: Mapping[int, int], *, touch: Iterable[int] = ()
-) -> None:
-    """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
-
-    The rows are locked in id order first, so two PostgreSQL transactions touching the same
-    hosts queue up instead of deadlocking; then one UPDATE per chunk bumps them all. The lock
-    is FOR NO KEY UPDATE (``key_share``): a plain FOR UPDATE would conflict with the key-share
-    locks our own allocation inserts hold through their foreign key, and deadlock.
-    ``touch``: more hosts to bump without the compare-and-swap (as ``touch_generations``),
-    locked in the same id order as the others (two separate passes could deadlock).
-    """
-    extra = set(touch) - set(expected)
-    if extra:
-        for chunk in in_chunks(sorted(extra | set(expected))):
-            _lock_in_id_order(session, chunk)
-    ids = sorted(expected)
-    for chunk in in_chunks(ids):
-        _lock_in_id_order(session, chunk)
-        result = session.execute(
-            update(HostRow)
-            .where(tuple_(HostRow.id, HostRow.generation).in_([(i, expected[i]) for i in chunk]))
-            .values(generation=HostRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != len(chunk):  # type: ignore[attr-defined]
-            raise ConcurrentUpdate(
-                "a host was changed by another writer; retry", field="generation"
-            )
-    if extra:
-        touch_generations(session, extra)
-
-
-def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
-    """Bump the hosts' generations without a compare-and-swap, for changes that never add
-    usage (activation, release): they decide nothing from what they read of the host, but
-    schedulers holding the old generation must still see the host changed. Rows are locked
-    in id order, as ``bump_generations`` does."""
-    for chunk in in_chunks(sorted(set(host_ids))):
-        _lock_in_id_order(session, chunk)
-        session.execute(
-            update(HostRow)
-            .where(HostRow.id.in_(chunk))
-            .values(generation=HostRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
-
-
-def _lock_in_id_order(session: Session, ids: list[int]) -> None:
-    session.execute(
-        select(HostRow.id)
-        .where(HostRow.id.in_(ids))
-        .order_by(HostRow.id)
-        .with_for_update(key_share=True)
     )
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import NotFound, ValidationError
 from loadmaster.resources import Inventory
+from loadmaster.store.locking import share_groups
 from loadmaster.store.schema import (
     AllocationRow,
     FlavorRow,
@@ -87,24 +88,6 @@ def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = Fals
     if lock:
         share_groups(session, [row])
     return row
-
-
-def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
-    """Take the key-share lock on the VMs' server groups now, right after the VM rows.
-
-    One lock order for every writer: VMs (id order), then their groups, then host rows.
-    Updating a VM row twice in one transaction makes PostgreSQL re-check its foreign keys,
-    which takes FOR KEY SHARE on the group row; taken that late (after host rows) it
-    waited for a claim holding the group FOR UPDATE while that claim waited for our host
-    row: a deadlock. Taken here it simply queues behind the claim."""
-    ids = sorted({v.group_id for v in vms if v.group_id is not None})
-    if ids:
-        session.execute(
-            select(ServerGroupRow.id)
-            .where(ServerGroupRow.id.in_(ids))
-            .order_by(ServerGroupRow.id)
-            .with_for_update(read=True, key_share=True)
-        )
 
 
 def flavor_row(

@@ -12,12 +12,12 @@ from sqlalchemy import String, cast, or_, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.hosts import now, touch_generations
 from loadmaster.cluster.records import VmRecord
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.locking import now, touch_generations
 from loadmaster.store.schema import FlavorRow, HostRow, ServerGroupRow, VmRow
 from loadmaster.tiers import parse_priority, tiers_in
 

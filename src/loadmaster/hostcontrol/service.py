@@ -18,15 +18,15 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select
 
 from loadmaster.cluster import HostRecord, HostService, ResourceClassService, lookup
-from loadmaster.cluster.hosts import now, parse_inventories
+from loadmaster.cluster.hosts import parse_inventories
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
-from loadmaster.pending import Ledger, ReconcileResult
-from loadmaster.pending.ledger import check_as_of
+from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import Inventory
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler
 from loadmaster.store import Store
+from loadmaster.store.locking import now
 from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import GroupPolicyViolation
+from loadmaster.store.locking import lock_groups
 from loadmaster.store.schema import HostRow, ServerGroupRow, VmRow
 
 
@@ -36,15 +37,7 @@ class GroupRules:
     def lock(cls, session: Session, group_ids: Collection[int]) -> GroupRules:
         if not group_ids:
             return cls({})
-        groups = {
-            g.id: g
-            for g in session.scalars(
-                select(ServerGroupRow)
-                .where(ServerGroupRow.id.in_(group_ids))
-                .order_by(ServerGroupRow.id)
-                .with_for_update()
-            )
-        }
+        groups = {g.id: g for g in lock_groups(session, group_ids)}
         rules = cls(groups, {gid: {} for gid in groups})
         placed = session.execute(
             select(VmRow.id, VmRow.group_id, VmRow.host_id, VmRow.target_host_id).where(

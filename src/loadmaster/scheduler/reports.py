@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.hosts import now
 from loadmaster.errors import ValidationError
 from loadmaster.store import Store
+from loadmaster.store.locking import now
 from loadmaster.store.schema import HostReportRow
 
 

@@ -1,0 +1,294 @@
+"""Claims: a VM's pending records written on a host's provider tree, in one transaction
+with every check that decides whether they may be (capacity with pending counted, unit
+rules, the VM's state, server-group rules, the host generation's compare-and-swap)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.records import AllocationRecord
+from loadmaster.cluster.vms import move
+from loadmaster.errors import (
+    ConcurrentUpdate,
+    Conflict,
+    InsufficientCapacity,
+    InvalidTransition,
+    LoadmasterError,
+    NotFound,
+    ValidationError,
+)
+from loadmaster.pending.group_rules import GroupRules
+from loadmaster.pending.trees import ProviderTree, load_trees, with_roots
+from loadmaster.resources import one_numa_node
+from loadmaster.resources.tree_fit import fit_in_tree
+from loadmaster.store.chunks import in_chunks
+from loadmaster.store.locking import bump_generations, lock_vms, now
+from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, VmRow
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Put ``vm`` on ``host``. With ``expected_generation`` the claim only lands if the host
+    is still as the caller saw it (a scheduler's snapshot); without, the ledger re-reads and
+    retries by itself on a race, as Placement does. ``move``: a VM that is only pending
+    (claimed, not started) may be re-placed: its pending records elsewhere go in the same
+    transaction (a drain), so it is never on no host nor on two."""
+
+    vm: str
+    host: str
+    expected_generation: int | None = None
+    move: bool = False
+    # What the caller means: "start" (a requested or stopped VM), "migrate" (a running VM
+    # moves), or None (whichever the VM's state makes it). Checked under the VM's row lock,
+    # so a VM that started or stopped meanwhile is refused, not silently migrated.
+    intent: str | None = None
+
+
+CLAIM_INTENTS = (None, "start", "migrate")
+
+
+@dataclass(frozen=True)
+class ClaimOutcome:
+    vm: str
+    host: str
+    allocations: tuple[AllocationRecord, ...] = ()
+    error: LoadmasterError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> list[ClaimOutcome]:
+    """Write the claims in the caller's transaction, each seeing the ones before it.
+
+    ``all_or_nothing``: the first failure raises (the caller rolls back: a gang).
+    Otherwise every claim gets its own outcome and the good ones land together.
+    """
+    many = len(claims) > 1
+    prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
+    claims = [replace(c, vm=lookup.canonical_uuid(c.vm)) for c in claims]
+    vms = lock_vms(session, {c.vm for c in claims})
+    groups = GroupRules.lock(session, {v.group_id for v in vms.values() if v.group_id is not None})
+    # Pending VMs this batch re-places: until their own claim, where they are now does
+    # not bind their affinity siblings (they follow); ``split_groups`` checks the end.
+    moving = {
+        vms[c.vm].id for c in claims if c.move and c.vm in vms and vms[c.vm].state == "pending"
+    }
+    watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
+    hosts = _hosts_by_ident(session, {c.host for c in claims})
+    trees = load_trees(session, {h.root_id or h.id for h in hosts.values()})
+    flavors = {
+        f.id: f
+        for f in session.scalars(
+            select(FlavorRow).where(FlavorRow.id.in_({v.flavor_id for v in vms.values()}))
+        )
+    }
+    class_ids = lookup.class_ids(session)
+    class_names = {v: k for k, v in class_ids.items()}
+    outcomes: list[ClaimOutcome] = []
+    moved_from: set[int] = set()
+    new_rows: list[dict[str, object]] = []
+    touched: dict[int, int] = {}
+    launches: list[tuple[VmRow, int]] = []
+    seen_vms: set[str] = set()
+    stamp = now()
+    for i, claim in enumerate(claims):
+        try:
+            vm = vms.get(claim.vm)
+            if vm is None:
+                raise NotFound(f"{prefix[i]}vm {claim.vm!r}: no such VM", field=f"{prefix[i]}vm")
+            host = hosts.get(claim.host)
+            if host is None:
+                raise NotFound(
+                    f"{prefix[i]}host {claim.host!r}: no such host", field=f"{prefix[i]}host"
+                )
+            if claim.vm in seen_vms:
+                raise ValidationError(
+                    f"{prefix[i]}vm {claim.vm} is claimed twice in one batch",
+                    field=f"{prefix[i]}vm",
+                )
+            tree = trees.get(host.root_id or host.id)
+            flavor = flavors.get(vm.flavor_id) if vm.flavor_id is not None else None
+            if tree is None:
+                # Deleted between our two reads (READ COMMITTED): it is gone now.
+                raise NotFound(
+                    f"{prefix[i]}host {claim.host!r}: deleted meanwhile",
+                    field=f"{prefix[i]}host",
+                )
+            if flavor is None:
+                raise InvalidTransition(
+                    f"{prefix[i]}vm {vm.uuid} is {vm.state} and its flavor is gone",
+                    field=f"{prefix[i]}vm",
+                )
+            planned = _plan(vm, host, tree, flavor, class_ids, claim, prefix[i])
+            groups.check(vm, tree.root, prefix[i], moving=moving)
+        except LoadmasterError as exc:
+            if all_or_nothing:
+                raise
+            outcomes.append(ClaimOutcome(claim.vm, claim.host, error=exc))
+            continue
+        seen_vms.add(claim.vm)
+        groups.add(vm, tree.root)
+        moving.discard(vm.id)
+        records = []
+        for provider, class_id, amount in planned:
+            tree.used.setdefault((provider.id, class_id), {"active": 0, "pending": 0})[
+                "pending"
+            ] += amount
+            touched.setdefault(provider.id, provider.generation)
+            new_rows.append(
+                {
+                    "vm_id": vm.id,
+                    "host_id": provider.id,
+                    "resource_class_id": class_id,
+                    "amount": amount,
+                    "state": "pending",
+                    "created_at": stamp,
+                }
+            )
+            records.append(
+                AllocationRecord(vm.uuid, provider.name, class_names[class_id], amount, "pending")
+            )
+        touched.setdefault(tree.root.id, tree.root.generation)
+        if vm.state == "running":
+            # The source's work changes too (run -> migrate_out): its agent must hear.
+            if vm.host_id is not None:
+                moved_from.add(vm.host_id)
+            vm.target_host_id = tree.root.id
+            move(vm, "migrating")
+        elif vm.state == "pending":
+            moved_from.update(_drop_pending(session, vm))
+            vm.host_id = tree.root.id
+            vm.generation += 1
+            vm.updated_at = stamp
+            launches.append((vm, tree.root.id))
+        else:
+            vm.host_id = tree.root.id
+            move(vm, "pending")
+            launches.append((vm, tree.root.id))
+        outcomes.append(ClaimOutcome(vm.uuid, host.name, tuple(records)))
+    split = groups.split_groups(watched)
+    if split:
+        # A re-placed member's sibling did not land (the host filled meanwhile): the
+        # group would be split at commit. A race: the caller decides again.
+        raise ConcurrentUpdate(
+            f"affinity group {groups.groups[split[0]].name} would be split by this batch; retry",
+            field="host",
+        )
+    if new_rows:
+        # One executemany; nothing reads these rows back as objects.
+        session.execute(insert(AllocationRow), new_rows)
+    session.flush()
+    # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
+    # compare-and-swap: nothing was added there), locked in one id order with the others.
+    bump_generations(session, touched, touch=moved_from)
+    for vm, root_id in launches:
+        # The compare-and-swap moved the root exactly one past what was read.
+        vm.host_seq = touched[root_id] + 1
+    return outcomes
+
+
+def _plan(
+    vm: VmRow,
+    host: HostRow,
+    tree: ProviderTree,
+    flavor: FlavorRow,
+    class_ids: Mapping[str, int],
+    claim: Claim,
+    prefix: str,
+) -> list[tuple[HostRow, int, int]]:
+    if host.parent_id is not None:
+        raise ValidationError(
+            f"{prefix}host {host.name} is a child provider; claim on its root host",
+            field=f"{prefix}host",
+        )
+    if claim.expected_generation is not None and host.generation != claim.expected_generation:
+        raise ConcurrentUpdate(
+            f"{prefix}host {host.name} changed since it was read (generation {host.generation}, "
+            f"expected {claim.expected_generation})",
+            field=f"{prefix}host",
+        )
+    if host.state != "up":
+        raise Conflict(f"{prefix}host {host.name} is {host.state}, not up", field=f"{prefix}host")
+    movable = ("requested", "stopped", "running") + (("pending",) if claim.move else ())
+    if vm.state not in movable:
+        raise InvalidTransition(
+            f"{prefix}vm {vm.uuid} is {vm.state}; it already holds a claim", field=f"{prefix}vm"
+        )
+    if claim.intent == "start" and vm.state == "running":
+        raise InvalidTransition(
+            f"{prefix}vm {vm.uuid} is already running on its host; to move it, migrate it",
+            field=f"{prefix}vm",
+        )
+    if claim.intent == "migrate" and vm.state != "running":
+        raise InvalidTransition(
+            f"{prefix}vm {vm.uuid} is {vm.state}; only a running VM migrates",
+            field=f"{prefix}vm",
+        )
+    if vm.state in ("running", "pending") and vm.host_id == host.id:
+        where = "runs" if vm.state == "running" else "is pending"
+        raise ValidationError(
+            f"{prefix}vm {vm.uuid} already {where} on {host.name}", field=f"{prefix}host"
+        )
+    wanted = lookup.effective_resources(flavor.resources, vm.overrides)
+    if not wanted:
+        # No records would be written: nothing could ever end such a claim.
+        raise ValidationError(
+            f"{prefix}vm {vm.uuid} asks for no resource at all (its overrides zero "
+            f"every class of flavor {flavor.name})",
+            field=f"{prefix}vm",
+        )
+    fit = fit_in_tree(
+        tree.providers,
+        wanted,
+        one_node=one_numa_node(flavor.extra_specs),
+        offers=lambda p, name: name in class_ids and (p.id, class_ids[name]) in tree.inventories,
+        problem=lambda p, name, amount: tree.problem(p, name, class_ids[name], amount),
+    )
+    misfit = fit.misfit
+    if misfit is None:
+        return [(provider, class_ids[name], amount) for provider, name, amount in fit.plan]
+    if misfit.resource_class is None:
+        raise InsufficientCapacity(
+            f"{prefix}host {host.name} cannot fit VM {vm.uuid} on one NUMA node "
+            f"(hw:numa_nodes=1): {'; '.join(misfit.problems)}",
+            field=f"{prefix}resources",
+        )
+    where = f"{prefix}resources.{misfit.resource_class}"
+    if misfit.missing:
+        raise InsufficientCapacity(
+            f"host {host.name} has no {misfit.resource_class} inventory", field=where
+        )
+    raise InsufficientCapacity(
+        f"{prefix}host {host.name} cannot fit VM {vm.uuid}: {misfit.problems[0]}", field=where
+    )
+
+
+def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
+    """The hosts by each ident given (a name, or a uuid in any case)."""
+    found: dict[str, HostRow] = {}
+    for chunk in in_chunks(sorted(idents)):
+        uuids = [lookup.canonical_uuid(i) for i in chunk]
+        for row in session.scalars(
+            select(HostRow).where(HostRow.uuid.in_(uuids) | HostRow.name.in_(chunk))
+        ):
+            found[row.uuid] = row
+            found[row.name] = row
+    for ident in idents:
+        if ident not in found and lookup.canonical_uuid(ident) in found:
+            found[ident] = found[lookup.canonical_uuid(ident)]
+    return found
+
+
+def _drop_pending(session: Session, vm: VmRow) -> set[int]:
+    """Delete a pending VM's records (it is re-placed); the providers they were on."""
+    rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == vm.id)))
+    for r in rows:
+        session.delete(r)
+    return with_roots(session, {r.host_id for r in rows})

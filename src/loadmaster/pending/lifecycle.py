@@ -1,0 +1,190 @@
+"""A claim's life after it is written: activation when the VM comes up, release, stop,
+delete, and the failures a host reports. Each function runs in its caller's transaction
+and keeps the VM's state and its records in step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.records import VmRecord
+from loadmaster.cluster.vms import TRANSITIONS, move, vm_records
+from loadmaster.errors import Conflict, InvalidTransition, ValidationError
+from loadmaster.pending.trees import tree_ids, with_roots
+from loadmaster.store.locking import generation_of, touch_generations
+from loadmaster.store.schema import AllocationRow, HostRow, VmRow
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    """``kind``: ``launch`` or ``migration`` when a claim ended, ``None`` when there was
+    nothing left to undo."""
+
+    vm: VmRecord
+    kind: str | None
+
+
+def activate(session: Session, vm: str, host: str | None = None) -> VmRecord:
+    """The VM reported up: its pending records become active (a migration completes).
+
+    ``host``: where the VM now runs, as its agent says. The claim must be there: an
+    agent that launched a VM whose claim has meanwhile moved elsewhere (a drain
+    re-placed it) must not activate the claim on another host."""
+    row = lookup.vm_row(session, vm, lock=True)
+    claimed = row.target_host_id if row.state == "migrating" else row.host_id
+    if host is not None:
+        where = lookup.host_row(session, host)
+        if (where.root_id or where.id) != claimed:
+            raise Conflict(
+                f"VM {vm} is {row.state} and not claimed on {where.name}; it cannot come up there",
+                field="host",
+            )
+    if row.state == "running":
+        return vm_records(session, [row])[0]
+    if row.state not in ("pending", "migrating"):
+        raise InvalidTransition(
+            f"VM {vm} is {row.state}; only a pending or migrating VM can start", field="vm"
+        )
+    activate_row(session, row)
+    return vm_records(session, [row])[0]
+
+
+def activate_row(session: Session, row: VmRow) -> None:
+    rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == row.id)))
+    touched = with_roots(session, {r.host_id for r in rows})
+    if row.state == "migrating":
+        target_tree = tree_ids(session, row.target_host_id)
+        for r in rows:
+            if r.host_id not in target_tree:
+                session.delete(r)
+        row.host_id, row.target_host_id = row.target_host_id, None
+    session.execute(
+        update(AllocationRow)
+        .where(AllocationRow.vm_id == row.id, AllocationRow.state == "pending")
+        .values(state="active")
+        .execution_options(synchronize_session=False)
+    )
+    move(row, "running")
+    # The fault stays, as the last one the VM had (Nova keeps its instance faults too).
+    row.tried_hosts = []
+    session.flush()
+    touch_generations(session, touched)
+    row.host_seq = generation_of(session, row.host_id)
+
+
+def release(session: Session, vm: str, host: str | None = None) -> int:
+    """Remove the VM's records (on ``host`` only, if given). Releasing again is a no-op.
+
+    Returns how many records were removed. The VM's state follows: a pending VM goes back
+    to requested, an aborted migration back to running, a running VM with nothing left
+    to stopped.
+    """
+    row = lookup.vm_row(session, vm, lock=True)
+    host_row = lookup.host_row(session, host) if host is not None else None
+    return release_row(session, row, host_row)
+
+
+def release_row(
+    session: Session, row: VmRow, host_row: HostRow | None, *, then: str | None = None
+) -> int:
+    """``then``: the state once nothing is left (by default: requested again for a VM
+    that never started, stopped for one that ran)."""
+    query = select(AllocationRow).where(AllocationRow.vm_id == row.id)
+    if host_row is not None:
+        query = query.where(
+            AllocationRow.host_id.in_(tree_ids(session, host_row.root_id or host_row.id))
+        )
+    doomed = list(session.scalars(query))
+    if not doomed:
+        if host_row is None and row.state == "pending":
+            # A pending VM holding no record at all (a VM whose overrides zeroed every
+            # resource, from before such VMs were refused) is released all the same.
+            move(row, then or "requested")
+            row.host_id = row.target_host_id = None
+        return 0
+    left = list(
+        session.scalars(
+            select(AllocationRow).where(
+                AllocationRow.vm_id == row.id, AllocationRow.id.notin_([r.id for r in doomed])
+            )
+        )
+    )
+    if row.state == "migrating" and left and all(r.state == "pending" for r in left):
+        raise InvalidTransition(
+            f"VM {row.uuid} is migrating; finish (activate) or abort (release the destination) first",
+            field="host",
+        )
+    touched = with_roots(session, {r.host_id for r in doomed})
+    if row.state == "migrating" and left and row.host_id is not None:
+        # An aborted migration changes its source's work too (migrate_out -> run).
+        touched.add(row.host_id)
+    for r in doomed:
+        session.delete(r)
+    if not left:
+        move(row, then or ("requested" if row.state == "pending" else "stopped"))
+        row.host_id = row.target_host_id = row.host_seq = None
+    elif row.state == "migrating":
+        row.target_host_id = None
+        move(row, "running")
+    session.flush()
+    touch_generations(session, touched)
+    return len(doomed)
+
+
+def stop(session: Session, vm: str, *, if_on: str | None = None) -> VmRecord:
+    """``if_on``: only a VM still running or pending on that host (a drain's force: a
+    VM that began to migrate or moved meanwhile is left alone, InvalidTransition)."""
+    row = lookup.vm_row(session, vm, lock=True)
+    if if_on is not None:
+        host = lookup.host_row(session, if_on)
+        if row.state not in ("running", "pending") or row.host_id != host.id:
+            raise InvalidTransition(
+                f"VM {vm} is no longer running or pending on {host.name}", field="vm"
+            )
+    if row.state == "stopped":
+        return vm_records(session, [row])[0]
+    if "stopped" not in TRANSITIONS[row.state]:
+        raise InvalidTransition(f"VM {vm} is {row.state} and cannot be stopped", field="vm")
+    release_row(session, row, None, then="stopped")
+    if row.state != "stopped":
+        move(row, "stopped")
+        row.host_id = row.target_host_id = None
+    return vm_records(session, [row])[0]
+
+
+def delete(session: Session, vm: str) -> VmRecord:
+    row = lookup.vm_row(session, vm, lock=True)
+    if row.state != "deleted":
+        release_row(session, row, None)
+        move(row, "deleted")
+        row.host_id = row.target_host_id = None
+    return vm_records(session, [row])[0]
+
+
+def fail(session: Session, vm: str, host: str, reason: str) -> FailOutcome:
+    """``host`` says it could not run ``vm``: a launch it refused or that failed, or a
+    migration to or from it that failed. A launch gives the claim up (the VM is
+    ``requested`` again, the host remembered in ``tried_hosts``); a migration rolls back
+    (the destination's claim goes, the VM keeps running on the source). Either way the
+    reason is kept on the VM. Saying it again, or about a claim that has already ended,
+    changes nothing."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValidationError("reason must say why, in a non-empty string", field="reason")
+    row = lookup.vm_row(session, vm, lock=True)
+    host_row = lookup.host_row(session, host)
+    root_id = host_row.root_id or host_row.id
+    kind: str | None = None
+    if row.state == "pending" and row.host_id == root_id:
+        kind = "launch"
+        release_row(session, row, host_row)
+        row.tried_hosts = [*row.tried_hosts, host_row.name]
+    elif row.state == "migrating" and root_id in (row.host_id, row.target_host_id):
+        kind = "migration"
+        target = session.get(HostRow, row.target_host_id)
+        release_row(session, row, target)
+    if kind is not None:
+        row.fault = f"{kind} on {host_row.name} failed: {reason.strip()[:2000]}"
+    return FailOutcome(vm_records(session, [row])[0], kind)

@@ -1,0 +1,132 @@
+"""Row locks, host generations and the clock: the one module that owns the lock order.
+
+Every write transaction that locks rows of more than one kind takes them in this order,
+each kind in ascending id order, so two PostgreSQL transactions touching the same rows
+queue up instead of deadlocking (SQLite serialises writers anyway):
+
+1. VMs, ``FOR UPDATE`` (``lock_vms``; ``lookup.vm_row(lock=True)`` for one);
+2. their server groups: ``FOR KEY SHARE`` right after the VMs (``share_groups``), or
+   ``FOR UPDATE`` by a claim that checks the groups' rules (``lock_groups``);
+3. hosts, ``FOR NO KEY UPDATE``, when their generations move (``bump_generations``,
+   ``touch_generations``), always last: a claim decides from what it read of the hosts,
+   and the compare-and-swap on the generation proves nobody changed them meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from datetime import UTC, datetime
+
+from sqlalchemy import select, tuple_, update
+from sqlalchemy.orm import Session
+
+from loadmaster.errors import ConcurrentUpdate
+from loadmaster.store.chunks import in_chunks
+from loadmaster.store.schema import HostRow, ServerGroupRow, VmRow
+
+
+def now() -> datetime:
+    """The server's clock, as naive UTC (what every timestamp column holds)."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def lock_vms(session: Session, uuids: Iterable[str]) -> dict[str, VmRow]:
+    """The VMs by (canonical) uuid, locked in id order; their groups key-shared after."""
+    found: dict[str, VmRow] = {}
+    for chunk in in_chunks(sorted(set(uuids))):
+        query = select(VmRow).where(VmRow.uuid.in_(chunk)).order_by(VmRow.id).with_for_update()
+        for row in session.scalars(query):
+            found[row.uuid] = row
+    return found
+
+
+def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
+    """Take the key-share lock on the VMs' server groups now, right after the VM rows.
+
+    Updating a VM row twice in one transaction makes PostgreSQL re-check its foreign keys,
+    which takes FOR KEY SHARE on the group row; taken that late (after host rows) it
+    waited for a claim holding the group FOR UPDATE while that claim waited for our host
+    row: a deadlock. Taken here it simply queues behind the claim."""
+    ids = sorted({v.group_id for v in vms if v.group_id is not None})
+    if ids:
+        session.execute(
+            select(ServerGroupRow.id)
+            .where(ServerGroupRow.id.in_(ids))
+            .order_by(ServerGroupRow.id)
+            .with_for_update(read=True, key_share=True)
+        )
+
+
+def lock_groups(session: Session, group_ids: Collection[int]) -> list[ServerGroupRow]:
+    """The groups, locked for update in id order (a claim checks and changes their rules)."""
+    if not group_ids:
+        return []
+    return list(
+        session.scalars(
+            select(ServerGroupRow)
+            .where(ServerGroupRow.id.in_(group_ids))
+            .order_by(ServerGroupRow.id)
+            .with_for_update()
+        )
+    )
+
+
+def bump_generations(
+    session: Session, expected: Mapping[int, int], *, touch: Iterable[int] = ()
+) -> None:
+    """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
+
+    The rows are locked in id order first, then one UPDATE per chunk bumps them all. The
+    lock is FOR NO KEY UPDATE (``key_share``): a plain FOR UPDATE would conflict with the
+    key-share locks our own allocation inserts hold through their foreign key, and
+    deadlock. ``touch``: more hosts to bump without the compare-and-swap (as
+    ``touch_generations``), locked in the same id order as the others (two separate passes
+    could deadlock).
+    """
+    extra = set(touch) - set(expected)
+    if extra:
+        for chunk in in_chunks(sorted(extra | set(expected))):
+            _lock_hosts(session, chunk)
+    ids = sorted(expected)
+    for chunk in in_chunks(ids):
+        _lock_hosts(session, chunk)
+        result = session.execute(
+            update(HostRow)
+            .where(tuple_(HostRow.id, HostRow.generation).in_([(i, expected[i]) for i in chunk]))
+            .values(generation=HostRow.generation + 1)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != len(chunk):  # type: ignore[attr-defined]
+            raise ConcurrentUpdate(
+                "a host was changed by another writer; retry", field="generation"
+            )
+    if extra:
+        touch_generations(session, extra)
+
+
+def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
+    """Bump the hosts' generations without a compare-and-swap, for changes that never add
+    usage (activation, release): they decide nothing from what they read of the host, but
+    schedulers holding the old generation must still see the host changed. Rows are locked
+    in id order, as ``bump_generations`` does."""
+    for chunk in in_chunks(sorted(set(host_ids))):
+        _lock_hosts(session, chunk)
+        session.execute(
+            update(HostRow)
+            .where(HostRow.id.in_(chunk))
+            .values(generation=HostRow.generation + 1)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def generation_of(session: Session, host_id: int | None) -> int:
+    return int(session.scalar(select(HostRow.generation).where(HostRow.id == host_id)) or 0)
+
+
+def _lock_hosts(session: Session, ids: list[int]) -> None:
+    session.execute(
+        select(HostRow.id)
+        .where(HostRow.id.in_(ids))
+        .order_by(HostRow.id)
+        .with_for_update(key_share=True)
+    )
