@@ -59,7 +59,15 @@ class PrivatePostgres:
 class ServedApi:
     """``loadmaster serve --workers N`` as a child process, with one admin token."""
 
-    def __init__(self, db_url: str, workers: int, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        workers: int,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``env``: the server's environment (default: this process's), e.g. another
+        build's ``PYTHONPATH``."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = secrets.token_urlsafe(24)
@@ -67,7 +75,7 @@ class ServedApi:
         loadmaster = shutil.which("loadmaster", path=str(Path(sys.executable).parent))
         if loadmaster is None:
             raise RuntimeError("the loadmaster command is not installed next to this Python")
-        env = {**os.environ, "LOADMASTER_TOKENS": f"{self.token}:admin"}
+        env = {**(os.environ if env is None else env), "LOADMASTER_TOKENS": f"{self.token}:admin"}
         self._log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
             [
