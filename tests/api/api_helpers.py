@@ -22,6 +22,7 @@ class Live:
     admin: httpx.Client
     reader: httpx.Client
     anonymous: httpx.Client
+    member: httpx.Client
 
 
 def run_server(app: object) -> tuple[uvicorn.Server, threading.Thread, str]:
@@ -46,7 +47,7 @@ def ok(response: httpx.Response, status: int = 200) -> Any:
 def build_cluster(admin: httpx.Client, hosts: int = 3) -> None:
     """``hosts`` hosts with 8 VCPU and 16 GiB, the first one with 2 CUSTOM_GPU; flavors
     ``small`` (2 VCPU, 4 GiB) and ``gpu`` (1 GPU)."""
-    ok(admin.post("/resource_classes", json={"name": "CUSTOM_GPU", "kind": "accelerator"}), 201)
+    ok(admin.post("/classes", json={"name": "CUSTOM_GPU", "kind": "accelerator"}), 201)
     assert admin.put("/traits/CUSTOM_FAST").status_code == 201  # no body, as Placement
     for i in range(hosts):
         inventories: dict[str, Any] = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 16384}}

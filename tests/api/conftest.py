@@ -15,22 +15,23 @@ from loadmaster.microversions import CLIENT_HEADERS
 
 ADMIN = "admin-5f1c0e1d9a"
 READER = "reader-77b2a4c3e0"
+MEMBER = "member-0c5e9d21ab"
 
 
 @pytest.fixture
 def live(db_url: str) -> Iterator[Live]:
     lm = loadmaster.open(db_url)
-    app = create_app(lm, AuthConfig({ADMIN: "admin", READER: "reader"}))
+    app = create_app(lm, AuthConfig({ADMIN: "admin", READER: "reader", MEMBER: "member"}))
     server, thread, url = run_server(app)
     clients = [
         httpx.Client(
             base_url=url, headers={**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}, timeout=30
         )
-        for token in (ADMIN, READER)
+        for token in (ADMIN, READER, MEMBER)
     ]
     anonymous = httpx.Client(base_url=url, headers=CLIENT_HEADERS, timeout=30)
     try:
-        yield Live(url, lm, clients[0], clients[1], anonymous)
+        yield Live(url, lm, clients[0], clients[1], anonymous, clients[2])
     finally:
         for client in (*clients, anonymous):
             client.close()

@@ -126,14 +126,16 @@ def _start_server(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen[bytes]
     """``loadmaster serve`` on a port the OS picked; another process may take the port
     before the server binds it, so a server that dies early is started again.
 
-    The files send ``X-Auth-Token: admin`` or ``user`` (Placement's ``noauth2`` tokens, and
-    its test policy lets both do everything), and one file checks that no token gets 401:
-    so the server runs with tokens, not ``--no-auth``."""
+    The files send ``X-Auth-Token: admin`` or ``user`` (Placement's ``noauth2`` tokens:
+    ``user`` is a non-admin its default policy refuses, loadmaster's ``member``), and one
+    file checks that no token gets 401: so the server runs with tokens, not
+    ``--no-auth``."""
     # A token only this server knows: the readiness probe must reach this server, not
     # another file's that took the same port first (this one then fails to bind).
     probe = uuid.uuid4().hex
     tokens = tmp / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": dict.fromkeys((*GABBI_TOKENS, probe), "admin")}))
+    roles = {**dict.fromkeys((*GABBI_TOKENS, probe), "admin"), "user": "member"}
+    tokens.write_text(json.dumps({"tokens": roles}))
     log = tmp / "server.log"
     for _ in range(attempts):
         port = _free_port()

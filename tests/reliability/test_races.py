@@ -42,7 +42,8 @@ def _scenarios(r: int) -> dict[str, Callable[[int], Request]]:
     vm_body = {"name": f"retry{r}", "flavor": "f", "uuid": _vm_uuid(f"retry{r}")}
     return {
         "put_trait": lambda i: ("PUT", f"/traits/CUSTOM_T{r}", None),
-        "put_class": lambda i: ("PUT", f"/resource_classes/CUSTOM_C{r}", {}),
+        "put_class": lambda i: ("PUT", f"/classes/CUSTOM_C{r}", {}),
+        "put_placement_class": lambda i: ("PUT", f"/resource_classes/CUSTOM_PC{r}", None),
         "post_provider": lambda i: ("POST", "/resource_providers", {"name": f"rp{r}"}),
         "post_flavor": lambda i: (
             "POST",
@@ -189,7 +190,7 @@ def test_simultaneous_identical_and_conflicting_writes(pg_url: str) -> None:
     for key, found in got.items():
         name = key.split(":", 1)[1]
         statuses = sorted(status for _, _, status, _ in found)
-        if name == "put_trait":
+        if name in ("put_trait", "put_placement_class"):
             # As Placement answers: the one that created it 201, the others 204.
             assert statuses == [201] + [204] * (CLIENTS - 1), key
         elif name == "put_class":

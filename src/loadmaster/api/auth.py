@@ -1,7 +1,9 @@
-"""Bearer tokens with three roles: ``admin`` may write, ``reader`` may only read, and
+"""Bearer tokens with four roles: ``admin`` may write, ``reader`` may only read,
 ``agent:<host>`` is a host agent's, bound to its host: it reads, registers and reports
 for its own host, and says ``up``/``launch-failed``/``migration-failed``/``migrate`` for
-VMs on that host only (the routes check the VM; see ``agent_host``).
+VMs on that host only (the routes check the VM; see ``agent_host``), and ``member`` is
+an identity with no operator rights (OpenStack's project member): it is known, so not
+401, but every route answers 403, as Placement's default policy answers non-admins.
 
 Tokens come from a file (TOML, YAML or JSON, chosen by extension)::
 
@@ -9,6 +11,7 @@ Tokens come from a file (TOML, YAML or JSON, chosen by extension)::
     "s3cr3t-admin" = "admin"
     "s3cr3t-reader" = "reader"
     "s3cr3t-host-1" = "agent:host-1"
+    "s3cr3t-tenant" = "member"
 
 or from ``LOADMASTER_TOKENS="tok1:admin,tok2:reader"``. A token comes as
 ``Authorization: Bearer <token>`` or, as OpenStack's clients send it, ``X-Auth-Token:
@@ -33,7 +36,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from loadmaster.api.errors import Forbidden, Unauthenticated, error_response
 from loadmaster.errors import ValidationError
 
-ROLES = ("admin", "reader", "agent:<host>")
+ROLES = ("admin", "reader", "member", "agent:<host>")
+PLAIN_ROLES = frozenset(ROLES[:3])
 AGENT_PREFIX = "agent:"
 # The writes an agent may make, each naming its own host or a VM of it.
 _AGENT_HOST_WRITES = (re.compile(r"^/hosts/(?P<host>[^/]+)/(agent|report)$"),)
@@ -53,7 +57,7 @@ class AuthConfig:
 
     def __post_init__(self) -> None:
         for role in self.tokens.values():
-            if role not in ROLES[:2] and not (
+            if role not in PLAIN_ROLES and not (
                 role.startswith(AGENT_PREFIX) and len(role) > len(AGENT_PREFIX)
             ):
                 raise ValidationError(
@@ -144,6 +148,10 @@ class AuthMiddleware:
                 return
             response = error_response(
                 Forbidden(f"the agent of host {host} may only write for its own host and VMs")
+            )
+        elif role == "member":
+            response = error_response(
+                Forbidden("role member may not use this API; it needs admin or reader")
             )
         elif role != "admin" and scope["method"] not in READ_METHODS:
             response = error_response(Forbidden(f"role {role} may only read; writing needs admin"))

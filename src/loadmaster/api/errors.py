@@ -209,23 +209,46 @@ def from_validation(exc: RequestValidationError, content_type: str | None) -> Lo
         return media_type_refused(None)
     if first.get("type") == "json_invalid":
         reason = first.get("ctx", {}).get("error", "not JSON")
-        return InvalidJson(f"request body is not valid JSON: {reason}", field="body")
+        return InvalidJson(f"Malformed JSON: {reason}", field="body")
     loc = tuple(first.get("loc", ()))
     if loc == ("body",) and isinstance(first.get("input"), bytes):
         return UnsupportedMediaType(
             "the request body must be JSON, sent as Content-Type: application/json", field="body"
         )
     field = field_of(loc)
-    message = str(first.get("msg", "invalid value"))
-    if first.get("type") == "extra_forbidden":
-        message = "unknown field"
-    elif first.get("type") == "missing":
-        message = "field required"
+    message = _schema_words(first)
     more = len(exc.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     # Placement's prefix for a body its schema refuses, which its clients look for.
     prefix = "JSON does not validate: " if loc[:1] == ("body",) else ""
     return ValidationError(f"{prefix}{field or 'body'}: {message}{suffix}", field=field)
+
+
+def _schema_words(error: Mapping[str, Any]) -> str:
+    """pydantic's complaint in the words of the JSON Schema check Placement runs (its
+    clients and tests look for them: "Additional properties are not allowed", "Failed
+    validating 'maxLength'"), after pydantic's own message."""
+    kind = error.get("type")
+    message = str(error.get("msg", "invalid value"))
+    loc = tuple(error.get("loc", ()))
+    ctx = error.get("ctx", {})
+    if kind == "extra_forbidden":
+        return f"unknown field: Additional properties are not allowed ({loc[-1]!r} was unexpected)"
+    if kind == "missing":
+        return f"field required: {loc[-1]!r} is a required property. Failed validating 'required'"
+    keyword = {
+        "string_too_long": "maxLength",
+        "string_too_short": "minLength",
+        "string_pattern_mismatch": "pattern",
+        "greater_than_equal": "minimum",
+        "greater_than": "exclusiveMinimum",
+        "less_than_equal": "maximum",
+        "too_long": "maxItems",
+        "too_short": "minItems",
+    }.get(str(kind))
+    if keyword == "pattern":
+        message = f"{error.get('input')!r} does not match {ctx.get('pattern')!r}"
+    return f"{message}. Failed validating {keyword!r}" if keyword else message
 
 
 def from_http(exc: StarletteHTTPException) -> LoadmasterError:

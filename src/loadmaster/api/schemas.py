@@ -8,7 +8,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
 
+from loadmaster.errors import ValidationError
 from loadmaster.resources.inventory import MAX_INT
 
 
@@ -39,6 +41,29 @@ class ResourceClassFields(Body):
 
 class ResourceClassCreate(ResourceClassFields):
     name: Name
+
+
+# Placement's schema for a custom class's name.
+CLASS_NAME_PATTERN = r"^CUSTOM_[A-Z0-9_]+$"
+PlacementClassName = Annotated[str, Field(max_length=255, pattern=CLASS_NAME_PATTERN)]
+
+
+class PlacementClassCreate(Body):
+    name: PlacementClassName
+
+
+def check_class_name(name: str) -> None:
+    """A class name in a path, checked as Placement's schema checks it in a body."""
+    try:
+        PlacementClassCreate(name=name)
+    except PydanticValidationError as exc:
+        error = exc.errors()[0]
+        keyword = "maxLength" if error["type"] == "string_too_long" else "pattern"
+        raise ValidationError(
+            f"JSON does not validate: {name!r} does not match {CLASS_NAME_PATTERN!r} or is "
+            f"longer than 255. Failed validating {keyword!r}",
+            field="name",
+        ) from None
 
 
 class InventoryIn(Body):

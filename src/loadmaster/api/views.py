@@ -29,6 +29,11 @@ def resource_class(rc: ResourceClass) -> dict[str, Any]:
     }
 
 
+def placement_class(name: str) -> dict[str, Any]:
+    """Placement's representation of a resource class."""
+    return {"name": name, "links": [{"rel": "self", "href": f"/resource_classes/{name}"}]}
+
+
 def host(host: HostRecord) -> dict[str, Any]:
     """loadmaster's view of a host (``/hosts``)."""
     return {

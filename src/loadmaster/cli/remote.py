@@ -448,10 +448,10 @@ def host_set_aggregates(
 @class_app.command("list")
 def class_list(as_json: JsonOpt = False) -> None:
     """Every resource class, standard and custom."""
-    data = api().get("/resource_classes")
+    data = api().get("/classes")
     rows = [
         (c["name"], c["kind"], c["unit"], "yes" if c["standard"] else "no", c["description"])
-        for c in data["resource_classes"]
+        for c in data["classes"]
     ]
     show(data, as_json, "Resource classes", ("name", "kind", "unit", "standard", "about"), rows)
 
@@ -461,7 +461,7 @@ def class_show(
     name: Annotated[str, typer.Argument(help="the class, e.g. VCPU")], as_json: JsonOpt = False
 ) -> None:
     """One resource class."""
-    c = api().get(f"/resource_classes/{name}")
+    c = api().get(f"/classes/{name}")
     show(c, as_json, f"Resource class {name}", ("field", "value"), list(c.items()))
 
 
@@ -475,14 +475,14 @@ def class_create(
 ) -> None:
     """Create a custom resource class."""
     body = {"name": name, "kind": kind, "unit": unit, "description": description}
-    c = api().post("/resource_classes", body)
+    c = api().post("/classes", body)
     show(c, as_json, "Resource class created", ("name", "kind", "unit"), [(name, kind, unit)])
 
 
 @class_app.command("delete")
 def class_delete(name: Annotated[str, typer.Argument(help="the custom class")]) -> None:
     """Delete a custom class no host has in its inventory."""
-    api().delete(f"/resource_classes/{name}")
+    api().delete(f"/classes/{name}")
     say(f"resource class {name} deleted")
 
 

@@ -96,33 +96,82 @@ class ResourceClassService:
             return ResourceClass(row.name, row.kind, row.unit, row.description)
 
     def create(
-        self, name: str, *, kind: str = "custom", unit: str = "unit", description: str = ""
+        self,
+        name: str,
+        *,
+        kind: str = "custom",
+        unit: str = "unit",
+        description: str = "",
+        exist_ok: bool = True,
     ) -> ResourceClass:
-        """Create a custom class; creating one that exists with the same fields is a no-op (PUT)."""
+        """Create a custom class; creating one that exists with the same fields is a no-op
+        (PUT), unless ``exist_ok`` is false (POST: 409)."""
+        return self.put(name, kind=kind, unit=unit, description=description, exist_ok=exist_ok)[0]
+
+    def put(
+        self,
+        name: str,
+        *,
+        kind: str = "custom",
+        unit: str = "unit",
+        description: str = "",
+        exist_ok: bool = True,
+    ) -> tuple[ResourceClass, bool]:
+        """``create``, and whether the class is new."""
         validate_custom_name(name)
         validate_descriptor(kind, "kind")
         validate_descriptor(unit, "unit")
         validate_descriptor(description, "description", allow_empty=True)
         wanted = ResourceClass(name, kind, unit, description)
-        return again_on_write_conflict(lambda: self._create(wanted))
+        return again_on_write_conflict(lambda: self._create(wanted, exist_ok))
 
-    def _create(self, wanted: ResourceClass) -> ResourceClass:
+    def _create(self, wanted: ResourceClass, exist_ok: bool) -> tuple[ResourceClass, bool]:
         name, kind, unit, description = wanted.name, wanted.kind, wanted.unit, wanted.description
         with self._store.write() as session:
             row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
             if row is not None:
+                if not exist_ok:
+                    raise Conflict(
+                        f"Conflicting resource class already exists: {name}", field="name"
+                    )
                 existing = ResourceClass(row.name, row.kind, row.unit, row.description)
                 if existing != wanted:
                     raise Conflict(
                         f"resource class {name} already exists with other fields", field="name"
                     )
-                return existing
+                return existing, False
             session.add(ResourceClassRow(name=name, kind=kind, unit=unit, description=description))
-        return wanted
+        return wanted, True
+
+    def rename(self, name: str, new_name: str) -> ResourceClass:
+        """Placement's update (microversions 1.2 to 1.6). Inventories and allocations refer
+        to the class by id and follow; flavors and VM overrides name it in their JSON, so a
+        class they name keeps its name (409) rather than leave them naming nothing."""
+        if name in STANDARD_BY_NAME:
+            raise ValidationError(f"Cannot update standard resource class {name}", field="name")
+        validate_custom_name(new_name)
+        with self._store.write() as session:
+            row = session.scalar(
+                select(ResourceClassRow).where(ResourceClassRow.name == name).with_for_update()
+            )
+            if row is None:
+                raise NotFound(f"No such resource class {name}", field="name")
+            if new_name != name and session.scalar(
+                select(ResourceClassRow.id).where(ResourceClassRow.name == new_name)
+            ):
+                raise Conflict(f"Resource class already exists: {new_name}", field="name")
+            users = _flavors_using_class(session, name) or _vms_overriding_class(session, name)
+            if users and new_name != name:
+                raise Conflict(
+                    f"resource class {name} is named by {users[0]} and keeps its name",
+                    field="name",
+                )
+            row.name = new_name
+            return ResourceClass(row.name, row.kind, row.unit, row.description)
 
     def delete(self, name: str) -> None:
         if name in STANDARD_BY_NAME:
-            raise Conflict(f"resource class {name} is standard and cannot be deleted", field="name")
+            raise ValidationError(f"Cannot delete standard resource class {name}", field="name")
         with self._store.write() as session:
             # Locked first: a VM or flavor naming the class waits (see require_classes).
             row = session.scalar(
@@ -142,8 +191,12 @@ class ResourceClassService:
                     select(func.count()).select_from(table).where(table.resource_class_id == row.id)
                 )
                 if count:
+                    # Placement's words first: its clients look for them.
                     raise Conflict(
-                        f"resource class {name} is in use by {count} {what}", field="name"
+                        f"Error in delete resource class '{name}': Class is in use in "
+                        f"{'inventory' if table is InventoryRow else 'allocations'} "
+                        f"({count} {what})",
+                        field="name",
                     )
             flavors = _flavors_using_class(session, name)
             if flavors:

@@ -5,11 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from loadmaster.api import microversion, views
 from loadmaster.api.deps import LM
+from loadmaster.api.errors import InvalidJson
 from loadmaster.api.location import absolute
-from loadmaster.api.schemas import ResourceClassCreate, ResourceClassFields
+from loadmaster.api.schemas import (
+    PlacementClassCreate,
+    ResourceClassCreate,
+    ResourceClassFields,
+    check_class_name,
+)
 from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["vocabulary"])
@@ -20,31 +27,80 @@ TRAITS_SINCE = microversion.since(1, 6)
 
 @router.get("/resource_classes", openapi_extra=SINCE_1_2)
 def list_resource_classes(lm: LM) -> dict[str, Any]:
-    return {"resource_classes": [views.resource_class(rc) for rc in lm.resource_classes.list()]}
+    return {
+        "resource_classes": [views.placement_class(rc.name) for rc in lm.resource_classes.list()]
+    }
 
 
 @router.post("/resource_classes", status_code=201, openapi_extra=SINCE_1_2)
-def create_resource_class(lm: LM, body: ResourceClassCreate) -> dict[str, Any]:
-    fields = body.fields()
-    return views.resource_class(lm.resource_classes.create(fields.pop("name"), **fields))
+def create_resource_class(lm: LM, request: Request, body: PlacementClassCreate) -> Response:
+    """Placement's create: 201 with a ``Location`` and no body; 409 if it exists."""
+    lm.resource_classes.create(body.name, exist_ok=False)
+    return Response(status_code=201, headers=_class_location(request, body.name))
 
 
 @router.get("/resource_classes/{name}", openapi_extra=SINCE_1_2)
 def get_resource_class(lm: LM, name: str) -> dict[str, Any]:
-    return views.resource_class(lm.resource_classes.get(name))
+    return views.placement_class(lm.resource_classes.get(name).name)
 
 
-@router.put("/resource_classes/{name}", openapi_extra=SINCE_1_2)
+@router.put(
+    "/resource_classes/{name}",
+    openapi_extra=SINCE_1_2,
+    responses={201: {"description": "Created (1.7)"}, 204: {"description": "Exists (1.7)"}},
+)
 def put_resource_class(
-    lm: LM, name: str, body: ResourceClassFields | None = None
-) -> dict[str, Any]:
-    """Idempotent create, as Placement's PUT: the same fields again change nothing."""
-    fields = body.fields() if body is not None else {}
-    return views.resource_class(lm.resource_classes.create(name, **fields))
+    lm: LM, request: Request, name: str, body: PlacementClassCreate | None = None
+) -> Response:
+    """Up to 1.6, Placement's rename (``{"name": new}``, 200 with the class); from 1.7 an
+    idempotent create without a body: 201 if new, 204 if it was there."""
+    if not microversion.current().matches(1, 7):
+        if body is None:
+            raise InvalidJson('Malformed JSON: a body {"name": ...} is required', field="body")
+        renamed = lm.resource_classes.rename(name, body.name)
+        return JSONResponse(views.placement_class(renamed.name))
+    check_class_name(name)
+    _, created = lm.resource_classes.put(name)
+    return Response(status_code=201 if created else 204, headers=_class_location(request, name))
 
 
 @router.delete("/resource_classes/{name}", status_code=204, openapi_extra=SINCE_1_2)
 def delete_resource_class(lm: LM, name: str) -> Response:
+    lm.resource_classes.delete(name)
+    return Response(status_code=204)
+
+
+def _class_location(request: Request, name: str) -> dict[str, str]:
+    return {"location": absolute(request, f"/resource_classes/{name}")}
+
+
+# loadmaster's own view of the classes, with what it adds to Placement's: a kind, a unit
+# and a description. Placement's paths take Placement's bodies only.
+@router.get("/classes")
+def list_classes(lm: LM) -> dict[str, Any]:
+    return {"classes": [views.resource_class(rc) for rc in lm.resource_classes.list()]}
+
+
+@router.post("/classes", status_code=201)
+def create_class(lm: LM, body: ResourceClassCreate) -> dict[str, Any]:
+    fields = body.fields()
+    return views.resource_class(lm.resource_classes.create(fields.pop("name"), **fields))
+
+
+@router.get("/classes/{name}")
+def get_class(lm: LM, name: str) -> dict[str, Any]:
+    return views.resource_class(lm.resource_classes.get(name))
+
+
+@router.put("/classes/{name}")
+def put_class(lm: LM, name: str, body: ResourceClassFields | None = None) -> dict[str, Any]:
+    """Idempotent create: the same fields again change nothing; other fields are 409."""
+    fields = body.fields() if body is not None else {}
+    return views.resource_class(lm.resource_classes.create(name, **fields))
+
+
+@router.delete("/classes/{name}", status_code=204)
+def delete_class(lm: LM, name: str) -> Response:
     lm.resource_classes.delete(name)
     return Response(status_code=204)
 
