@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -95,18 +96,10 @@ class ResourceClassService:
                 raise NotFound(f"resource class {name!r} does not exist", field="name")
             return ResourceClass(row.name, row.kind, row.unit, row.description)
 
-    def create(
-        self,
-        name: str,
-        *,
-        kind: str = "custom",
-        unit: str = "unit",
-        description: str = "",
-        exist_ok: bool = True,
-    ) -> ResourceClass:
-        """Create a custom class; creating one that exists with the same fields is a no-op
-        (PUT), unless ``exist_ok`` is false (POST: 409)."""
-        return self.put(name, kind=kind, unit=unit, description=description, exist_ok=exist_ok)[0]
+    def create(self, name: str, **fields: Any) -> ResourceClass:
+        """Create a custom class (``put``'s fields); creating one that exists with the same
+        fields is a no-op (PUT), unless ``exist_ok`` is false (POST: 409)."""
+        return self.put(name, **fields)[0]
 
     def put(
         self,
