@@ -52,6 +52,11 @@ class ConcurrentUpdate(Conflict):
     title = "Concurrent update"
 
 
+class DuplicateName(Conflict):
+    code = "loadmaster.duplicate_name"
+    title = "Name already used"
+
+
 class HostHasChildren(Conflict):
     code = "loadmaster.host_has_children"
     title = "Host has child providers"

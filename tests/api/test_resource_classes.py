@@ -63,3 +63,23 @@ def test_rename_keeps_inventories_and_spares_named_classes(live: Live) -> None:
     inventories = ok(live.admin.get(f"/resource_providers/{host['uuid']}/inventories"), 200)
     assert inventories["inventories"]["CUSTOM_Y"]["total"] == 4
     assert "CUSTOM_X" not in inventories["inventories"]
+
+
+def test_resources_filter_counts_pending_claims(live: Live) -> None:
+    build_cluster(live.admin)  # h0..h2 with 8 VCPU each; "small" takes 2
+    vms = [
+        ok(live.admin.post("/vms", json={"name": f"v{i}", "flavor": "small"}), 201)
+        for i in range(4)
+    ]
+    spec = {"vms": [vm["uuid"] for vm in vms], "include_hosts": ["h0"]}
+    placed = ok(live.admin.post("/schedule", json={"requests": [spec]}), 200)
+    assert {p["host"] for p in placed["placements"]} == {"h0"}  # pending, not started
+    names = {
+        p["name"]
+        for p in ok(live.admin.get("/resource_providers?resources=VCPU:1"), 200)[
+            "resource_providers"
+        ]
+    }
+    assert names == {"h1", "h2"}
+    bad = live.admin.get("/resource_providers?resources=VCPU:fred")
+    assert bad.status_code == 400 and "expected positive integer amount" in bad.text

@@ -191,7 +191,7 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         "more than one priority",
     ),
     ("bad uuid", lambda lm: lm.vms.create("x", "small", uuid="not-a-uuid"), "uuid", "not a UUID"),
-    ("duplicate host name", lambda lm: lm.hosts.create("h1"), "name", "already used"),
+    ("duplicate host name", lambda lm: lm.hosts.create("h1"), "name", "already exists"),
     ("delete host with allocations", lambda lm: lm.hosts.delete("h1"), "host", "has allocations"),
     ("flavor in use", lambda lm: lm.flavors.delete("small"), "name", "used by"),
 ]

@@ -30,6 +30,7 @@ from loadmaster.api import microversion
 from loadmaster.api.observability import request_id_var
 from loadmaster.errors import (
     ConcurrentUpdate,
+    DuplicateName,
     HostHasChildren,
     HostInUse,
     LoadmasterError,
@@ -135,6 +136,7 @@ _BY_STATUS: dict[int, type[LoadmasterError]] = {
 # ``placement.undefined_code``, as Placement answers for an error it gives no code.
 PLACEMENT_CODES = {
     ConcurrentUpdate.code: "placement.concurrent_update",
+    DuplicateName.code: "placement.duplicate_name",
     HostHasChildren.code: "placement.resource_provider.cannot_delete_parent",
     HostInUse.code: "placement.resource_provider.inuse",
 }

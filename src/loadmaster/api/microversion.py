@@ -113,12 +113,16 @@ class MicroversionMiddleware:
             return
         token = _current.set(version)
 
-        cached_read = scope["method"] == "GET" and version.matches(*CACHE_HEADERS_SINCE)
+        # Placement says when a representation it returns was last modified: on reads,
+        # and on writes that answer 200 with the written resource (not 201 or 204).
+        cached = version.matches(*CACHE_HEADERS_SINCE)
+        method = scope["method"]
 
         async def labelled(message: Message) -> None:
             if message["type"] == "http.response.start":
                 added = _headers(version)
-                if cached_read and 200 <= message["status"] < 300:
+                status = message["status"]
+                if cached and (status == 200 or (method == "GET" and 200 <= status < 300)):
                     added.update(cache_headers())
                 message["headers"] = [
                     *message.get("headers", []),

@@ -12,6 +12,7 @@ from loadmaster.microversions import Version
 MEMBER_OF_SINCE = (1, 3)  # member_of=in:A,B
 MEMBER_OF_REPEATED_SINCE = (1, 24)  # several member_of, all must hold
 MEMBER_OF_FORBIDDEN_SINCE = (1, 32)  # member_of=!A or !in:A,B
+RESOURCES_SINCE = (1, 4)  # resources=VCPU:2,MEMORY_MB:1024
 IN_TREE_SINCE = (1, 14)
 REQUIRED_SINCE = (1, 18)  # required=A,B
 REQUIRED_FORBIDDEN_SINCE = (1, 22)  # required=!A
@@ -120,6 +121,59 @@ def too_new(name: str) -> ValidationError:
         f"({name!r} was unexpected)",
         field=f"query.{name}",
     )
+
+
+def resources(value: str | None, version: Version, known: Set[str]) -> dict[str, int]:
+    """``resources=VCPU:2,MEMORY_MB:1024``: the amounts a provider must have room for."""
+    if value is None:
+        return {}
+    if not version.matches(*RESOURCES_SINCE):
+        raise too_new("resources")
+    amounts: dict[str, int] = {}
+    for item in value.split(","):
+        name, colon, amount = item.partition(":")
+        if not colon:
+            raise _bad_resources(
+                "Badly formed resources parameter. Expected resources query string parameter "
+                f"in form: ?resources=VCPU:2,MEMORY_MB:1024. Got: {item}."
+            )
+        try:
+            number = int(amount)
+        except ValueError:
+            raise _bad_resources(
+                f"Requested resource {name} expected positive integer amount. Got: {amount}."
+            ) from None
+        if number < 1:
+            raise _bad_resources(f"Requested resource {name} requires amount >= 1. Got: {amount}.")
+        if name not in known:
+            raise _bad_resources(
+                f"Invalid resource class in resources parameter: No such resource class {name}."
+            )
+        amounts[name] = number
+    return amounts
+
+
+def _bad_resources(detail: str) -> ValidationError:
+    return ValidationError(detail, field="query.resources")
+
+
+def body_too_new(name: str) -> ValidationError:
+    """A body field the request's microversion does not have, as Placement's schema says it."""
+    return ValidationError(
+        f"JSON does not validate: Additional properties are not allowed ({name!r} was unexpected)",
+        field=name,
+    )
+
+
+def body_uuid(value: str, name: str) -> str:
+    """A body value that must be a uuid (with or without dashes), canonical."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ValidationError(
+            f"JSON does not validate: {value!r} is not a 'uuid'. Failed validating 'format'",
+            field=name,
+        ) from None
 
 
 def required(values: Sequence[str], version: Version) -> Required:

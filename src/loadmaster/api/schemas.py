@@ -90,17 +90,21 @@ class HostUpdate(Body):
     resource_provider_generation: Generation | None = None
 
 
+# Placement's schema: a provider's name is at most 200 characters.
+ProviderName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class ProviderCreate(Body):
     """Placement's body: a provider is created bare; inventories, traits and aggregates
     are written on their own paths."""
 
-    name: Name
+    name: ProviderName
     uuid: Name | None = None
     parent_provider_uuid: Name | None = None
 
 
 class ProviderPut(Body):
-    name: Name
+    name: ProviderName
     parent_provider_uuid: Name | None = None
 
 

@@ -15,6 +15,7 @@ from loadmaster.cluster.records import HOST_STATES, ClassUsage, HostRecord
 from loadmaster.errors import (
     ConcurrentUpdate,
     Conflict,
+    DuplicateName,
     HostHasChildren,
     HostInUse,
     NotFound,
@@ -129,12 +130,26 @@ class HostService:
             host.aggregates,
         )
         with self._store.write() as session:
-            taken = session.scalar(
-                select(HostRow.name).where((HostRow.name == name) | (HostRow.uuid == host_uuid))
-            )
-            if taken is not None:
+            taken = session.execute(
+                select(HostRow.name, HostRow.uuid).where(
+                    (HostRow.name == name) | (HostRow.uuid == host_uuid)
+                )
+            ).first()
+            if taken is not None and taken.uuid == host_uuid:
                 raise Conflict(
-                    f"name {name!r} or uuid {host_uuid} is already used by a host", field="name"
+                    f"Conflicting resource provider uuid: {host_uuid} already exists",
+                    field="uuid",
+                )
+            if taken is not None:
+                raise DuplicateName(
+                    f"Conflicting resource provider name: {name} already exists", field="name"
+                )
+            if parent is not None and lookup.canonical_uuid(parent) == host_uuid:
+                raise ValidationError(
+                    f'Unable to create resource provider "{name}", {host_uuid}: parent '
+                    "provider UUID cannot be same as UUID. Please choose a different parent "
+                    "provider UUID.",
+                    field="parent_provider_uuid",
                 )
             parent_row = lookup.host_row(session, parent, "parent") if parent is not None else None
             stamp = now()
@@ -291,7 +306,10 @@ class HostService:
             if name != row.name:
                 taken = session.scalar(select(HostRow.id).where(HostRow.name == name))
                 if taken is not None:
-                    raise Conflict(f"name {name!r} is already used by a host", field="name")
+                    raise DuplicateName(
+                        f"Conflicting resource provider name: {name} already exists",
+                        field="name",
+                    )
                 row.name = name
             parent_row = None
             if parent is not None:

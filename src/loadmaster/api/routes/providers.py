@@ -6,7 +6,7 @@ one gets 409 ``loadmaster.concurrent_update`` and the client re-reads and retrie
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ from loadmaster.api.schemas import (
     ProviderPut,
     TraitsPut,
 )
+from loadmaster.cluster.records import HostRecord
 from loadmaster.errors import NotFound, ValidationError
 
 router = APIRouter(tags=["resource providers"])
@@ -60,8 +61,13 @@ def list_providers(
     required: list[str] = Query(
         [], description="traits: A,B (all), !A (not), in:A,B (any of them)"
     ),
+    resources: str | None = Query(
+        None, description="VCPU:2,MEMORY_MB:1024: room for these amounts, pending counted"
+    ),
 ) -> dict[str, Any]:
     version = microversion.current()
+    amounts = queries.resources(resources, version, {rc.name for rc in lm.resource_classes.list()})
+    room = _room_for(lm, amounts)
     wanted = queries.member_of(member_of, version)
     traits = queries.required(required, version)
     unknown = sorted(traits.names() - set(lm.traits.list(names=traits.names())))
@@ -84,8 +90,31 @@ def list_providers(
             and (root is None or h.root == root)
             and wanted.admits({a.lower() for a in h.aggregates})
             and traits.admits(set(h.traits))
+            and room(h)
         ]
     }
+
+
+def _room_for(lm: LM, amounts: Mapping[str, int]) -> Callable[[HostRecord], bool]:
+    """Whether a provider itself can take every amount now: its unit rules allow it and
+    its capacity less what is used, pending claims included, holds it (Placement counts
+    only what it has allocated; loadmaster counts what is on its way too)."""
+    if not amounts:
+        return lambda _host: True
+    usages = lm.allocations.usages()
+
+    def fits(host: HostRecord) -> bool:
+        used = usages.get(host.name, {})
+        for name, amount in amounts.items():
+            inventory = host.inventories.get(name)
+            usage = used.get(name)
+            if inventory is None or usage is None or inventory.unit_problem(amount):
+                return False
+            if usage.active + usage.pending + amount > usage.capacity:
+                return False
+        return True
+
+    return fits
 
 
 @router.post(
@@ -96,11 +125,15 @@ def list_providers(
 def create_provider(lm: LM, request: Request, body: ProviderCreate) -> Response | dict[str, Any]:
     """Placement's answer: 201 with no body before microversion 1.20, then 200 with the
     provider; a ``Location`` either way."""
+    version = microversion.current()
     fields = body.fields()
     parent = fields.pop("parent_provider_uuid", None)
+    if "parent_provider_uuid" in body.model_fields_set and not version.matches(*views.PARENT_SINCE):
+        raise queries.body_too_new("parent_provider_uuid")
+    if body.uuid is not None:
+        fields["uuid"] = queries.body_uuid(body.uuid, "uuid")
     host = lm.hosts.create(fields.pop("name"), parent=parent, **fields)
     location = {"location": absolute(request, f"/resource_providers/{host.uuid}")}
-    version = microversion.current()
     if version.matches(*PROVIDER_BODY_SINCE):
         return JSONResponse(views.provider(host, version), headers=location)
     return Response(status_code=201, headers=location)
@@ -121,7 +154,7 @@ def update_provider(lm: LM, provider: str, body: ProviderPut) -> dict[str, Any]:
     parent = host.parent
     if "parent_provider_uuid" in body.model_fields_set:
         if not version.matches(*views.PARENT_SINCE):
-            raise queries.too_new("parent_provider_uuid")
+            raise queries.body_too_new("parent_provider_uuid")
         parent = body.parent_provider_uuid
         if (
             host.parent is not None
@@ -137,7 +170,11 @@ def update_provider(lm: LM, provider: str, body: ProviderPut) -> dict[str, Any]:
 
 @router.delete(PROVIDER, status_code=204)
 def delete_provider(lm: LM, provider: str) -> Response:
-    lm.hosts.delete(provider)
+    try:
+        lm.hosts.delete(provider)
+    except NotFound as exc:
+        exc.detail += " for delete"  # Placement's words
+        raise
     return Response(status_code=204)
 
 
