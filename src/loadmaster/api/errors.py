@@ -248,6 +248,19 @@ def _schema_words(error: Mapping[str, Any]) -> str:
         "too_long": "maxItems",
         "too_short": "minItems",
     }.get(str(kind))
+    json_type = {
+        "int_type": "integer",
+        "int_parsing": "integer",
+        "float_type": "number",
+        "string_type": "string",
+        "bool_type": "boolean",
+        "list_type": "array",
+        "dict_type": "object",
+        "model_type": "object",
+        "model_attributes_type": "object",
+    }.get(str(kind))
+    if json_type:
+        return f"{error.get('input')!r} is not of type {json_type!r}. Failed validating 'type'"
     if keyword == "pattern":
         message = f"{error.get('input')!r} does not match {ctx.get('pattern')!r}"
     return f"{message}. Failed validating {keyword!r}" if keyword else message

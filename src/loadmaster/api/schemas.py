@@ -85,6 +85,16 @@ class HostCreate(Body):
     aggregates: list[Name] = []
 
 
+class HostTraitsPut(Body):
+    traits: list[Name]
+    resource_provider_generation: Generation | None = None
+
+
+class HostAggregatesPut(Body):
+    aggregates: list[Name]
+    resource_provider_generation: Generation | None = None
+
+
 class HostUpdate(Body):
     state: Name
     resource_provider_generation: Generation | None = None

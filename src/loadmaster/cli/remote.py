@@ -415,10 +415,10 @@ def _replace_set(name: str, kind: str, values: list[str]) -> Any:
     """Read the host's generation, then write the whole set with it; a host changed in
     between answers 409 (exit 4) instead of losing someone else's change."""
     client = api()
-    current = client.get(f"/resource_providers/{name}/{kind}")
+    current = client.get(f"/hosts/{name}")
     return client.put(
-        f"/resource_providers/{name}/{kind}",
-        {"resource_provider_generation": current["resource_provider_generation"], kind: values},
+        f"/hosts/{name}/{kind}",
+        {"resource_provider_generation": current["generation"], kind: values},
     )
 
 

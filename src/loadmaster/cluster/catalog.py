@@ -271,7 +271,7 @@ class TraitService:
                 .select_from(HostTraitRow)
                 .where(HostTraitRow.trait_id == row.id)
             ):
-                raise Conflict(f"trait {name} is set on hosts", field="name")
+                raise Conflict(f"The trait {name} is in use by a resource provider.", field="name")
             session.delete(row)
 
 

@@ -444,8 +444,9 @@ class HostService:
         row = lookup.host_row(session, ident)
         if generation is not None and row.generation != generation:
             raise ConcurrentUpdate(
-                f"resource provider generation conflict: host {row.name} changed: "
-                f"generation is {row.generation}, request had {generation}",
+                "Resource provider's generation already changed. Please update the "
+                f"generation and try again. (host {row.name}: generation is "
+                f"{row.generation}, request had {generation})",
                 field="generation",
             )
         return row

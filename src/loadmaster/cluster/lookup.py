@@ -63,7 +63,10 @@ def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
         if _is_uuid(ident):
             # Placement's words, which its clients and tests look for.
             raise NotFound(f"No resource provider with uuid {ident} found", field=field)
-        raise NotFound(f"{field} {ident!r}: no such host", field=field)
+        raise NotFound(
+            f"No resource provider with uuid {ident} found ({field} {ident!r}: no such host)",
+            field=field,
+        )
     return row
 
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
-from loadmaster.api.schemas import HostCreate, HostUpdate
+from loadmaster.api.schemas import HostAggregatesPut, HostCreate, HostTraitsPut, HostUpdate
 
 router = APIRouter(tags=["hosts"])
 
@@ -38,3 +38,19 @@ def update_host(lm: LM, host_name: str, body: HostUpdate) -> dict[str, Any]:
     return views.host(
         lm.hosts.set_state(host_name, body.state, generation=body.resource_provider_generation)
     )
+
+
+@router.put("/hosts/{host_name}/traits")
+def set_host_traits(lm: LM, host_name: str, body: HostTraitsPut) -> dict[str, Any]:
+    """Replace the host's traits; with ``resource_provider_generation``, only if the host
+    is still as the caller read it."""
+    generation = body.resource_provider_generation
+    return views.host(lm.hosts.set_traits(host_name, body.traits, generation=generation))
+
+
+@router.put("/hosts/{host_name}/aggregates")
+def set_host_aggregates(lm: LM, host_name: str, body: HostAggregatesPut) -> dict[str, Any]:
+    """Replace the host's aggregates, by name (``rack-1``) or uuid: loadmaster's own
+    aggregates need not be uuids, as Placement's must."""
+    generation = body.resource_provider_generation
+    return views.host(lm.hosts.set_aggregates(host_name, body.aggregates, generation=generation))

@@ -22,6 +22,7 @@ from loadmaster.api.schemas import (
     InventoriesPut,
     InventoryPost,
     InventoryPut,
+    Name,
     ProviderCreate,
     ProviderPut,
     TraitsPut,
@@ -45,6 +46,7 @@ def _placement_words(action: str, provider: str) -> Iterator[None]:
 
 PROVIDER = "/resource_providers/{provider}"
 AGGREGATES_SINCE = microversion.since(1, 1)
+AGGREGATES_GENERATION_SINCE = (1, 19)
 PROVIDER_BODY_SINCE = (1, 20)
 REPARENT_SINCE = (1, 37)
 
@@ -257,22 +259,57 @@ def get_traits(lm: LM, provider: str) -> dict[str, Any]:
 
 @router.put(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
 def put_traits(lm: LM, provider: str, body: TraitsPut) -> dict[str, Any]:
+    lm.hosts.get(provider)  # an unknown provider is 404 before its body's traits are read
+    unknown = sorted(set(body.traits) - set(lm.traits.list(names=body.traits)))
+    if unknown:
+        raise ValidationError(f"No such trait(s): {', '.join(unknown)}", field="traits")
     host = lm.hosts.set_traits(provider, body.traits, generation=body.resource_provider_generation)
     return {"resource_provider_generation": host.generation, "traits": list(host.traits)}
 
 
+@router.delete(PROVIDER + "/traits", status_code=204, openapi_extra=TRAITS_SINCE)
+def delete_traits(lm: LM, provider: str) -> Response:
+    """Every trait off the provider; its generation moves (no compare-and-swap: Placement
+    takes none here)."""
+    lm.hosts.set_traits(provider, [])
+    return Response(status_code=204)
+
+
 @router.get(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
 def get_aggregates(lm: LM, provider: str) -> dict[str, Any]:
-    host = lm.hosts.get(provider)
-    return {"resource_provider_generation": host.generation, "aggregates": list(host.aggregates)}
+    return _aggregates_view(lm.hosts.get(provider))
 
 
 @router.put(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
-def put_aggregates(lm: LM, provider: str, body: AggregatesPut) -> dict[str, Any]:
-    host = lm.hosts.set_aggregates(
-        provider, body.aggregates, generation=body.resource_provider_generation
-    )
-    return {"resource_provider_generation": host.generation, "aggregates": list(host.aggregates)}
+def put_aggregates(lm: LM, provider: str, body: AggregatesPut | list[Name]) -> dict[str, Any]:
+    """Before 1.19 the body is the list of aggregate uuids; from 1.19 it is an object with
+    the provider generation, compared and swapped."""
+    lm.hosts.get(provider)  # an unknown provider is 404 before its body is judged
+    with_generation = microversion.current().matches(*AGGREGATES_GENERATION_SINCE)
+    if isinstance(body, list) == with_generation:
+        wanted = "object" if with_generation else "array"
+        raise ValidationError(
+            f"JSON does not validate: the body is not of type {wanted!r} at this "
+            "microversion. Failed validating 'type'",
+            field="body",
+        )
+    aggregates = body if isinstance(body, list) else body.aggregates
+    generation = None if isinstance(body, list) else body.resource_provider_generation
+    uuids = [queries.body_uuid(a, f"aggregates[{i}]") for i, a in enumerate(aggregates)]
+    if len(set(uuids)) != len(uuids):
+        raise ValidationError(
+            f"JSON does not validate: {aggregates!r} has non-unique elements. Failed "
+            "validating 'uniqueItems'",
+            field="aggregates",
+        )
+    return _aggregates_view(lm.hosts.set_aggregates(provider, uuids, generation=generation))
+
+
+def _aggregates_view(host: HostRecord) -> dict[str, Any]:
+    view: dict[str, Any] = {"aggregates": list(host.aggregates)}
+    if microversion.current().matches(*AGGREGATES_GENERATION_SINCE):
+        view["resource_provider_generation"] = host.generation
+    return view
 
 
 @router.get(PROVIDER + "/usages")
