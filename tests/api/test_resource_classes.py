@@ -83,3 +83,13 @@ def test_resources_filter_counts_pending_claims(live: Live) -> None:
     assert names == {"h1", "h2"}
     bad = live.admin.get("/resource_providers?resources=VCPU:fred")
     assert bad.status_code == 400 and "expected positive integer amount" in bad.text
+
+
+def test_errors_are_html_for_a_browser_and_json_otherwise(live: Live) -> None:
+    page = live.admin.get("/no/such/path", headers={"accept": "text/html"})
+    assert page.status_code == 404
+    assert page.headers["content-type"].startswith("text/html")
+    assert "<h1>404 Not Found</h1>" in page.text
+    plain = live.admin.get("/no/such/path")
+    assert plain.headers["content-type"] == "application/json"
+    assert plain.json()["errors"][0]["status"] == 404

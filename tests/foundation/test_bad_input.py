@@ -49,7 +49,7 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         "reserved above total",
         lambda lm: lm.hosts.set_inventory("h1", "DISK_GB", {"total": 10, "reserved": 20}),
         "inventories.DISK_GB.reserved",
-        "exceed total",
+        "greater than total",
     ),
     (
         "ratio zero",
@@ -163,7 +163,7 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         "stale generation",
         lambda lm: lm.hosts.set_traits("h1", ["HW_CPU_X86_AVX2"], generation=0),
         "generation",
-        "generation is",
+        "has generation",
     ),
     ("bad tag", lambda lm: lm.vms.create("x", "small", tags=[""]), "tags[0]", "non-empty"),
     (

@@ -15,7 +15,7 @@ from loadmaster.resources import Inventory, parse_flavor, validate_custom_name
     [
         ({"total": 0}, "inventory.total", "at least 1"),
         ({"total": -5}, "inventory.total", "at least 1"),
-        ({"total": 10, "reserved": 11}, "inventory.reserved", "must not exceed total"),
+        ({"total": 10, "reserved": 11}, "inventory.reserved", "must not be greater than total"),
         ({"total": 10, "allocation_ratio": 0}, "inventory.allocation_ratio", "above 0"),
         ({"total": 10, "allocation_ratio": -1.5}, "inventory.allocation_ratio", "above 0"),
         ({"total": 10, "allocation_ratio": float("nan")}, "inventory.allocation_ratio", "finite"),

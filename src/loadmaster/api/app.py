@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loadmaster.api import errors, microversion
 from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, resolve_auth
 from loadmaster.api.deps import MetricsDep
-from loadmaster.api.negotiation import ContentNegotiation
+from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
 from loadmaster.api.routes import (
     agents,
@@ -105,7 +105,8 @@ def create_app(
     ]
     for router in routers:
         app.include_router(router)
-    # Starlette runs the middleware added last first: request context, microversion (so
+    # Starlette runs the middleware added last first: request context, errors as HTML for
+    # browsers, microversion (so
     # every answer, refusals included, says its version), auth, size guard, JSON-only
     # negotiation, and innermost the catcher of unexpected errors.
     app.add_middleware(errors.CatchUnexpected)
@@ -117,6 +118,7 @@ def create_app(
     if auth is not None:
         app.add_middleware(AuthMiddleware, config=auth)
     app.add_middleware(microversion.MicroversionMiddleware, render=errors.error_response)
+    app.add_middleware(HtmlErrors)
     # Even refused requests get an id and a log line.
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     app.openapi = lambda: _openapi(app, secured=auth is not None)  # type: ignore[method-assign]

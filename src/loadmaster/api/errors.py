@@ -223,7 +223,10 @@ def from_validation(exc: RequestValidationError, content_type: str | None) -> Lo
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     # Placement's prefix for a body its schema refuses, which its clients look for.
     prefix = "JSON does not validate: " if loc[:1] == ("body",) else ""
-    return ValidationError(f"{prefix}{field or 'body'}: {message}{suffix}", field=field)
+    if prefix:
+        # Placement's words straight after its prefix (its tests match the whole phrase).
+        return ValidationError(f"{prefix}{message} (at {field or 'body'}){suffix}", field=field)
+    return ValidationError(f"{field or 'body'}: {message}{suffix}", field=field)
 
 
 def _schema_words(error: Mapping[str, Any]) -> str:
@@ -263,7 +266,15 @@ def _schema_words(error: Mapping[str, Any]) -> str:
         return f"{error.get('input')!r} is not of type {json_type!r}. Failed validating 'type'"
     if keyword == "pattern":
         message = f"{error.get('input')!r} does not match {ctx.get('pattern')!r}"
-    return f"{message}. Failed validating {keyword!r}" if keyword else message
+    elif keyword == "minimum":
+        message = f"{error.get('input')!r} is less than the minimum of {ctx.get('ge')}"
+    elif keyword == "maximum":
+        message = f"{error.get('input')!r} is greater than the maximum of {ctx.get('le')}"
+    if not keyword:
+        return message
+    # jsonschema names where in the schema the check failed; Placement's tests match it.
+    where = "".join(f"['properties'][{part!r}]" for part in loc[1:] if isinstance(part, str))
+    return f"{message}. Failed validating {keyword!r} in schema{where}"
 
 
 def from_http(exc: StarletteHTTPException) -> LoadmasterError:

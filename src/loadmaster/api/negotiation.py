@@ -11,16 +11,20 @@ and a request body must say it is JSON.
 
 from __future__ import annotations
 
+import html
+import json
 from collections.abc import Sequence
+from http import HTTPStatus
 
 from fastapi.routing import APIRoute
 from starlette.routing import Match
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.api import microversion
 from loadmaster.api.errors import (
     JSON,
     NOT_FOUND,
+    MethodNotAllowed,
     NotAcceptable,
     error_response,
     media_type_refused,
@@ -68,14 +72,33 @@ class ContentNegotiation:
             await self.app(scope, receive, send)
             return
         error: LoadmasterError | None
+        headers: dict[str, str] = {}
         if not microversion.route_available(route.openapi_extra):
-            error = NotFound(NOT_FOUND)
+            # A method the path gains later is 405 where the path already has others at
+            # this version (as Placement's method map answers), else the path is 404.
+            allowed = self._methods_available(scope)
+            if allowed:
+                headers["Allow"] = ", ".join(sorted(allowed))
+                error = MethodNotAllowed(
+                    f"The method {scope['method']} is not allowed for this resource."
+                )
+            else:
+                error = NotFound(NOT_FOUND)
         else:
             error = self._refusal(scope["method"], dict(scope["headers"]))
         if error is None:
             await self.app(scope, receive, send)
         else:
-            await error_response(error)(scope, receive, send)
+            await error_response(error, headers)(scope, receive, send)
+
+    def _methods_available(self, scope: Scope) -> set[str]:
+        return {
+            method
+            for route in self.routes
+            if route.matches(scope)[0] is Match.PARTIAL
+            and microversion.route_available(route.openapi_extra)
+            for method in route.methods or ()
+        }
 
     def _refusal(self, method: str, headers: dict[bytes, bytes]) -> LoadmasterError | None:
         accept = headers.get(b"accept")
@@ -102,3 +125,57 @@ class ContentNegotiation:
         if media.lower() != JSON:
             return media_type_refused(media)
         return None
+
+
+class HtmlErrors:
+    """An error answered to a client that accepts HTML and not JSON (a browser) is a
+    small HTML page, as Placement's (webob's) errors are; every other answer stays JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        accept = dict(scope.get("headers", [])).get(b"accept", b"").decode("latin-1")
+        if scope["type"] != "http" or "text/html" not in accept.lower() or accepts_json(accept):
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        body = b""
+
+        async def as_html(message: Message) -> None:
+            nonlocal start, body
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message
+                return
+            if start is None:
+                await send(message)
+                return
+            body += message.get("body", b"")
+            if message.get("more_body"):
+                return
+            page = _html_page(start["status"], body)
+            headers = [
+                (k, v)
+                for k, v in start.get("headers", [])
+                if k.lower() not in (b"content-type", b"content-length")
+            ]
+            headers += [
+                (b"content-type", b"text/html; charset=UTF-8"),
+                (b"content-length", str(len(page)).encode()),
+            ]
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": page})
+
+        await self.app(scope, receive, as_html)
+
+
+def _html_page(status: int, body: bytes) -> bytes:
+    try:
+        detail = str(json.loads(body).get("detail", ""))
+    except (ValueError, AttributeError):
+        detail = body.decode("utf-8", "replace")
+    title = f"{status} {HTTPStatus(status).phrase}"
+    return (
+        f"<html><head><title>{title}</title></head><body><h1>{title}</h1>"
+        f"{html.escape(detail)}</body></html>"
+    ).encode()

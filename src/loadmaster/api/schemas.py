@@ -66,12 +66,16 @@ def check_class_name(name: str) -> None:
         ) from None
 
 
+# Placement's schema: every amount of an inventory but ``reserved`` is at least 1.
+PositiveAmount = Annotated[int, Field(ge=1, le=MAX_INT)]
+
+
 class InventoryIn(Body):
-    total: Amount
+    total: PositiveAmount
     reserved: Amount = 0
-    min_unit: Amount = 1
-    max_unit: Amount = MAX_INT
-    step_size: Amount = 1
+    min_unit: PositiveAmount = 1
+    max_unit: PositiveAmount = MAX_INT
+    step_size: PositiveAmount = 1
     allocation_ratio: Annotated[float, Field(gt=0, le=1e6)] = 1.0
 
 

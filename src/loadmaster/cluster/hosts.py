@@ -445,8 +445,8 @@ class HostService:
         if generation is not None and row.generation != generation:
             raise ConcurrentUpdate(
                 "Resource provider's generation already changed. Please update the "
-                f"generation and try again. (host {row.name}: generation is "
-                f"{row.generation}, request had {generation})",
+                f"generation and try again. (resource provider generation conflict: host "
+                f"{row.name} has generation {row.generation}, the request had {generation})",
                 field="generation",
             )
         return row

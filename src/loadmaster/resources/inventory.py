@@ -67,7 +67,7 @@ class Inventory:
             )
         if reserved > total:
             raise ValidationError(
-                f"{field}.reserved ({reserved}) must not exceed total ({total})",
+                f"{field}.reserved ({reserved}) must not be greater than total ({total})",
                 field=f"{field}.reserved",
             )
         if min_unit > max_unit:

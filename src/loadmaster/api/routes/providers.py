@@ -6,7 +6,7 @@ one gets 409 ``loadmaster.concurrent_update`` and the client re-reads and retrie
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,6 +20,7 @@ from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
     InventoriesPut,
+    InventoryIn,
     InventoryPost,
     InventoryPut,
     Name,
@@ -42,6 +43,30 @@ def _placement_words(action: str, provider: str) -> Iterator[None]:
     except ValidationError as exc:
         exc.detail = f"{action} {provider}: {exc.detail}"
         raise
+    except NotFound as exc:
+        if not (exc.field or "").startswith("inventories."):
+            raise
+        name = (exc.field or "").removeprefix("inventories.")
+        raise ValidationError(
+            f"Unknown resource class in inventory for resource provider {provider}: {name}. "
+            f"No such resource class {name}.",
+            field=exc.field,
+        ) from None
+
+
+def _reserved_below_total(
+    inventories: Mapping[str, InventoryIn], action: str, provider: str
+) -> None:
+    """Before 1.26 an inventory had to keep some capacity: reserved below total."""
+    if microversion.current().matches(*RESERVED_EQUAL_TOTAL_SINCE):
+        return
+    for name, inventory in inventories.items():
+        if inventory.reserved >= inventory.total:
+            raise ValidationError(
+                f"{action} {provider}: Invalid inventory for '{name}' on resource provider "
+                f"'{provider}'. The reserved value is greater than or equal to total.",
+                field=f"inventories.{name}.reserved",
+            )
 
 
 PROVIDER = "/resource_providers/{provider}"
@@ -49,6 +74,9 @@ AGGREGATES_SINCE = microversion.since(1, 1)
 AGGREGATES_GENERATION_SINCE = (1, 19)
 PROVIDER_BODY_SINCE = (1, 20)
 REPARENT_SINCE = (1, 37)
+RESERVED_EQUAL_TOTAL_SINCE = (1, 26)
+CREATE_INVENTORY = "Unable to create inventory for resource provider"
+UPDATE_INVENTORY = "Unable to update inventory for resource provider"
 
 
 @router.get("/resource_providers")
@@ -194,7 +222,8 @@ def post_inventory(
     # Optional here, unlike Placement's other inventory writes.
     generation = fields.pop("resource_provider_generation", None)
     resource_class = fields.pop("resource_class")
-    with _placement_words("Unable to create inventory for resource provider", provider):
+    _reserved_below_total({resource_class: body}, CREATE_INVENTORY, provider)
+    with _placement_words(CREATE_INVENTORY, provider):
         host = lm.hosts.set_inventory(
             provider, resource_class, fields, generation=generation, only="new"
         )
@@ -207,7 +236,8 @@ def post_inventory(
 @router.put(PROVIDER + "/inventories")
 def put_inventories(lm: LM, provider: str, body: InventoriesPut) -> dict[str, Any]:
     wanted = {name: inv.fields() for name, inv in body.inventories.items()}
-    with _placement_words("Unable to update inventory for resource provider", provider):
+    _reserved_below_total(body.inventories, UPDATE_INVENTORY, provider)
+    with _placement_words(UPDATE_INVENTORY, provider):
         host = lm.hosts.set_inventories(
             provider, wanted, generation=body.resource_provider_generation
         )
@@ -226,7 +256,8 @@ def get_inventory(lm: LM, provider: str, resource_class: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
     if resource_class not in host.inventories:
         raise NotFound(
-            f"host {host.name} has no {resource_class} inventory", field="resource_class"
+            f"No inventory of class {resource_class} for {host.uuid} (host {host.name})",
+            field="resource_class",
         )
     return views.inventory_of(host, resource_class)
 
@@ -236,7 +267,8 @@ def put_inventory(lm: LM, provider: str, resource_class: str, body: InventoryPut
     """Replace the inventory of a class the provider has (400 if it has none)."""
     fields = body.fields()
     generation = fields.pop("resource_provider_generation")
-    with _placement_words("Unable to update inventory for resource provider", provider):
+    _reserved_below_total({resource_class: body}, UPDATE_INVENTORY, provider)
+    with _placement_words(UPDATE_INVENTORY, provider):
         host = lm.hosts.set_inventory(
             provider, resource_class, fields, generation=generation, only="existing"
         )
@@ -302,11 +334,14 @@ def put_aggregates(lm: LM, provider: str, body: AggregatesPut | list[Name]) -> d
             "validating 'uniqueItems'",
             field="aggregates",
         )
-    return _aggregates_view(lm.hosts.set_aggregates(provider, uuids, generation=generation))
+    host = lm.hosts.set_aggregates(provider, uuids, generation=generation)
+    return _aggregates_view(host, uuids)  # in the order written, as Placement echoes them
 
 
-def _aggregates_view(host: HostRecord) -> dict[str, Any]:
-    view: dict[str, Any] = {"aggregates": list(host.aggregates)}
+def _aggregates_view(host: HostRecord, aggregates: Sequence[str] | None = None) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "aggregates": list(host.aggregates if aggregates is None else aggregates)
+    }
     if microversion.current().matches(*AGGREGATES_GENERATION_SINCE):
         view["resource_provider_generation"] = host.generation
     return view
