@@ -24,7 +24,7 @@ from loadmaster.errors import (
 from loadmaster.resources import Inventory, validate_trait_name
 from loadmaster.store import Store
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.locking import bump_generations, now
+from loadmaster.store.locking import bump_generations, mark_changed, now
 from loadmaster.store.schema import (
     AllocationRow,
     HostAggregateRow,
@@ -169,6 +169,7 @@ class HostService:
             self._write_traits(session, row, trait_names)
             session.add_all(HostAggregateRow(host_id=row.id, aggregate=a) for a in aggs)
             session.flush()
+            mark_changed(session, [row.id], layout=True)
             return self._record(session, row)
 
     def create_many(self, hosts: Sequence[Mapping[str, Any]]) -> builtins.list[HostRecord]:
@@ -266,6 +267,7 @@ class HostService:
             for table, rows in children:
                 if rows:
                     session.execute(insert(table), rows)
+            mark_changed(session, ids, layout=True)
             host_rows: builtins.list[HostRow] = []
             for chunk in in_chunks(list(ids)):
                 host_rows.extend(session.scalars(select(HostRow).where(HostRow.id.in_(chunk))))
@@ -294,16 +296,17 @@ class HostService:
                     field="host",
                 )
             session.delete(row)
+            mark_changed(session, (), layout=True)
 
     def update(self, ident: str, name: str, parent: str | None) -> HostRecord:
         """Placement's ``PUT /resource_providers/{uuid}``: a new name, a new parent (or
-        none). The uuid never changes; the generation moves so that a writer holding the old
-        view is told. A provider moves to another tree only with nothing allocated from it
+        none). The uuid and, as in Placement, the generation never change. A provider moves to another tree only with nothing allocated from it
         or below it: a VM's claim belongs to one host (a root) and must not change hosts
         without the ledger moving it."""
         with self._store.write() as session:
             row = lookup.host_row(session, ident)
-            if name != row.name:
+            renamed = name != row.name
+            if renamed:
                 taken = session.scalar(select(HostRow.id).where(HostRow.name == name))
                 if taken is not None:
                     raise DuplicateName(
@@ -320,14 +323,21 @@ class HostService:
                     raise ValidationError(
                         "parent provider UUID does not exist.", field="parent_provider_uuid"
                     )
-            others: set[int] = set()
+            moved: set[int] = set()
             if (parent_row.id if parent_row else None) != row.parent_id:
-                others = self._move_subtree(session, row, parent_row)
-            return self._bump(session, row, touch=others)
+                moved = self._move_subtree(session, row, parent_row)
+            # Placement moves no generation here (they guard inventories, traits and
+            # aggregates); schedulers learn of the new name or tree from the clock, as a
+            # change of layout (names and trees are read only by a full load).
+            if renamed or moved:
+                mark_changed(session, {row.id} | moved, layout=True)
+            row.updated_at = now()
+            session.flush()
+            session.refresh(row)
+            return self._record(session, row)
 
     def _move_subtree(self, session: Session, row: HostRow, parent: HostRow | None) -> set[int]:
-        """Move ``row`` and everything below it under ``parent``; the other roots whose
-        trees changed."""
+        """Move ``row`` and everything below it under ``parent``; the providers moved."""
         subtree = [row.id]
         for host_id in subtree:  # grows while walked: breadth first
             subtree += session.scalars(select(HostRow.id).where(HostRow.parent_id == host_id))
@@ -351,8 +361,7 @@ class HostService:
         new_root = parent.root_id if parent is not None else row.id
         session.execute(update(HostRow).where(HostRow.id.in_(subtree)).values(root_id=new_root))
         session.refresh(row)
-        # Both trees changed: whoever holds a view of either must re-read.
-        return {r for r in (old_root, new_root) if r is not None and r != row.id}
+        return set(subtree) | {r for r in (old_root, new_root) if r is not None}
 
     def set_state(self, ident: str, state: str, *, generation: int | None = None) -> HostRecord:
         _validate_state(state)

@@ -23,7 +23,7 @@ from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.cluster.vms import PLACED_STATES
-from loadmaster.store import Store
+from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
     HostAggregateRow,
@@ -58,6 +58,8 @@ class HostState:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._reports_seen: datetime | None = None
+        # The cluster clock (seq, layout_seq) these arrays reflect; None: nothing loaded.
+        self._clock: tuple[int, int] | None = None
         self._clear()
 
     # -- shape -------------------------------------------------------------------------
@@ -102,19 +104,29 @@ class HostState:
 
     # -- refreshing --------------------------------------------------------------------
     def refresh(self) -> None:
-        """Bring the arrays up to date with the store, reloading only what changed."""
+        """Bring the arrays up to date with the store, reloading only what changed: the
+        cluster clock says whether anything did (one row read), and which providers."""
         with self._store.read() as session:
-            current = dict(session.execute(select(HostRow.id, HostRow.generation)).all())
-            if set(current) != set(self.row_of):
+            # Read first: a change committed after it is stamped later and seen next time.
+            seen = locking.clock(session)
+            if self._clock is None or seen[1] != self._clock[1]:
                 self._load_all(session)
-            else:
+            elif seen[0] != self._clock[0]:
+                stamped = session.execute(
+                    select(HostRow.id, HostRow.generation).where(
+                        HostRow.changed_seq > self._clock[0]
+                    )
+                ).all()
+                # Our own claims moved these generations as we expected: nothing to read.
                 changed = [
                     host_id
-                    for host_id, generation in current.items()
-                    if self.generation[self.row_of[host_id]] != generation
+                    for host_id, generation in stamped
+                    if host_id not in self.row_of
+                    or self.generation[self.row_of[host_id]] != generation
                 ]
                 if changed and not self._reload(session, changed):
                     self._load_all(session)
+            self._clock = seen
             self._load_reports(session)
 
     def refresh_hosts(self, hosts: Iterable[int]) -> None:

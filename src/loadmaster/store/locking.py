@@ -8,8 +8,11 @@ queue up instead of deadlocking (SQLite serialises writers anyway):
 2. their server groups: ``FOR KEY SHARE`` right after the VMs (``share_groups``), or
    ``FOR UPDATE`` by a claim that checks the groups' rules (``lock_groups``);
 3. hosts, ``FOR NO KEY UPDATE``, when their generations move (``bump_generations``,
-   ``touch_generations``), always last: a claim decides from what it read of the hosts,
-   and the compare-and-swap on the generation proves nobody changed them meanwhile.
+   ``touch_generations``): a claim decides from what it read of the hosts, and the
+   compare-and-swap on the generation proves nobody changed them meanwhile;
+4. the cluster clock's one row (``mark_changed``), last of all: it is held until commit,
+   so writers take clock values in the order they commit, and a scheduler that has read
+   value N has seen every change stamped N or less.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.schema import HostRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import ClusterClockRow, HostRow, ServerGroupRow, VmRow
+
+CLOCK_ROW = 1
 
 
 def now() -> datetime:
@@ -102,6 +107,8 @@ def bump_generations(
             )
     if extra:
         touch_generations(session, extra)
+    else:
+        mark_changed(session, ids)
 
 
 def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
@@ -109,7 +116,8 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
     usage (activation, release): they decide nothing from what they read of the host, but
     schedulers holding the old generation must still see the host changed. Rows are locked
     in id order, as ``bump_generations`` does."""
-    for chunk in in_chunks(sorted(set(host_ids))):
+    ids = sorted(set(host_ids))
+    for chunk in in_chunks(ids):
         _lock_hosts(session, chunk)
         session.execute(
             update(HostRow)
@@ -117,6 +125,41 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
             .values(generation=HostRow.generation + 1)
             .execution_options(synchronize_session=False)
         )
+    mark_changed(session, ids)
+
+
+def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = False) -> None:
+    """Advance the cluster clock and stamp the hosts with it: schedulers reload them.
+    ``layout``: providers were added, removed or moved between trees (a full reload).
+    Placement's generations are the clients' compare-and-swap tokens and move only where
+    Placement moves them; this is what tells a scheduler's snapshot what to re-read."""
+    values: dict[str, object] = {"seq": ClusterClockRow.seq + 1}
+    if layout:
+        values["layout_seq"] = ClusterClockRow.layout_seq + 1
+    seq = session.execute(
+        update(ClusterClockRow)
+        .where(ClusterClockRow.id == CLOCK_ROW)
+        .values(**values)
+        .returning(ClusterClockRow.seq)
+        .execution_options(synchronize_session=False)
+    ).scalar_one()
+    for chunk in in_chunks(sorted(set(host_ids))):
+        session.execute(
+            update(HostRow)
+            .where(HostRow.id.in_(chunk))
+            .values(changed_seq=seq)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def clock(session: Session) -> tuple[int, int]:
+    """``(seq, layout_seq)`` as committed now."""
+    seq, layout = session.execute(
+        select(ClusterClockRow.seq, ClusterClockRow.layout_seq).where(
+            ClusterClockRow.id == CLOCK_ROW
+        )
+    ).one()
+    return int(seq), int(layout)
 
 
 def generation_of(session: Session, host_id: int | None) -> int:

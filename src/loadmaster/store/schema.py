@@ -50,9 +50,25 @@ class HostRow(Base):
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True)
     root_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"), nullable=True, index=True)
     generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The cluster clock's value when anything a scheduler reads of this provider last
+    # changed (see ``ClusterClockRow``); a scheduler reloads only what moved past its own.
+    changed_seq: Mapped[int] = mapped_column(BigInteger, default=0, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     updated_at: Mapped[datetime] = mapped_column(DateTime)
     __table_args__ = (CheckConstraint("state IN ('up', 'maintenance', 'down')", name="host_state"),)
+
+
+class ClusterClockRow(Base):
+    """One row: ``seq`` moves with every change to what schedulers read of the hosts, and
+    ``layout_seq`` with every change to which providers exist and how they nest. A
+    scheduler that saw both values has nothing to reload; one that saw an older ``seq``
+    reloads the hosts whose ``changed_seq`` is newer, and only those. The row is locked
+    last in every writer (see ``store.locking``), so commits take values in order."""
+
+    __tablename__ = "cluster_clock"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    layout_seq: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class HostTraitRow(Base):
