@@ -107,8 +107,7 @@ def bump_generations(
             )
     if extra:
         touch_generations(session, extra)
-    else:
-        mark_changed(session, ids)
+    mark_changed(session, ids)
 
 
 def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
