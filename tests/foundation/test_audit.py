@@ -28,11 +28,13 @@ def test_clean_database_has_no_problems(lm: Loadmaster) -> None:
 def test_each_kind_of_damage_is_found(lm: Loadmaster) -> None:
     uuids = _setup(lm)
     with lm.store.write() as session:
-        vm_ids = {u: session.scalar(select(VmRow.id).where(VmRow.uuid == u)) for u in uuids}
+        vm_ids = {
+            u: session.scalar(select(VmRow.consumer_id).where(VmRow.uuid == u)) for u in uuids
+        }
         # a claim that lost one of its classes
         session.execute(
             AllocationRow.__table__.delete().where(
-                AllocationRow.vm_id == vm_ids[uuids[0]], AllocationRow.amount == 1024
+                AllocationRow.consumer_id == vm_ids[uuids[0]], AllocationRow.amount == 1024
             )
         )
         # records for a VM that was never placed
@@ -40,7 +42,7 @@ def test_each_kind_of_damage_is_found(lm: Loadmaster) -> None:
         class_id = session.scalar(select(AllocationRow.resource_class_id).limit(1))
         session.add(
             AllocationRow(
-                vm_id=vm_ids[uuids[2]],
+                consumer_id=vm_ids[uuids[2]],
                 host_id=host_id,
                 resource_class_id=class_id,
                 amount=1,

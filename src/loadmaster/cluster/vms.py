@@ -7,8 +7,9 @@ import json
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from sqlalchemy import String, cast, or_, select
+from sqlalchemy import String, cast, exists, insert, or_, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -18,7 +19,7 @@ from loadmaster.resources import parse_amounts
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import now, touch_generations
-from loadmaster.store.schema import FlavorRow, HostRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import ConsumerRow, FlavorRow, HostRow, ServerGroupRow, VmRow
 from loadmaster.tiers import parse_priority, tiers_in
 
 # requested -> pending on a host -> running -> stopped/deleted; migrating = active on the
@@ -162,9 +163,53 @@ class VmService:
             for row, prefix in zip(rows, _prefixes(count), strict=True):
                 if row.uuid in existing:
                     _same_vm(existing[row.uuid], row, prefix)
-            session.add_all(r for r in rows if r.uuid not in existing)
+            new = [r for r in rows if r.uuid not in existing]
+            self._add_consumers(session, new, stamp)
+            session.add_all(new)
             session.flush()
             return vm_records(session, [existing.get(r.uuid, r) for r in rows])
+
+    @staticmethod
+    def _add_consumers(session: Session, rows: builtins.list[VmRow], stamp: datetime) -> None:
+        """Each new VM is the consumer of its uuid; a uuid a Placement client already uses
+        for a plain consumer is refused (one consumer is not both)."""
+        uuids = [r.uuid for r in rows]
+        for chunk in in_chunks(uuids):
+            # A VM's own consumer is not "taken": a twin create committed meanwhile, and
+            # the insert below fails on it and the whole create is read again.
+            taken = session.scalar(
+                select(ConsumerRow.uuid).where(
+                    ConsumerRow.uuid.in_(chunk),
+                    ~exists().where(VmRow.consumer_id == ConsumerRow.id),
+                )
+            )
+            if taken is not None:
+                raise Conflict(
+                    f"uuid {taken} is already a consumer of allocations written through "
+                    "Placement's API; a VM needs a uuid of its own",
+                    field="uuid",
+                )
+        ids = (
+            session.scalars(
+                insert(ConsumerRow).returning(ConsumerRow.id, sort_by_parameter_order=True),
+                [
+                    {
+                        "uuid": r.uuid,
+                        "project_id": r.project_id,
+                        "user_id": r.user_id,
+                        "consumer_type": "INSTANCE",
+                        "generation": 0,
+                        "created_at": stamp,
+                        "updated_at": stamp,
+                    }
+                    for r in rows
+                ],
+            ).all()
+            if rows
+            else []
+        )
+        for row, consumer_id in zip(rows, ids, strict=True):
+            row.consumer_id = consumer_id
 
     def get(self, ident: str) -> VmRecord:
         with self._store.read() as session:

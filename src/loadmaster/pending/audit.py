@@ -16,6 +16,7 @@ from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.store import Store
 from loadmaster.store.schema import (
     AllocationRow,
+    ConsumerRow,
     FlavorRow,
     HostRow,
     InventoryRow,
@@ -61,17 +62,28 @@ def audit(store: Store) -> list[Problem]:
                 )
         records: dict[int, list[AllocationRow]] = defaultdict(list)
         for row in session.scalars(select(AllocationRow)):
-            records[row.vm_id].append(row)
+            records[row.consumer_id].append(row)
         flavors = {f.id: f for f in session.scalars(select(FlavorRow))}
         roots = dict(session.execute(select(HostRow.id, HostRow.root_id)).all())
         for vm in session.scalars(select(VmRow)):
-            mine = records.pop(vm.id, [])
+            mine = records.pop(vm.consumer_id, [])
             flavor = flavors.get(vm.flavor_id) if vm.flavor_id is not None else None
             problems.extend(_check_vm(vm, mine, flavor, roots, names))
-        for vm_id, rows in records.items():
-            problems.append(
-                Problem("orphaned", str(vm_id), f"{len(rows)} records for a VM that does not exist")
-            )
+        consumers = dict(session.execute(select(ConsumerRow.id, ConsumerRow.uuid)).all())
+        for consumer_id, rows in records.items():
+            # What is left belongs to plain (Placement) consumers: in use, never pending.
+            if consumer_id not in consumers:
+                problems.append(
+                    Problem("orphaned", str(consumer_id), f"{len(rows)} records of no consumer")
+                )
+            elif any(r.state != "active" for r in rows):
+                problems.append(
+                    Problem(
+                        "pending_without_vm",
+                        consumers[consumer_id],
+                        "a consumer that is no VM holds pending records: nothing would end them",
+                    )
+                )
     return problems + group_rule_problems(store)
 
 

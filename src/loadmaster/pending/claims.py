@@ -144,7 +144,7 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             touched.setdefault(provider.id, provider.generation)
             new_rows.append(
                 {
-                    "vm_id": vm.id,
+                    "consumer_id": vm.consumer_id,
                     "host_id": provider.id,
                     "resource_class_id": class_id,
                     "amount": amount,
@@ -288,7 +288,9 @@ def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
 
 def _drop_pending(session: Session, vm: VmRow) -> set[int]:
     """Delete a pending VM's records (it is re-placed); the providers they were on."""
-    rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == vm.id)))
+    rows = list(
+        session.scalars(select(AllocationRow).where(AllocationRow.consumer_id == vm.consumer_id))
+    )
     for r in rows:
         session.delete(r)
     return with_roots(session, {r.host_id for r in rows})

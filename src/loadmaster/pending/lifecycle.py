@@ -53,7 +53,9 @@ def activate(session: Session, vm: str, host: str | None = None) -> VmRecord:
 
 
 def activate_row(session: Session, row: VmRow) -> None:
-    rows = list(session.scalars(select(AllocationRow).where(AllocationRow.vm_id == row.id)))
+    rows = list(
+        session.scalars(select(AllocationRow).where(AllocationRow.consumer_id == row.consumer_id))
+    )
     touched = with_roots(session, {r.host_id for r in rows})
     if row.state == "migrating":
         target_tree = tree_ids(session, row.target_host_id)
@@ -63,7 +65,7 @@ def activate_row(session: Session, row: VmRow) -> None:
         row.host_id, row.target_host_id = row.target_host_id, None
     session.execute(
         update(AllocationRow)
-        .where(AllocationRow.vm_id == row.id, AllocationRow.state == "pending")
+        .where(AllocationRow.consumer_id == row.consumer_id, AllocationRow.state == "pending")
         .values(state="active")
         .execution_options(synchronize_session=False)
     )
@@ -92,7 +94,7 @@ def release_row(
 ) -> int:
     """``then``: the state once nothing is left (by default: requested again for a VM
     that never started, stopped for one that ran)."""
-    query = select(AllocationRow).where(AllocationRow.vm_id == row.id)
+    query = select(AllocationRow).where(AllocationRow.consumer_id == row.consumer_id)
     if host_row is not None:
         query = query.where(
             AllocationRow.host_id.in_(tree_ids(session, host_row.root_id or host_row.id))
@@ -108,7 +110,8 @@ def release_row(
     left = list(
         session.scalars(
             select(AllocationRow).where(
-                AllocationRow.vm_id == row.id, AllocationRow.id.notin_([r.id for r in doomed])
+                AllocationRow.consumer_id == row.consumer_id,
+                AllocationRow.id.notin_([r.id for r in doomed]),
             )
         )
     )

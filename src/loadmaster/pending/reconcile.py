@@ -74,16 +74,18 @@ def reconcile(
     tree = tree_ids(session, root.root_id or root.id)
     # Lock the VMs first, then read their records: an activation or a claim that
     # committed while we waited is seen, not overwritten with what it replaced.
-    here = select(AllocationRow.vm_id).where(AllocationRow.host_id.in_(tree))
+    here = select(AllocationRow.consumer_id).where(AllocationRow.host_id.in_(tree))
     vms = session.scalars(
-        select(VmRow).where(VmRow.id.in_(here)).order_by(VmRow.id).with_for_update()
+        select(VmRow).where(VmRow.consumer_id.in_(here)).order_by(VmRow.id).with_for_update()
     ).all()
     lookup.share_groups(session, vms)
-    by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {v.id: (v, []) for v in vms}
+    by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {v.consumer_id: (v, []) for v in vms}
     for alloc in session.scalars(
-        select(AllocationRow).where(AllocationRow.host_id.in_(tree), AllocationRow.vm_id.in_(by_vm))
+        select(AllocationRow).where(
+            AllocationRow.host_id.in_(tree), AllocationRow.consumer_id.in_(by_vm)
+        )
     ):
-        by_vm[alloc.vm_id][1].append(alloc)
+        by_vm[alloc.consumer_id][1].append(alloc)
     for vm, allocs in by_vm.values():
         if not allocs or vm.state == "migrating":
             continue  # left this host meanwhile, or a migration (its executor's)

@@ -25,12 +25,12 @@ def allocations(
             AllocationRow.amount,
             AllocationRow.state,
         )
-        .join(VmRow, VmRow.id == AllocationRow.vm_id)
+        .join(VmRow, VmRow.consumer_id == AllocationRow.consumer_id)
         .join(HostRow, HostRow.id == AllocationRow.host_id)
         .order_by(AllocationRow.id)
     )
     if vm is not None:
-        query = query.where(AllocationRow.vm_id == lookup.vm_row(session, vm).id)
+        query = query.where(AllocationRow.consumer_id == lookup.vm_row(session, vm).consumer_id)
     if host is not None:
         query = query.where(AllocationRow.host_id == lookup.host_row(session, host).id)
     if state is not None:
@@ -81,7 +81,7 @@ def project_usage(session: Session, project_id: str) -> dict[str, dict[str, int]
     names = lookup.class_names(session)
     rows = session.execute(
         select(AllocationRow.resource_class_id, AllocationRow.state, AllocationRow.amount)
-        .join(VmRow, VmRow.id == AllocationRow.vm_id)
+        .join(VmRow, VmRow.consumer_id == AllocationRow.consumer_id)
         .where(VmRow.project_id == project_id)
     )
     totals: dict[str, dict[str, int]] = {}

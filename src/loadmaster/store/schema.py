@@ -122,13 +122,33 @@ class ServerGroupRow(Base):
     max_per_host: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
+class ConsumerRow(Base):
+    """Placement's consumer: whoever holds allocations, named by any uuid. A VM is one
+    (``vms.consumer_id``, same uuid) with the lifecycle Placement lacks; a plain consumer
+    is written by Placement's clients only. ``generation`` moves with every change to its
+    records, whoever makes it, so a Placement client never overwrites what it has not seen."""
+
+    __tablename__ = "consumers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(36), unique=True)
+    project_id: Mapped[str] = mapped_column(String(255), index=True)
+    user_id: Mapped[str] = mapped_column(String(255), index=True)
+    consumer_type: Mapped[str] = mapped_column(String(255), default="INSTANCE")
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 class VmRow(Base):
-    """A consumer of resources. ``host_id`` is where it runs or is headed; ``target_host_id``
-    is the destination of a migration in flight."""
+    """A consumer of resources with a lifecycle. ``host_id`` is where it runs or is headed;
+    ``target_host_id`` is the destination of a migration in flight."""
 
     __tablename__ = "vms"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     uuid: Mapped[str] = mapped_column(String(36), unique=True)
+    consumer_id: Mapped[int] = mapped_column(
+        ForeignKey("consumers.id", ondelete="CASCADE"), unique=True
+    )
     name: Mapped[str] = mapped_column(String(255))
     project_id: Mapped[str] = mapped_column(String(255), index=True)
     user_id: Mapped[str] = mapped_column(String(255))
@@ -159,12 +179,14 @@ class VmRow(Base):
 
 
 class AllocationRow(Base):
-    """One record per (VM, provider, resource class): the pending-resource record of oVirt's
-    PRM and the allocation of Placement in one table, told apart by ``state``."""
+    """One record per (consumer, provider, resource class): the pending-resource record of
+    oVirt's PRM and the allocation of Placement in one table, told apart by ``state``."""
 
     __tablename__ = "allocations"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"))
+    consumer_id: Mapped[int] = mapped_column(
+        ForeignKey("consumers.id", ondelete="CASCADE"), index=True
+    )
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     resource_class_id: Mapped[int] = mapped_column(ForeignKey("resource_classes.id"))
     amount: Mapped[int] = mapped_column(BigInteger)
@@ -172,7 +194,7 @@ class AllocationRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     __table_args__ = (
         UniqueConstraint(
-            "vm_id", "host_id", "resource_class_id", name="uq_allocation_vm_host_class"
+            "consumer_id", "host_id", "resource_class_id", name="uq_allocation_consumer_host_class"
         ),
         CheckConstraint("state IN ('pending', 'active')", name="allocation_state"),
         CheckConstraint("amount > 0", name="allocation_amount_positive"),
