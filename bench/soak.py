@@ -313,7 +313,7 @@ class SoakClient:
             self.learn(response.json())
 
     def abort_migration(self, uuid: str) -> None:
-        path = f"/allocations/{uuid}?host={self.destination[uuid]}"
+        path = f"/vms/{uuid}/allocations?host={self.destination[uuid]}"
         if self.expect("abort", uuid, self.call("abort", "DELETE", path), 204):
             self.state[uuid], self.destination[uuid] = "running", None  # it never left
 

@@ -47,7 +47,7 @@ def test_host_has_the_final_say(db_url: str) -> None:
         c.add("tight", config=ManagerConfig(memory_headroom_mb=64 * 1024 - 512))
         c.add("roomy", memory_gib=8)
         [vm] = c.create_vms(1)
-        response = c.admin.put(f"/allocations/{vm}", json={"host": "tight"})
+        response = c.admin.put(f"/vms/{vm}/allocations", json={"host": "tight"})
         assert response.status_code == 200, response.text
         c.wait_for(lambda: c.lm.vms.get(vm).state == "running", 30, "the VM running")
         record = c.lm.vms.get(vm)
@@ -63,7 +63,7 @@ def test_failed_launch_is_placed_elsewhere(db_url: str) -> None:
         c.add("b")
         [vm] = c.create_vms(1)
         c.sims["a"].failing_launches.add(vm)
-        assert c.admin.put(f"/allocations/{vm}", json={"host": "a"}).status_code == 200
+        assert c.admin.put(f"/vms/{vm}/allocations", json={"host": "a"}).status_code == 200
         c.wait_for(lambda: c.lm.vms.get(vm).state == "running", 30, "the VM running")
         assert c.lm.vms.get(vm).host == "b"
         assert "simulated failure" in (c.lm.vms.get(vm).fault or "")
@@ -75,7 +75,7 @@ def test_migration_runs_and_a_failed_one_rolls_back(db_url: str) -> None:
         c.add("dst")
         first, second = c.create_vms(2)
         for vm in (first, second):
-            assert c.admin.put(f"/allocations/{vm}", json={"host": "src"}).status_code == 200
+            assert c.admin.put(f"/vms/{vm}/allocations", json={"host": "src"}).status_code == 200
         c.wait_for(lambda: c.states().get("running") == 2, 30, "both running")
         moved = c.admin.post(f"/vms/{first}/migrate", json={"host": "dst"})
         assert moved.status_code == 200, moved.text
@@ -130,7 +130,7 @@ def test_agent_killed_mid_launch_and_mid_migration_converges(db_url: str) -> Non
         c.add("y")
         uuids = c.create_vms(12)
         for vm in uuids:
-            assert c.admin.put(f"/allocations/{vm}", json={"host": "x"}).status_code == 200
+            assert c.admin.put(f"/vms/{vm}/allocations", json={"host": "x"}).status_code == 200
         c.wait_for(lambda: len(c.sims["x"].list_guests()) >= 3, 30, "some launches")
         x.kill()  # launches under way finish on the hypervisor, unannounced
         time.sleep(1.0)

@@ -48,7 +48,7 @@ def served(db_url: str) -> Iterator[tuple[Loadmaster, dict[str, httpx.Client]]]:
 
 def _vm_on(admin: httpx.Client, host: str, name: str) -> str:
     uuid = str(ok(admin.post("/vms", json={"name": name, "flavor": "small"}), 201)["uuid"])
-    ok(admin.put(f"/allocations/{uuid}", json={"host": host}))
+    ok(admin.put(f"/vms/{uuid}/allocations", json={"host": host}))
     return uuid
 
 

@@ -22,7 +22,7 @@ def test_vm_lifecycle_over_http(live: Live) -> None:
     host = started["placement"]["host"]
     assert started["vm"]["state"] == "pending" and host in {"h0", "h1", "h2"}
 
-    allocations = ok(reader.get(f"/allocations/{uuid}"))["allocations"]
+    allocations = ok(reader.get(f"/vms/{uuid}/allocations"))["allocations"]
     (entry,) = allocations.values()
     assert entry["name"] == host
     assert entry["pending"] == {"MEMORY_MB": 4096, "VCPU": 2} and entry["active"] == {}
@@ -32,7 +32,8 @@ def test_vm_lifecycle_over_http(live: Live) -> None:
 
     assert ok(admin.post(f"/vms/{uuid}/up"))["state"] == "running"
     assert ok(reader.get(f"/resource_providers/{host}/usages"))["classes"]["VCPU"]["active"] == 2
-    assert ok(reader.get("/usages", params={"project_id": "default"}))["usages"]["VCPU"] == 2
+    by_type = ok(reader.get("/usages", params={"project_id": "default"}))["usages"]
+    assert by_type["INSTANCE"] == {"VCPU": 2, "MEMORY_MB": 4096, "consumer_count": 1}
 
     moved = ok(admin.post(f"/vms/{uuid}/migrate", json={"reason": "maintenance"}))
     target = moved["placement"]["host"]
@@ -40,7 +41,7 @@ def test_vm_lifecycle_over_http(live: Live) -> None:
     assert ok(admin.post(f"/vms/{uuid}/up"))["host"] == target
 
     assert ok(admin.post(f"/vms/{uuid}/stop"))["state"] == "stopped"
-    assert ok(reader.get(f"/allocations/{uuid}"))["allocations"] == {}
+    assert ok(reader.get(f"/vms/{uuid}/allocations"))["allocations"] == {}
     ok(admin.delete(f"/vms/{uuid}"), 204)
     ok(admin.delete(f"/vms/{uuid}"), 204)  # deleting again is harmless
     assert ok(reader.get(f"/vms/{uuid}"))["state"] == "deleted"

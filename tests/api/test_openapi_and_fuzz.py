@@ -39,7 +39,7 @@ def test_openapi_document_describes_the_api(tmp_path: Path) -> None:
         "/resource_providers/{provider}/aggregates",
         "/resource_providers/{provider}/usages",
         "/traits",
-        "/allocations/{uuid}",
+        "/allocations/{consumer_uuid}",
         "/usages",
         "/flavors",
         "/vms",

@@ -216,7 +216,7 @@ def pair(cloud: RealCloud) -> tuple[GuestSpec, GuestSpec]:
     first, second = cloud.create_vm("silver"), cloud.create_vm("platinum")
     started = time.monotonic()
     for spec in (first, second):
-        claimed = cloud.admin.put(f"/allocations/{spec.uuid}", json={"host": "real-a"})
+        claimed = cloud.admin.put(f"/vms/{spec.uuid}/allocations", json={"host": "real-a"})
         assert claimed.status_code == 200, claimed.text
         assert claimed.json()["state"] == "pending"
     for spec in (first, second):
@@ -512,7 +512,7 @@ def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
     guest image it was given on the command line. Last: it ends real-b's manager."""
     cloud.b.halt()
     spec = cloud.create_vm("gold")
-    claimed = cloud.admin.put(f"/allocations/{spec.uuid}", json={"host": "real-b"})
+    claimed = cloud.admin.put(f"/vms/{spec.uuid}/allocations", json={"host": "real-b"})
     assert claimed.status_code == 200, claimed.text
     image = cloud.real.image
     assert image.log_dir is not None

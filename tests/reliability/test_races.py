@@ -92,12 +92,12 @@ def _scenarios(r: int) -> dict[str, Callable[[int], Request]]:
         "host_delete_vs_claim": lambda i: (
             ("DELETE", f"/resource_providers/dh{r}", None)
             if i == 0
-            else ("PUT", f"/allocations/{_vm_uuid(f'dh{r}-{i}')}", {"host": f"dh{r}"})
+            else ("PUT", f"/vms/{_vm_uuid(f'dh{r}-{i}')}/allocations", {"host": f"dh{r}"})
         ),
         "member_delete_vs_claim": lambda i: (
             ("DELETE", f"/vms/{_vm_uuid(f'placed{r}-{i}')}", None)
             if i < CLIENTS // 2
-            else ("PUT", f"/allocations/{_vm_uuid(f'member{r}-{i}')}", {"host": "gh"})
+            else ("PUT", f"/vms/{_vm_uuid(f'member{r}-{i}')}/allocations", {"host": "gh"})
         ),
     }
 

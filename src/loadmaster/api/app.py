@@ -20,6 +20,7 @@ from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
 from loadmaster.api.routes import (
     agents,
+    allocations,
     audit,
     catalog,
     hosts,
@@ -92,6 +93,7 @@ def create_app(
                 root,
                 vocabulary,
                 providers,
+                allocations,
                 hosts,
                 catalog,
                 vms,

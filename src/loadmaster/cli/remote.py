@@ -639,7 +639,7 @@ def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
     """A VM, its last fault and what it holds on which host (active, pending)."""
     client = api()
     uuid = vm_uuid(vm)
-    data = {**client.get(f"/vms/{uuid}"), "allocations": client.get(f"/allocations/{uuid}")}
+    data = {**client.get(f"/vms/{uuid}"), "allocations": client.get(f"/vms/{uuid}/allocations")}
     rows = [
         (alloc["name"], state, amounts)
         for alloc in data["allocations"]["allocations"].values()
@@ -726,7 +726,7 @@ def vm_abort_migration(vm: VmArg, as_json: JsonOpt = False) -> None:
     target = client.get(f"/vms/{uuid}")["target_host"]
     if target is None:
         fail(f"VM {vm} is not migrating", Exit.CONFLICT)
-    client.delete(f"/allocations/{uuid}", host=target)
+    client.delete(f"/vms/{uuid}/allocations", host=target)
     record = client.get(f"/vms/{uuid}")
     show(record, as_json, f"migration to {target} aborted", VM_COLUMNS, [_vm_row(record)])
 

@@ -27,7 +27,7 @@ from loadmaster.pending.trees import ProviderTree, load_trees, with_roots
 from loadmaster.resources import one_numa_node
 from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.locking import bump_generations, lock_vms, now
+from loadmaster.store.locking import bump_consumers, bump_generations, lock_vms, now
 from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, VmRow
 
 
@@ -188,6 +188,7 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
     # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
     # compare-and-swap: nothing was added there), locked in one id order with the others.
     bump_generations(session, touched, touch=moved_from)
+    bump_consumers(session, {vms[o.vm].consumer_id for o in outcomes if o.ok})
     for vm, root_id in launches:
         # The compare-and-swap moved the root exactly one past what was read.
         vm.host_seq = touched[root_id] + 1
@@ -235,6 +236,22 @@ def _plan(
         where = "runs" if vm.state == "running" else "is pending"
         raise ValidationError(
             f"{prefix}vm {vm.uuid} already {where} on {host.name}", field=f"{prefix}host"
+        )
+    # The flavor's traits bind every claim, not only the scheduler's choices: a host named
+    # by hand (``vm migrate --host``, a Placement write) must have them too.
+    lacking = sorted(set(flavor.required_traits) - tree.traits)
+    if lacking:
+        raise Conflict(
+            f"{prefix}host {host.name} lacks trait {', '.join(lacking)} that flavor "
+            f"{flavor.name} requires",
+            field=f"{prefix}host",
+        )
+    refused = sorted(set(flavor.forbidden_traits) & tree.traits)
+    if refused:
+        raise Conflict(
+            f"{prefix}host {host.name} has trait {', '.join(refused)} that flavor "
+            f"{flavor.name} forbids",
+            field=f"{prefix}host",
         )
     wanted = lookup.effective_resources(flavor.resources, vm.overrides)
     if not wanted:

@@ -19,8 +19,9 @@ from datetime import datetime
 from loadmaster.cluster.records import AllocationRecord, ClassUsage, VmRecord
 from loadmaster.errors import ConcurrentUpdate, ValidationError
 from loadmaster.pending import claims as claims_module
-from loadmaster.pending import lifecycle, reconcile, usage
+from loadmaster.pending import consumers, lifecycle, reconcile, usage
 from loadmaster.pending.claims import CLAIM_INTENTS, Claim, ClaimOutcome
+from loadmaster.pending.consumers import ConsumerWrite
 from loadmaster.pending.lifecycle import FailOutcome
 from loadmaster.pending.reconcile import ReconcileResult
 from loadmaster.store import Store
@@ -133,6 +134,26 @@ class Ledger:
     def pending_for_vm(self, vm: str) -> dict[str, dict[str, int]]:
         with self._store.read() as session:
             return usage.pending_for_vm(session, vm)
+
+    # -- Placement's consumers ------------------------------------------------------------
+    def write_consumers(self, writes: Sequence[ConsumerWrite]) -> None:
+        """Placement's ``PUT``/``POST /allocations``: every consumer or none."""
+        with self._store.write() as session:
+            consumers.write(session, writes)
+
+    def consumer(self, uuid: str) -> usage.ConsumerView | None:
+        with self._store.read() as session:
+            return usage.consumer(session, uuid)
+
+    def provider_allocations(self, provider: str) -> tuple[int, dict[str, dict[str, int]]]:
+        with self._store.read() as session:
+            return usage.provider_allocations(session, provider)
+
+    def consumer_usages(
+        self, project_id: str, user_id: str | None = None, consumer_type: str | None = None
+    ) -> dict[str, dict[str, int]]:
+        with self._store.read() as session:
+            return usage.consumer_usages(session, project_id, user_id, consumer_type)
 
     def project_usage(self, project_id: str) -> dict[str, dict[str, int]]:
         with self._store.read() as session:

@@ -14,7 +14,7 @@ from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import TRANSITIONS, move, vm_records
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.pending.trees import tree_ids, with_roots
-from loadmaster.store.locking import generation_of, touch_generations
+from loadmaster.store.locking import bump_consumers, generation_of, touch_generations
 from loadmaster.store.schema import AllocationRow, HostRow, VmRow
 
 
@@ -74,6 +74,7 @@ def activate_row(session: Session, row: VmRow) -> None:
     row.tried_hosts = []
     session.flush()
     touch_generations(session, touched)
+    bump_consumers(session, [row.consumer_id])
     row.host_seq = generation_of(session, row.host_id)
 
 
@@ -134,6 +135,7 @@ def release_row(
         move(row, "running")
     session.flush()
     touch_generations(session, touched)
+    bump_consumers(session, [row.consumer_id])
     return len(doomed)
 
 

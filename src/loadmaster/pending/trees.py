@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.resources import Inventory
-from loadmaster.store.schema import HostRow, InventoryRow
+from loadmaster.store.schema import HostRow, HostTraitRow, InventoryRow, TraitRow
 
 
 @dataclass
@@ -22,6 +22,9 @@ class ProviderTree:
     providers: list[HostRow]
     inventories: dict[tuple[int, int], Inventory] = field(default_factory=dict)
     used: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
+    # Every trait of any provider of the tree: a flavor's traits hold for the host when a
+    # provider of it has them (as the scheduler's traits filter reads them).
+    traits: set[str] = field(default_factory=set)
 
     def problem(self, provider: HostRow, name: str, class_id: int, amount: int) -> str:
         """Why ``provider`` cannot hold ``amount`` of the class now ("" when it can)."""
@@ -61,6 +64,12 @@ def load_trees(session: Session, root_ids: set[int]) -> dict[int, ProviderTree]:
         trees[root_of[inv.host_id]].inventories[key] = lookup.inventory_of(inv)
     for (host_id, class_id), used in sums.items():
         trees[root_of[host_id]].used[(host_id, class_id)] = used
+    for host_id, trait in session.execute(
+        select(HostTraitRow.host_id, TraitRow.name)
+        .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
+        .where(HostTraitRow.host_id.in_(root_of))
+    ):
+        trees[root_of[host_id]].traits.add(trait)
     return trees
 
 

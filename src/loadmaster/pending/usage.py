@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -11,7 +13,7 @@ from sqlalchemy.orm import Session
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import AllocationRecord, ClassUsage
 from loadmaster.errors import ValidationError
-from loadmaster.store.schema import AllocationRow, HostRow, InventoryRow, VmRow
+from loadmaster.store.schema import AllocationRow, ConsumerRow, HostRow, InventoryRow, VmRow
 
 
 def allocations(
@@ -95,4 +97,85 @@ def _sum_by_class(records: Iterable[AllocationRecord]) -> dict[str, int]:
     totals: dict[str, int] = {}
     for r in records:
         totals[r.resource_class] = totals.get(r.resource_class, 0) + r.amount
+    return totals
+
+
+@dataclass(frozen=True)
+class ConsumerView:
+    """A consumer as Placement shows it: per provider uuid, its generation and amounts."""
+
+    uuid: str
+    project_id: str
+    user_id: str
+    consumer_type: str
+    generation: int
+    allocations: dict[str, dict[str, Any]]
+
+
+def consumer(session: Session, uuid: str) -> ConsumerView | None:
+    row = session.scalar(select(ConsumerRow).where(ConsumerRow.uuid == uuid))
+    if row is None:
+        return None
+    names = lookup.class_names(session)
+    by_provider: dict[str, dict[str, Any]] = {}
+    for provider, generation, class_id, amount in session.execute(
+        select(
+            HostRow.uuid, HostRow.generation, AllocationRow.resource_class_id, AllocationRow.amount
+        )
+        .join(HostRow, HostRow.id == AllocationRow.host_id)
+        .where(AllocationRow.consumer_id == row.id)
+        .order_by(AllocationRow.id)
+    ):
+        entry = by_provider.setdefault(provider, {"generation": generation, "resources": {}})
+        entry["resources"][names[class_id]] = amount
+    return ConsumerView(
+        row.uuid, row.project_id, row.user_id, row.consumer_type, row.generation, by_provider
+    )
+
+
+def provider_allocations(session: Session, provider: str) -> tuple[int, dict[str, dict[str, int]]]:
+    """The provider's generation and, per consumer uuid, what it holds there."""
+    host = lookup.host_row(session, provider)
+    names = lookup.class_names(session)
+    held: dict[str, dict[str, int]] = {}
+    for uuid, class_id, amount in session.execute(
+        select(ConsumerRow.uuid, AllocationRow.resource_class_id, AllocationRow.amount)
+        .join(ConsumerRow, ConsumerRow.id == AllocationRow.consumer_id)
+        .where(AllocationRow.host_id == host.id)
+    ):
+        held.setdefault(uuid, {})[names[class_id]] = amount
+    return host.generation, held
+
+
+def consumer_usages(
+    session: Session, project_id: str, user_id: str | None, consumer_type: str | None
+) -> dict[str, dict[str, int]]:
+    """Per consumer type, per class the amounts a project's (and user's) consumers hold,
+    pending included, with ``consumer_count`` as Placement counts it."""
+    names = lookup.class_names(session)
+    query = (
+        select(
+            ConsumerRow.consumer_type,
+            ConsumerRow.id,
+            AllocationRow.resource_class_id,
+            AllocationRow.amount,
+        )
+        .join(ConsumerRow, ConsumerRow.id == AllocationRow.consumer_id)
+        .where(ConsumerRow.project_id == project_id)
+    )
+    if user_id is not None:
+        query = query.where(ConsumerRow.user_id == user_id)
+    if consumer_type is not None and consumer_type != "all":
+        if consumer_type == "unknown":
+            query = query.where(ConsumerRow.consumer_type == "unknown")
+        else:
+            query = query.where(ConsumerRow.consumer_type == consumer_type)
+    totals: dict[str, dict[str, int]] = {}
+    seen: dict[str, set[int]] = {}
+    for kind, consumer_id, class_id, amount in session.execute(query):
+        bucket = totals.setdefault(kind, {})
+        bucket[names[class_id]] = bucket.get(names[class_id], 0) + amount
+        seen.setdefault(kind, set()).add(consumer_id)
+    for kind, ids in seen.items():
+        totals[kind]["consumer_count"] = len(ids)
     return totals

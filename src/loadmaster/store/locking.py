@@ -10,7 +10,9 @@ queue up instead of deadlocking (SQLite serialises writers anyway):
 3. hosts, ``FOR NO KEY UPDATE``, when their generations move (``bump_generations``,
    ``touch_generations``): a claim decides from what it read of the hosts, and the
    compare-and-swap on the generation proves nobody changed them meanwhile;
-4. the cluster clock's one row (``mark_changed``), last of all: it is held until commit,
+4. consumers (``bump_consumers``), whose generations move with their records: a VM's
+   consumer only after the VM's row, so writers of one VM queue on the VM;
+5. the cluster clock's one row (``mark_changed``), last of all: it is held until commit,
    so writers take clock values in the order they commit, and a scheduler that has read
    value N has seen every change stamped N or less.
 """
@@ -25,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.schema import ClusterClockRow, HostRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import ClusterClockRow, ConsumerRow, HostRow, ServerGroupRow, VmRow
 
 CLOCK_ROW = 1
 
@@ -172,3 +174,16 @@ def _lock_hosts(session: Session, ids: list[int]) -> None:
         .order_by(HostRow.id)
         .with_for_update(key_share=True)
     )
+
+
+def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
+    """A consumer's records changed (claim, activation, release, a Placement write): its
+    generation moves, so a Placement client holding the old one is refused, never lets
+    its write undo a change it has not seen."""
+    for chunk in in_chunks(sorted(set(consumer_ids))):
+        session.execute(
+            update(ConsumerRow)
+            .where(ConsumerRow.id.in_(chunk))
+            .values(generation=ConsumerRow.generation + 1)
+            .execution_options(synchronize_session=False)
+        )

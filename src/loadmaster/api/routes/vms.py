@@ -1,5 +1,5 @@
 """VMs and their lifecycle: create, start (schedule + pending claim), up (activate),
-stop, migrate, delete; and their allocations (Placement's ``/allocations/{consumer}``)."""
+stop, migrate, delete; and their claims (``/vms/{uuid}/allocations``; Placement's ``/allocations`` is in allocations.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from loadmaster.api import microversion, views
+from loadmaster.api import views
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.observability import Metrics
 from loadmaster.api.routes.agents import check_vm_of_agent
@@ -122,7 +122,7 @@ def migrate_vm(
 ) -> dict[str, Any]:
     """Claim a destination (``host``, or one the scheduler picks) while the source stays
     active; the source's agent moves the VM, ``/up`` completes the move and
-    ``/migration-failed`` (or ``DELETE /allocations/{uuid}?host=dest``) aborts it."""
+    ``/migration-failed`` (or ``DELETE /vms/{uuid}/allocations?host=dest``) aborts it."""
     check_vm_of_agent(lm, request, uuid)
     # Only a running VM migrates: the ledger checks it under the VM's row lock.
     log.info("migration of %s requested: %s", uuid, body.reason or "no reason given")
@@ -145,12 +145,12 @@ def _allocations(lm: Loadmaster, uuid: str) -> dict[str, Any]:
     }
 
 
-@router.get("/allocations/{uuid}", tags=["allocations"])
+@router.get(VM + "/allocations", tags=["vms"])
 def get_allocations(lm: LM, uuid: str) -> dict[str, Any]:
     return _allocations(lm, uuid)
 
 
-@router.put("/allocations/{uuid}", tags=["allocations"])
+@router.put(VM + "/allocations", tags=["vms"])
 def claim(lm: LM, uuid: str, body: Claim) -> dict[str, Any]:
     """Claim on a named host without the scheduler (pending records, all classes or
     none). With ``resource_provider_generation`` it lands only if the host is unchanged."""
@@ -158,23 +158,13 @@ def claim(lm: LM, uuid: str, body: Claim) -> dict[str, Any]:
     return _allocations(lm, uuid)
 
 
-@router.delete("/allocations/{uuid}", status_code=204, tags=["allocations"])
+@router.delete(VM + "/allocations", status_code=204, tags=["vms"])
 def release(
     lm: LM, uuid: str, host: str | None = Query(None, description="release only this host's")
 ) -> Response:
     """Idempotent: releasing what is already gone is a no-op."""
     lm.allocations.release(uuid, host)
     return Response(status_code=204)
-
-
-@router.get("/usages", tags=["allocations"], openapi_extra=microversion.since(1, 9))
-def project_usages(lm: LM, project_id: str) -> dict[str, Any]:
-    """Placement's per-project usage (pending counted as used), plus the split."""
-    split = lm.allocations.project_usage(project_id)
-    return {
-        "usages": {name: u["active"] + u["pending"] for name, u in sorted(split.items())},
-        "classes": {name: dict(u) for name, u in sorted(split.items())},
-    }
 
 
 @router.get("/usages/hosts", tags=["allocations"])

@@ -1,0 +1,190 @@
+"""Placement's allocations: ``/allocations/{consumer_uuid}``, ``POST /allocations`` (1.13),
+a provider's allocations and the per-project usages, every body form each microversion
+has. Writes go through the one ledger (``pending.consumers``): pending records count as
+used in every capacity check, and a VM's consumer keeps the VM's rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Query, Response
+
+from loadmaster.api import microversion
+from loadmaster.api.deps import LM
+from loadmaster.api.routes.providers import PROVIDER
+from loadmaster.errors import NotFound, ValidationError
+from loadmaster.pending.consumers import UNCHECKED, ConsumerWrite
+
+router = APIRouter(tags=["allocations"])
+
+DICT_FORM_SINCE = (1, 12)  # allocations keyed by provider uuid; project and user shown
+OWNER_REQUIRED_SINCE = (1, 8)  # project_id and user_id required in writes
+POST_SINCE = microversion.since(1, 13)
+CONSUMER_GENERATION_SINCE = (1, 28)
+MAPPINGS_SINCE = (1, 34)
+CONSUMER_TYPE_SINCE = (1, 38)
+USAGES_SINCE = microversion.since(1, 9)
+
+
+@router.get("/allocations/{consumer_uuid}")
+def get_allocations(lm: LM, consumer_uuid: str) -> dict[str, Any]:
+    version = microversion.current()
+    found = lm.allocations.consumer(consumer_uuid)
+    allocations = found.allocations if found is not None else {}
+    view: dict[str, Any] = {"allocations": allocations}
+    if found is not None and allocations and version.matches(*DICT_FORM_SINCE):
+        view["project_id"] = found.project_id
+        view["user_id"] = found.user_id
+        if version.matches(*CONSUMER_GENERATION_SINCE):
+            view["consumer_generation"] = found.generation
+        if version.matches(*CONSUMER_TYPE_SINCE):
+            view["consumer_type"] = found.consumer_type
+    return view
+
+
+@router.put("/allocations/{consumer_uuid}", status_code=204)
+def put_allocations(lm: LM, consumer_uuid: str, body: Any = Body(...)) -> Response:
+    """Replace the consumer's allocations (empty: remove them)."""
+    lm.allocations.write_consumers([_parse(consumer_uuid, body, "")])
+    return Response(status_code=204)
+
+
+@router.post("/allocations", status_code=204, openapi_extra=POST_SINCE)
+def post_allocations(lm: LM, body: Any = Body(...)) -> Response:
+    """Many consumers' allocations in one transaction, all or none."""
+    if not isinstance(body, dict) or not body:
+        raise _invalid("the body must map consumer uuids to their allocations", "body")
+    writes = [_parse(uuid, item, f"{uuid}.") for uuid, item in body.items()]
+    lm.allocations.write_consumers(writes)
+    return Response(status_code=204)
+
+
+@router.delete("/allocations/{consumer_uuid}", status_code=204)
+def delete_allocations(lm: LM, consumer_uuid: str) -> Response:
+    found = lm.allocations.consumer(consumer_uuid)
+    if found is None or not found.allocations:
+        raise NotFound(f"No allocations for consumer '{consumer_uuid}'", field="consumer_uuid")
+    write = ConsumerWrite(consumer_uuid, {}, found.project_id, found.user_id)
+    lm.allocations.write_consumers([write])
+    return Response(status_code=204)
+
+
+@router.get(PROVIDER + "/allocations")
+def provider_allocations(lm: LM, provider: str) -> dict[str, Any]:
+    generation, held = lm.allocations.provider_allocations(provider)
+    return {
+        "resource_provider_generation": generation,
+        "allocations": {uuid: {"resources": amounts} for uuid, amounts in held.items()},
+    }
+
+
+@router.get("/usages", openapi_extra=USAGES_SINCE)
+def usages(
+    lm: LM,
+    project_id: str,
+    user_id: str | None = None,
+    consumer_type: str | None = Query(None, description="from 1.38: a type, all or unknown"),
+) -> dict[str, Any]:
+    """What a project's (and user's) consumers hold, pending claims included."""
+    version = microversion.current()
+    if consumer_type is not None and not version.matches(*CONSUMER_TYPE_SINCE):
+        raise ValidationError(
+            "Invalid query string parameters: Additional properties are not allowed "
+            "('consumer_type' was unexpected)",
+            field="query.consumer_type",
+        )
+    by_type = lm.allocations.consumer_usages(project_id, user_id, consumer_type)
+    if version.matches(*CONSUMER_TYPE_SINCE):
+        if consumer_type == "all":
+            merged: dict[str, int] = {}
+            for amounts in by_type.values():
+                for name, amount in amounts.items():
+                    merged[name] = merged.get(name, 0) + amount
+            return {"usages": {"all": merged} if merged else {}}
+        return {"usages": by_type}
+    flat: dict[str, int] = {}
+    for amounts in by_type.values():
+        for name, amount in amounts.items():
+            if name != "consumer_count":
+                flat[name] = flat.get(name, 0) + amount
+    return {"usages": flat}
+
+
+def _parse(consumer: str, body: Any, where: str) -> ConsumerWrite:
+    """One consumer's write in the form its microversion has."""
+    version = microversion.current()
+    if not isinstance(body, dict):
+        raise _invalid(f"{body!r} is not of type 'object'", where or "body")
+    known = {"allocations", "project_id", "user_id"}
+    if version.matches(*CONSUMER_GENERATION_SINCE):
+        known.add("consumer_generation")
+    if version.matches(*MAPPINGS_SINCE):
+        known.add("mappings")
+    if version.matches(*CONSUMER_TYPE_SINCE):
+        known.add("consumer_type")
+    extra = sorted(set(body) - known)
+    if extra:
+        raise _invalid(
+            f"Additional properties are not allowed ({extra[0]!r} was unexpected)", where + extra[0]
+        )
+    required = ["allocations"]
+    if version.matches(*OWNER_REQUIRED_SINCE):
+        required += ["project_id", "user_id"]
+    if version.matches(*CONSUMER_GENERATION_SINCE):
+        required.append("consumer_generation")
+    if version.matches(*CONSUMER_TYPE_SINCE):
+        required.append("consumer_type")
+    for name in required:
+        if name not in body:
+            raise _invalid(f"{name!r} is a required property", where + name)
+    allocations = _allocations(body["allocations"], version.matches(*DICT_FORM_SINCE), where)
+    generation = body.get("consumer_generation", UNCHECKED)
+    if generation is not None and not isinstance(generation, int):
+        raise _invalid(f"{generation!r} is not of type 'integer'", where + "consumer_generation")
+    return ConsumerWrite(
+        consumer,
+        allocations,
+        _text(body.get("project_id", "default"), where + "project_id"),
+        _text(body.get("user_id", "default"), where + "user_id"),
+        generation,
+        _text(body["consumer_type"], where + "consumer_type") if "consumer_type" in body else None,
+    )
+
+
+def _allocations(raw: Any, dict_form: bool, where: str) -> dict[str, dict[str, int]]:
+    field = where + "allocations"
+    out: dict[str, dict[str, int]] = {}
+    if dict_form:
+        if not isinstance(raw, dict):
+            raise _invalid(f"{raw!r} is not of type 'object'", field)
+        items = [(uuid, entry) for uuid, entry in raw.items()]
+    else:
+        if not isinstance(raw, list) or not raw:
+            raise _invalid(f"{raw!r} is not a non-empty 'array'", field)
+        items = []
+        for entry in raw:
+            provider = entry.get("resource_provider") if isinstance(entry, dict) else None
+            if not isinstance(provider, dict) or not isinstance(provider.get("uuid"), str):
+                raise _invalid("'resource_provider' is a required property", field)
+            items.append((provider["uuid"], {"resources": entry.get("resources")}))
+    for uuid, entry in items:
+        resources = entry.get("resources") if isinstance(entry, dict) else None
+        if not isinstance(resources, dict) or not resources:
+            raise _invalid("'resources' is a required property", f"{field}.{uuid}")
+        for name, amount in resources.items():
+            if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
+                raise _invalid(
+                    f"{amount!r} is less than the minimum of 1", f"{field}.{uuid}.{name}"
+                )
+        out[uuid] = dict(resources)
+    return out
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 255:
+        raise _invalid(f"{value!r} is not a string of 1 to 255 characters", field)
+    return value
+
+
+def _invalid(message: str, field: str) -> ValidationError:
+    return ValidationError(f"JSON does not validate: {message}", field=field)

@@ -1,0 +1,203 @@
+"""Placement's allocation writes on generic consumers, in the one ledger.
+
+A plain consumer (no VM) is Placement's: its records are replaced by what the client
+writes, all ``active`` (Placement has no pending state: what it accepted is in use), and
+it goes when it has none left. A VM's consumer keeps the VM's rules: writing through
+Placement's API is a claim on the tree the providers belong to (capacity with pending
+counted, the flavor's traits, server groups, the VM's state), so Placement writes and the
+VM lifecycle never contradict each other. Every change moves the consumer's generation
+and the generations of the providers written, in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import delete, exists, insert, select
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.errors import ConcurrentUpdate, Conflict, InsufficientCapacity, ValidationError
+from loadmaster.pending import claims as claims_module
+from loadmaster.pending import lifecycle
+from loadmaster.pending.claims import Claim
+from loadmaster.pending.trees import load_trees, with_roots
+from loadmaster.store.locking import bump_generations, lock_vms, now
+from loadmaster.store.schema import AllocationRow, ConsumerRow, FlavorRow, HostRow, VmRow
+
+# A consumer generation the client did not send at all (before microversion 1.28), as
+# opposed to ``None``: "I expect this consumer to be new".
+UNCHECKED = -1
+
+
+@dataclass(frozen=True)
+class ConsumerWrite:
+    """What a client asks for one consumer: ``allocations`` maps provider uuid -> class ->
+    amount (empty: remove them all)."""
+
+    consumer: str
+    allocations: Mapping[str, Mapping[str, int]]
+    project_id: str
+    user_id: str
+    generation: int | None = UNCHECKED
+    consumer_type: str | None = None
+
+
+def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
+    """All the consumers' new records, or none of them (the caller's transaction)."""
+    for item in writes:
+        # A VM's row first, then its consumer's: the lock order of every VM writer.
+        vm = lock_vms(session, [item.consumer]).get(item.consumer)
+        consumer = session.scalar(
+            select(ConsumerRow).where(ConsumerRow.uuid == item.consumer).with_for_update()
+        )
+        _check_generation(consumer, item)
+        if vm is not None:
+            _write_vm(session, vm, item)
+        else:
+            _write_plain(session, consumer, item)
+
+
+def _check_generation(consumer: ConsumerRow | None, item: ConsumerWrite) -> None:
+    if item.generation == UNCHECKED:
+        return
+    if consumer is None and item.generation is not None:
+        raise ConcurrentUpdate(
+            f"consumer generation conflict - expected null but got {item.generation}",
+            field="consumer_generation",
+        )
+    if consumer is not None and item.generation != consumer.generation:
+        expected = "null" if item.generation is None else item.generation
+        raise ConcurrentUpdate(
+            f"consumer generation conflict - expected {expected} but got {consumer.generation}",
+            field="consumer_generation",
+        )
+
+
+def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerWrite) -> None:
+    stamp = now()
+    old = (
+        list(session.scalars(select(AllocationRow).where(AllocationRow.consumer_id == consumer.id)))
+        if consumer is not None
+        else []
+    )
+    if not item.allocations:
+        if consumer is not None:
+            touched = with_roots(session, {r.host_id for r in old})
+            session.delete(consumer)  # its records go with it (cascade)
+            session.flush()
+            bump_generations(session, {}, touch=touched)
+        return
+    providers = _providers(session, item.allocations)
+    class_ids = lookup.require_classes(
+        session, {c for amounts in item.allocations.values() for c in amounts}, "allocations"
+    )
+    if consumer is None:
+        consumer = ConsumerRow(
+            uuid=item.consumer,
+            project_id=item.project_id,
+            user_id=item.user_id,
+            consumer_type=item.consumer_type or "INSTANCE",
+            generation=0,
+            created_at=stamp,
+            updated_at=stamp,
+        )
+        session.add(consumer)
+        session.flush()
+    else:
+        consumer.project_id, consumer.user_id = item.project_id, item.user_id
+        if item.consumer_type is not None:
+            consumer.consumer_type = item.consumer_type
+    trees = load_trees(session, {p.root_id or p.id for p in providers.values()})
+    mine = {(r.host_id, r.resource_class_id): r.amount for r in old}
+    rows = []
+    for uuid, amounts in item.allocations.items():
+        provider = providers[uuid]
+        tree = trees[provider.root_id or provider.id]
+        for name, amount in amounts.items():
+            class_id = class_ids[name]
+            used = tree.used.get((provider.id, class_id), {})
+            # What this consumer holds there now is replaced, so it does not count.
+            held = mine.get((provider.id, class_id), 0)
+            if held:
+                tree.used[(provider.id, class_id)] = {
+                    "active": used.get("active", 0) - held,
+                    "pending": used.get("pending", 0),
+                }
+            problem = tree.problem(provider, name, class_id, amount)
+            if problem:
+                raise InsufficientCapacity(
+                    f"Unable to allocate inventory for consumer {item.consumer}: {problem}",
+                    field=f"allocations.{uuid}.resources.{name}",
+                )
+            rows.append(
+                {
+                    "consumer_id": consumer.id,
+                    "host_id": provider.id,
+                    "resource_class_id": class_id,
+                    "amount": amount,
+                    "state": "active",
+                    "created_at": stamp,
+                }
+            )
+    session.execute(delete(AllocationRow).where(AllocationRow.consumer_id == consumer.id))
+    session.execute(insert(AllocationRow), rows)
+    consumer.generation += 1
+    consumer.updated_at = stamp
+    session.flush()
+    touched = with_roots(session, {r.host_id for r in old} | {p.id for p in providers.values()})
+    bump_generations(session, {}, touch=touched)
+
+
+def _providers(session: Session, allocations: Mapping[str, object]) -> dict[str, HostRow]:
+    found = {}
+    for uuid in allocations:
+        row = session.scalar(select(HostRow).where(HostRow.uuid == lookup.canonical_uuid(uuid)))
+        if row is None:
+            raise ValidationError(
+                f"Unable to allocate inventory: resource provider {uuid} not found",
+                field=f"allocations.{uuid}",
+            )
+        found[uuid] = row
+    return found
+
+
+def _write_vm(session: Session, vm: VmRow, item: ConsumerWrite) -> None:
+    """A VM's allocations written through Placement's API: the VM's own rules decide."""
+    if not item.allocations:
+        lifecycle.release_row(session, vm, None)
+        return
+    providers = _providers(session, item.allocations)
+    roots = {p.root_id or p.id for p in providers.values()}
+    if len(roots) != 1:
+        raise Conflict(
+            f"VM {vm.uuid} runs on one host: its allocations must come from one provider tree",
+            field="allocations",
+        )
+    root = session.get(HostRow, roots.pop())
+    assert root is not None
+    wanted: dict[str, int] = {}
+    for amounts in item.allocations.values():
+        for name, amount in amounts.items():
+            wanted[name] = wanted.get(name, 0) + amount
+    flavor = session.get(FlavorRow, vm.flavor_id) if vm.flavor_id is not None else None
+    if flavor is None:
+        raise Conflict(f"VM {vm.uuid} has no flavor left to claim by", field="allocations")
+    if wanted != lookup.effective_resources(flavor.resources, vm.overrides):
+        raise Conflict(
+            f"VM {vm.uuid}'s allocations are its flavor's ({flavor.name}); Placement's API "
+            "may move them, not resize them",
+            field="allocations",
+        )
+    held_here = session.scalar(
+        select(
+            exists().where(
+                AllocationRow.consumer_id == vm.consumer_id,
+                AllocationRow.host_id.in_(select(HostRow.id).where(HostRow.root_id == root.id)),
+            )
+        )
+    )
+    if held_here and vm.state in ("running", "pending") and vm.host_id == root.id:
+        return  # already there: nothing to change
+    claims_module.claim(session, [Claim(vm.uuid, root.name, move=True)], True)
