@@ -68,9 +68,9 @@ def _check_generation(consumer: ConsumerRow | None, item: ConsumerWrite) -> None
             field="consumer_generation",
         )
     if consumer is not None and item.generation != consumer.generation:
-        expected = "null" if item.generation is None else item.generation
+        given = "null" if item.generation is None else item.generation
         raise ConcurrentUpdate(
-            f"consumer generation conflict - expected {expected} but got {consumer.generation}",
+            f"consumer generation conflict - expected {consumer.generation} but got {given}",
             field="consumer_generation",
         )
 
@@ -90,9 +90,7 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
             bump_generations(session, {}, touch=touched)
         return
     providers = _providers(session, item.allocations)
-    class_ids = lookup.require_classes(
-        session, {c for amounts in item.allocations.values() for c in amounts}, "allocations"
-    )
+    class_ids = _classes(session, item.allocations)
     if consumer is None:
         consumer = ConsumerRow(
             uuid=item.consumer,
@@ -125,10 +123,17 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
                     "active": used.get("active", 0) - held,
                     "pending": used.get("pending", 0),
                 }
+            if (provider.id, class_id) not in tree.inventories:
+                raise InsufficientCapacity(
+                    f"Unable to allocate inventory: Inventory for '{name}' on resource "
+                    f"provider '{uuid}' invalid.",
+                    field=f"allocations.{uuid}.resources.{name}",
+                )
             problem = tree.problem(provider, name, class_id, amount)
             if problem:
                 raise InsufficientCapacity(
-                    f"Unable to allocate inventory for consumer {item.consumer}: {problem}",
+                    f"Unable to allocate inventory: The requested amount would exceed the "
+                    f"capacity. ({problem})",
                     field=f"allocations.{uuid}.resources.{name}",
                 )
             rows.append(
@@ -150,13 +155,25 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
     bump_generations(session, {}, touch=touched)
 
 
+def _classes(session: Session, allocations: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    known = lookup.class_ids(session)
+    for uuid, amounts in allocations.items():
+        for name in amounts:
+            if name not in known:
+                raise ValidationError(
+                    f"Unable to allocate inventory: No such resource class {name}.",
+                    field=f"allocations.{uuid}.resources.{name}",
+                )
+    return known
+
+
 def _providers(session: Session, allocations: Mapping[str, object]) -> dict[str, HostRow]:
     found = {}
     for uuid in allocations:
         row = session.scalar(select(HostRow).where(HostRow.uuid == lookup.canonical_uuid(uuid)))
         if row is None:
             raise ValidationError(
-                f"Unable to allocate inventory: resource provider {uuid} not found",
+                f"Allocation for resource provider '{uuid}' that does not exist.",
                 field=f"allocations.{uuid}",
             )
         found[uuid] = row

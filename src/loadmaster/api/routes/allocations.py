@@ -5,11 +5,12 @@ used in every capacity check, and a VM's consumer keeps the VM's rules."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import APIRouter, Body, Query, Response
 
-from loadmaster.api import microversion
+from loadmaster.api import microversion, queries
 from loadmaster.api.deps import LM
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.errors import NotFound, ValidationError
@@ -24,6 +25,8 @@ CONSUMER_GENERATION_SINCE = (1, 28)
 MAPPINGS_SINCE = (1, 34)
 CONSUMER_TYPE_SINCE = (1, 38)
 USAGES_SINCE = microversion.since(1, 9)
+# Placement's schema for a class name in an allocation: standard or custom, upper case.
+CLASS_NAME = re.compile(r"^[A-Z0-9_]+$")
 
 
 @router.get("/allocations/{consumer_uuid}")
@@ -113,6 +116,7 @@ def usages(
 def _parse(consumer: str, body: Any, where: str) -> ConsumerWrite:
     """One consumer's write in the form its microversion has."""
     version = microversion.current()
+    consumer = queries.body_uuid(consumer, where + "consumer_uuid")
     if not isinstance(body, dict):
         raise _invalid(f"{body!r} is not of type 'object'", where or "body")
     known = {"allocations", "project_id", "user_id"}
@@ -136,7 +140,7 @@ def _parse(consumer: str, body: Any, where: str) -> ConsumerWrite:
         required.append("consumer_type")
     for name in required:
         if name not in body:
-            raise _invalid(f"{name!r} is a required property", where + name)
+            raise _invalid(f"{name!r} is a required property", where + name, "required")
     allocations = _allocations(body["allocations"], version.matches(*DICT_FORM_SINCE), where)
     generation = body.get("consumer_generation", UNCHECKED)
     if generation is not None and not isinstance(generation, int):
@@ -159,8 +163,10 @@ def _allocations(raw: Any, dict_form: bool, where: str) -> dict[str, dict[str, i
             raise _invalid(f"{raw!r} is not of type 'object'", field)
         items = [(uuid, entry) for uuid, entry in raw.items()]
     else:
-        if not isinstance(raw, list) or not raw:
-            raise _invalid(f"{raw!r} is not a non-empty 'array'", field)
+        if not isinstance(raw, list):
+            raise _invalid(f"{raw!r} is not of type 'array'", field, "type")
+        if not raw:
+            raise _invalid("[] is too short", field, "minItems")
         items = []
         for entry in raw:
             provider = entry.get("resource_provider") if isinstance(entry, dict) else None
@@ -170,12 +176,17 @@ def _allocations(raw: Any, dict_form: bool, where: str) -> dict[str, dict[str, i
     for uuid, entry in items:
         resources = entry.get("resources") if isinstance(entry, dict) else None
         if not isinstance(resources, dict) or not resources:
-            raise _invalid("'resources' is a required property", f"{field}.{uuid}")
+            raise _invalid("'resources' is a required property", f"{field}.{uuid}", "required")
         for name, amount in resources.items():
-            if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
+            where_amount = f"{field}.{uuid}.{name}"
+            if not CLASS_NAME.match(name):
                 raise _invalid(
-                    f"{amount!r} is less than the minimum of 1", f"{field}.{uuid}.{name}"
+                    f"{name!r} does not match {CLASS_NAME.pattern!r}", where_amount, "pattern"
                 )
+            if not isinstance(amount, int) or isinstance(amount, bool):
+                raise _invalid(f"{amount!r} is not of type 'integer'", where_amount, "type")
+            if amount < 1:
+                raise _invalid(f"{amount!r} is less than the minimum of 1", where_amount, "minimum")
         out[uuid] = dict(resources)
     return out
 
@@ -186,5 +197,7 @@ def _text(value: Any, field: str) -> str:
     return value
 
 
-def _invalid(message: str, field: str) -> ValidationError:
-    return ValidationError(f"JSON does not validate: {message}", field=field)
+def _invalid(message: str, field: str, keyword: str | None = None) -> ValidationError:
+    """Placement's words for a body its JSON Schema refuses (``keyword``: the check)."""
+    failed = f". Failed validating {keyword!r} in schema" if keyword else ""
+    return ValidationError(f"JSON does not validate: {message}{failed}", field=field)
