@@ -6,11 +6,12 @@ used in every capacity check, and a VM's consumer keeps the VM's rules."""
 from __future__ import annotations
 
 import re
+import uuid as uuidlib
 from typing import Any
 
 from fastapi import APIRouter, Body, Query, Response
 
-from loadmaster.api import microversion, queries
+from loadmaster.api import microversion
 from loadmaster.api.deps import LM
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.errors import NotFound, ValidationError
@@ -48,7 +49,7 @@ def get_allocations(lm: LM, consumer_uuid: str) -> dict[str, Any]:
 @router.put("/allocations/{consumer_uuid}", status_code=204)
 def put_allocations(lm: LM, consumer_uuid: str, body: Any = Body(...)) -> Response:
     """Replace the consumer's allocations (empty: remove them)."""
-    lm.allocations.write_consumers([_parse(consumer_uuid, body, "")])
+    lm.allocations.write_consumers([_parse(consumer_uuid, body, "", empty_ok=False)])
     return Response(status_code=204)
 
 
@@ -57,7 +58,7 @@ def post_allocations(lm: LM, body: Any = Body(...)) -> Response:
     """Many consumers' allocations in one transaction, all or none."""
     if not isinstance(body, dict) or not body:
         raise _invalid("the body must map consumer uuids to their allocations", "body")
-    writes = [_parse(uuid, item, f"{uuid}.") for uuid, item in body.items()]
+    writes = [_parse(uuid, item, f"{uuid}.", empty_ok=True) for uuid, item in body.items()]
     lm.allocations.write_consumers(writes)
     return Response(status_code=204)
 
@@ -90,6 +91,13 @@ def usages(
 ) -> dict[str, Any]:
     """What a project's (and user's) consumers hold, pending claims included."""
     version = microversion.current()
+    for name, value in (("project_id", project_id), ("user_id", user_id)):
+        if value is not None and not 1 <= len(value) <= 255:
+            raise ValidationError(
+                f"Invalid query string parameters: {value!r} is not 1 to 255 characters. "
+                f"Failed validating '{'minLength' if not value else 'maxLength'}'",
+                field=f"query.{name}",
+            )
     if consumer_type is not None and not version.matches(*CONSUMER_TYPE_SINCE):
         raise ValidationError(
             "Invalid query string parameters: Additional properties are not allowed "
@@ -113,10 +121,17 @@ def usages(
     return {"usages": flat}
 
 
-def _parse(consumer: str, body: Any, where: str) -> ConsumerWrite:
-    """One consumer's write in the form its microversion has."""
+def _parse(consumer: str, body: Any, where: str, *, empty_ok: bool) -> ConsumerWrite:
+    """One consumer's write in the form its microversion has. ``empty_ok``: empty
+    allocations remove the consumer's (``POST``; ``PUT`` from 1.28)."""
     version = microversion.current()
-    consumer = queries.body_uuid(consumer, where + "consumer_uuid")
+    try:
+        consumer = str(uuidlib.UUID(consumer))
+    except ValueError:
+        raise ValidationError(
+            f"Malformed consumer_uuid: {consumer!r} is not a uuid", field=where + "consumer_uuid"
+        ) from None
+    empty_ok = empty_ok or version.matches(*CONSUMER_GENERATION_SINCE)
     if not isinstance(body, dict):
         raise _invalid(f"{body!r} is not of type 'object'", where or "body")
     known = {"allocations", "project_id", "user_id"}
@@ -142,6 +157,12 @@ def _parse(consumer: str, body: Any, where: str) -> ConsumerWrite:
         if name not in body:
             raise _invalid(f"{name!r} is a required property", where + name, "required")
     allocations = _allocations(body["allocations"], version.matches(*DICT_FORM_SINCE), where)
+    if not allocations and not empty_ok:
+        raise _invalid(
+            "{} does not have enough properties (should be non-empty)",
+            where + "allocations",
+            "minProperties",
+        )
     generation = body.get("consumer_generation", UNCHECKED)
     if generation is not None and not isinstance(generation, int):
         raise _invalid(f"{generation!r} is not of type 'integer'", where + "consumer_generation")
@@ -162,6 +183,15 @@ def _allocations(raw: Any, dict_form: bool, where: str) -> dict[str, dict[str, i
         if not isinstance(raw, dict):
             raise _invalid(f"{raw!r} is not of type 'object'", field)
         items = [(uuid, entry) for uuid, entry in raw.items()]
+        for uuid in raw:
+            try:
+                uuidlib.UUID(uuid)
+            except ValueError:
+                raise _invalid(
+                    f"{uuid!r} does not match any of the regexes: a provider uuid",
+                    f"{field}.{uuid}",
+                    "additionalProperties",
+                ) from None
     else:
         if not isinstance(raw, list):
             raise _invalid(f"{raw!r} is not of type 'array'", field, "type")
@@ -175,13 +205,21 @@ def _allocations(raw: Any, dict_form: bool, where: str) -> dict[str, dict[str, i
             items.append((provider["uuid"], {"resources": entry.get("resources")}))
     for uuid, entry in items:
         resources = entry.get("resources") if isinstance(entry, dict) else None
-        if not isinstance(resources, dict) or not resources:
+        if not isinstance(resources, dict):
             raise _invalid("'resources' is a required property", f"{field}.{uuid}", "required")
+        if not resources:
+            raise _invalid(
+                "{} does not have enough properties (should be non-empty)",
+                f"{field}.{uuid}.resources",
+                "minProperties",
+            )
         for name, amount in resources.items():
             where_amount = f"{field}.{uuid}.{name}"
             if not CLASS_NAME.match(name):
                 raise _invalid(
-                    f"{name!r} does not match {CLASS_NAME.pattern!r}", where_amount, "pattern"
+                    f"{name!r} does not match any of the regexes: {CLASS_NAME.pattern!r}",
+                    where_amount,
+                    "additionalProperties",
                 )
             if not isinstance(amount, int) or isinstance(amount, bool):
                 raise _invalid(f"{amount!r} is not of type 'integer'", where_amount, "type")
@@ -192,8 +230,12 @@ def _allocations(raw: Any, dict_form: bool, where: str) -> dict[str, dict[str, i
 
 
 def _text(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > 255:
-        raise _invalid(f"{value!r} is not a string of 1 to 255 characters", field)
+    if not isinstance(value, str):
+        raise _invalid(f"{value!r} is not of type 'string'", field, "type")
+    if not value:
+        raise _invalid(f"{value!r} is too short", field, "minLength")
+    if len(value) > 255:
+        raise _invalid(f"{value!r} is too long", field, "maxLength")
     return value
 
 
