@@ -6,6 +6,7 @@ changes, providers added, moved and deleted."""
 from __future__ import annotations
 
 import contextlib
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ STEPS = st.lists(
 def test_a_refreshed_snapshot_equals_a_fresh_one(
     tmp_path: Path, steps: list[tuple[str, int, int]]
 ) -> None:
-    url = f"sqlite:///{tmp_path / f'fresh-{abs(hash(tuple(steps)))}.db'}"
+    url = f"sqlite:///{tmp_path / f'fresh-{uuid.uuid4().hex}.db'}"  # one per example
     writer = loadmaster.open(url)
     reader = loadmaster.open(url)  # another process's scheduler, as far as the store knows
     try:

@@ -23,7 +23,7 @@ from loadmaster.pending import claims as claims_module
 from loadmaster.pending import lifecycle
 from loadmaster.pending.claims import Claim
 from loadmaster.pending.trees import load_trees, with_roots
-from loadmaster.store.locking import bump_generations, lock_vms, now
+from loadmaster.store.locking import bump_generations, lock_vms, mark_changed, now
 from loadmaster.store.schema import AllocationRow, ConsumerRow, FlavorRow, HostRow, VmRow
 
 # A consumer generation the client did not send at all (before microversion 1.28), as
@@ -84,10 +84,12 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
     )
     if not item.allocations:
         if consumer is not None:
-            touched = with_roots(session, {r.host_id for r in old})
+            freed = with_roots(session, {r.host_id for r in old})
             session.delete(consumer)  # its records go with it (cascade)
             session.flush()
-            bump_generations(session, {}, touch=touched)
+            # As Placement: freeing capacity moves no provider generation; schedulers
+            # learn of it from the clock.
+            mark_changed(session, freed)
         return
     providers = _providers(session, item.allocations)
     class_ids = _classes(session, item.allocations)
@@ -151,8 +153,10 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
     consumer.generation += 1
     consumer.updated_at = stamp
     session.flush()
-    touched = with_roots(session, {r.host_id for r in old} | {p.id for p in providers.values()})
-    bump_generations(session, {}, touch=touched)
+    # As Placement: the providers allocated from move on; those only freed do not.
+    written = {p.id for p in providers.values()}
+    bump_generations(session, {}, touch=written)
+    mark_changed(session, with_roots(session, {r.host_id for r in old} | written))
 
 
 def _classes(session: Session, allocations: Mapping[str, Mapping[str, int]]) -> dict[str, int]:

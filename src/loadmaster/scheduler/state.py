@@ -112,18 +112,11 @@ class HostState:
             if self._clock is None or seen[1] != self._clock[1]:
                 self._load_all(session)
             elif seen[0] != self._clock[0]:
-                stamped = session.execute(
-                    select(HostRow.id, HostRow.generation).where(
-                        HostRow.changed_seq > self._clock[0]
-                    )
-                ).all()
-                # Our own claims moved these generations as we expected: nothing to read.
-                changed = [
-                    host_id
-                    for host_id, generation in stamped
-                    if host_id not in self.row_of
-                    or self.generation[self.row_of[host_id]] != generation
-                ]
+                # Not filtered by generation: some changes move none (a Placement
+                # client's deletion of its allocations, as in Placement).
+                changed = list(
+                    session.scalars(select(HostRow.id).where(HostRow.changed_seq > self._clock[0]))
+                )
                 if changed and not self._reload(session, changed):
                     self._load_all(session)
             self._clock = seen
