@@ -33,7 +33,11 @@ def _view(state: HostState) -> dict[str, object]:
         "capacity": state.capacity[:, order].tolist(),
         "used": state.used[:, order].tolist(),
         "vm_count": state.vm_count.tolist(),
-        "traits": state.trait_matrix[order].tolist(),
+        # By name: a snapshot may keep a column for a trait no provider has any more.
+        "traits": [
+            sorted(name for name, t in state.traits.items() if state.trait_matrix[row, t])
+            for row in order
+        ],
         "tree": [[state.provider_names[r] for r in rows] for rows in state.tree],
     }
 

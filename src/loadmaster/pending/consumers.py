@@ -52,7 +52,12 @@ def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
         consumer = session.scalar(
             select(ConsumerRow).where(ConsumerRow.uuid == item.consumer).with_for_update()
         )
-        _check_generation(consumer, item)
+        # A consumer without records does not exist as far as Placement can tell (it
+        # deletes such consumers): a VM that holds none is written as a new consumer.
+        holds = consumer is not None and session.scalar(
+            select(exists().where(AllocationRow.consumer_id == consumer.id))
+        )
+        _check_generation(consumer if holds else None, item)
         if vm is not None:
             _write_vm(session, vm, item)
         else:

@@ -13,13 +13,13 @@ report) and ``usage`` (reads). Locks and generations are ``store.locking``'s.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from datetime import datetime
 
 from loadmaster.cluster.records import AllocationRecord, ClassUsage, VmRecord
 from loadmaster.errors import ConcurrentUpdate, ValidationError
+from loadmaster.pending import candidates, consumers, lifecycle, reconcile, usage
 from loadmaster.pending import claims as claims_module
-from loadmaster.pending import consumers, lifecycle, reconcile, usage
 from loadmaster.pending.claims import CLAIM_INTENTS, Claim, ClaimOutcome
 from loadmaster.pending.consumers import ConsumerWrite
 from loadmaster.pending.lifecycle import FailOutcome
@@ -140,6 +140,26 @@ class Ledger:
         """Placement's ``PUT``/``POST /allocations``: every consumer or none."""
         with self._store.write() as session:
             consumers.write(session, writes)
+
+    def candidates(
+        self,
+        amounts: Mapping[str, int],
+        *,
+        traits_ok: Callable[[Set[str]], bool],
+        aggregates_ok: Callable[[Set[str]], bool],
+        in_tree: str | None = None,
+        limit: int | None = None,
+    ) -> candidates.Candidates:
+        """Placement's allocation candidates, read in one transaction."""
+        with self._store.read() as session:
+            return candidates.find(
+                session,
+                amounts,
+                traits_ok=traits_ok,
+                aggregates_ok=aggregates_ok,
+                in_tree=in_tree,
+                limit=limit,
+            )
 
     def consumer(self, uuid: str) -> usage.ConsumerView | None:
         with self._store.read() as session:

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Query, Response
 
-from loadmaster.api import microversion
+from loadmaster.api import microversion, queries
 from loadmaster.api.deps import LM
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.errors import NotFound, ValidationError
@@ -243,3 +243,83 @@ def _invalid(message: str, field: str, keyword: str | None = None) -> Validation
     """Placement's words for a body its JSON Schema refuses (``keyword``: the check)."""
     failed = f". Failed validating {keyword!r} in schema" if keyword else ""
     return ValidationError(f"JSON does not validate: {message}{failed}", field=field)
+
+
+CANDIDATES_SINCE = microversion.since(1, 10)
+SUMMARY_TRAITS_SINCE = (1, 17)
+LIMIT_SINCE = (1, 16)
+IN_TREE_CANDIDATES_SINCE = (1, 31)
+TREE_IN_SUMMARIES_SINCE = (1, 29)
+
+
+@router.get("/allocation_candidates", openapi_extra=CANDIDATES_SINCE)
+def allocation_candidates(
+    lm: LM,
+    resources: str,
+    required: list[str] = Query([], description="traits: A,B (all), !A (not), in:A,B"),
+    member_of: list[str] = Query([], description="aggregates: in:A,B, !A, repeated: all"),
+    in_tree: str | None = Query(None, description="only this provider's tree (1.31)"),
+    limit: int | None = Query(None, ge=1, description="at most this many candidates (1.16)"),
+) -> dict[str, Any]:
+    """Where ``resources`` could be allocated now (pending claims counted as used): one
+    host's provider tree each, with sharing providers it reaches through an aggregate."""
+    version = microversion.current()
+    amounts = queries.resources(resources, version, {rc.name for rc in lm.resource_classes.list()})
+    traits = queries.required(required, version)
+    wanted = queries.member_of(member_of, version)
+    if limit is not None and not version.matches(*LIMIT_SINCE):
+        raise queries.too_new("limit")
+    tree = None
+    if in_tree is not None:
+        if not version.matches(*IN_TREE_CANDIDATES_SINCE):
+            raise queries.too_new("in_tree")
+        tree = queries.uuid_param(in_tree, "in_tree")
+    found = lm.allocations.candidates(
+        amounts,
+        traits_ok=traits.admits,
+        aggregates_ok=wanted.admits,
+        in_tree=tree,
+        limit=limit,
+    )
+    dict_form = version.matches(*DICT_FORM_SINCE)
+    requests: list[dict[str, Any]] = []
+    for candidate in found.requests:
+        if dict_form:
+            entry: dict[str, Any] = {
+                "allocations": {u: {"resources": r} for u, r in candidate.allocations.items()}
+            }
+            if version.matches(*MAPPINGS_SINCE):
+                entry["mappings"] = {"": sorted(candidate.allocations)}
+            requests.append(entry)
+        else:
+            requests.append(
+                {
+                    "allocations": [
+                        {"resource_provider": {"uuid": u}, "resources": r}
+                        for u, r in candidate.allocations.items()
+                    ]
+                }
+            )
+    in_requests = {u for c in found.requests for u in c.allocations}
+    summaries: dict[str, Any] = {}
+    for uuid, provider in found.providers.items():
+        if uuid not in in_requests and not version.matches(*TREE_IN_SUMMARIES_SINCE):
+            continue
+        summary: dict[str, Any] = {
+            "resources": {
+                name: {"capacity": inv.capacity, "used": provider.used.get(name, 0)}
+                for name, inv in sorted(provider.inventories.items())
+            }
+        }
+        if version.matches(*SUMMARY_TRAITS_SINCE):
+            summary["traits"] = sorted(provider.traits)
+        if version.matches(*TREE_IN_SUMMARIES_SINCE):
+            summary["parent_provider_uuid"] = provider.parent_uuid
+            summary["root_provider_uuid"] = found.roots[provider.id]
+        summaries[uuid] = summary
+    if not dict_form:
+        return {
+            "allocation_requests": requests,
+            "provider_summaries": {u: {"resources": s["resources"]} for u, s in summaries.items()},
+        }
+    return {"allocation_requests": requests, "provider_summaries": summaries}
