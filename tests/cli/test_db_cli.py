@@ -45,12 +45,13 @@ def test_backup_while_writing_then_restore(tmp_path: Path) -> None:
     lm.hosts.create("h1", inventories={"VCPU": {"total": 64}, "MEMORY_MB": {"total": 262_144}})
     lm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 1024}})
     stop = threading.Event()
+    written: list[str] = []
 
     def write() -> None:
-        i = 0
         while not stop.is_set():
-            lm.vms.create(VmSpec(f"vm-{i}", "small"))
-            i += 1
+            written.extend(
+                v.uuid for v in lm.vms.create_many([VmSpec(f"vm-{len(written)}", "small")])
+            )
 
     writer = threading.Thread(target=write)
     writer.start()
@@ -60,6 +61,7 @@ def test_backup_while_writing_then_restore(tmp_path: Path) -> None:
         stop.set()
         writer.join()
     assert code == 0, out
+    assert written, "the writer must have written while the backup ran"
     with sqlite3.connect(tmp_path / "copy.db") as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         copied = conn.execute("SELECT count(*) FROM vms").fetchone()[0]
