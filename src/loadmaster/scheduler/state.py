@@ -23,6 +23,7 @@ from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.cluster.vms import PLACED_STATES
+from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
@@ -398,26 +399,17 @@ class HostState:
         provider of the tree (root first) that holds it; with ``one_node``
         (``hw:numa_nodes=1``) the classes the host's nodes offer on the first node with
         room for all of them."""
-        rest = dict(amounts)
-        nodes = self.tree[host][1:]
-        if one_node and nodes:
-            on_nodes = {
-                name: amount
-                for name, amount in amounts.items()
-                if (self.max_unit[self.classes[name], nodes] > 0).any()
-            }
-            for row in nodes:
-                if all(self._room(self.classes[n], row, a) for n, a in on_nodes.items()):
-                    for name, amount in on_nodes.items():
-                        self._use(self.classes[name], row, host, amount)
-                    break
-            rest = {name: amount for name, amount in amounts.items() if name not in on_nodes}
-        for name, amount in rest.items():
-            column = self.classes[name]
-            for row in self.tree[host]:
-                if self._room(column, row, amount):
-                    self._use(column, row, host, amount)
-                    break
+        fit = fit_in_tree(
+            self.tree[host],
+            amounts,
+            one_node=one_node,
+            offers=lambda row, name: bool(self.max_unit[self.classes[name], row] > 0),
+            problem=lambda row, name, amount: (
+                "" if self._room(self.classes[name], row, amount) else "full"
+            ),
+        )
+        for row, name, amount in fit.plan:
+            self._use(self.classes[name], row, host, amount)
         self.vm_count[host] += 1
         if group is not None and group in self.group_members:
             self.group_members[group][host] += 1
