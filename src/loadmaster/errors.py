@@ -2,7 +2,8 @@
 
 Each error carries a machine-readable ``code`` (stable, dotted, like Placement's
 ``placement.concurrent_update``), the ``field`` it is about when there is one, and a
-human sentence. HTTP status lives here too so the web layer needs no mapping table.
+human sentence. They know nothing of HTTP: the API maps them to status codes in one table
+(``api/errors.py::STATUS_OF``), the CLI to exit codes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 class LoadmasterError(Exception):
     code = "loadmaster.error"
     title = "Error"
-    status = 400
 
     def __init__(self, detail: str, *, field: str | None = None) -> None:
         super().__init__(detail)
@@ -28,13 +28,11 @@ class LoadmasterError(Exception):
 class ValidationError(LoadmasterError):
     code = "loadmaster.invalid"
     title = "Invalid input"
-    status = 400
 
 
 class NotFound(LoadmasterError):
     code = "loadmaster.not_found"
     title = "Not found"
-    status = 404
 
 
 class Conflict(LoadmasterError):
@@ -42,7 +40,6 @@ class Conflict(LoadmasterError):
 
     code = "loadmaster.conflict"
     title = "Conflict"
-    status = 409
 
 
 class ConcurrentUpdate(Conflict):
@@ -87,7 +84,6 @@ class InvalidTransition(Conflict):
 class NoValidHost(LoadmasterError):
     code = "loadmaster.no_valid_host"
     title = "No valid host"
-    status = 409
 
 
 class StoreUnavailable(LoadmasterError):
@@ -95,7 +91,6 @@ class StoreUnavailable(LoadmasterError):
 
     code = "loadmaster.store_unavailable"
     title = "Store unavailable"
-    status = 503
 
 
 class PluginFailed(LoadmasterError):
@@ -104,4 +99,3 @@ class PluginFailed(LoadmasterError):
 
     code = "loadmaster.plugin_failed"
     title = "Scheduler plugin failed"
-    status = 500

@@ -30,11 +30,14 @@ from loadmaster.api import microversion
 from loadmaster.api.observability import request_id_var
 from loadmaster.errors import (
     ConcurrentUpdate,
+    Conflict,
     DuplicateName,
     HostHasChildren,
     HostInUse,
     LoadmasterError,
     NotFound,
+    NoValidHost,
+    PluginFailed,
     StoreUnavailable,
     ValidationError,
 )
@@ -70,37 +73,31 @@ class InvalidJson(ValidationError):
 class Unauthenticated(LoadmasterError):
     code = "loadmaster.unauthenticated"
     title = "Authentication required"
-    status = 401
 
 
 class Forbidden(LoadmasterError):
     code = "loadmaster.forbidden"
     title = "Forbidden"
-    status = 403
 
 
 class MethodNotAllowed(LoadmasterError):
     code = "loadmaster.method_not_allowed"
     title = "Method not allowed"
-    status = 405
 
 
 class BodyTooLarge(LoadmasterError):
     code = "loadmaster.body_too_large"
     title = "Request body too large"
-    status = 413
 
 
 class NotAcceptable(LoadmasterError):
     code = "loadmaster.not_acceptable"
     title = "Not acceptable"
-    status = 406
 
 
 class UnsupportedMediaType(LoadmasterError):
     code = "loadmaster.unsupported_media_type"
     title = "Unsupported media type"
-    status = 415
 
 
 JSON = "application/json"
@@ -118,19 +115,45 @@ def media_type_refused(content_type: str | None) -> UnsupportedMediaType:
 class InternalError(LoadmasterError):
     code = "loadmaster.internal"
     title = "Internal error"
-    status = 500
 
 
-_BY_STATUS: dict[int, type[LoadmasterError]] = {
-    400: ValidationError,
-    401: Unauthenticated,
-    403: Forbidden,
-    404: NotFound,
-    405: MethodNotAllowed,
-    406: NotAcceptable,
-    413: BodyTooLarge,
-    415: UnsupportedMediaType,
-}
+class HttpError(LoadmasterError):
+    """An HTTP error Starlette raised with a status no class below names."""
+
+    code = "loadmaster.http_error"
+    title = "HTTP error"
+
+    def __init__(self, detail: str, status: int) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+# Every error's HTTP status, in one place; the most specific class comes first.
+STATUS_OF: tuple[tuple[type[LoadmasterError], int], ...] = (
+    (microversion.UnacceptableVersion, 406),
+    (microversion.BadVersion, 400),
+    (Unauthenticated, 401),
+    (Forbidden, 403),
+    (MethodNotAllowed, 405),
+    (NotAcceptable, 406),
+    (BodyTooLarge, 413),
+    (UnsupportedMediaType, 415),
+    (InternalError, 500),
+    (PluginFailed, 500),
+    (StoreUnavailable, 503),
+    (NotFound, 404),
+    (Conflict, 409),
+    (NoValidHost, 409),
+    (ValidationError, 400),
+    (LoadmasterError, 400),
+)
+
+
+def status_of(error: LoadmasterError) -> int:
+    if isinstance(error, HttpError):
+        return error.status
+    return next(status for kind, status in STATUS_OF if isinstance(error, kind))
+
 
 # Placement's codes for loadmaster's errors that Placement names; any other is
 # ``placement.undefined_code``, as Placement answers for an error it gives no code.
@@ -164,15 +187,15 @@ def error_response(
     if isinstance(error, StoreUnavailable):
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
     body = {**error.to_dict(), "errors": [placement_error(error)]}
-    return JSONResponse(body, status_code=error.status, headers=headers)
+    return JSONResponse(body, status_code=status_of(error), headers=headers)
 
 
 def placement_error(error: LoadmasterError) -> dict[str, object]:
     """``error`` as an entry of Placement's ``errors`` list: its title is the status's
     reason phrase, as Placement's (webob's) is."""
     entry: dict[str, object] = {
-        "status": error.status,
-        "title": HTTPStatus(error.status).phrase,
+        "status": status_of(error),
+        "title": HTTPStatus(status_of(error)).phrase,
         "detail": error.detail,
     }
     if microversion.current().matches(*ERROR_CODE_SINCE):
@@ -278,12 +301,16 @@ def _schema_words(error: Mapping[str, Any]) -> str:
 
 
 def from_http(exc: StarletteHTTPException) -> LoadmasterError:
-    kind = _BY_STATUS.get(exc.status_code)
-    if kind is None:
-        error = LoadmasterError(str(exc.detail))
-        error.status = exc.status_code
-        return error
-    return kind(str(exc.detail))
+    """Starlette's own refusals (no route, a method the path lacks) as the first error of
+    their status in ``STATUS_OF``."""
+    for kind, status in STATUS_OF:
+        if status == exc.status_code and kind not in _VERSION_ERRORS:
+            return kind(str(exc.detail))
+    return HttpError(str(exc.detail), exc.status_code)
+
+
+# Raised by the microversion middleware only, never for Starlette's own refusals.
+_VERSION_ERRORS = (microversion.UnacceptableVersion, microversion.BadVersion)
 
 
 def install(app: FastAPI) -> None:

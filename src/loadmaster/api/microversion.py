@@ -39,13 +39,11 @@ _VERSION = re.compile(r"^([1-9]\d*|0)\.([1-9]\d*|0)$")
 class BadVersion(LoadmasterError):
     code = "loadmaster.bad_microversion"
     title = "Invalid microversion"
-    status = 400
 
 
 class UnacceptableVersion(LoadmasterError):
     code = "loadmaster.unacceptable_microversion"
     title = "Unsupported microversion"
-    status = 406
 
 
 def current() -> Version:
