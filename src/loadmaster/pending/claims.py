@@ -58,6 +58,9 @@ class ClaimOutcome:
     host: str
     allocations: tuple[AllocationRecord, ...] = ()
     error: LoadmasterError | None = None
+    # The cluster clock value the claim's hosts carry after its commit: a scheduler that
+    # applied the claim to its snapshot need not read those hosts again for it.
+    clock: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -187,8 +190,9 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
     session.flush()
     # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
     # compare-and-swap: nothing was added there), locked in one id order with the others.
-    bump_generations(session, touched, touch=moved_from)
+    clock = bump_generations(session, touched, touch=moved_from)
     bump_consumers(session, {vms[o.vm].consumer_id for o in outcomes if o.ok})
+    outcomes = [replace(o, clock=clock) if o.ok else o for o in outcomes]
     for vm, root_id in launches:
         # The compare-and-swap moved the root exactly one past what was read.
         vm.host_seq = touched[root_id] + 1

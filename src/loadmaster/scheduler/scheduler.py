@@ -950,6 +950,7 @@ class Scheduler:
         except ConcurrentUpdate as exc:
             outcomes = [ClaimOutcome(c.vm, c.host, error=exc) for c in claims]
         landed, missed, retry = [], set(), []
+        clocks = {o.clock for o in outcomes if o.error is None}
         for (item, host, _), outcome in zip(chosen, outcomes, strict=True):
             if outcome.error is None:
                 landed.append(host)
@@ -967,7 +968,9 @@ class Scheduler:
                     field="vm",
                 )
             out.append(self._failed(item))
-        self._hosts.committed(landed)
+        # A drain's re-placed VMs also left hosts this snapshot did not update: read all.
+        clock = clocks.pop() if len(clocks) == 1 and not self._move_pending else None
+        self._hosts.committed(landed, clock)
         # What we applied for the claims that did not land must not linger in the arrays.
         self._hosts.refresh_hosts(missed)
         if missed and self._groups:

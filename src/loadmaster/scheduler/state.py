@@ -61,6 +61,8 @@ class HostState:
         self._reports_seen: datetime | None = None
         # The cluster clock (seq, layout_seq) these arrays reflect; None: nothing loaded.
         self._clock: tuple[int, int] | None = None
+        # Provider id -> the clock value our own last claim there stamped.
+        self._own_stamps: dict[int, int] = {}
         self._clear()
 
     # -- shape -------------------------------------------------------------------------
@@ -113,14 +115,25 @@ class HostState:
             if self._clock is None or seen[1] != self._clock[1]:
                 self._load_all(session)
             elif seen[0] != self._clock[0]:
-                # Not filtered by generation: some changes move none (a Placement
-                # client's deletion of its allocations, as in Placement).
-                changed = list(
-                    session.scalars(select(HostRow.id).where(HostRow.changed_seq > self._clock[0]))
-                )
+                # A provider whose last stamp is our own claim's, at the generation
+                # that claim left, holds nothing we have not applied (a write that added
+                # usage meanwhile moved its generation too). Some changes move no
+                # generation (a Placement client's deletion), hence the stamp.
+                changed = [
+                    host_id
+                    for host_id, stamp, generation in session.execute(
+                        select(HostRow.id, HostRow.changed_seq, HostRow.generation).where(
+                            HostRow.changed_seq > self._clock[0]
+                        )
+                    )
+                    if self._own_stamps.get(host_id) != stamp
+                    or host_id not in self.row_of
+                    or self.generation[self.row_of[host_id]] != generation
+                ]
                 if changed and not self._reload(session, changed):
                     self._load_all(session)
             self._clock = seen
+            self._own_stamps.clear()
             self._load_reports(session)
 
     def refresh_hosts(self, hosts: Iterable[int]) -> None:
@@ -425,10 +438,15 @@ class HostState:
         if not self.flat:
             self.host_used[column, host] += amount
 
-    def committed(self, hosts: Iterable[int]) -> None:
-        """Our claims on these hosts landed: the ledger bumped each tree's generations once."""
+    def committed(self, hosts: Iterable[int], clock: int | None = None) -> None:
+        """Our claims on these hosts landed: the ledger bumped each tree's generations once
+        and stamped them with ``clock``, a change the arrays already hold (None: do not
+        trust that, read them again)."""
         for host in set(hosts):
             self.generation[self.tree[host]] += 1
+            if clock is not None:
+                for row in self.tree[host]:
+                    self._own_stamps[int(self.provider_ids[row])] = clock
 
     def checkpoint(self) -> Checkpoint:
         return Checkpoint(

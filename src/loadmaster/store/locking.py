@@ -80,7 +80,7 @@ def lock_groups(session: Session, group_ids: Collection[int]) -> list[ServerGrou
 
 def bump_generations(
     session: Session, expected: Mapping[int, int], *, touch: Iterable[int] = ()
-) -> None:
+) -> int:
     """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
 
     The rows are locked in id order first, then one UPDATE per chunk bumps them all. The
@@ -109,10 +109,10 @@ def bump_generations(
             )
     if extra:
         touch_generations(session, extra)
-    mark_changed(session, ids)
+    return mark_changed(session, ids)
 
 
-def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
+def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
     """Bump the hosts' generations without a compare-and-swap, for changes that never add
     usage (activation, release): they decide nothing from what they read of the host, but
     schedulers holding the old generation must still see the host changed. Rows are locked
@@ -126,14 +126,15 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> None:
             .values(generation=HostRow.generation + 1)
             .execution_options(synchronize_session=False)
         )
-    mark_changed(session, ids)
+    return mark_changed(session, ids)
 
 
-def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = False) -> None:
+def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = False) -> int:
     """Advance the cluster clock and stamp the hosts with it: schedulers reload them.
     ``layout``: providers were added, removed or moved between trees (a full reload).
     Placement's generations are the clients' compare-and-swap tokens and move only where
-    Placement moves them; this is what tells a scheduler's snapshot what to re-read."""
+    Placement moves them; this is what tells a scheduler's snapshot what to re-read.
+    Returns the clock value the hosts now carry."""
     values: dict[str, object] = {"seq": ClusterClockRow.seq + 1}
     if layout:
         values["layout_seq"] = ClusterClockRow.layout_seq + 1
@@ -151,6 +152,7 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
             .values(changed_seq=seq)
             .execution_options(synchronize_session=False)
         )
+    return int(seq)
 
 
 def clock(session: Session) -> tuple[int, int]:
