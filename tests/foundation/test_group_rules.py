@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from dbstate import dump
 
+from loadmaster.api.errors import status_of
 from loadmaster.errors import (
     ConcurrentUpdate,
     GroupPolicyViolation,
@@ -35,7 +36,7 @@ def _refused(lm: Loadmaster, vm: str, host: str) -> GroupPolicyViolation:
     before = dump(lm)
     with pytest.raises(GroupPolicyViolation) as err:
         lm.allocations.claim(vm, host)
-    assert err.value.status == 409 and err.value.field == "host"
+    assert status_of(err.value) == 409 and err.value.field == "host"
     assert dump(lm) == before
     return err.value
 

@@ -8,6 +8,7 @@ import logging
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
+from loadmaster.api.errors import status_of
 from loadmaster.errors import (
     ConcurrentUpdate,
     Conflict,
@@ -54,7 +55,7 @@ def test_store_errors_show_no_internals(
         lm.store.write(),
     ):
         raise error
-    assert raised.value.status == status
+    assert status_of(raised.value) == status
     for secret in ("UPDATE", "4242", "tuple", "ShareLock"):
         assert secret not in raised.value.detail
     assert "4242" in caplog.text  # the details are logged for the operator
