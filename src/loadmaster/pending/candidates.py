@@ -46,12 +46,7 @@ class Provider:
         inventory = self.inventories.get(name)
         if inventory is None:
             return f"{name}: no inventory"
-        unit = inventory.unit_problem(amount)
-        if unit:
-            return unit
-        if self.used.get(name, 0) + amount > inventory.capacity:
-            return f"{name}: not enough room"
-        return ""
+        return inventory.room_problem(amount, self.used.get(name, 0)) or ""
 
 
 @dataclass(frozen=True)

@@ -31,18 +31,14 @@ class ProviderTree:
         inventory = self.inventories.get((provider.id, class_id))
         if inventory is None:
             return f"{name} on {provider.name}: no inventory"
-        unit_problem = inventory.unit_problem(amount)
-        if unit_problem:
-            return f"{name} on {provider.name}: {unit_problem}"
         used = self.used.get((provider.id, class_id), {})
         active, pending = used.get("active", 0), used.get("pending", 0)
-        if active + pending + amount <= inventory.capacity:
+        problem = inventory.room_problem(amount, active + pending)
+        if problem is None:
             return ""
-        return (
-            f"{name} on {provider.name}: needs {amount}, "
-            f"{inventory.capacity - active - pending} free of capacity {inventory.capacity} "
-            f"({active} active, {pending} pending)"
-        )
+        if inventory.unit_problem(amount) is None:  # short of room: say what holds it
+            problem += f" ({active} active, {pending} pending)"
+        return f"{name} on {provider.name}: {problem}"
 
 
 def load_trees(session: Session, root_ids: set[int]) -> dict[int, ProviderTree]:

@@ -97,6 +97,16 @@ class Inventory:
             return f"amount {amount} is not a multiple of step_size {self.step_size}"
         return None
 
+    def room_problem(self, amount: int, used: int) -> str | None:
+        """Why ``amount`` more cannot be allocated where ``used`` is taken already (pending
+        claims included), or None: the unit rules, then the capacity."""
+        unit = self.unit_problem(amount)
+        if unit is not None:
+            return unit
+        if used + amount > self.capacity:
+            return f"needs {amount}, {self.capacity - used} free of capacity {self.capacity}"
+        return None
+
 
 def parse_amounts(data: object, field: str) -> dict[str, int]:
     """Validate a ``{class: amount}`` mapping (class names are checked against the store later)."""

@@ -138,9 +138,9 @@ def _room_for(lm: LM, amounts: Mapping[str, int]) -> Callable[[HostRecord], bool
         for name, amount in amounts.items():
             inventory = host.inventories.get(name)
             usage = used.get(name)
-            if inventory is None or usage is None or inventory.unit_problem(amount):
+            if inventory is None or usage is None:
                 return False
-            if usage.active + usage.pending + amount > usage.capacity:
+            if inventory.room_problem(amount, usage.active + usage.pending) is not None:
                 return False
         return True
 
