@@ -297,24 +297,15 @@ def vm_uuids(db_url: str) -> list[str]:
     return uuids
 
 
-def pg_copy(admin_url: str, template: str, name: str) -> str:
+def pg_database(admin_url: str, name: str, template: str | None = None) -> str:
+    """A new database ``name`` (a copy of ``template`` if given); its URL."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
-    engine.dispose()
-    return admin_url.rsplit("/", 1)[0] + "/" + name
-
-
-def pg_create(admin_url: str, name: str) -> str:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        copy = f' TEMPLATE "{template}"' if template else ""
+        conn.execute(text(f'CREATE DATABASE "{name}"{copy}'))
     engine.dispose()
     return admin_url.rsplit("/", 1)[0] + "/" + name
 
@@ -368,7 +359,7 @@ def main() -> None:
                     templates[(build.name, "sqlite")] = str(sqlite_file)
                     if pg is not None:
                         name = f"tmpl_{n}_{hosts}"
-                        build.run("build", pg_create(pg.url, name), str(hosts), str(args.vms))
+                        build.run("build", pg_database(pg.url, name), str(hosts), str(args.vms))
                         templates[(build.name, "pg")] = name
                 for round_ in range(args.rounds):
                     for n, build in enumerate(builds):
@@ -379,7 +370,7 @@ def main() -> None:
                             )
                             if mode.startswith("http-pg"):
                                 assert pg is not None
-                                url = pg_copy(pg.url, templates[(build.name, "pg")], f"run_{n}")
+                                url = pg_database(pg.url, f"run_{n}", templates[(build.name, "pg")])
                             else:
                                 copy = work / f"run-{n}.db"
                                 shutil.copyfile(templates[(build.name, "sqlite")], copy)
