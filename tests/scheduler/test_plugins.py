@@ -28,7 +28,7 @@ class OddHostsOut:
 
 class BigVmsOnLowHosts:
     """Static (it ignores the batch's claims) but reads ``resources``, a field no stock
-    filter's signature has: it declares no signature, so it must be asked every time."""
+    static filter reads: it declares no ``reads``, so it must be asked every time."""
 
     name = "big_vms_on_low_hosts"
     dynamic = False
@@ -90,7 +90,7 @@ def test_unknown_weigher_in_a_policy_is_named(slm: Loadmaster) -> None:
         scheduler.schedule([RequestSpec(flavor="small")], dry_run=True, policy="bad")
 
 
-def test_a_static_filter_without_a_signature_is_never_answered_from_the_cache(
+def test_a_static_filter_that_declares_no_reads_is_never_answered_from_the_cache(
     slm: Loadmaster, third_party: None
 ) -> None:
     """Two requests alike in every field the stock static filters read, unlike in the one

@@ -16,14 +16,15 @@ from hypothesis import strategies as st
 import loadmaster
 from loadmaster.errors import LoadmasterError
 from loadmaster.pending import Claim
-from loadmaster.scheduler.state import HostState
+from loadmaster.scheduler.snapshot import Snapshot
+from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.service import Loadmaster
 
 HOSTS = ("h0", "h1", "h2")
 VMS = 6
 
 
-def _view(state: HostState) -> dict[str, object]:
+def _view(state: Snapshot) -> dict[str, object]:
     order = np.argsort(state.provider_ids)
     return {
         "names": state.names,
@@ -112,16 +113,14 @@ def test_a_refreshed_snapshot_equals_a_fresh_one(
             )
         writer.flavors.create({"name": "f", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
         vms = [writer.vms.create(f"v{i}", "f").uuid for i in range(VMS)]
-        cached = HostState(reader.store)
+        cached = SnapshotSource(reader.store)
         cached.refresh()
         for step in steps:
             # Refused steps change nothing; the snapshot must agree with that too.
             with contextlib.suppress(LoadmasterError):
                 _do(writer, step, vms)
-            cached.refresh()
-            fresh = HostState(reader.store)
-            fresh.refresh()
-            assert _view(cached) == _view(fresh), step
+            fresh = SnapshotSource(reader.store).refresh()
+            assert _view(cached.refresh()) == _view(fresh), step
     finally:
         writer.close()
         reader.close()

@@ -10,7 +10,7 @@ from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.scheduler import POLICIES, Policy, RequestSpec, Scheduler, WeigherSetting
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import HostState
+from loadmaster.scheduler.snapshot import Snapshot, SyntheticHost
 from loadmaster.scheduler.weighers.balance import BalanceWeigher
 from loadmaster.scheduler.weighers.pack import PackWeigher
 from loadmaster.scheduler.weighers.spread import SpreadWeigher
@@ -49,12 +49,13 @@ def test_vm_count_policy_evens_the_number_of_vms(slm: Loadmaster) -> None:
     assert _place(slm, 8, "vm-count") == {"big0": 4, "small0": 4}
 
 
-def test_balance_prefers_evenly_filled_classes(slm: Loadmaster) -> None:
-    add_hosts(slm, 1, prefix="cpu", vcpu=8, memory=65536)  # memory to spare
-    add_hosts(slm, 1, prefix="even", vcpu=8, memory=16384)
-    small_flavor(slm, vcpu=2, memory=4096)
-    hosts = HostState(slm.store)
-    hosts.refresh()
+def test_balance_prefers_evenly_filled_classes() -> None:
+    hosts = Snapshot.of(
+        [
+            SyntheticHost("cpu0", {"VCPU": 8, "MEMORY_MB": 65536}),  # memory to spare
+            SyntheticHost("even0", {"VCPU": 8, "MEMORY_MB": 16384}),
+        ]
+    )
     request = VmRequest("x", "x", "small", {"VCPU": 2, "MEMORY_MB": 4096})
     scores = BalanceWeigher().weigh(hosts, request, np.arange(2))
     assert scores is not None and scores[hosts.index["even0"]] > scores[hosts.index["cpu0"]]

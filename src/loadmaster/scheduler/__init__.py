@@ -1,6 +1,8 @@
-"""The scheduler: where VMs run. Filters and weighers (plugins), named policies, batch and
-gang placement over the pending-aware ledger, explanations and capacity questions."""
+"""The scheduler: where VMs run. A pure core (``decide`` over a read-only ``Snapshot``),
+filters and weighers (plugins), named policies, batch and gang placement over the
+pending-aware ledger, explanations and capacity questions."""
 
+from loadmaster.scheduler.decide import Decision, FilterResult, Plan, decide
 from loadmaster.scheduler.plugins import (
     HostFilter,
     HostView,
@@ -22,28 +24,33 @@ from loadmaster.scheduler.results import (
     ScheduleResult,
 )
 from loadmaster.scheduler.scheduler import Scheduler
-from loadmaster.scheduler.state import HostState
+from loadmaster.scheduler.snapshot import Snapshot, SyntheticHost
 
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
     "CapacityReport",
+    "Decision",
     "Explanation",
     "FilterCount",
+    "FilterResult",
     "HostFilter",
     "HostScore",
-    "HostState",
     "HostView",
     "MaskFilter",
     "NoHostFits",
     "Placement",
+    "Plan",
     "Policy",
     "RequestSpec",
     "ScheduleResult",
     "Scheduler",
+    "Snapshot",
+    "SyntheticHost",
     "Verdict",
     "VmRequest",
     "Weigher",
     "WeigherSetting",
+    "decide",
     "record_report",
 ]

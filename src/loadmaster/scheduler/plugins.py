@@ -7,11 +7,15 @@ A **filter** keeps or rejects hosts and says why. It implements either
 * ``filter(host, request) -> str | None``: one host at a time, returning the rejection
   reason or None to keep it (simple; the scheduler calls it for each remaining host).
 
+Both get a read-only ``Snapshot`` (``snapshot.py``): a plugin can be tried, and tested, on
+made-up hosts (``Snapshot.of``) with no database.
+
 A filter whose answer can change while a batch is being decided (it reads usage or group
-members) sets ``dynamic = True``. A static one (``dynamic = False``) may declare
-``signature(request) -> hashable``: the request fields its verdict depends on. Its verdicts
-are then cached per signature, as kube-scheduler caches per plugin; a static filter without
-a signature is asked again for every request, so it can never get a stale answer.
+members) sets ``dynamic = True``. A static one (``dynamic = False``) may declare ``reads``:
+the request fields its verdict depends on. Its verdicts are then cached per value of
+those fields, as kube-scheduler caches per plugin, and it sees only those fields (reading
+another fails, naming the filter, rather than answering from a stale cache). A static
+filter that declares nothing is asked again for every request.
 
 A **weigher** scores candidate hosts: ``weigh(hosts, request, candidates) -> raw scores``
 (higher is better, None for no opinion). The scheduler rescales the raw scores to [0, 1]
@@ -28,8 +32,8 @@ weigher runs when the policy in use gives it a multiplier.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,7 +42,7 @@ import numpy as np
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.errors import ValidationError
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Bools, Floats, HostState, Ints
+from loadmaster.scheduler.snapshot import Bools, Floats, Ints, Snapshot
 
 FILTER_GROUP = "loadmaster.filters"
 WEIGHER_GROUP = "loadmaster.weighers"
@@ -99,7 +103,7 @@ class HostView:
 class MaskFilter(Protocol):
     name: str
 
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None: ...
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None: ...
 
 
 @runtime_checkable
@@ -113,7 +117,7 @@ class HostFilter(Protocol):
 class Weigher(Protocol):
     name: str
 
-    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None: ...
+    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None: ...
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ class LoadedFilter:
     per_host: HostFilter | None
     dynamic: bool
     order: int
-    signature: Callable[[VmRequest], Hashable] | None = None
+    reads: frozenset[str] | None = None
 
 
 def load_filters() -> list[LoadedFilter]:
@@ -162,10 +166,25 @@ def load_filters() -> list[LoadedFilter]:
                 per_host,
                 bool(getattr(plugin, "dynamic", True)),
                 int(getattr(plugin, "order", 50)),
-                getattr(plugin, "signature", None),
+                _reads(name, getattr(plugin, "reads", None)),
             )
         )
     return sorted(loaded, key=lambda f: (f.order, f.name))
+
+
+def _reads(name: str, reads: object) -> frozenset[str] | None:
+    if reads is None:
+        return None
+    known = {f.name for f in fields(VmRequest)} | {"companion_total"}
+    if isinstance(reads, str) or not isinstance(reads, Iterable):
+        raise TypeError(f"filter plugin {name}: reads must be a list of VmRequest fields")
+    unknown = sorted(str(r) for r in reads if r not in known)
+    if unknown:
+        raise TypeError(
+            f"filter plugin {name}: reads names {unknown[0]!r}, not a VmRequest field "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    return frozenset(str(r) for r in reads)
 
 
 def load_weighers(settings: Sequence[WeigherSetting]) -> list[tuple[Weigher, float]]:
@@ -184,7 +203,7 @@ def load_weighers(settings: Sequence[WeigherSetting]) -> list[tuple[Weigher, flo
     return out
 
 
-def host_view(hosts: HostState, host: int, request: VmRequest) -> HostView:
+def host_view(hosts: Snapshot, host: int, request: VmRequest) -> HostView:
     rows = hosts.tree[host]
     traits: Bools = np.asarray(hosts.trait_matrix[rows].any(axis=0))
     aggregates: Bools = np.asarray(hosts.aggregate_matrix[rows].any(axis=0))

@@ -87,13 +87,15 @@ class NoHostFits(NoValidHost):
 class Placement:
     """One VM's outcome: ``host`` when placed (claimed, or chosen in a dry run), else
     ``error`` says why (``NoHostFits`` carries the explanation). ``vm`` is a uuid, or
-    ``flavor#n`` for a hypothetical VM. ``decision_seconds`` is the time spent choosing."""
+    ``flavor#n`` for a hypothetical VM. ``decision_seconds`` is the time spent choosing.
+    ``scores`` (dry runs): the chosen host's score per weigher, then the runners-up's."""
 
     vm: str
     host: str | None
     error: LoadmasterError | None = None
     decision_seconds: float = 0.0
     attempts: int = 1
+    scores: tuple[HostScore, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -110,6 +112,7 @@ class Placement:
             "error": None if self.error is None else self.error.to_dict(),
             "decision_seconds": self.decision_seconds,
             "attempts": self.attempts,
+            "scores": [score.to_dict() for score in self.scores],
         }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import HostState
+from loadmaster.scheduler.snapshot import Snapshot
 
 
 class AffinityFilter:
@@ -16,7 +16,7 @@ class AffinityFilter:
     order = 60
     dynamic = True
 
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
         group = request.group
         if group is None or group.policy != "affinity":
             return None

@@ -6,10 +6,10 @@ import numpy as np
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Bools, HostState
+from loadmaster.scheduler.snapshot import Bools, Snapshot
 
 
-def in_any(hosts: HostState, aggregates: frozenset[str]) -> Bools:
+def in_any(hosts: Snapshot, aggregates: frozenset[str]) -> Bools:
     columns = [hosts.aggregates[a] for a in aggregates if a in hosts.aggregates]
     if not columns:
         return np.zeros(hosts.size, np.bool_)
@@ -20,11 +20,9 @@ class AggregatesFilter:
     name = "aggregates"
     order = 40
     dynamic = False
+    reads = ("member_of", "forbidden_aggregates")
 
-    def signature(self, request: VmRequest) -> tuple[object, ...]:
-        return (request.member_of, request.forbidden_aggregates)
-
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
         if not request.member_of and not request.forbidden_aggregates:
             return None
         checks = [

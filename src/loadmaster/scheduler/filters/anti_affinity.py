@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import HostState
+from loadmaster.scheduler.snapshot import Snapshot
 
 
 class AntiAffinityFilter:
@@ -13,7 +13,7 @@ class AntiAffinityFilter:
     order = 60
     dynamic = True
 
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
         group = request.group
         if group is None or group.policy != "anti-affinity":
             return None

@@ -5,18 +5,16 @@ from __future__ import annotations
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import STATE_CODE, HostState
+from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
 
 
 class HostStateFilter:
     name = "host_state"
     order = 10
     dynamic = False
+    reads = ()
 
-    def signature(self, request: VmRequest) -> tuple[()]:
-        return ()
-
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict:
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict:
         status = hosts.host_status()
         checks = [(status != STATE_CODE[state], state) for state in HOST_STATES if state != "up"]
         return Verdict(checks, hosts.size)

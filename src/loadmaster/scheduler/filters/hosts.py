@@ -7,10 +7,10 @@ import numpy as np
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Bools, HostState
+from loadmaster.scheduler.snapshot import Bools, Snapshot
 
 
-def _marked(hosts: HostState, names: frozenset[str]) -> Bools:
+def _marked(hosts: Snapshot, names: frozenset[str]) -> Bools:
     marked = np.zeros(hosts.size, np.bool_)
     marked[[hosts.index[n] for n in names if n in hosts.index]] = True
     return marked
@@ -20,11 +20,9 @@ class HostListFilter:
     name = "hosts"
     order = 20
     dynamic = False
+    reads = ("include_hosts", "exclude_hosts")
 
-    def signature(self, request: VmRequest) -> tuple[object, ...]:
-        return (request.include_hosts, request.exclude_hosts)
-
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
         checks = []
         if request.include_hosts is not None:
             checks.append((_marked(hosts, request.include_hosts), "not in include_hosts"))

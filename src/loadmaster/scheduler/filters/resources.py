@@ -10,7 +10,7 @@ import numpy as np
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Bools, HostState
+from loadmaster.scheduler.snapshot import Bools, Snapshot
 
 
 class ResourcesFilter:
@@ -18,7 +18,7 @@ class ResourcesFilter:
     order = 90
     dynamic = True
 
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict:
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict:
         checks: list[tuple[Bools, str]] = []
         for name in sorted(request.resources):
             column = hosts.classes.get(name)

@@ -6,10 +6,10 @@ import numpy as np
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Bools, HostState
+from loadmaster.scheduler.snapshot import Bools, Snapshot
 
 
-def has_trait(hosts: HostState, trait: str) -> Bools:
+def has_trait(hosts: Snapshot, trait: str) -> Bools:
     column = hosts.traits.get(trait)
     if column is None:  # no host has it (yet)
         return np.zeros(hosts.size, np.bool_)
@@ -20,11 +20,9 @@ class TraitsFilter:
     name = "traits"
     order = 30
     dynamic = False
+    reads = ("required_traits", "forbidden_traits")
 
-    def signature(self, request: VmRequest) -> tuple[object, ...]:
-        return (request.required_traits, request.forbidden_traits)
-
-    def mask(self, hosts: HostState, request: VmRequest) -> Verdict | None:
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
         if not request.required_traits and not request.forbidden_traits:
             return None
         checks = [

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Floats, HostState, Ints
+from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 
 class BalanceWeigher:
     name = "balance"
 
-    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         shares = [
             hosts.share(hosts.classes[name], amount, candidates)
             for name, amount in request.resources.items()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Floats, HostState, Ints
+from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 
 class LoadWeigher:
     name = "load"
 
-    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         load = hosts.load[candidates]
         known = ~np.isnan(load)
         if not known.any():

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Floats, HostState, Ints
+from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 
 def utilisation(
-    hosts: HostState,
+    hosts: Snapshot,
     request: VmRequest,
     candidates: Ints,
     classes: Mapping[str, float] | None,
@@ -45,5 +45,5 @@ class PackWeigher:
     def __init__(self, classes: Mapping[str, float] | Sequence[str] | None = None) -> None:
         self.classes = _weights(classes)
 
-    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         return utilisation(hosts, request, candidates, self.classes)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Floats, HostState, Ints
+from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 
 class SoftAffinityWeigher:
     name = "soft_affinity"
 
-    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         group = request.group
         if group is None or group.policy != "soft-affinity":
             return None

@@ -4,13 +4,13 @@ normalised to capacity: the mirror image of pack."""
 from __future__ import annotations
 
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Floats, HostState, Ints
+from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 from loadmaster.scheduler.weighers.pack import PackWeigher, utilisation
 
 
 class SpreadWeigher(PackWeigher):
     name = "spread"
 
-    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         used = utilisation(hosts, request, candidates, self.classes)
         return None if used is None else 1.0 - used

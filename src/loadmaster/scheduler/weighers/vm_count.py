@@ -4,11 +4,11 @@ ones included, whatever their size."""
 from __future__ import annotations
 
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.state import Floats, HostState, Ints
+from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 
 class VmCountWeigher:
     name = "vm_count"
 
-    def weigh(self, hosts: HostState, request: VmRequest, candidates: Ints) -> Floats | None:
+    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         return -hosts.vm_count[candidates].astype(float)

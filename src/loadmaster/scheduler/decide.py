@@ -1,0 +1,360 @@
+"""The scheduling core: ``decide(snapshot, requests, plan, seed)``, a function with no I/O.
+
+It filters, weighs and picks a host for each request in turn, on a working copy of the
+snapshot's usage that takes each decision before the next one is made (pending counts as
+used, for resources and for server groups alike), and returns one ``Decision`` per request.
+The snapshot is never changed, nothing is kept between calls, and the same snapshot,
+requests, plan and seed give the same decisions: a decision can be replayed from its seed.
+Resolving requests from the store and claiming the decisions live around it
+(``resolve.py``, ``scheduler.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, cast
+
+import numpy as np
+
+from loadmaster.errors import LoadmasterError, PluginFailed
+from loadmaster.scheduler.explain import explanation
+from loadmaster.scheduler.plugins import LoadedFilter, Verdict, Weigher, host_view
+from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler.results import HostScore, NoHostFits
+from loadmaster.scheduler.snapshot import Bools, Floats, Ints, Snapshot
+
+log = logging.getLogger("loadmaster.scheduler")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A policy made ready to use: its filters (in order) and weighers with multipliers,
+    how many feasible hosts to score (``sample``, None: all), and how a winner is drawn:
+    among the hosts within ``tie_tolerance`` (a fraction of the summed multipliers) of the
+    best, one of the ``subset_size`` best at random, so schedulers running side by side
+    spread out instead of all claiming the same host."""
+
+    name: str
+    filters: tuple[LoadedFilter, ...]
+    weighers: tuple[tuple[Weigher, float], ...] = ()
+    sample: int | None = None
+    subset_size: int = 100
+    tie_tolerance: float = 0.01
+
+    def unweighed(self) -> Plan:
+        return replace(self, weighers=())
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """What one filter said about every host, under its name."""
+
+    plugin: str
+    verdict: Verdict
+
+
+@dataclass
+class Decision:
+    """One request's outcome: ``host`` (an index into the snapshot), or ``error`` saying
+    why none (``NoHostFits`` with its explanation, ``PluginFailed`` naming the plugin).
+    ``scores``: with ``breakdown``, the chosen host's score per weigher, then the
+    runners-up's."""
+
+    index: int
+    request: VmRequest
+    host: int | None
+    results: list[FilterResult]
+    error: LoadmasterError | None = None
+    seconds: float = 0.0
+    scores: tuple[HostScore, ...] = ()
+
+
+@dataclass
+class _Call:
+    """What one ``decide`` call carries from request to request."""
+
+    plan: Plan
+    rng: np.random.Generator
+    breakdown: bool
+    snap: Snapshot
+    owned: bool = False  # snap is our working copy (True) or the caller's snapshot
+    statics: dict[tuple[Hashable, ...], tuple[Bools, list[FilterResult]]] = field(
+        default_factory=dict
+    )
+
+
+def decide(
+    snapshot: Snapshot,
+    requests: Sequence[VmRequest],
+    plan: Plan,
+    seed: int,
+    *,
+    all_or_nothing: bool = False,
+    breakdown: bool = False,
+    attempt: int = 0,
+) -> list[Decision]:
+    """One decision per request, in the order they were decided: members of a hard-
+    affinity group move up to their first member, which carries the others' resources as
+    companions, so the group lands together. ``all_or_nothing``: stop at the first request
+    that fits nowhere (a gang fails as one). ``attempt`` > 0 draws from another stream
+    of the same seed, for deciding again after a lost claim race."""
+    rng = np.random.default_rng(seed if not attempt else [seed, attempt])
+    call = _Call(plan, rng, breakdown, snapshot)
+    ordered = order_for_groups(list(enumerate(requests)))
+    unplaceable: dict[str, NoHostFits] = {}
+    decisions = []
+    for position, (index, request) in enumerate(ordered):
+        group = request.group
+        if group is not None and group.name in unplaceable:
+            # The group's first member, carrying the rest, fits nowhere: the group fails
+            # as a whole rather than landing in pieces.
+            first = unplaceable[group.name].explanation
+            error = NoHostFits(replace(first, vm=request.label))
+            decisions.append(Decision(index, request, None, [], error))
+            continue
+        started = time.perf_counter()
+        decision = _decide_one(call, index, request, last=position == len(ordered) - 1)
+        decision.seconds = time.perf_counter() - started
+        decisions.append(decision)
+        if isinstance(decision.error, NoHostFits) and group is not None and request.companions:
+            unplaceable[group.name] = decision.error
+        if decision.error is not None and all_or_nothing:
+            break
+    return decisions
+
+
+def order_for_groups(items: list[tuple[int, VmRequest]]) -> list[tuple[int, VmRequest]]:
+    """Members of a hard-affinity group move up to their first member, and that member
+    carries the others' resources as ``companions`` (on a copy of its request)."""
+    order: list[tuple[int, VmRequest]] = []
+    bunches: dict[str, list[tuple[int, VmRequest]]] = {}
+    for item in items:
+        group = item[1].group
+        if group is not None and group.policy == "affinity":
+            if group.name not in bunches:
+                bunches[group.name] = []
+                order.append(item)
+            bunches[group.name].append(item)
+        else:
+            order.append(item)
+    out: list[tuple[int, VmRequest]] = []
+    for index, request in order:
+        group = request.group
+        bunch = bunches.get(group.name, []) if group is not None else []
+        if bunch and bunch[0][0] == index:
+            companions = tuple(other.resources for _, other in bunch[1:])
+            out.append((index, replace(request, companions=companions)))
+            out.extend(bunch[1:])
+        else:
+            out.append((index, request))
+    return out
+
+
+def _decide_one(call: _Call, index: int, request: VmRequest, *, last: bool) -> Decision:
+    try:
+        results, keep = filter_hosts(call.snap, request, call.plan, call.statics)
+        host, scores = _pick(call, request, np.flatnonzero(keep))
+    except PluginFailed as exc:
+        return Decision(index, request, None, [], exc)
+    if host is None:
+        return Decision(
+            index, request, None, results, NoHostFits(explanation(call.snap, request, results))
+        )
+    if not last:
+        # The next request must see this one; the caller's snapshot stays as it was.
+        if not call.owned:
+            # (The static verdicts cached so far ignore usage: they hold for the copy.)
+            call.snap, call.owned = call.snap.working(), True
+        group = request.group
+        call.snap.apply(
+            host,
+            request.resources,
+            group.name if group is not None else None,
+            one_node=request.one_numa_node,
+        )
+    return Decision(index, request, host, results, scores=scores)
+
+
+def filter_hosts(
+    snap: Snapshot,
+    request: VmRequest,
+    plan: Plan,
+    statics: dict[tuple[Hashable, ...], tuple[Bools, list[FilterResult]]] | None = None,
+) -> tuple[list[FilterResult], Bools]:
+    """Every filter of the plan on every host: their results and the hosts all keep.
+    ``statics`` caches the verdicts of the filters that ignore usage, per what they read."""
+    keep, results = _static_part(snap, request, plan, {} if statics is None else statics)
+    keep = keep.copy()
+    results = list(results)
+    for entry in plan.filters:
+        if entry.mask is not None and not entry.dynamic:
+            continue
+        verdict = _verdict(snap, entry, request, keep)
+        if verdict is not None:
+            results.append(FilterResult(entry.name, verdict))
+            keep &= verdict.keep
+    return results, keep
+
+
+def _static_part(
+    snap: Snapshot,
+    request: VmRequest,
+    plan: Plan,
+    statics: dict[tuple[Hashable, ...], tuple[Bools, list[FilterResult]]],
+) -> tuple[Bools, list[FilterResult]]:
+    """The verdicts of the filters that ignore usage: once per combination of the request
+    fields they declare they read, or every time while one of them declares none."""
+    entries = [e for e in plan.filters if e.mask is not None and not e.dynamic]
+    cacheable = all(entry.reads is not None for entry in entries)
+    key: tuple[Hashable, ...] = ()
+    if cacheable:
+        key = tuple(
+            (entry.name, *(_hashable(getattr(request, f)) for f in sorted(entry.reads or ())))
+            for entry in entries
+        )
+        if key in statics:
+            return statics[key]
+    keep = np.ones(snap.size, np.bool_)
+    results = []
+    for entry in entries:
+        assert entry.mask is not None
+        # A filter whose verdict is cached sees only the fields it declared: reading
+        # another one fails loudly, naming it, instead of answering from a stale cache.
+        seen = request if entry.reads is None else cast(VmRequest, _Fields(request, entry))
+        verdict = _plugin("filter", entry.name, entry.mask.mask, snap, seen)
+        if verdict is not None:
+            results.append(FilterResult(entry.name, verdict))
+            keep &= verdict.keep
+    if cacheable:
+        statics[key] = (keep, results)
+    return keep, results
+
+
+class _Fields:
+    """A request as a static filter that declared ``reads`` sees it."""
+
+    def __init__(self, request: VmRequest, entry: LoadedFilter) -> None:
+        self._request, self._entry = request, entry
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in (self._entry.reads or ()):
+            raise AttributeError(
+                f"filter {self._entry.name!r} read request.{name} but declares it reads only "
+                f"{sorted(self._entry.reads or ())}"
+            )
+        return getattr(self._request, name)
+
+
+def _hashable(value: object) -> Hashable:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return cast(Hashable, value)
+
+
+def _verdict(
+    snap: Snapshot, entry: LoadedFilter, request: VmRequest, keep: Bools
+) -> Verdict | None:
+    if entry.mask is not None:
+        return _plugin("filter", entry.name, entry.mask.mask, snap, request)
+    assert entry.per_host is not None
+    # A per-host filter only looks at the hosts the others kept, one at a time.
+    rejected: dict[str, list[int]] = {}
+    for host in np.flatnonzero(keep):
+        view = host_view(snap, int(host), request)
+        reason = _plugin("filter", entry.name, entry.per_host.filter, view, request)
+        if reason is not None:
+            rejected.setdefault(reason, []).append(int(host))
+    checks = []
+    for reason, hosts in rejected.items():
+        ok = np.ones(snap.size, np.bool_)
+        ok[hosts] = False
+        checks.append((ok, reason))
+    return Verdict(checks, snap.size)
+
+
+def _pick(
+    call: _Call, request: VmRequest, candidates: Ints
+) -> tuple[int | None, tuple[HostScore, ...]]:
+    plan, rng = call.plan, call.rng
+    if len(candidates) == 0:
+        return None, ()
+    if plan.sample is not None and len(candidates) > plan.sample:
+        # Score a random sample, as kube-scheduler (percentageOfNodesToScore) and
+        # Nomad (limit iterator) do: every sampled host is feasible, and the best of a
+        # few hundred random ones is as good as the best of all for spreading.
+        # (Drawn with replacement: a host drawn twice changes nothing.)
+        candidates = candidates[rng.integers(0, len(candidates), plan.sample)]
+    if len(candidates) == 1 or not plan.weighers:
+        return int(candidates[rng.integers(len(candidates))]), ()
+    weighed = weigh(call.snap, request, candidates, plan.weighers)
+    scores = sum((w for _, w in weighed), np.zeros(len(candidates)))
+    tolerance = plan.tie_tolerance * sum(abs(m) for _, m in plan.weighers)
+    near = np.flatnonzero(scores >= scores.max() - tolerance)
+    if len(near) > plan.subset_size:
+        best = np.argpartition(-scores[near], plan.subset_size)[: plan.subset_size]
+        near = near[best]
+    chosen = int(near[rng.integers(len(near))])
+    breakdown: tuple[HostScore, ...] = ()
+    if call.breakdown:
+        others = [int(i) for i in np.argsort(-scores, kind="stable")[:5] if i != chosen][:4]
+        breakdown = score_rows(call.snap, candidates, weighed, [chosen, *others])
+    return int(candidates[chosen]), breakdown
+
+
+def weigh(
+    snap: Snapshot,
+    request: VmRequest,
+    candidates: Ints,
+    weighers: Sequence[tuple[Weigher, float]],
+) -> list[tuple[str, Floats]]:
+    """Each weigher's multiplier times its raw scores rescaled to [0, 1] over the
+    candidates, as Nova does; a weigher with no opinion, or the same one for all, adds
+    nothing."""
+    if not len(candidates):
+        return []  # nothing fits: weighers have nothing to rank (and min() would fail)
+    weighed = []
+    for weigher, multiplier in weighers:
+        name = str(getattr(weigher, "name", type(weigher).__name__))
+        raw = _plugin("weigher", name, weigher.weigh, snap, request, candidates)
+        if raw is None:
+            continue
+        low, high = float(raw.min()), float(raw.max())
+        if high > low:
+            weighed.append((name, multiplier * (raw - low) / (high - low)))
+    return weighed
+
+
+def score_rows(
+    snap: Snapshot, candidates: Ints, weighed: list[tuple[str, Floats]], rows: Sequence[int]
+) -> tuple[HostScore, ...]:
+    """The named candidates' scores, in total and per weigher."""
+    total = sum((w for _, w in weighed), np.zeros(len(candidates)))
+    return tuple(
+        HostScore(
+            snap.names[int(candidates[i])],
+            round(float(total[i]), 4),
+            {name: round(float(w[i]), 4) for name, w in weighed},
+        )
+        for i in rows
+    )
+
+
+def _plugin(kind: str, name: str, call: Callable[..., T], *args: Any) -> T:
+    """Call a filter or weigher; if it raises, say which one (the traceback is logged)."""
+    try:
+        return call(*args)
+    except LoadmasterError:
+        raise
+    except Exception as exc:
+        log.exception("%s plugin %s raised", kind, name)
+        raise PluginFailed(
+            f"{kind} plugin {name!r} failed ({type(exc).__name__}: {exc}); the server log "
+            "has its traceback",
+            field="policy" if kind == "weigher" else None,
+        ) from exc

@@ -1,0 +1,274 @@
+"""Where the scheduler's snapshot comes from: the store, read once and then kept current.
+
+A refresh reads the cluster clock (one row): unchanged, nothing else is read; moved, only
+the providers stamped since are reloaded (every claim, release, inventory, trait, aggregate
+or state change stamps them), and a new class, trait, aggregate or tree shape reloads all.
+The scheduler's own claims that landed are applied here directly (``landed``), so its next
+call does not read them back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+
+import numpy as np
+from sqlalchemy import func, select, union_all
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster import lookup
+from loadmaster.cluster.groups import GroupRecord
+from loadmaster.cluster.vms import PLACED_STATES
+from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
+from loadmaster.store import Store, locking
+from loadmaster.store.chunks import in_chunks
+from loadmaster.store.schema import (
+    HostAggregateRow,
+    HostReportRow,
+    HostRow,
+    HostTraitRow,
+    InventoryRow,
+    ServerGroupRow,
+    TraitRow,
+    VmRow,
+)
+
+
+class SnapshotSource:
+    """The one owner of a scheduler's ``Snapshot``: ``snapshot`` is read-only to all else."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.snapshot = Snapshot()
+        self._reports_seen: datetime | None = None
+        # The cluster clock (seq, layout_seq) the snapshot reflects; None: nothing loaded.
+        self._clock: tuple[int, int] | None = None
+        # Provider id -> the clock value our own last claim there stamped.
+        self._own_stamps: dict[int, int] = {}
+
+    @contextmanager
+    def _writing(self) -> Iterator[Snapshot]:
+        self.snapshot.freeze(False)
+        try:
+            yield self.snapshot
+        finally:
+            self.snapshot.freeze()  # a full load replaces it: freeze whichever is current
+
+    # -- refreshing --------------------------------------------------------------------
+    def refresh(self) -> Snapshot:
+        """Bring the snapshot up to date with the store, reloading only what changed: the
+        cluster clock says whether anything did (one row read), and which providers."""
+        with self._store.read() as session, self._writing():
+            # Read first: a change committed after it is stamped later and seen next time.
+            seen = locking.clock(session)
+            if self._clock is None or seen[1] != self._clock[1]:
+                self._load_all(session)
+            elif seen[0] != self._clock[0]:
+                snap = self.snapshot
+                # A provider whose last stamp is our own claim's, at the generation
+                # that claim left, holds nothing we have not applied (a write that added
+                # usage meanwhile moved its generation too). Some changes move no
+                # generation (a Placement client's deletion), hence the stamp.
+                changed = [
+                    host_id
+                    for host_id, stamp, generation in session.execute(
+                        select(HostRow.id, HostRow.changed_seq, HostRow.generation).where(
+                            HostRow.changed_seq > self._clock[0]
+                        )
+                    )
+                    if self._own_stamps.get(host_id) != stamp
+                    or host_id not in snap.row_of
+                    or snap.generation[snap.row_of[host_id]] != generation
+                ]
+                if changed and not self._reload(session, changed):
+                    self._load_all(session)
+            self._clock = seen
+            self._own_stamps.clear()
+            self._load_reports(session)
+        return self.snapshot
+
+    def _load_all(self, session: Session) -> None:
+        snap = self.snapshot = Snapshot()
+        rows = session.execute(
+            select(HostRow.id, HostRow.uuid, HostRow.name, HostRow.root_id).order_by(HostRow.id)
+        ).all()
+        snap.provider_ids = np.array([r.id for r in rows], np.int64)
+        snap.provider_names = [r.name for r in rows]
+        snap.row_of = {r.id: i for i, r in enumerate(rows)}
+        roots = [i for i, r in enumerate(rows) if r.root_id in (None, r.id)]
+        snap.roots = np.array(roots, np.int64)
+        host_of_root = {int(row): h for h, row in enumerate(roots)}
+        snap.root_of = np.array(
+            [host_of_root[snap.row_of[r.root_id or r.id]] for r in rows], np.int64
+        )
+        snap.tree = [[] for _ in roots]
+        for row, host in enumerate(snap.root_of):
+            snap.tree[int(host)].append(row)  # ids ascend, so the root comes first
+        snap.flat = len(roots) == len(rows)
+        snap.names = [rows[r].name for r in roots]
+        snap.uuids = [rows[r].uuid for r in roots]
+        snap.index = {name: h for h, name in enumerate(snap.names)}
+        snap.index.update({uuid: h for h, uuid in enumerate(snap.uuids)})
+        snap.classes = {name: c for c, name in enumerate(sorted(lookup.class_ids(session)))}
+        snap.traits = {
+            name: t
+            for t, name in enumerate(
+                sorted(session.scalars(select(TraitRow.name).join(HostTraitRow).distinct()))
+            )
+        }
+        snap.aggregates = {
+            name: a
+            for a, name in enumerate(
+                sorted(session.scalars(select(HostAggregateRow.aggregate).distinct()))
+            )
+        }
+        p, c = len(rows), len(snap.classes)
+        snap.generation = np.zeros(p, np.int64)
+        snap.status = np.zeros(p, np.int64)
+        snap.capacity = np.zeros((c, p), np.int64)
+        snap.used = np.zeros((c, p), np.int64)
+        snap.min_unit = np.zeros((c, p), np.int64)
+        snap.max_unit = np.zeros((c, p), np.int64)
+        snap.step = np.ones((c, p), np.int64)
+        snap.trait_matrix = np.zeros((p, len(snap.traits)), np.bool_)
+        snap.aggregate_matrix = np.zeros((p, len(snap.aggregates)), np.bool_)
+        snap.vm_count = np.zeros(len(roots), np.int64)
+        snap.load = np.full(len(roots), np.nan)
+        self._reports_seen = None
+        loaded = self._reload(session, list(snap.row_of))
+        assert loaded, "a full load knows every class, trait and aggregate"
+
+    def _reload(self, session: Session, host_ids: Sequence[int]) -> bool:
+        """Reload these providers; False when they use a class, trait or aggregate (or a
+        tree shape) the arrays have no room for, so the caller must load everything."""
+        snap = self.snapshot
+        rows = [snap.row_of[i] for i in host_ids]
+        names = lookup.class_names(session)
+        for chunk in in_chunks(list(host_ids)):
+            hosts = session.execute(
+                select(HostRow.id, HostRow.generation, HostRow.state, HostRow.root_id).where(
+                    HostRow.id.in_(chunk)
+                )
+            ).all()
+            for h in hosts:
+                row = snap.row_of[h.id]
+                if snap.provider_ids[snap.roots[snap.root_of[row]]] != (h.root_id or h.id):
+                    return False
+                snap.generation[row] = h.generation
+                snap.status[row] = STATE_CODE[h.state]
+            chunk_rows = [snap.row_of[i] for i in chunk]
+            for array in (snap.capacity, snap.used, snap.min_unit, snap.max_unit):
+                array[:, chunk_rows] = 0
+            snap.step[:, chunk_rows] = 1
+            snap.trait_matrix[chunk_rows] = False
+            snap.aggregate_matrix[chunk_rows] = False
+            for inv in session.execute(
+                select(*lookup.INVENTORY_COLUMNS).where(InventoryRow.host_id.in_(chunk))
+            ):
+                column = snap.classes.get(names[inv.resource_class_id])
+                if column is None:
+                    return False
+                row = snap.row_of[inv.host_id]
+                snap.capacity[column, row] = lookup.inventory_of(inv).capacity
+                snap.min_unit[column, row] = inv.min_unit
+                snap.max_unit[column, row] = inv.max_unit
+                snap.step[column, row] = inv.step_size
+            for (host_id, class_id), used in lookup.used_by_provider(session, chunk).items():
+                snap.used[snap.classes[names[class_id]], snap.row_of[host_id]] = (
+                    used["active"] + used["pending"]
+                )
+            for host_id, trait in session.execute(
+                select(HostTraitRow.host_id, TraitRow.name)
+                .join(TraitRow)
+                .where(HostTraitRow.host_id.in_(chunk))
+            ):
+                if trait not in snap.traits:
+                    return False
+                snap.trait_matrix[snap.row_of[host_id], snap.traits[trait]] = True
+            for host_id, aggregate in session.execute(
+                select(HostAggregateRow.host_id, HostAggregateRow.aggregate).where(
+                    HostAggregateRow.host_id.in_(chunk)
+                )
+            ):
+                if aggregate not in snap.aggregates:
+                    return False
+                snap.aggregate_matrix[snap.row_of[host_id], snap.aggregates[aggregate]] = True
+        self._count_vms(session, sorted({int(snap.root_of[r]) for r in rows}))
+        snap.derive()
+        return True
+
+    def _count_vms(self, session: Session, hosts: list[int]) -> None:
+        snap = self.snapshot
+        ids = [int(snap.provider_ids[snap.roots[h]]) for h in hosts]
+        snap.vm_count[hosts] = 0
+        for chunk in in_chunks(ids):
+            placed = VmRow.state.in_(PLACED_STATES)
+            here = union_all(
+                select(VmRow.host_id.label("host")).where(placed, VmRow.host_id.in_(chunk)),
+                select(VmRow.target_host_id.label("host")).where(
+                    placed, VmRow.target_host_id.in_(chunk)
+                ),
+            ).subquery()
+            for host_id, count in session.execute(
+                select(here.c.host, func.count()).group_by(here.c.host)
+            ):
+                snap.vm_count[snap.root_of[snap.row_of[host_id]]] = count
+
+    def _load_reports(self, session: Session) -> None:
+        snap = self.snapshot
+        query = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
+        if self._reports_seen is not None:
+            query = query.where(HostReportRow.reported_at > self._reports_seen)
+        for host_id, reported_at, load in session.execute(query):
+            row = snap.row_of.get(host_id)
+            if row is None:
+                continue
+            values = [float(v) for v in load.values()] if load else []
+            snap.load[snap.root_of[row]] = max(values) if values else np.nan
+            if self._reports_seen is None or reported_at > self._reports_seen:
+                self._reports_seen = reported_at
+
+    def load_groups(
+        self, groups: Collection[GroupRecord], leaving: Mapping[str, Sequence[int]]
+    ) -> None:
+        """Count each group's placed members per host, pending ones included, less the
+        hard-affinity members of the call that are ``leaving`` a host (the group follows
+        them, so they must not pin it to where they are leaving)."""
+        with self._writing() as snap:
+            snap.group_members = {g.name: np.zeros(snap.size, np.int64) for g in groups}
+            if groups:
+                with self._store.read() as session:
+                    rows = session.execute(
+                        select(ServerGroupRow.name, VmRow.host_id, VmRow.target_host_id)
+                        .join(VmRow, VmRow.group_id == ServerGroupRow.id)
+                        .where(
+                            ServerGroupRow.name.in_({g.name for g in groups}),
+                            VmRow.state.in_(PLACED_STATES),
+                        )
+                    ).all()
+                for name, host_id, target_id in rows:
+                    for provider in (host_id, target_id):
+                        if provider is not None and provider in snap.row_of:
+                            snap.group_members[name][snap.root_of[snap.row_of[provider]]] += 1
+            for name, hosts in leaving.items():
+                counts = snap.group_members[name]
+                np.subtract.at(counts, list(hosts), 1)
+                np.maximum(counts, 0, out=counts)
+
+    # -- our own claims ----------------------------------------------------------------
+    def landed(
+        self, claims: Sequence[tuple[int, Mapping[str, int], str | None, bool]], clock: int | None
+    ) -> None:
+        """Our claims landed, as ``(host, amounts, group, one_node)``: apply them as the
+        ledger wrote them. The ledger bumped each tree's generations once and stamped
+        them with ``clock``, a change the snapshot then holds (None: do not trust that,
+        read those providers again at the next refresh)."""
+        with self._writing() as snap:
+            for host, amounts, group, one_node in claims:
+                snap.apply(host, amounts, group, one_node=one_node)
+            for host in {claim[0] for claim in claims}:
+                snap.generation[snap.tree[host]] += 1
+                if clock is not None:
+                    for row in snap.tree[host]:
+                        self._own_stamps[int(snap.provider_ids[row])] = clock
