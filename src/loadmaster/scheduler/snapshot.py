@@ -26,8 +26,25 @@ Bools = npt.NDArray[np.bool_]
 Floats = npt.NDArray[np.float64]
 
 STATE_CODE = {name: code for code, name in enumerate(HOST_STATES)}
-# The arrays a decision changes as it applies claims; every other one is fixed for a call.
-USAGE_ARRAYS = ("used", "host_used", "vm_count")
+ARRAYS = (
+    "provider_ids",
+    "root_of",
+    "roots",
+    "generation",
+    "status",
+    "capacity",
+    "used",
+    "min_unit",
+    "max_unit",
+    "step",
+    "host_capacity",
+    "host_used",
+    "inverse_capacity",
+    "trait_matrix",
+    "aggregate_matrix",
+    "vm_count",
+    "load",
+)
 
 
 @dataclass(frozen=True)
@@ -178,11 +195,8 @@ class Snapshot:
 
     def freeze(self, frozen: bool = True) -> None:
         """Make every array read-only (or writable again, for whoever owns them)."""
-        for value in vars(self).values():
-            arrays = value.values() if isinstance(value, dict) else (value,)
-            for array in arrays:
-                if isinstance(array, np.ndarray):
-                    array.flags.writeable = not frozen
+        for array in (*(getattr(self, name) for name in ARRAYS), *self.group_members.values()):
+            array.flags.writeable = not frozen
 
     def working(self) -> Snapshot:
         """A copy whose usage (and group counts) can take claims, sharing everything else."""
