@@ -1,6 +1,6 @@
-"""A third party adds a collector and a controller through entry points, without touching
-loadmaster: a fake installed distribution on sys.path is all it takes (issue 14: the agent
-is open as the scheduler is)."""
+"""A third party adds a collector, a controller and a hypervisor driver through entry
+points, without touching loadmaster: a fake installed distribution on sys.path is all it
+takes (issue 14: the agent is open as the scheduler is)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from agent_helpers import FIXTURES
 from scripted_hv import ScriptedHypervisor
 from test_incomplete_samples import full
 
-from loadmaster.agent import Agent
+from loadmaster.agent import Agent, run_agent
 from loadmaster.agent.collectors import collector_selection
 from loadmaster.agent.controllers import default_controllers
+from loadmaster.agent.manager import ManagerConfig
+from loadmaster.errors import ValidationError
 
 PLUGIN = '''
 from loadmaster.agent.controllers import Action, HypervisorController
@@ -49,6 +51,18 @@ class FanController(HypervisorController):
             FanController.applied_speeds.append((guest.name, value))
             out.applied(Action(self.name, guest.name, "fan_speed", value, guest.uuid))
         return out
+
+
+OPENED = []
+
+
+def scripted_driver(options):
+    """A hypervisor driver: the URI names the guests it runs."""
+    from scripted_hv import ScriptedHypervisor
+    from test_incomplete_samples import full
+
+    OPENED.append(options)
+    return ScriptedHypervisor({name: full() for name in options.uri.split("//")[1].split(",")})
 '''
 
 
@@ -62,7 +76,8 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lm-fans\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
         "[loadmaster.guest_collectors]\ngpu-temp = lm_fans:gpu_temperature\n\n"
-        "[loadmaster.controllers]\nfan = lm_fans:FanController.build\n"
+        "[loadmaster.controllers]\nfan = lm_fans:FanController.build\n\n"
+        "[loadmaster.hypervisors]\nscripted = lm_fans:scripted_driver\n"
     )
     monkeypatch.syspath_prepend(str(site))
     policies = tmp_path / "policies"
@@ -97,3 +112,36 @@ def test_a_selection_puts_each_collector_on_its_side(third_party: Path) -> None:
     chosen = collector_selection("HostMemory, gpu-temp,GuestBalloon")
     assert chosen.host == ("HostMemory",)
     assert chosen.guest == ("gpu-temp", "GuestBalloon")
+
+
+def test_a_third_party_hypervisor_driver_runs_the_agent(third_party: Path, tmp_path: Path) -> None:
+    import lm_fans
+
+    (third_party / "fan.policy").write_text(
+        '(with Guests g (if (> g.gpu_temp 72) (g.Control "fan_speed" 100) 0))'
+    )
+    config = tmp_path / "host.toml"
+    config.write_text('[host]\ndriver = "scripted"\n')
+    reports = run_agent(
+        "scripted://a,bcd,efgh",
+        third_party,
+        0.0,
+        None,
+        None,
+        "h1",
+        cycles=1,
+        config_file=config,
+        collectors="HostMemory,GuestMemory,gpu-temp",
+    )
+    assert [r.guests for r in reports] == [3]
+    assert lm_fans.OPENED[-1].uri == "scripted://a,bcd,efgh"
+    assert sorted(guest for guest, _ in lm_fans.FanController.applied_speeds[-2:]) == [
+        "bcd",
+        "efgh",
+    ]
+
+
+def test_an_unknown_driver_is_refused_naming_the_known_ones(third_party: Path) -> None:
+    with pytest.raises(ValidationError, match=r"driver 'nonesuch'.*known: libvirt, scripted"):
+        run_agent("x://", third_party, 0.0, None, None, "h1", cycles=1, driver="nonesuch")
+    assert ManagerConfig.from_dict({"host": {"driver": "scripted"}}).driver == "scripted"

@@ -25,7 +25,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loadmaster.agent.hypervisor import (
     NET_KEYS,
@@ -43,6 +43,9 @@ from loadmaster.agent.hypervisor import (
     ksm_for,
 )
 from loadmaster.policy.entities import IO_KEYS
+
+if TYPE_CHECKING:
+    from loadmaster.agent.plugins import DriverOptions
 
 METADATA_NS = "https://loadmaster.dev/xmlns/vm/1"
 # How often the balloon driver refreshes guest memory stats, in seconds.
@@ -216,6 +219,16 @@ class LibvirtHypervisor:
         self._balloon_min: dict[str, int] = {}
         self.guest_image = guest_image
         self.migration_uri = migration_uri
+
+    @classmethod
+    def from_options(cls, options: DriverOptions) -> LibvirtHypervisor:
+        """The ``libvirt`` entry of ``loadmaster.hypervisors``."""
+        return cls(
+            options.uri,
+            options.sys_root,
+            guest_image=options.guest_image,
+            migration_uri=options.migration_uri,
+        )
 
     def close(self) -> None:
         self._conn.close()

@@ -70,6 +70,7 @@ class ManagerConfig:
 
         [host]
         name = "host-1"                  # default: the hypervisor's host name
+        driver = "libvirt"               # an entry of loadmaster.hypervisors
         migration_uri = "qemu+tcp://host-1/system"  # how other hosts reach this hypervisor
         memory_headroom_mb = 512         # real free memory a launch must leave
 
@@ -86,6 +87,7 @@ class ManagerConfig:
     """
 
     name: str | None = None
+    driver: str | None = None
     migration_uri: str | None = None
     memory_headroom_mb: int = 0
     reserved: Mapping[str, int] = field(default_factory=dict)
@@ -112,10 +114,17 @@ class ManagerConfig:
                 )
         host = _table(data, "host", where)
         for key in host:
-            if key not in ("name", "migration_uri", "memory_headroom_mb", "launch_workers"):
+            if key not in (
+                "name",
+                "driver",
+                "migration_uri",
+                "memory_headroom_mb",
+                "launch_workers",
+            ):
                 raise ValidationError(f"{where}: host.{key} is not a setting", field=f"host.{key}")
         return cls(
             name=_opt_str(host, "name", where),
+            driver=_opt_str(host, "driver", where),
             migration_uri=_opt_str(host, "migration_uri", where),
             memory_headroom_mb=_int(host.get("memory_headroom_mb", 0), "host.memory_headroom_mb"),
             launch_workers=max(1, _int(host.get("launch_workers", 4), "host.launch_workers")),

@@ -13,18 +13,60 @@ adds one in its own pyproject, without touching loadmaster::
     cpufreq = "mypkg.controllers:CpuFreqController.build"
 
 A collector runs when the agent's collector selection names it; every registered
-controller runs.
+controller runs. The hypervisor driver is chosen by name (``--driver``, or ``driver`` in
+the host's config file; default ``libvirt``) from ``loadmaster.hypervisors``, whose
+entries take ``DriverOptions`` and return a ``Hypervisor`` (with a ``close()`` if it
+holds a connection)::
+
+    [project.entry-points."loadmaster.hypervisors"]
+    firecracker = "mypkg.fc:FirecrackerHypervisor.from_options"
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loadmaster.errors import ValidationError
+
+if TYPE_CHECKING:
+    from loadmaster.agent.hypervisor import Hypervisor
+    from loadmaster.agent.libvirt_hv import GuestImage
 
 HOST_COLLECTOR_GROUP = "loadmaster.host_collectors"
 GUEST_COLLECTOR_GROUP = "loadmaster.guest_collectors"
 CONTROLLER_GROUP = "loadmaster.controllers"
+HYPERVISOR_GROUP = "loadmaster.hypervisors"
+DEFAULT_DRIVER = "libvirt"
 
 
 def registered(group: str) -> dict[str, EntryPoint]:
     """The entries of one group by name (loaded only when used)."""
     return {ep.name: ep for ep in entry_points(group=group)}
+
+
+@dataclass(frozen=True)
+class DriverOptions:
+    """What the agent hands a hypervisor driver: the URI it was given, where KSM lives
+    (None: the driver's default), how launched guests boot and where live-migration data
+    goes (drivers that cannot launch or migrate ignore them)."""
+
+    uri: str
+    sys_root: Path | None = None
+    guest_image: GuestImage | None = None
+    migration_uri: str | None = None
+
+
+def open_hypervisor(driver: str, options: DriverOptions) -> Hypervisor:
+    """The named driver, connected; an unknown name is an error naming the known ones."""
+    found = registered(HYPERVISOR_GROUP)
+    if driver not in found:
+        raise ValidationError(
+            f"driver {driver!r} is not a registered hypervisor driver "
+            f"(known: {', '.join(sorted(found))})",
+            field="driver",
+        )
+    hypervisor: Hypervisor = found[driver].load()(options)
+    return hypervisor

@@ -13,10 +13,12 @@ from typing import Any
 
 import httpx
 
+from loadmaster.agent.hypervisor import Hypervisor
 from loadmaster.agent.journal import AppliedJournal
-from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
+from loadmaster.agent.libvirt_hv import GuestImage
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
+from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor
 from loadmaster.errors import InvalidTransition
 from loadmaster.microversions import CLIENT_HEADERS
 
@@ -147,8 +149,11 @@ def run_agent(
     guest_image: GuestImage | None = None,
     migration_data_uri: str | None = None,
     on_cycle: Callable[[CycleReport], None] | None = None,
+    driver: str | None = None,
 ) -> list[CycleReport]:
-    """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``).
+    """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``)
+    through the hypervisor ``driver`` (an entry of ``loadmaster.hypervisors``; default the
+    config file's ``host.driver``, else ``libvirt``).
 
     Without ``api_url`` nothing is reported and migration requests are not sent. With
     ``cycles`` it runs that many cycles, ``interval`` apart, and returns their reports;
@@ -179,18 +184,16 @@ def run_agent(
             last.cycle,
             last.applied,
         )
-    hypervisor: LibvirtHypervisor | None = None
+    hypervisor: Hypervisor | None = None
     client: ApiClient | None = None
     manager: HostManager | None = None
     manager_client: ApiClient | None = None
     manager_thread: threading.Thread | None = None
     stop = threading.Event()
     try:
-        hypervisor = LibvirtHypervisor(
-            hypervisor_uri,
-            sys_root,
-            guest_image=guest_image,
-            migration_uri=migration_data_uri,
+        hypervisor = open_hypervisor(
+            driver or config.driver or DEFAULT_DRIVER,
+            DriverOptions(hypervisor_uri, sys_root, guest_image, migration_data_uri),
         )
         client = ApiClient(api_url, token, timeout=10.0) if api_url else None
         host_name = host_name or config.name or socket.gethostname()
@@ -248,8 +251,10 @@ def run_agent(
             manager_client.close()
         if client is not None:
             client.close()
-        if hypervisor is not None:
-            hypervisor.close()
+        # A driver that holds no connection has nothing to close.
+        close = getattr(hypervisor, "close", None)
+        if close is not None:
+            close()
         if journal is not None:
             journal.close()
 

@@ -96,6 +96,13 @@ def serve(
 def agent(
     hypervisor: Annotated[str, typer.Option(help="libvirt URI, e.g. qemu:///system")],
     policy_dir: Annotated[Path, typer.Option(help="directory of *.policy files")],
+    driver: Annotated[
+        str | None,
+        typer.Option(
+            help="hypervisor driver, an entry of loadmaster.hypervisors (default: host.driver "
+            "in --config, else libvirt)"
+        ),
+    ] = None,
     interval: Annotated[float, typer.Option(help="seconds between cycles")] = 15.0,
     url: Annotated[
         str | None,
@@ -221,6 +228,7 @@ def agent(
             guest_image=image,
             migration_data_uri=migration_data_uri,
             on_cycle=narrate,
+            driver=driver,
         )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
