@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from loadmaster.cluster import (
     FlavorService,
     GroupService,
@@ -17,24 +15,32 @@ from loadmaster.hostcontrol import HostControl
 from loadmaster.pending import Ledger
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
-from loadmaster.store import DEFAULT_URL, Store
+from loadmaster.scheduler.policies import load_policy_file
+from loadmaster.settings import Settings, load_settings
+from loadmaster.store import Store
 
 
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
     ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
-    ``lm.maintenance`` (drain a host)."""
+    ``lm.maintenance`` (drain a host). ``settings`` (default: the environment's) choose the
+    scheduler's default policy and policy file, and how flavors treat unknown extra specs."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, settings: Settings | None = None) -> None:
+        settings = settings or load_settings()
         self.store = store
         self.resource_classes = ResourceClassService(store)
         self.traits = TraitService(store)
         self.hosts = HostService(store)
-        self.flavors = FlavorService(store)
+        self.flavors = FlavorService(store, settings.unknown_specs)
         self.vms = VmService(store)
         self.allocations = Ledger(store)
         self.groups = GroupService(store)
-        self.scheduler = Scheduler(store)
+        self.scheduler = Scheduler(
+            store,
+            default_policy=settings.scheduler_policy,
+            policies=load_policy_file(settings.policies_file) if settings.policies_file else None,
+        )
         self.host_agents = HostControl(
             store, self.hosts, self.resource_classes, self.allocations, self.scheduler
         )
@@ -50,12 +56,15 @@ class Loadmaster:
         self.close()
 
 
-def open_loadmaster(url: str | None = None, *, migrate: bool = True) -> Loadmaster:
-    """Connect to ``url`` (default: ``$LOADMASTER_DB``, else the SQLite file ``loadmaster.db``;
-    or ``postgresql+psycopg://...``), bring the schema up to date and make sure the standard
-    classes and traits exist."""
-    store = Store(url or os.environ.get("LOADMASTER_DB") or DEFAULT_URL)
+def open_loadmaster(
+    url: str | None = None, *, migrate: bool = True, settings: Settings | None = None
+) -> Loadmaster:
+    """Connect to ``url`` (default: the ``db`` setting, ``$LOADMASTER_DB``, else the SQLite
+    file ``loadmaster.db``; or ``postgresql+psycopg://...``), bring the schema up to date
+    and make sure the standard classes and traits exist."""
+    settings = settings or load_settings()
+    store = Store(url or settings.db)
     if migrate:
         store.migrate()
         sync_standard_vocabulary(store)
-    return Loadmaster(store)
+    return Loadmaster(store, settings)

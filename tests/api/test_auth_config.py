@@ -13,6 +13,7 @@ from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.auth import resolve_auth
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
+from loadmaster.settings import load_settings
 
 SECRET = "s3cr3t-admin-token"
 
@@ -36,20 +37,20 @@ def test_token_files(tmp_path: Path, suffix: str, text: str) -> None:
 
 def test_tokens_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOADMASTER_TOKENS", f"{SECRET}:admin, r:tok:reader")
-    config = resolve_auth(no_auth=False, tokens_file=None)
+    inline = load_settings().tokens.get_secret_value()
+    config = resolve_auth(no_auth=False, tokens_file=None, inline=inline)
     assert config is not None
     assert config.role_of(SECRET) == "admin" and config.role_of("r:tok") == "reader"
 
 
 def test_misconfiguration_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LOADMASTER_TOKENS", raising=False)
     with pytest.raises(ValidationError, match="no tokens configured"):
         resolve_auth(no_auth=False, tokens_file=None)
     assert resolve_auth(no_auth=True, tokens_file=None) is None
     with pytest.raises(ValidationError, match="role"):
-        AuthConfig.from_env("tok:root")
+        AuthConfig.from_inline("tok:root")
     with pytest.raises(ValidationError, match="no role"):
-        AuthConfig.from_env("just-a-token")
+        AuthConfig.from_inline("just-a-token")
     bad = tmp_path / "tokens.ini"
     bad.write_text("x")
     with pytest.raises(ValidationError, match=r"\.toml"):

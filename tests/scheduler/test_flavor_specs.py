@@ -13,11 +13,14 @@ from tests.scheduler.conftest import add_hosts
 
 import loadmaster
 from loadmaster.cluster import VmSpec
-from loadmaster.cluster.catalog import UNKNOWN_SPECS_ENV, FlavorService
+from loadmaster.cluster.catalog import FlavorService
 from loadmaster.errors import InsufficientCapacity, ValidationError
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
+from loadmaster.settings import Settings
+
+UNKNOWN_SPECS_ENV = Settings.env_name("unknown_specs")
 
 
 def test_member_of_in_extra_specs_keeps_the_flavors_vms_in_the_aggregate(
@@ -56,15 +59,15 @@ def test_the_servers_setting_decides_for_unknown_specs_unless_the_call_does(
 ) -> None:
     definition = {"name": "f", "resources": {"VCPU": 1}, "extra_specs": {"hw:foo": "1"}}
     monkeypatch.setenv(UNKNOWN_SPECS_ENV, "warn")
-    warned = FlavorService(slm.store).create(dict(definition))
+    warned = Loadmaster(slm.store).flavors.create(dict(definition))
     assert warned.warnings == ("extra_specs.hw:foo is not understood and is ignored",)
     with pytest.raises(ValidationError) as err:
-        FlavorService(slm.store).create({**definition, "name": "g"}, unknown_specs="refuse")
+        FlavorService(slm.store, "warn").create({**definition, "name": "g"}, unknown_specs="refuse")
     assert err.value.field == "extra_specs.hw:foo"
     assert [f.name for f in slm.flavors.list()] == ["f"]
     monkeypatch.setenv(UNKNOWN_SPECS_ENV, "ignore")
     with pytest.raises(ValidationError) as err:
-        FlavorService(slm.store)
+        Loadmaster(slm.store)
     assert err.value.field == "unknown_specs" and UNKNOWN_SPECS_ENV in err.value.detail
 
 

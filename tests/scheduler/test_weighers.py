@@ -90,7 +90,7 @@ def test_policy_is_chosen_per_request_and_by_configuration(
     small_flavor(slm)
     assert set(POLICIES) == {"spread", "pack", "vm-count"}
     monkeypatch.setenv("LOADMASTER_SCHEDULER_POLICY", "pack")
-    scheduler = Scheduler(slm.store)
+    scheduler = Loadmaster(slm.store).scheduler
     assert scheduler.default_policy == "pack"
     result = scheduler.schedule([RequestSpec(vms=add_vms(slm, 3))])
     assert result.policy == "pack" and len({p.host for p in result.placements}) == 1

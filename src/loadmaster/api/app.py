@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -32,13 +31,9 @@ from loadmaster.api.routes import (
     vocabulary,
 )
 from loadmaster.service import Loadmaster, open_loadmaster
+from loadmaster.settings import Settings, load_settings
 
-DEFAULT_MAX_BODY = 1024 * 1024
-# How ``loadmaster serve`` hands its options to worker processes (see ``app_from_env``).
-TOKENS_FILE_ENV = "LOADMASTER_TOKENS_FILE"
-NO_AUTH_ENV = "LOADMASTER_NO_AUTH"
-MAX_BODY_ENV = "LOADMASTER_MAX_BODY"
-SILENT_AFTER_ENV = "LOADMASTER_AGENT_SILENT_AFTER"
+DEFAULT_MAX_BODY = Settings.model_fields["max_body"].default
 DESCRIPTION = """Where virtual machines run, and what each host has promised.
 
 Placement's resources and JSON shapes where the concept is the same (resource classes,
@@ -58,10 +53,11 @@ def create_app(
     auth: AuthConfig | None = None,
     *,
     max_body_size: int = DEFAULT_MAX_BODY,
+    settings: Settings | None = None,
 ) -> FastAPI:
-    """An API over ``lm`` (a ``Loadmaster``, or a database URL to open; None: the
-    default database). ``auth=None`` means no authentication (``--no-auth``)."""
-    service = lm if isinstance(lm, Loadmaster) else open_loadmaster(lm)
+    """An API over ``lm`` (a ``Loadmaster``, or a database URL to open with ``settings``;
+    None: the default database). ``auth=None`` means no authentication (``--no-auth``)."""
+    service = lm if isinstance(lm, Loadmaster) else open_loadmaster(lm, settings=settings)
     owned = not isinstance(lm, Loadmaster)
 
     @asynccontextmanager
@@ -128,18 +124,18 @@ def create_app(
 
 
 def app_from_env() -> FastAPI:
-    """The app of one server process, configured from the environment: ``LOADMASTER_DB``,
-    ``LOADMASTER_TOKENS_FILE`` or ``LOADMASTER_TOKENS``, ``LOADMASTER_NO_AUTH=1``,
-    ``LOADMASTER_MAX_BODY``. Each of several uvicorn workers builds its own."""
+    """The app of one server process, configured by the settings (``loadmaster.settings``,
+    which ``loadmaster serve`` hands its options to worker processes through). Each of
+    several uvicorn workers builds its own."""
     configure_logging()
+    settings = load_settings()
     auth = resolve_auth(
-        no_auth=os.environ.get(NO_AUTH_ENV) == "1", tokens_file=os.environ.get(TOKENS_FILE_ENV)
+        no_auth=settings.no_auth,
+        tokens_file=settings.tokens_file,
+        inline=settings.tokens.get_secret_value(),
     )
-    max_body = int(os.environ.get(MAX_BODY_ENV) or DEFAULT_MAX_BODY)
-    app = create_app(os.environ.get("LOADMASTER_DB"), auth, max_body_size=max_body)
-    silent_after = os.environ.get(SILENT_AFTER_ENV)
-    if silent_after:
-        app.state.lm.host_agents.silent_after = timedelta(seconds=float(silent_after))
+    app = create_app(settings.db, auth, max_body_size=settings.max_body, settings=settings)
+    app.state.lm.host_agents.silent_after = timedelta(seconds=settings.agent_silent_after)
     return app
 
 

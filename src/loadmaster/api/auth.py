@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -35,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loadmaster.api.errors import Forbidden, Unauthenticated, error_response
 from loadmaster.errors import ValidationError
+from loadmaster.settings import Settings
 
 ROLES = ("admin", "reader", "member", "agent:<host>")
 PLAIN_ROLES = frozenset(ROLES[:3])
@@ -42,7 +42,7 @@ AGENT_PREFIX = "agent:"
 # The writes an agent may make, each naming its own host or a VM of it.
 _AGENT_HOST_WRITES = (re.compile(r"^/hosts/(?P<host>[^/]+)/(agent|report)$"),)
 _AGENT_VM_WRITES = re.compile(r"^/vms/[^/]+/(up|launch-failed|migration-failed|migrate)$")
-TOKENS_ENV = "LOADMASTER_TOKENS"
+TOKENS_ENV = Settings.env_name("tokens")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Liveness probes, the API description and Placement's version document (clients read it
 # to negotiate before they authenticate) need no token.
@@ -77,8 +77,8 @@ class AuthConfig:
         return found
 
     @classmethod
-    def from_env(cls, value: str | None = None) -> AuthConfig:
-        text = os.environ.get(TOKENS_ENV, "") if value is None else value
+    def from_inline(cls, text: str) -> AuthConfig:
+        """From ``token:role,token:role`` (the ``tokens`` setting)."""
         tokens: dict[str, str] = {}
         for i, item in enumerate(p.strip() for p in text.split(",")):
             if not item:
@@ -179,14 +179,16 @@ def _agent_may_write(path: str, host: str) -> bool:
     return _AGENT_VM_WRITES.match(path) is not None
 
 
-def resolve_auth(*, no_auth: bool, tokens_file: str | Path | None) -> AuthConfig | None:
-    """What a server runs with: nothing (``--no-auth``), a token file, else the
-    environment; with none of them it must not start, since "no token, no access"."""
+def resolve_auth(
+    *, no_auth: bool, tokens_file: str | Path | None, inline: str = ""
+) -> AuthConfig | None:
+    """What a server runs with: nothing (``--no-auth``), a token file, else the ``inline``
+    tokens; with none of them it must not start, since "no token, no access"."""
     if no_auth:
         return None
     if tokens_file:
         return AuthConfig.from_file(tokens_file)
-    config = AuthConfig.from_env()
+    config = AuthConfig.from_inline(inline)
     if not config.tokens:
         raise ValidationError(
             f"no tokens configured: pass --tokens FILE, set {TOKENS_ENV}=token:admin,... "

@@ -3,7 +3,7 @@
 import sys
 
 from loadmaster.cli import db, demo, local, remote  # noqa: F401  (each registers its commands)
-from loadmaster.cli.app import app, settings
+from loadmaster.cli.app import app, chosen
 from loadmaster.cli.client import Exit
 
 
@@ -12,7 +12,7 @@ def main() -> None:
         app()
     except Exception as exc:
         # An operator reads one line and an exit code; --debug is for a bug report.
-        if settings.debug:
+        if chosen.debug:
             raise
         sys.stderr.write(
             f"error: {type(exc).__name__}: {exc} (run again with --debug for the traceback)\n"

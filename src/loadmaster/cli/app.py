@@ -10,7 +10,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from loadmaster.cli.client import DEFAULT_URL, EXIT_CODES_HELP, ApiClient
+from loadmaster.cli.client import EXIT_CODES_HELP, ApiClient
+from loadmaster.settings import DEFAULTS, Settings
 
 app = typer.Typer(
     name="loadmaster",
@@ -24,15 +25,15 @@ app = typer.Typer(
 
 
 @dataclass
-class Settings:
+class Chosen:
     """What the options of the running command chose. One command runs per invocation."""
 
-    url: str | None = None  # None: not given, DEFAULT_URL
+    url: str | None = None  # None: not given, the url setting
     token: str | None = None
     debug: bool = False
 
 
-settings = Settings()
+chosen = Chosen()
 
 
 @app.callback()
@@ -41,14 +42,16 @@ def root(
         str | None,
         typer.Option(
             "--url",
-            envvar="LOADMASTER_URL",
-            help=f"API address for remote commands (default: {DEFAULT_URL})",
+            envvar=Settings.env_name("url"),
+            help=f"API address for remote commands (default: {DEFAULTS.url})",
             show_default=False,
         ),
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option("--token", envvar="LOADMASTER_TOKEN", help="bearer token", show_default=False),
+        typer.Option(
+            "--token", envvar=Settings.env_name("token"), help="bearer token", show_default=False
+        ),
     ] = None,
     debug: Annotated[
         bool, typer.Option("--debug", help="show the traceback of an unexpected error")
@@ -57,7 +60,7 @@ def root(
     """Remote commands (host, flavor, vm, group, class, trait, usage, schedule, capacity,
     policies, audit --url) use --url and --token (or LOADMASTER_URL / LOADMASTER_TOKEN),
     before or after the subcommand; the others run locally."""
-    settings.url, settings.token, settings.debug = url, token, debug
+    chosen.url, chosen.token, chosen.debug = url, token, debug
 
 
 def _remote_options(
@@ -93,7 +96,7 @@ def _setter(name: str | None) -> Any:
         # Given after the subcommand it wins over the root option and the environment;
         # left out, it leaves them alone.
         if value:
-            setattr(settings, str(name), value)
+            setattr(chosen, str(name), value)
         return value
 
     return callback
@@ -118,4 +121,4 @@ class RemoteGroup(TyperGroup):
 
 def api() -> ApiClient:
     """The client configured by the options of the running command."""
-    return ApiClient(settings.url or DEFAULT_URL, settings.token)
+    return ApiClient(chosen.url or DEFAULTS.url, chosen.token)

@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from loadmaster.microversions import CLIENT_HEADERS
-
-DEFAULT_URL = "http://127.0.0.1:8080"
+from loadmaster.settings import DEFAULTS
 
 
 @cache
@@ -59,7 +58,7 @@ def exit_code_for(status: int) -> Exit:
 
 @dataclass
 class ApiClient:
-    url: str = DEFAULT_URL
+    url: str = DEFAULTS.url
     token: str | None = None
     timeout: float = 60.0
 

@@ -12,6 +12,7 @@ import typer
 
 from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, err_console, fail
+from loadmaster.settings import DEFAULTS, Settings
 
 db_app = typer.Typer(
     help="The database: schema status and upgrades; backup and restore of SQLite.",
@@ -23,11 +24,11 @@ DbOpt = Annotated[
     str,
     typer.Option(
         "--db",
-        envvar="LOADMASTER_DB",
+        envvar=Settings.env_name("db"),
         help="database URL: sqlite:///FILE or postgresql+psycopg://USER@HOST:PORT/DB",
     ),
 ]
-DEFAULT_DB = "sqlite:///loadmaster.db"
+DEFAULT_DB = DEFAULTS.db
 
 
 def _sqlite_file(url: str, *, must_exist: bool = True) -> Path:

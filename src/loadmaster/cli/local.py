@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from loadmaster.cli.app import RemoteCommand, api, app, settings
+from loadmaster.cli.app import RemoteCommand, api, app, chosen
 from loadmaster.cli.client import Exit, err_console, exit_code_for, fail, print_json
 from loadmaster.cli.remote import JsonOpt, show
 from loadmaster.errors import LoadmasterError
+from loadmaster.settings import DEFAULTS, Settings, load_settings
 
 if TYPE_CHECKING:
     from loadmaster.service import Loadmaster
@@ -28,30 +29,45 @@ app.add_typer(policy_app, name="policy")
 
 @app.command("serve")
 def serve(
-    db: Annotated[str, typer.Option(help="sqlite:///FILE or postgresql+psycopg://...")] = (
-        "sqlite:///loadmaster.db"
-    ),
+    db: Annotated[
+        str,
+        typer.Option(
+            envvar=Settings.env_name("db"), help="sqlite:///FILE or postgresql+psycopg://..."
+        ),
+    ] = DEFAULTS.db,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
     workers: Annotated[int, typer.Option(help="worker processes (PostgreSQL only)")] = 1,
-    no_auth: Annotated[bool, typer.Option("--no-auth", help="no tokens: local use only")] = False,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth", envvar=Settings.env_name("no_auth"), help="no tokens: local use only"
+        ),
+    ] = False,
     tokens: Annotated[
-        Path | None, typer.Option(help="token file (.toml/.yaml/.json): [tokens] TOKEN = ROLE")
+        Path | None,
+        typer.Option(
+            envvar=Settings.env_name("tokens_file"),
+            help="token file (.toml/.yaml/.json): [tokens] TOKEN = ROLE",
+        ),
     ] = None,
-    max_body: Annotated[int, typer.Option(help="largest request body in bytes")] = 1024 * 1024,
+    max_body: Annotated[
+        int,
+        typer.Option(envvar=Settings.env_name("max_body"), help="largest request body in bytes"),
+    ] = DEFAULTS.max_body,
     agent_silent_after: Annotated[
         float,
         typer.Option(
             min=1.0,
+            envvar=Settings.env_name("agent_silent_after"),
             help="seconds without a word from a host's agent before the host and its VMs "
             "are shown as silent (their claims are kept)",
         ),
-    ] = 60.0,
+    ] = DEFAULTS.agent_silent_after,
 ) -> None:
     """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...")."""
     import uvicorn
 
-    from loadmaster.api.app import MAX_BODY_ENV, NO_AUTH_ENV, SILENT_AFTER_ENV, TOKENS_FILE_ENV
     from loadmaster.api.auth import resolve_auth
 
     if workers < 1:
@@ -63,20 +79,23 @@ def serve(
             Exit.USAGE,
         )
     try:
-        resolve_auth(no_auth=no_auth, tokens_file=tokens)
+        resolve_auth(
+            no_auth=no_auth, tokens_file=tokens, inline=load_settings().tokens.get_secret_value()
+        )
     except LoadmasterError as exc:
         fail(exc.detail, Exit.USAGE)
     except OSError as exc:
         fail(f"cannot read {tokens}: {exc}", Exit.USAGE)
     # Migrate once here, so workers starting together find the schema ready.
     open_database(db, migrate=True).close()
-    os.environ["LOADMASTER_DB"] = db
-    os.environ[MAX_BODY_ENV] = str(max_body)
-    os.environ[SILENT_AFTER_ENV] = str(agent_silent_after)
+    # Worker processes read their settings from the environment (api.app.app_from_env).
+    chosen = {"db": db, "max_body": max_body, "agent_silent_after": agent_silent_after}
     if no_auth:
-        os.environ[NO_AUTH_ENV] = "1"
+        chosen["no_auth"] = True
     if tokens is not None:
-        os.environ[TOKENS_FILE_ENV] = str(tokens.resolve())
+        chosen["tokens_file"] = tokens.resolve()
+    for name, value in chosen.items():
+        os.environ[Settings.env_name(name)] = str(value)
     auth_note = "no auth" if no_auth else "bearer tokens"
     err_console().print(
         f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
@@ -89,6 +108,36 @@ def serve(
         workers=workers,
         access_log=False,  # our middleware logs each request as JSON, with its id
         log_level="warning",
+    )
+
+
+@app.command("settings")
+def settings_command(as_json: JsonOpt = False) -> None:
+    """Every option loadmaster reads from the environment (LOADMASTER_<NAME>): the value
+    this shell gives it, secrets hidden, and what it does (docs/configuration.md)."""
+    try:
+        current = load_settings()
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.USAGE)
+    rows = []
+    for name, field in Settings.model_fields.items():
+        value = getattr(current, name)
+        if hasattr(value, "get_secret_value"):
+            value = "(set)" if value.get_secret_value() else None
+        rows.append(
+            {
+                "name": name,
+                "variable": Settings.env_name(name),
+                "value": None if value is None else str(value),
+                "description": field.description,
+            }
+        )
+    show(
+        rows,
+        as_json,
+        "Settings (from the environment; a command-line option wins)",
+        ["variable", "value", "what it does"],
+        [(r["variable"], r["value"], r["description"]) for r in rows],
     )
 
 
@@ -115,7 +164,9 @@ def agent(
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option(envvar="LOADMASTER_TOKEN", help="the agent's token (role agent:<host>)"),
+        typer.Option(
+            envvar=Settings.env_name("token"), help="the agent's token (role agent:<host>)"
+        ),
     ] = None,
     host_name: Annotated[str | None, typer.Option(help="default: this machine's name")] = None,
     cycles: Annotated[int | None, typer.Option(help="stop after N cycles")] = None,
@@ -368,7 +419,7 @@ def policy_eval(
 def audit(
     db: Annotated[
         str | None,
-        typer.Option(help="database URL to audit here (default: sqlite:///loadmaster.db)"),
+        typer.Option(help=f"database URL to audit here (default: {DEFAULTS.db})"),
     ] = None,
     remote: Annotated[
         bool,
@@ -384,12 +435,12 @@ def audit(
     database given by --db, or asks a server."""
     if db is not None and remote:
         fail("--db audits a database here, --remote a server: give one of them", Exit.USAGE)
-    if db is None and (remote or settings.url is not None):
+    if db is None and (remote or chosen.url is not None):
         problems = [(p["kind"], p["subject"], p["detail"]) for p in api().get("/audit")["problems"]]
     else:
         from loadmaster.pending import audit as run_audit
 
-        url = db or "sqlite:///loadmaster.db"
+        url = db or load_settings().db
         try:
             with open_database(url, migrate=False) as lm:
                 problems = [(p.kind, p.subject, p.detail) for p in run_audit(lm.store)]

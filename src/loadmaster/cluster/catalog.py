@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -275,23 +274,18 @@ class TraitService:
             session.delete(row)
 
 
-UNKNOWN_SPECS_ENV = "LOADMASTER_UNKNOWN_SPECS"
-
-
 class FlavorService:
     """``unknown_specs`` is the default for extra specs loadmaster does not know: refuse
-    the flavor, or warn (see ``parse_flavor``); ``$LOADMASTER_UNKNOWN_SPECS`` sets it for
-    a server."""
+    the flavor, or warn (see ``parse_flavor``); a server takes it from its settings."""
 
-    def __init__(self, store: Store, unknown_specs: UnknownSpecs | None = None) -> None:
+    def __init__(self, store: Store, unknown_specs: UnknownSpecs = "refuse") -> None:
         self._store = store
-        setting = unknown_specs or os.environ.get(UNKNOWN_SPECS_ENV) or "refuse"
-        if setting not in UNKNOWN_SPECS:
+        if unknown_specs not in UNKNOWN_SPECS:
             raise ValidationError(
-                f"{UNKNOWN_SPECS_ENV} must be refuse or warn, got {setting!r}",
+                f"unknown_specs must be refuse or warn, got {unknown_specs!r}",
                 field="unknown_specs",
             )
-        self.unknown_specs: UnknownSpecs = "warn" if setting == "warn" else "refuse"
+        self.unknown_specs: UnknownSpecs = unknown_specs
 
     def create(
         self, definition: dict[str, object], *, unknown_specs: UnknownSpecs | None = None

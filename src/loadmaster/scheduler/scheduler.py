@@ -11,7 +11,6 @@ brings up to date and our own landed claims update directly.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,7 +44,6 @@ from loadmaster.scheduler.results import (
 from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.store import Store
 
-POLICY_ENV = "LOADMASTER_SCHEDULER_POLICY"
 MAX_SEED = 2**63 - 1
 
 
@@ -99,9 +97,7 @@ class Scheduler:
         self._ledger = Ledger(store, conflict_retries=2)
         self._source = SnapshotSource(store)
         self.policies: dict[str, Policy] = {**POLICIES, **(policies or {})}
-        self.default_policy = self._policy(
-            default_policy or os.environ.get(POLICY_ENV) or DEFAULT_POLICY, "default_policy"
-        ).name
+        self.default_policy = self._policy(default_policy or DEFAULT_POLICY, "default_policy").name
         self._claim_chunk = claim_chunk
         self._max_attempts = max_attempts
         self._subset_size = subset_size
@@ -249,16 +245,18 @@ class Scheduler:
         if policy.name not in self._plans:
             filters = self._loaded_filters()
             known = {f.name for f in filters}
-            unknown = sorted(set(policy.disabled_filters) - known)
-            if unknown:
-                raise ValidationError(
-                    f"policy {policy.name!r} disables filter {unknown[0]!r}, which is not "
-                    f"registered (known: {', '.join(sorted(known))})",
-                    field="policy",
-                )
+            for verb, named in (("disables", policy.disabled_filters), ("runs", policy.filters)):
+                unknown = sorted(set(named or ()) - known)
+                if unknown:
+                    raise ValidationError(
+                        f"policy {policy.name!r} {verb} filter {unknown[0]!r}, which is not "
+                        f"registered (known: {', '.join(sorted(known))})",
+                        field="policy",
+                    )
+            runs = known if policy.filters is None else set(policy.filters)
             self._plans[policy.name] = Plan(
                 policy.name,
-                tuple(f for f in filters if f.name not in policy.disabled_filters),
+                tuple(f for f in filters if f.name in runs - set(policy.disabled_filters)),
                 tuple(load_weighers(policy.weighers)),
                 policy.sample,
                 self._subset_size,

@@ -27,7 +27,6 @@ from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, Vali
 
 log = logging.getLogger("loadmaster.store")
 
-DEFAULT_URL = "sqlite:///loadmaster.db"
 # PostgreSQL SQLSTATEs of a transaction that lost to another one and wrote nothing.
 _LOST_TO_ANOTHER = {"40P01": "deadlock", "40001": "serialization failure", "55P03": "lock timeout"}
 _MIGRATIONS = Path(__file__).parent / "migrations"
@@ -59,7 +58,7 @@ def _sqlite_engine(url: str) -> Engine:
 class Store:
     """The database behind every service: sessions for reading and for writing."""
 
-    def __init__(self, url: str = DEFAULT_URL, *, pool_size: int = 5) -> None:
+    def __init__(self, url: str, *, pool_size: int = 5) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite:
