@@ -16,7 +16,8 @@ from loadmaster.pending import Ledger
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
 from loadmaster.scheduler.policies import load_policy_file
-from loadmaster.settings import Settings, load_settings
+from loadmaster.settings import load_settings
+from loadmaster.settings_model import Settings
 from loadmaster.store import Store
 
 

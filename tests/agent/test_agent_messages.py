@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import httpx
-
 from loadmaster.agent.controllers import Failure
 from loadmaster.agent.loop import CycleReport
 from loadmaster.agent.narration import CycleNarrator
-from loadmaster.agent.runner import ApiError
+from loadmaster.agent.runner import ApiClient
+from loadmaster.apiclient import ApiError
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -48,13 +47,15 @@ def test_policy_reloads_and_left_out_guests_are_shown() -> None:
 
 
 def test_an_unknown_host_is_named_with_how_to_register_it() -> None:
-    response = httpx.Response(
-        404, json={"code": "loadmaster.not_found", "detail": "no host named 'h9'"}
-    )
-    error = ApiError("POST", "/hosts/h9/report", response)
+    agent = ApiClient("http://127.0.0.1:9")
+    body = {"code": "loadmaster.not_found", "detail": "no host named 'h9'"}
+    path = "/hosts/h9/report"
+    error = ApiError("POST", path, 404, body, hint=agent.hint("POST", path, 404))
     message = str(error)
     assert "does not know host 'h9'" in message
     assert "loadmaster host create h9" in message and "--host-name" in message
     assert "http" not in message.split("(")[0]  # no library text or doc link up front
-    other = ApiError("POST", "/vms/x/up", httpx.Response(409, json={"detail": "moved"}))
-    assert str(other) == "POST /vms/x/up: 409 moved"
+    plain = ApiError(
+        "POST", "/vms/x/up", 409, {"detail": "moved"}, hint=agent.hint("POST", "/vms/x/up", 409)
+    )
+    assert str(plain) == "POST /vms/x/up: 409 moved"

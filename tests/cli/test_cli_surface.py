@@ -203,7 +203,16 @@ def test_agent_takes_url_and_the_old_api_name() -> None:
     assert "--api" not in ok("agent", "--help")
 
 
-HEAVY = {"sqlalchemy", "fastapi", "numpy", "httpx", "alembic", "uvicorn", "rich"}
+HEAVY = {
+    "sqlalchemy",
+    "fastapi",
+    "numpy",
+    "httpx",
+    "alembic",
+    "uvicorn",
+    "rich",
+    "pydantic_settings",
+}
 
 
 def heavy_imports(server: str, *args: str) -> set[str]:

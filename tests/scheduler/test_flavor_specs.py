@@ -18,9 +18,9 @@ from loadmaster.errors import InsufficientCapacity, ValidationError
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
-from loadmaster.settings import Settings
+from loadmaster.settings import env_name
 
-UNKNOWN_SPECS_ENV = Settings.env_name("unknown_specs")
+UNKNOWN_SPECS_ENV = env_name("unknown_specs")
 
 
 def test_member_of_in_extra_specs_keeps_the_flavors_vms_in_the_aggregate(

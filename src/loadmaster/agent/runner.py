@@ -6,12 +6,9 @@ import logging
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from loadmaster.agent.hypervisor import Hypervisor
 from loadmaster.agent.journal import AppliedJournal
@@ -19,8 +16,9 @@ from loadmaster.agent.libvirt_hv import GuestImage
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor
+from loadmaster.apiclient import ApiClient as HttpClient
+from loadmaster.apiclient import ApiError
 from loadmaster.errors import InvalidTransition
-from loadmaster.microversions import CLIENT_HEADERS
 
 log = logging.getLogger(__name__)
 # The manager's long-poll of its work list: a change returns it at once, so this only
@@ -28,110 +26,61 @@ log = logging.getLogger(__name__)
 MANAGER_POLL_S = 5.0
 
 
-class ApiClient:
-    """The agent's calls to the loadmaster API. A 503 (the store away) is retried after the
-    ``Retry-After`` the server sends, a few times; every call here is safe to repeat."""
-
-    RETRIES_ON_503 = 3
+class ApiClient(HttpClient):
+    """The agent's calls to the loadmaster API (``loadmaster.apiclient``); every call here
+    is safe to repeat, so a 503 is retried after the server's ``Retry-After``."""
 
     def __init__(self, api_url: str, token: str | None = None, timeout: float = 5.0) -> None:
-        headers = dict(CLIENT_HEADERS)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.Client(base_url=api_url.rstrip("/"), headers=headers, timeout=timeout)
+        super().__init__(api_url, token, timeout)
 
-    def close(self) -> None:
-        self._client.close()
-
-    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        for attempt in range(self.RETRIES_ON_503 + 1):
-            try:
-                response = self._client.request(method, path, **kwargs)
-            except httpx.TransportError as exc:
-                raise ApiUnreachable(
-                    f"cannot reach the loadmaster API at {self._client.base_url}: {exc}"
-                ) from exc
-            if response.status_code != 503 or attempt == self.RETRIES_ON_503:
-                break
-            time.sleep(_retry_after(response))
-        if response.is_error:
-            raise ApiError(method, path, response)
-        return response
+    def hint(self, method: str, path: str, status: int) -> str:
+        parts = path.split("/")
+        if status == 404 and len(parts) > 2 and parts[1] == "hosts":
+            host = parts[2]
+            return (
+                f"the loadmaster API does not know host {host!r}. Register it: run the agent "
+                f"with --url so it registers itself, or 'loadmaster host create {host} "
+                f"-i VCPU=N -i MEMORY_MB=N'; or give --host-name as the host is registered"
+            )
+        if status in (401, 403):
+            return (
+                "the loadmaster API refused the agent's token; an agent needs a token with "
+                "role agent:<its host name> or admin"
+            )
+        return ""
 
     def report(self, host_name: str, payload: dict[str, Any]) -> None:
-        self._call("POST", f"/hosts/{host_name}/report", json=payload)
+        self.post(f"/hosts/{host_name}/report", payload)
 
     def request_migration(self, vm_uuid: str, reason: str) -> None:
         try:
-            self._call("POST", f"/vms/{vm_uuid}/migrate", json={"reason": reason})
+            self.post(f"/vms/{vm_uuid}/migrate", {"reason": reason})
         except ApiError as exc:
             # Already being moved (or stopping): the request is answered, not failed.
             if exc.code != InvalidTransition.code:
                 raise
 
     def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = self._call("PUT", f"/hosts/{host}/agent", json=body).json()
+        answer: dict[str, Any] = self.put(f"/hosts/{host}/agent", body)
         return answer
 
     def work(self, host: str, after: int, wait: float) -> dict[str, Any]:
-        answer: dict[str, Any] = self._call(
+        answer: dict[str, Any] = self.request(
             "GET",
             f"/hosts/{host}/work",
             params={"after": after, "wait": wait},
-            timeout=wait + self._client.timeout.read + 5 if self._client.timeout.read else None,
-        ).json()
+            timeout=wait + self.timeout + 5,
+        )
         return answer
 
     def up(self, vm: str, host: str) -> None:
-        self._call("POST", f"/vms/{vm}/up", json={"host": host})
+        self.post(f"/vms/{vm}/up", {"host": host})
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None:
-        self._call("POST", f"/vms/{vm}/launch-failed", json={"host": host, "reason": reason})
+        self.post(f"/vms/{vm}/launch-failed", {"host": host, "reason": reason})
 
     def migration_failed(self, vm: str, host: str, reason: str) -> None:
-        self._call("POST", f"/vms/{vm}/migration-failed", json={"host": host, "reason": reason})
-
-
-class ApiUnreachable(Exception):
-    """The API did not answer at all (refused, timed out, name unknown)."""
-
-
-class ApiError(Exception):
-    """The API answered with an error: the message says what it refused and why, in
-    the operator's terms where the cause is known."""
-
-    def __init__(self, method: str, path: str, response: httpx.Response) -> None:
-        self.status = response.status_code
-        self.code = ""
-        try:
-            body = response.json()
-            detail, self.code = body.get("detail", response.text), body.get("code", "")
-        except (ValueError, AttributeError):
-            detail = response.text
-        parts = path.split("/")
-        if self.status == 404 and len(parts) > 2 and parts[1] == "hosts":
-            host = parts[2]
-            message = (
-                f"the loadmaster API does not know host {host!r} ({method} {path}: {detail}). "
-                f"Register it: run the agent with --url so it registers itself, or "
-                f"'loadmaster host create {host} -i VCPU=N -i MEMORY_MB=N'; or give "
-                f"--host-name as the host is registered"
-            )
-        elif self.status in (401, 403):
-            message = (
-                f"the loadmaster API refused the agent's token ({method} {path}: {detail}); "
-                f"an agent needs a token with role agent:<its host name> or admin"
-            )
-        else:
-            message = f"{method} {path}: {self.status} {detail}"
-        super().__init__(message)
-
-
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return min(30.0, max(0.1, float(response.headers.get("Retry-After", "1"))))
-    except ValueError:
-        return 1.0
+        self.post(f"/vms/{vm}/migration-failed", {"host": host, "reason": reason})
 
 
 def run_agent(

@@ -31,9 +31,10 @@ from loadmaster.api.routes import (
     vocabulary,
 )
 from loadmaster.service import Loadmaster, open_loadmaster
-from loadmaster.settings import Settings, load_settings
+from loadmaster.settings import default, load_settings
+from loadmaster.settings_model import Settings
 
-DEFAULT_MAX_BODY = Settings.model_fields["max_body"].default
+DEFAULT_MAX_BODY: int = default("max_body")
 DESCRIPTION = """Where virtual machines run, and what each host has promised.
 
 Placement's resources and JSON shapes where the concept is the same (resource classes,

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loadmaster.api.errors import Forbidden, Unauthenticated, error_response
 from loadmaster.errors import ValidationError
-from loadmaster.settings import Settings
+from loadmaster.settings import env_name
 
 ROLES = ("admin", "reader", "member", "agent:<host>")
 PLAIN_ROLES = frozenset(ROLES[:3])
@@ -42,7 +42,7 @@ AGENT_PREFIX = "agent:"
 # The writes an agent may make, each naming its own host or a VM of it.
 _AGENT_HOST_WRITES = (re.compile(r"^/hosts/(?P<host>[^/]+)/(agent|report)$"),)
 _AGENT_VM_WRITES = re.compile(r"^/vms/[^/]+/(up|launch-failed|migration-failed|migrate)$")
-TOKENS_ENV = Settings.env_name("tokens")
+TOKENS_ENV = env_name("tokens")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Liveness probes, the API description and Placement's version document (clients read it
 # to negotiate before they authenticate) need no token.

@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from loadmaster.cli.client import EXIT_CODES_HELP, ApiClient
-from loadmaster.settings import DEFAULTS, Settings
+from loadmaster.settings import default, env_name
 
 app = typer.Typer(
     name="loadmaster",
@@ -42,16 +42,14 @@ def root(
         str | None,
         typer.Option(
             "--url",
-            envvar=Settings.env_name("url"),
-            help=f"API address for remote commands (default: {DEFAULTS.url})",
+            envvar=env_name("url"),
+            help=f"API address for remote commands (default: {default('url')})",
             show_default=False,
         ),
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option(
-            "--token", envvar=Settings.env_name("token"), help="bearer token", show_default=False
-        ),
+        typer.Option("--token", envvar=env_name("token"), help="bearer token", show_default=False),
     ] = None,
     debug: Annotated[
         bool, typer.Option("--debug", help="show the traceback of an unexpected error")
@@ -120,5 +118,11 @@ class RemoteGroup(TyperGroup):
 
 
 def api() -> ApiClient:
-    """The client configured by the options of the running command."""
-    return ApiClient(chosen.url or DEFAULTS.url, chosen.token)
+    """The client configured by the options of the running command: one per process (one
+    command runs per invocation), so a command's calls share its connection."""
+    return _client(chosen.url or default("url"), chosen.token)
+
+
+@cache
+def _client(url: str, token: str | None) -> ApiClient:
+    return ApiClient(url, token)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -14,8 +13,9 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-from loadmaster.microversions import CLIENT_HEADERS
-from loadmaster.settings import DEFAULTS
+from loadmaster.apiclient import ApiClient as HttpClient
+from loadmaster.apiclient import ApiError, ApiUnreachable
+from loadmaster.settings import default
 
 
 @cache
@@ -56,14 +56,19 @@ def exit_code_for(status: int) -> Exit:
     return Exit.SERVER_ERROR
 
 
-@dataclass
 class ApiClient:
-    url: str = DEFAULTS.url
-    token: str | None = None
-    timeout: float = 60.0
+    """The CLI's calls to the API (``loadmaster.apiclient``: one kept-open connection,
+    ``Retry-After`` honoured). Any failure prints the server's ``{code, detail}`` and exits
+    with the code that status means."""
+
+    def __init__(self, url: str = default("url"), token: str | None = None) -> None:
+        try:
+            self._http = HttpClient(url, token)
+        except ValueError as exc:
+            fail(f"--url: {exc}", Exit.USAGE)
 
     def get(self, path: str, **params: Any) -> Any:
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+        return self.request("GET", path, params=params)
 
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body=body)
@@ -72,58 +77,26 @@ class ApiClient:
         return self.request("PUT", path, body=body)
 
     def delete(self, path: str, **params: Any) -> Any:
-        return self.request(
-            "DELETE", path, params={k: v for k, v in params.items() if v is not None}
-        )
+        return self.request("DELETE", path, params=params)
 
     def request(
         self, method: str, path: str, *, body: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
-        """The decoded JSON answer (None for 204). Any failure prints the server's
-        ``{code, detail}`` and exits with the code that status means."""
-        # The standard library, not httpx: importing httpx (and the rich, click and pygments
-        # its own command line pulls in) would double the start-up of every quick command.
-        from urllib.error import HTTPError, URLError
-        from urllib.parse import quote, urlencode
-        from urllib.request import Request, urlopen
-
-        query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in (params or {}).items()}
-        target = self.url.rstrip("/") + quote(path, safe="/")
-        if query:
-            target += "?" + urlencode(query, doseq=True)
-        headers = {"Accept": "application/json", **CLIENT_HEADERS}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        request = Request(target, data=payload, headers=headers, method=method)
+        """The decoded JSON answer (None for 204); params that are None are left out."""
         try:
-            with urlopen(request, timeout=self.timeout) as response:
-                status, text = response.status, response.read()
-        except HTTPError as exc:
-            status, text = exc.code, exc.read()
-        except (URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            fail(f"cannot reach the loadmaster API at {self.url}: {reason}", Exit.UNREACHABLE)
-        if status == 204:
-            return None
-        try:
-            data = json.loads(text)
-        except ValueError:  # not JSON, or not even UTF-8
-            data = None
-        if 200 <= status < 300:
-            return data
-        if isinstance(data, dict) and "code" in data:
-            where = f" ({data['field']})" if data.get("field") else ""
-            message = f"{data.get('detail', '')}{where} [{data['code']}]"
-            explanation = data.get("explanation")
-            if isinstance(explanation, dict):
-                message += "\n" + format_explanation(explanation)
-        else:
-            message = f"HTTP {status}: {text[:200].decode(errors='replace')}"
-        fail(message, exit_code_for(status))
+            return self._http.request(method, path, body=body, params=params)
+        except ApiUnreachable as exc:
+            fail(str(exc), Exit.UNREACHABLE)
+        except ApiError as exc:
+            if exc.code:
+                where = f" ({exc.field})" if exc.field else ""
+                message = f"{exc.detail}{where} [{exc.code}]"
+                explanation = exc.body.get("explanation")
+                if isinstance(explanation, dict):
+                    message += "\n" + format_explanation(explanation)
+            else:
+                message = f"HTTP {exc.status}: {exc.detail}"
+            fail(message, exit_code_for(exc.status))
 
 
 def format_explanation(explanation: dict[str, Any]) -> str:

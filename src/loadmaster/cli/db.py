@@ -12,7 +12,7 @@ import typer
 
 from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, err_console, fail
-from loadmaster.settings import DEFAULTS, Settings
+from loadmaster.settings import default, env_name
 
 db_app = typer.Typer(
     help="The database: schema status and upgrades; backup and restore of SQLite.",
@@ -24,11 +24,11 @@ DbOpt = Annotated[
     str,
     typer.Option(
         "--db",
-        envvar=Settings.env_name("db"),
+        envvar=env_name("db"),
         help="database URL: sqlite:///FILE or postgresql+psycopg://USER@HOST:PORT/DB",
     ),
 ]
-DEFAULT_DB = DEFAULTS.db
+DEFAULT_DB = default("db")
 
 
 def _sqlite_file(url: str, *, must_exist: bool = True) -> Path:

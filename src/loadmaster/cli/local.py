@@ -18,7 +18,7 @@ from loadmaster.cli.app import RemoteCommand, api, app, chosen
 from loadmaster.cli.client import Exit, err_console, exit_code_for, fail, print_json
 from loadmaster.cli.remote import JsonOpt, show
 from loadmaster.errors import LoadmasterError
-from loadmaster.settings import DEFAULTS, Settings, load_settings
+from loadmaster.settings import OPTIONS, default, env_name, load_settings
 
 if TYPE_CHECKING:
     from loadmaster.service import Loadmaster
@@ -31,39 +31,35 @@ app.add_typer(policy_app, name="policy")
 def serve(
     db: Annotated[
         str,
-        typer.Option(
-            envvar=Settings.env_name("db"), help="sqlite:///FILE or postgresql+psycopg://..."
-        ),
-    ] = DEFAULTS.db,
+        typer.Option(envvar=env_name("db"), help="sqlite:///FILE or postgresql+psycopg://..."),
+    ] = default("db"),
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
     workers: Annotated[int, typer.Option(help="worker processes (PostgreSQL only)")] = 1,
     no_auth: Annotated[
         bool,
-        typer.Option(
-            "--no-auth", envvar=Settings.env_name("no_auth"), help="no tokens: local use only"
-        ),
+        typer.Option("--no-auth", envvar=env_name("no_auth"), help="no tokens: local use only"),
     ] = False,
     tokens: Annotated[
         Path | None,
         typer.Option(
-            envvar=Settings.env_name("tokens_file"),
+            envvar=env_name("tokens_file"),
             help="token file (.toml/.yaml/.json): [tokens] TOKEN = ROLE",
         ),
     ] = None,
     max_body: Annotated[
         int,
-        typer.Option(envvar=Settings.env_name("max_body"), help="largest request body in bytes"),
-    ] = DEFAULTS.max_body,
+        typer.Option(envvar=env_name("max_body"), help="largest request body in bytes"),
+    ] = default("max_body"),
     agent_silent_after: Annotated[
         float,
         typer.Option(
             min=1.0,
-            envvar=Settings.env_name("agent_silent_after"),
+            envvar=env_name("agent_silent_after"),
             help="seconds without a word from a host's agent before the host and its VMs "
             "are shown as silent (their claims are kept)",
         ),
-    ] = DEFAULTS.agent_silent_after,
+    ] = default("agent_silent_after"),
 ) -> None:
     """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...")."""
     import uvicorn
@@ -95,7 +91,7 @@ def serve(
     if tokens is not None:
         chosen["tokens_file"] = tokens.resolve()
     for name, value in chosen.items():
-        os.environ[Settings.env_name(name)] = str(value)
+        os.environ[env_name(name)] = str(value)
     auth_note = "no auth" if no_auth else "bearer tokens"
     err_console().print(
         f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
@@ -120,16 +116,16 @@ def settings_command(as_json: JsonOpt = False) -> None:
     except LoadmasterError as exc:
         fail(exc.detail, Exit.USAGE)
     rows = []
-    for name, field in Settings.model_fields.items():
+    for name, option in OPTIONS.items():
         value = getattr(current, name)
         if hasattr(value, "get_secret_value"):
             value = "(set)" if value.get_secret_value() else None
         rows.append(
             {
                 "name": name,
-                "variable": Settings.env_name(name),
+                "variable": env_name(name),
                 "value": None if value is None else str(value),
-                "description": field.description,
+                "description": option.description,
             }
         )
     show(
@@ -164,9 +160,7 @@ def agent(
     ] = None,
     token: Annotated[
         str | None,
-        typer.Option(
-            envvar=Settings.env_name("token"), help="the agent's token (role agent:<host>)"
-        ),
+        typer.Option(envvar=env_name("token"), help="the agent's token (role agent:<host>)"),
     ] = None,
     host_name: Annotated[str | None, typer.Option(help="default: this machine's name")] = None,
     cycles: Annotated[int | None, typer.Option(help="stop after N cycles")] = None,
@@ -238,7 +232,7 @@ def agent(
     from loadmaster.agent.libvirt_hv import GuestImage
     from loadmaster.agent.loop import CycleReport
     from loadmaster.agent.narration import CycleNarrator
-    from loadmaster.agent.runner import ApiError, ApiUnreachable
+    from loadmaster.apiclient import ApiError, ApiUnreachable
 
     if url is not None and api_alias is not None and url != api_alias:
         fail("--api is the old name of --url: give one of them", Exit.USAGE)
@@ -419,7 +413,7 @@ def policy_eval(
 def audit(
     db: Annotated[
         str | None,
-        typer.Option(help=f"database URL to audit here (default: {DEFAULTS.db})"),
+        typer.Option(help=f"database URL to audit here (default: {default('db')})"),
     ] = None,
     remote: Annotated[
         bool,

@@ -1,0 +1,197 @@
+"""One HTTP client for everything that talks to a loadmaster API: the CLI and host agents.
+
+- One connection per client, kept open between calls (HTTP keep-alive), so a CLI command
+  that makes several calls, or an agent reporting every cycle, does not pay a TCP
+  handshake each time. A connection the server closed while idle is opened again.
+- A 503 (the store away) or 429 is tried again after the ``Retry-After`` the server sends
+  (at most 30 s, a few times): loadmaster answers so only when it did not do the work.
+- An error answer becomes ``ApiError`` with the server's ``detail``, ``field`` and
+  ``code`` and a message a person can act on; no answer at all, ``ApiUnreachable``.
+
+The standard library's ``http.client``, not httpx: the CLI imports this at every start,
+and httpx (with what it pulls in) would double the start-up of every quick command.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from loadmaster.microversions import CLIENT_HEADERS
+
+RETRY_STATUSES = (429, 503)
+MAX_RETRY_AFTER_S = 30.0
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+
+
+class ApiUnreachable(Exception):
+    """The API did not answer at all (refused, timed out, name unknown)."""
+
+
+class ApiError(Exception):
+    """The API answered with an error. ``detail``, ``field``, ``code`` and ``body`` are the
+    server's; the message says what was refused and why, with ``hint`` when the caller
+    knows what to do about it."""
+
+    def __init__(
+        self, method: str, path: str, status: int, body: Any, text: str = "", hint: str = ""
+    ) -> None:
+        self.method, self.path, self.status = method, path, status
+        self.body = body if isinstance(body, dict) else {}
+        self.detail = str(self.body.get("detail", "")) or text[:200] or f"HTTP {status}"
+        self.field = self.body.get("field")
+        self.code = str(self.body.get("code", ""))
+        if hint:
+            message = f"{hint} ({method} {path}: {self.detail})"
+        elif status in (401, 403):
+            message = f"the loadmaster API refused the token ({method} {path}: {self.detail})"
+        else:
+            message = f"{method} {path}: {status} {self.detail}"
+        super().__init__(message)
+
+
+class ApiClient:
+    """Calls to the API at ``url`` with ``token``; see the module docstring. Thread-safe
+    (calls on one client take turns on its connection)."""
+
+    retries = 3
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
+        parts = urlsplit(url.rstrip("/"))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._parts = parts
+        self._headers = {"Accept": "application/json", **CLIENT_HEADERS}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- calls -------------------------------------------------------------------------
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params=params)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, body=body)
+
+    def put(self, path: str, body: Any = None) -> Any:
+        return self.request("PUT", path, body=body)
+
+    def delete(self, path: str, **params: Any) -> Any:
+        return self.request("DELETE", path, params=params)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """The decoded JSON answer (None for 204 or an empty body); ``params`` whose value
+        is None are left out. Raises ``ApiError`` or ``ApiUnreachable``."""
+        query = {
+            k: str(v).lower() if isinstance(v, bool) else v
+            for k, v in (params or {}).items()
+            if v is not None
+        }
+        target = self._parts.path + quote(path, safe="/")
+        if query:
+            target += "?" + urlencode(query, doseq=True)
+        headers = dict(self._headers)
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        for attempt in range(self.retries + 1):
+            status, answer, text, retry_after = self._send(
+                method, target, payload, headers, timeout or self.timeout
+            )
+            if status not in RETRY_STATUSES or attempt == self.retries:
+                break
+            time.sleep(retry_after)
+        if 200 <= status < 300:
+            return answer
+        raise ApiError(method, path, status, answer, text, self.hint(method, path, status))
+
+    def hint(self, method: str, path: str, status: int) -> str:
+        """What a person can do about this error; "" for the plain message."""
+        return ""
+
+    # -- the connection ----------------------------------------------------------------
+    def _send(
+        self,
+        method: str,
+        target: str,
+        payload: bytes | None,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> tuple[int, Any, str, float]:
+        with self._lock:
+            for fresh in (False, True):
+                reused = self._conn is not None and not fresh
+                conn = self._connection(timeout, fresh)
+                try:
+                    conn.request(method, target, body=payload, headers=headers)
+                    response = conn.getresponse()
+                    raw = response.read()
+                except _STALE as exc:
+                    conn.close()
+                    self._conn = None
+                    if reused:
+                        continue  # the server closed the idle connection: open a new one
+                    raise self._unreachable(exc) from exc
+                except (OSError, http.client.HTTPException) as exc:
+                    conn.close()
+                    self._conn = None
+                    raise self._unreachable(exc) from exc
+                if response.will_close:
+                    conn.close()
+                    self._conn = None
+                break
+        text = raw.decode(errors="replace")
+        try:
+            answer = json.loads(raw) if raw else None
+        except ValueError:  # not JSON, or not even UTF-8
+            answer = None
+        return response.status, answer, text, _retry_after(response.getheader("Retry-After"))
+
+    def _connection(self, timeout: float, fresh: bool) -> http.client.HTTPConnection:
+        if self._conn is None or fresh:
+            kind = (
+                http.client.HTTPSConnection
+                if self._parts.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            self._conn = kind(self._parts.hostname or "", self._parts.port, timeout=timeout)
+        elif self._conn.sock is not None:
+            self._conn.sock.settimeout(timeout)
+        else:
+            self._conn.timeout = timeout
+        return self._conn
+
+    def _unreachable(self, exc: BaseException) -> ApiUnreachable:
+        reason = "timed out" if isinstance(exc, socket.timeout | TimeoutError) else exc
+        return ApiUnreachable(f"cannot reach the loadmaster API at {self.url}: {reason}")
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return min(MAX_RETRY_AFTER_S, max(0.1, float(value or "1")))
+    except ValueError:
+        return 1.0
