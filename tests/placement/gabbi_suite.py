@@ -15,28 +15,26 @@ the failures; ``tests/placement/test_gabbi.py`` holds the pass count to a ratche
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import yaml
+from live_server import start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".cache" / "placement-venv"
 PINS = ("openstack-placement==16.0.0", "gabbi==4.2.3")
 GABBITS = "placement/tests/functional/gabbits"
 BASIC_FIXTURE = ["APIFixture"]
+# Placement's ``noauth2`` tokens: ``user`` is a non-admin its default policy refuses,
+# loadmaster's ``member``.
 GABBI_TOKENS = ("admin", "user", "admin:admin")
 # gabbi's concise reporter writes one line per test: "... <mark> <name>".
 _OUTCOME = re.compile(r"^\.\.\. (✓|✗|E|-|o|!) (\S+)", re.MULTILINE)
@@ -116,75 +114,9 @@ def fixture_env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start_server(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen[bytes], int]:
-    """``loadmaster serve`` on a port the OS picked; another process may take the port
-    before the server binds it, so a server that dies early is started again.
-
-    The files send ``X-Auth-Token: admin`` or ``user`` (Placement's ``noauth2`` tokens:
-    ``user`` is a non-admin its default policy refuses, loadmaster's ``member``), and one
-    file checks that no token gets 401: so the server runs with tokens, not
-    ``--no-auth``."""
-    # A token only this server knows: the readiness probe must reach this server, not
-    # another file's that took the same port first (this one then fails to bind).
-    probe = uuid.uuid4().hex
-    tokens = tmp / "tokens.json"
-    roles = {**dict.fromkeys((*GABBI_TOKENS, probe), "admin"), "user": "member"}
-    tokens.write_text(json.dumps({"tokens": roles}))
-    log = tmp / "server.log"
-    for _ in range(attempts):
-        port = _free_port()
-        with log.open("ab") as out:
-            server = subprocess.Popen(
-                [
-                    str(ROOT / ".venv/bin/loadmaster"),
-                    "serve",
-                    "--tokens",
-                    str(tokens),
-                    "--db",
-                    f"sqlite:///{tmp / 'placement.db'}",
-                    "--port",
-                    str(port),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while server.poll() is None and time.monotonic() < deadline:
-            try:
-                answer = httpx.get(
-                    f"http://127.0.0.1:{port}/resource_providers",
-                    headers={"x-auth-token": probe},
-                    timeout=1,
-                )
-                if answer.status_code == 200:
-                    return server, port
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        _stop(server)
-    raise RuntimeError(f"loadmaster serve did not start; see {log}")
-
-
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-
-
 def run_file(venv: Path, path: Path) -> FileResult:
     with tempfile.TemporaryDirectory(prefix="lm-gabbi-") as tmp:
-        server, port = _start_server(Path(tmp))
+        server, port = start_server(Path(tmp), GABBI_TOKENS, {"user": "member"})
         try:
             run = subprocess.run(
                 [str(venv / "bin/gabbi-run"), f"127.0.0.1:{port}", "--", str(path)],
@@ -194,7 +126,7 @@ def run_file(venv: Path, path: Path) -> FileResult:
                 timeout=300,
             )
         finally:
-            _stop(server)
+            stop_server(server)
         output = run.stdout + run.stderr
         marks = [mark for mark, _name in _OUTCOME.findall(output)]
         if not marks and run.returncode != 0:
