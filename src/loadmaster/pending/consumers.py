@@ -97,7 +97,7 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
             mark_changed(session, freed)
         return
     providers = _providers(session, item.allocations)
-    class_ids = _classes(session, item.allocations)
+    class_ids = _classes(session, item.consumer, item.allocations)
     if consumer is None:
         consumer = ConsumerRow(
             uuid=item.consumer,
@@ -164,13 +164,17 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
     mark_changed(session, with_roots(session, {r.host_id for r in old} | written))
 
 
-def _classes(session: Session, allocations: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+def _classes(
+    session: Session, consumer: str, allocations: Mapping[str, Mapping[str, int]]
+) -> dict[str, int]:
     known = lookup.class_ids(session)
     for uuid, amounts in allocations.items():
         for name in amounts:
             if name not in known:
+                # Placement's words: a class it cannot find fails the consumer, by name.
                 raise ValidationError(
-                    f"Unable to allocate inventory: No such resource class {name}.",
+                    f"Unable to allocate inventory for consumer {consumer}: No such resource "
+                    f"class {name}.",
                     field=f"allocations.{uuid}.resources.{name}",
                 )
     return known
