@@ -56,35 +56,20 @@ def exit_code_for(status: int) -> Exit:
     return Exit.SERVER_ERROR
 
 
-class ApiClient:
+class ApiClient(HttpClient):
     """The CLI's calls to the API (``loadmaster.apiclient``: one kept-open connection,
     ``Retry-After`` honoured). Any failure prints the server's ``{code, detail}`` and exits
     with the code that status means."""
 
     def __init__(self, url: str = default("url"), token: str | None = None) -> None:
         try:
-            self._http = HttpClient(url, token)
+            super().__init__(url, token)
         except ValueError as exc:
             fail(f"--url: {exc}", Exit.USAGE)
 
-    def get(self, path: str, **params: Any) -> Any:
-        return self.request("GET", path, params=params)
-
-    def post(self, path: str, body: Any = None) -> Any:
-        return self.request("POST", path, body=body)
-
-    def put(self, path: str, body: Any = None) -> Any:
-        return self.request("PUT", path, body=body)
-
-    def delete(self, path: str, **params: Any) -> Any:
-        return self.request("DELETE", path, params=params)
-
-    def request(
-        self, method: str, path: str, *, body: Any = None, params: dict[str, Any] | None = None
-    ) -> Any:
-        """The decoded JSON answer (None for 204); params that are None are left out."""
+    def request(self, method: str, path: str, **options: Any) -> Any:
         try:
-            return self._http.request(method, path, body=body, params=params)
+            return super().request(method, path, **options)
         except ApiUnreachable as exc:
             fail(str(exc), Exit.UNREACHABLE)
         except ApiError as exc:
