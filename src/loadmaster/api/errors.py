@@ -485,8 +485,11 @@ def no_unknown_query(request: Request) -> None:
     if not isinstance(route, APIRoute):
         return
     known = {param.alias for param in route.dependant.query_params}
+    # A route whose parameter names are open-ended (Placement's "resources1", "required_X")
+    # names their pattern, and judges them itself.
+    pattern = getattr(route.endpoint, "query_pattern", None)
     for name in request.query_params:
-        if name not in known:
+        if name not in known and not (pattern is not None and pattern.match(name)):
             raise ValidationError(
                 # Placement's words first, which its clients look for.
                 "Invalid query string parameters: Additional properties are not allowed "

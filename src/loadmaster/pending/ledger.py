@@ -13,7 +13,7 @@ report) and ``usage`` (reads). Locks and generations are ``store.locking``'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from datetime import datetime
 
 from loadmaster.cluster.records import AllocationRecord, ClassUsage, VmRecord
@@ -143,21 +143,22 @@ class Ledger:
 
     def candidates(
         self,
-        amounts: Mapping[str, int],
+        groups: Sequence[candidates.RequestGroup],
         *,
-        traits_ok: Callable[[Set[str]], bool],
-        aggregates_ok: Callable[[Set[str]], bool],
-        in_tree: str | None = None,
+        isolate: bool = False,
+        root_ok: Callable[[Set[str]], bool] | None = None,
+        same_subtree: Sequence[Sequence[str]] = (),
         limit: int | None = None,
     ) -> candidates.Candidates:
-        """Placement's allocation candidates, read in one transaction."""
+        """Placement's allocation candidates for these request groups, read in one
+        transaction (see ``pending/candidates.py``)."""
         with self._store.read() as session:
             return candidates.find(
                 session,
-                amounts,
-                traits_ok=traits_ok,
-                aggregates_ok=aggregates_ok,
-                in_tree=in_tree,
+                groups,
+                isolate=isolate,
+                root_ok=root_ok or (lambda _: True),
+                same_subtree=same_subtree,
                 limit=limit,
             )
 

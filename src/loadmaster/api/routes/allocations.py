@@ -9,13 +9,16 @@ import re
 import uuid as uuidlib
 from typing import Any
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 
 from loadmaster.api import microversion, queries
 from loadmaster.api.deps import LM
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.errors import NotFound, ValidationError
+from loadmaster.microversions import Version
+from loadmaster.pending.candidates import RequestGroup
 from loadmaster.pending.consumers import UNCHECKED, ConsumerWrite
+from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["allocations"])
 
@@ -248,37 +251,80 @@ def _invalid(message: str, field: str, keyword: str | None = None) -> Validation
 CANDIDATES_SINCE = microversion.since(1, 10)
 SUMMARY_TRAITS_SINCE = (1, 17)
 LIMIT_SINCE = (1, 16)
+GRANULAR_SINCE = (1, 25)  # resources1=..., required1=..., member_of1=..., group_policy
+ANY_SUFFIX_SINCE = (1, 33)  # suffixes of letters, digits, _ and -, not only numbers
 IN_TREE_CANDIDATES_SINCE = (1, 31)
+ROOT_REQUIRED_SINCE = (1, 35)
+SAME_SUBTREE_SINCE = (1, 36)
 TREE_IN_SUMMARIES_SINCE = (1, 29)
+_SUFFIXED = re.compile(r"^(resources|required|member_of|in_tree)([A-Za-z0-9_-]{1,64})$")
 
 
 @router.get("/allocation_candidates", openapi_extra=CANDIDATES_SINCE)
 def allocation_candidates(
     lm: LM,
-    resources: str,
+    request: Request,
+    resources: str | None = Query(None, description="VCPU:2,MEMORY_MB:1024 (the unnumbered group)"),
     required: list[str] = Query([], description="traits: A,B (all), !A (not), in:A,B"),
     member_of: list[str] = Query([], description="aggregates: in:A,B, !A, repeated: all"),
     in_tree: str | None = Query(None, description="only this provider's tree (1.31)"),
     limit: int | None = Query(None, ge=1, description="at most this many candidates (1.16)"),
+    group_policy: str | None = Query(
+        None, description="none or isolate: may numbered groups share a provider (1.25)"
+    ),
+    root_required: str | None = Query(None, description="traits of the root: A,!B (1.35)"),
+    same_subtree: list[str] = Query(
+        [], description="suffixes whose providers form one subtree: _A,_B (1.36)"
+    ),
 ) -> dict[str, Any]:
-    """Where ``resources`` could be allocated now (pending claims counted as used): one
-    host's provider tree each, with sharing providers it reaches through an aggregate."""
+    """Where the request groups could be allocated now (pending claims counted as used):
+    one host's provider tree each, with sharing providers it reaches through an aggregate.
+    Numbered groups (``resources1=...`` and their ``required1``, ``member_of1``,
+    ``in_tree1``; 1.25) each come from one provider."""
     version = microversion.current()
-    amounts = queries.resources(resources, version, {rc.name for rc in lm.resource_classes.list()})
-    traits = queries.required(required, version)
-    wanted = queries.member_of(member_of, version)
     if limit is not None and not version.matches(*LIMIT_SINCE):
         raise queries.too_new("limit")
-    tree = None
-    if in_tree is not None:
-        if not version.matches(*IN_TREE_CANDIDATES_SINCE):
-            raise queries.too_new("in_tree")
-        tree = queries.uuid_param(in_tree, "in_tree")
+    groups = _request_groups(lm, request, version)
+    if len([g for g in groups if g.suffix]) > 1 and group_policy is None:
+        raise ValidationError(
+            'The "group_policy" parameter is required when specifying more than one '
+            '"resources{N}" parameter.',
+            field="query.group_policy",
+        )
+    if group_policy is not None:
+        if not version.matches(*GRANULAR_SINCE):
+            raise queries.too_new("group_policy")
+        if group_policy not in ("none", "isolate"):
+            raise ValidationError(
+                f"Invalid query string parameters: {group_policy!r} is not one of "
+                "['none', 'isolate']",
+                field="query.group_policy",
+            )
+    root = None
+    if root_required is not None:
+        if not version.matches(*ROOT_REQUIRED_SINCE):
+            raise queries.too_new("root_required")
+        root = queries.required([root_required], version)
+    subtrees = []
+    if same_subtree:
+        if not version.matches(*SAME_SUBTREE_SINCE):
+            raise queries.too_new("same_subtree")
+        suffixes = {g.suffix for g in groups}
+        for value in same_subtree:
+            names = value.split(",")
+            unknown = [n for n in names if n not in suffixes or not n]
+            if unknown:
+                raise ValidationError(
+                    f"Real suffixes should be specified in `same_subtree`: {unknown} not "
+                    f"found in {sorted(s for s in suffixes if s)}.",
+                    field="query.same_subtree",
+                )
+            subtrees.append(names)
     found = lm.allocations.candidates(
-        amounts,
-        traits_ok=traits.admits,
-        aggregates_ok=wanted.admits,
-        in_tree=tree,
+        groups,
+        isolate=group_policy == "isolate",
+        root_ok=root.admits if root is not None else None,
+        same_subtree=subtrees,
         limit=limit,
     )
     dict_form = version.matches(*DICT_FORM_SINCE)
@@ -289,7 +335,7 @@ def allocation_candidates(
                 "allocations": {u: {"resources": r} for u, r in candidate.allocations.items()}
             }
             if version.matches(*MAPPINGS_SINCE):
-                entry["mappings"] = {"": sorted(candidate.allocations)}
+                entry["mappings"] = candidate.mappings
             requests.append(entry)
         else:
             requests.append(
@@ -323,3 +369,59 @@ def allocation_candidates(
             "provider_summaries": {u: {"resources": s["resources"]} for u, s in summaries.items()},
         }
     return {"allocation_requests": requests, "provider_summaries": summaries}
+
+
+allocation_candidates.query_pattern = _SUFFIXED  # type: ignore[attr-defined]
+
+
+def _request_groups(lm: Loadmaster, request: Request, version: Version) -> list[RequestGroup]:
+    """The unnumbered group from ``resources``, ``required``, ``member_of``, ``in_tree``,
+    and each numbered one from the same names with its suffix (1.25; any suffix from
+    1.33, numbers before)."""
+    params = request.query_params
+    known = {rc.name for rc in lm.resource_classes.list()}
+    suffixes: list[str] = []
+    for key in params:
+        match = _SUFFIXED.match(key)
+        if match is None:
+            continue  # the route's own parameters; no_unknown_query refused the rest
+        suffix = match.group(2)
+        if not version.matches(*GRANULAR_SINCE) or (
+            not suffix.isdigit() and not version.matches(*ANY_SUFFIX_SINCE)
+        ):
+            raise queries.too_new(key)
+        if suffix not in suffixes:
+            suffixes.append(suffix)
+    groups = []
+    for suffix in ["", *sorted(suffixes)]:
+        amounts = queries.resources(params.get(f"resources{suffix}"), version, known)
+        traits = params.getlist(f"required{suffix}")
+        aggregates = params.getlist(f"member_of{suffix}")
+        tree = params.get(f"in_tree{suffix}")
+        if not amounts:
+            if suffix and (traits or aggregates or tree):
+                raise ValidationError(
+                    f"All request groups must specify resources: group {suffix!r} has none.",
+                    field=f"query.resources{suffix}",
+                )
+            if suffix or not (traits or aggregates or tree):
+                continue
+        if tree is not None:
+            if not version.matches(*IN_TREE_CANDIDATES_SINCE):
+                raise queries.too_new(f"in_tree{suffix}")
+            tree = queries.uuid_param(tree, f"in_tree{suffix}")
+        groups.append(
+            RequestGroup(
+                suffix,
+                amounts,
+                queries.required(traits, version).admits,
+                queries.member_of(aggregates, version).admits,
+                tree,
+            )
+        )
+    if not any(g.amounts for g in groups):
+        raise ValidationError(
+            "At least one request group (`resources` or `resources{N}`) is required.",
+            field="query.resources",
+        )
+    return groups
