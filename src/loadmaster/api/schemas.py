@@ -127,6 +127,14 @@ class InventoriesPut(Body):
     inventories: dict[str, InventoryIn]
 
 
+class ReshaperIn(Body):
+    """``POST /reshaper``: providers' whole inventory sets and consumers' allocations (in
+    ``POST /allocations``'s form), replaced together."""
+
+    inventories: dict[str, InventoriesPut]
+    allocations: dict[str, Any]
+
+
 class InventoryPost(InventoryIn):
     resource_class: Name
     resource_provider_generation: Generation | None = None

@@ -165,7 +165,7 @@ class HostService:
             session.add(row)
             session.flush()
             row.root_id = parent_row.root_id if parent_row else row.id
-            self._write_inventories(session, row, parsed)
+            write_inventories(session, row, parsed)
             self._write_traits(session, row, trait_names)
             session.add_all(HostAggregateRow(host_id=row.id, aggregate=a) for a in aggs)
             session.flush()
@@ -366,7 +366,7 @@ class HostService:
     def set_state(self, ident: str, state: str, *, generation: int | None = None) -> HostRecord:
         _validate_state(state)
         with self._store.write() as session:
-            row = self._locked(session, ident, generation)
+            row = locked_host(session, ident, generation)
             row.state = state
             return self._bump(session, row)
 
@@ -380,8 +380,8 @@ class HostService:
         """Replace the whole inventory set, as Placement's PUT does."""
         parsed = parse_inventories(inventories)
         with self._store.write() as session:
-            row = self._locked(session, ident, generation)
-            self._write_inventories(session, row, parsed)
+            row = locked_host(session, ident, generation)
+            write_inventories(session, row, parsed)
             return self._bump(session, row)
 
     def set_inventory(
@@ -398,7 +398,7 @@ class HostService:
         one class). Checked in the same transaction as the write."""
         parsed = Inventory.parse(inventory, f"inventories.{resource_class}")
         with self._store.write() as session:
-            row = self._locked(session, ident, generation)
+            row = locked_host(session, ident, generation)
             current = self._inventories(session, row)
             if only == "new" and resource_class in current:
                 raise Conflict(
@@ -412,21 +412,21 @@ class HostService:
                     field="resource_class",
                 )
             current[resource_class] = parsed
-            self._write_inventories(session, row, current)
+            write_inventories(session, row, current)
             return self._bump(session, row)
 
     def delete_inventory(
         self, ident: str, resource_class: str, *, generation: int | None = None
     ) -> HostRecord:
         with self._store.write() as session:
-            row = self._locked(session, ident, generation)
+            row = locked_host(session, ident, generation)
             current = self._inventories(session, row)
             if current.pop(resource_class, None) is None:
                 raise NotFound(
                     f"No inventory of class {resource_class} found for delete (host {row.name})",
                     field=f"inventories.{resource_class}",
                 )
-            self._write_inventories(session, row, current)
+            write_inventories(session, row, current)
             return self._bump(session, row)
 
     def set_traits(
@@ -434,7 +434,7 @@ class HostService:
     ) -> HostRecord:
         names = [validate_trait_name(t, f"traits[{i}]") for i, t in enumerate(traits)]
         with self._store.write() as session:
-            row = self._locked(session, ident, generation)
+            row = locked_host(session, ident, generation)
             self._write_traits(session, row, names)
             return self._bump(session, row)
 
@@ -443,23 +443,12 @@ class HostService:
     ) -> HostRecord:
         aggs = _validate_aggregates(aggregates)
         with self._store.write() as session:
-            row = self._locked(session, ident, generation)
+            row = locked_host(session, ident, generation)
             session.execute(delete(HostAggregateRow).where(HostAggregateRow.host_id == row.id))
             session.add_all(HostAggregateRow(host_id=row.id, aggregate=a) for a in aggs)
             return self._bump(session, row)
 
     # -- helpers -----------------------------------------------------------------------
-    def _locked(self, session: Session, ident: str, generation: int | None) -> HostRow:
-        row = lookup.host_row(session, ident)
-        if generation is not None and row.generation != generation:
-            raise ConcurrentUpdate(
-                "Resource provider's generation already changed. Please update the "
-                f"generation and try again. (resource provider generation conflict: host "
-                f"{row.name} has generation {row.generation}, the request had {generation})",
-                field="generation",
-            )
-        return row
-
     def _bump(self, session: Session, row: HostRow, *, touch: Iterable[int] = ()) -> HostRecord:
         """Bump ``row``'s generation (compare-and-swap) and those of ``touch``."""
         bump_generations(session, {row.id: row.generation}, touch=touch)
@@ -467,33 +456,6 @@ class HostService:
         session.flush()
         session.refresh(row)
         return self._record(session, row)
-
-    def _write_inventories(
-        self, session: Session, row: HostRow, wanted: Mapping[str, Inventory]
-    ) -> None:
-        ids = lookup.require_classes(session, wanted, "inventories")
-        names = {v: k for k, v in ids.items()}
-        sums = lookup.used_by_provider(session, [row.id])
-        in_use = {names[class_id]: used for (_, class_id), used in sums.items()}
-        for name, used in sorted(in_use.items()):
-            total_used = used.get("active", 0) + used.get("pending", 0)
-            if name not in wanted:
-                raise Conflict(
-                    f"inventories.{name}: cannot remove, {total_used} is allocated on host {row.name}",
-                    field=f"inventories.{name}",
-                )
-            capacity = wanted[name].capacity
-            if capacity < total_used:
-                raise Conflict(
-                    f"inventories.{name}: new capacity {capacity} is below the {total_used} allocated "
-                    f"({used.get('active', 0)} active, {used.get('pending', 0)} pending) on host {row.name}",
-                    field=f"inventories.{name}",
-                )
-        session.execute(delete(InventoryRow).where(InventoryRow.host_id == row.id))
-        session.add_all(
-            InventoryRow(host_id=row.id, resource_class_id=ids[name], **inv.as_dict())
-            for name, inv in wanted.items()
-        )
 
     def _write_traits(self, session: Session, row: HostRow, names: builtins.list[str]) -> None:
         trait_ids = lookup.require_traits(session, names, "traits")
@@ -598,3 +560,64 @@ def _validate_uuid(value: object, field: str = "uuid") -> str:
         return str(uuidlib.UUID(str(value)))
     except ValueError:
         raise ValidationError(f"{field} {value!r} is not a UUID", field=field) from None
+
+
+def locked_host(session: Session, ident: str, generation: int | None) -> HostRow:
+    """The host row, its generation checked when one is given (a stale one is a 409)."""
+    row = lookup.host_row(session, ident)
+    if generation is not None and row.generation != generation:
+        raise ConcurrentUpdate(
+            "Resource provider's generation already changed. Please update the "
+            f"generation and try again. (resource provider generation conflict: host "
+            f"{row.name} has generation {row.generation}, the request had {generation})",
+            field="generation",
+        )
+    return row
+
+
+def write_inventories(
+    session: Session,
+    row: HostRow,
+    wanted: Mapping[str, Inventory],
+    moving: Iterable[int] = (),
+) -> None:
+    """Replace the host's inventories; refused while a class it drops, or shrinks below
+    what is allocated (pending counted), is in use. The records of the ``moving``
+    consumers (ids) do not count: the caller rewrites them in the same transaction (a
+    reshape), and checks them against the new inventories then."""
+    ids = lookup.require_classes(session, wanted, "inventories")
+    names = {v: k for k, v in ids.items()}
+    sums = lookup.used_by_provider(session, [row.id])
+    in_use = {names[class_id]: dict(used) for (_, class_id), used in sums.items()}
+    moving = list(moving)
+    if moving:
+        for class_id, state, amount in session.execute(
+            select(
+                AllocationRow.resource_class_id, AllocationRow.state, func.sum(AllocationRow.amount)
+            )
+            .where(AllocationRow.host_id == row.id, AllocationRow.consumer_id.in_(moving))
+            .group_by(AllocationRow.resource_class_id, AllocationRow.state)
+        ):
+            used = in_use[names[class_id]]
+            used[state] = used.get(state, 0) - int(amount)
+    for name, used in sorted(in_use.items()):
+        total_used = used.get("active", 0) + used.get("pending", 0)
+        if total_used <= 0:
+            continue
+        if name not in wanted:
+            raise Conflict(
+                f"inventories.{name}: cannot remove, {total_used} is allocated on host {row.name}",
+                field=f"inventories.{name}",
+            )
+        capacity = wanted[name].capacity
+        if capacity < total_used:
+            raise Conflict(
+                f"inventories.{name}: new capacity {capacity} is below the {total_used} allocated "
+                f"({used.get('active', 0)} active, {used.get('pending', 0)} pending) on host {row.name}",
+                field=f"inventories.{name}",
+            )
+    session.execute(delete(InventoryRow).where(InventoryRow.host_id == row.id))
+    session.add_all(
+        InventoryRow(host_id=row.id, resource_class_id=ids[name], **inv.as_dict())
+        for name, inv in wanted.items()
+    )

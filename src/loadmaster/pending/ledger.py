@@ -18,7 +18,7 @@ from datetime import datetime
 
 from loadmaster.cluster.records import AllocationRecord, ClassUsage, VmRecord
 from loadmaster.errors import ConcurrentUpdate, ValidationError
-from loadmaster.pending import candidates, consumers, lifecycle, reconcile, usage
+from loadmaster.pending import candidates, consumers, lifecycle, reconcile, reshape, usage
 from loadmaster.pending import claims as claims_module
 from loadmaster.pending.claims import CLAIM_INTENTS, Claim, ClaimOutcome
 from loadmaster.pending.consumers import ConsumerWrite
@@ -140,6 +140,15 @@ class Ledger:
         """Placement's ``PUT``/``POST /allocations``: every consumer or none."""
         with self._store.write() as session:
             consumers.write(session, writes)
+
+    def reshape(
+        self,
+        inventories: Sequence[reshape.ProviderInventories],
+        writes: Sequence[ConsumerWrite],
+    ) -> None:
+        """Placement's reshaper: inventories and allocations replaced together."""
+        with self._store.write() as session:
+            reshape.reshape(session, inventories, writes)
 
     def candidates(
         self,

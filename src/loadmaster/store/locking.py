@@ -79,7 +79,7 @@ def lock_groups(session: Session, group_ids: Collection[int]) -> list[ServerGrou
 
 
 def bump_generations(
-    session: Session, expected: Mapping[int, int], *, touch: Iterable[int] = ()
+    session: Session, expected: Mapping[int, int], *, touch: Iterable[int] = (), clock: bool = True
 ) -> int:
     """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
 
@@ -88,7 +88,8 @@ def bump_generations(
     key-share locks our own allocation inserts hold through their foreign key, and
     deadlock. ``touch``: more hosts to bump without the compare-and-swap (as
     ``touch_generations``), locked in the same id order as the others (two separate passes
-    could deadlock).
+    could deadlock). ``clock=False``: the caller has more rows to lock and advances the
+    clock itself, last (``mark_changed``); returns 0 then.
     """
     extra = set(touch) - set(expected)
     if extra:
@@ -109,7 +110,7 @@ def bump_generations(
             )
     if extra:
         touch_generations(session, extra)
-    return mark_changed(session, ids)
+    return mark_changed(session, ids) if clock else 0
 
 
 def touch_generations(session: Session, host_ids: Iterable[int]) -> int:

@@ -14,10 +14,13 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from loadmaster.api import microversion, queries
 from loadmaster.api.deps import LM
 from loadmaster.api.routes.providers import PROVIDER
+from loadmaster.api.schemas import ReshaperIn
+from loadmaster.cluster.hosts import parse_inventories
 from loadmaster.errors import NotFound, ValidationError
 from loadmaster.microversions import Version
 from loadmaster.pending.candidates import RequestGroup
 from loadmaster.pending.consumers import UNCHECKED, ConsumerWrite
+from loadmaster.pending.reshape import ProviderInventories
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["allocations"])
@@ -25,6 +28,7 @@ router = APIRouter(tags=["allocations"])
 DICT_FORM_SINCE = (1, 12)  # allocations keyed by provider uuid; project and user shown
 OWNER_REQUIRED_SINCE = (1, 8)  # project_id and user_id required in writes
 POST_SINCE = microversion.since(1, 13)
+RESHAPER_SINCE = microversion.since(1, 30)
 CONSUMER_GENERATION_SINCE = (1, 28)
 MAPPINGS_SINCE = (1, 34)
 CONSUMER_TYPE_SINCE = (1, 38)
@@ -63,6 +67,29 @@ def post_allocations(lm: LM, body: Any = Body(...)) -> Response:
         raise _invalid("the body must map consumer uuids to their allocations", "body")
     writes = [_parse(uuid, item, f"{uuid}.", empty_ok=True) for uuid, item in body.items()]
     lm.allocations.write_consumers(writes)
+    return Response(status_code=204)
+
+
+@router.post("/reshaper", status_code=204, openapi_extra=RESHAPER_SINCE)
+def reshaper(lm: LM, body: ReshaperIn) -> Response:
+    """Replace providers' inventories and consumers' allocations in one transaction, so
+    usage moves between providers with no moment allocated from a missing inventory."""
+    inventories = [
+        ProviderInventories(
+            queries.body_uuid(uuid, f"inventories.{uuid}"),
+            item.resource_provider_generation,
+            parse_inventories(
+                {name: inv.fields() for name, inv in item.inventories.items()},
+                f"inventories.{uuid}.inventories",
+            ),
+        )
+        for uuid, item in body.inventories.items()
+    ]
+    writes = [
+        _parse(uuid, item, f"allocations.{uuid}.", empty_ok=True)
+        for uuid, item in body.allocations.items()
+    ]
+    lm.allocations.reshape(inventories, writes)
     return Response(status_code=204)
 
 

@@ -1,0 +1,70 @@
+"""Placement's reshaper (``POST /reshaper``, 1.30): providers' inventories and consumers'
+allocations replaced together, in one transaction, so that usage can move between
+providers (a root's VGPU inventory split onto child providers, say) without any moment in
+which it is allocated from an inventory that is gone.
+
+The inventories are written first, with the records of the consumers being rewritten left
+out of the in-use check; then those consumers' allocations are written as ``PUT
+/allocations`` writes them, each checked against the new inventories (pending claims
+counted). Any refusal undoes all of it. A VM's consumer is refused: its records follow
+the VM's lifecycle (a migration moves them), not a reshape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from loadmaster.cluster.hosts import locked_host, write_inventories
+from loadmaster.errors import Conflict
+from loadmaster.pending import consumers
+from loadmaster.pending.trees import with_roots
+from loadmaster.resources import Inventory
+from loadmaster.store.locking import bump_generations, lock_vms, mark_changed
+from loadmaster.store.schema import ConsumerRow
+
+
+@dataclass(frozen=True)
+class ProviderInventories:
+    """One provider's whole new inventory set, at the generation the client saw."""
+
+    provider: str
+    generation: int
+    inventories: Mapping[str, Inventory]
+
+
+def reshape(
+    session: Session,
+    inventories: Sequence[ProviderInventories],
+    writes: Sequence[consumers.ConsumerWrite],
+) -> None:
+    """Everything or nothing, in the caller's transaction."""
+    names = [w.consumer for w in writes]
+    vms = lock_vms(session, names)
+    if vms:
+        first = sorted(vms)[0]
+        raise Conflict(
+            f"allocations.{first}: consumer {first} is a loadmaster VM; its allocations move "
+            "with the VM (migrate it), not by a reshape",
+            field=f"allocations.{first}",
+        )
+    # The lock order of Placement writes: consumers, then providers, the clock last.
+    moving = list(
+        session.scalars(
+            select(ConsumerRow.id)
+            .where(ConsumerRow.uuid.in_(names))
+            .order_by(ConsumerRow.id)
+            .with_for_update()
+        )
+    )
+    reshaped = []
+    for item in sorted(inventories, key=lambda i: i.provider):
+        row = locked_host(session, item.provider, item.generation)
+        write_inventories(session, row, item.inventories, moving)
+        bump_generations(session, {row.id: row.generation}, clock=False)
+        reshaped.append(row.id)
+    consumers.write(session, writes)
+    mark_changed(session, with_roots(session, set(reshaped)))
