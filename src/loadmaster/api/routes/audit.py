@@ -8,12 +8,13 @@ from typing import Any
 from fastapi import APIRouter
 
 from loadmaster.api.deps import LM
+from loadmaster.api.responses import AuditOut
 from loadmaster.pending import audit as run_audit
 
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/audit")
+@router.get("/audit", response_model=AuditOut)
 def audit(lm: LM) -> dict[str, Any]:
     """The ledger's broken promises (none: an empty list): hosts over capacity, orphaned
     or partial claims, VM states not matching their records, group rules broken. Reads

@@ -8,24 +8,25 @@ from fastapi import APIRouter, Response
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
+from loadmaster.api.responses import FlavorList, FlavorOut, GroupDetail, GroupList
 from loadmaster.api.schemas import FlavorCreate, GroupCreate
 
 router = APIRouter()
 
 
-@router.get("/flavors", tags=["flavors"])
+@router.get("/flavors", tags=["flavors"], response_model=FlavorList)
 def list_flavors(lm: LM) -> dict[str, Any]:
     return {"flavors": [views.flavor(f) for f in lm.flavors.list()]}
 
 
-@router.post("/flavors", status_code=201, tags=["flavors"])
+@router.post("/flavors", status_code=201, tags=["flavors"], response_model=FlavorOut)
 def create_flavor(lm: LM, body: FlavorCreate) -> dict[str, Any]:
     definition = body.fields()
     unknown_specs = definition.pop("unknown_specs", None)
     return views.flavor(lm.flavors.create(definition, unknown_specs=unknown_specs))
 
 
-@router.get("/flavors/{name}", tags=["flavors"])
+@router.get("/flavors/{name}", tags=["flavors"], response_model=FlavorOut)
 def get_flavor(lm: LM, name: str) -> dict[str, Any]:
     return views.flavor(lm.flavors.get(name))
 
@@ -36,18 +37,18 @@ def delete_flavor(lm: LM, name: str) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/server_groups", tags=["server groups"])
+@router.get("/server_groups", tags=["server groups"], response_model=GroupList)
 def list_groups(lm: LM) -> dict[str, Any]:
     return {"server_groups": [views.group(g) for g in lm.groups.list()]}
 
 
-@router.post("/server_groups", status_code=201, tags=["server groups"])
+@router.post("/server_groups", status_code=201, tags=["server groups"], response_model=GroupDetail)
 def create_group(lm: LM, body: GroupCreate) -> dict[str, Any]:
     group = lm.groups.create(body.name, body.policy, max_per_host=body.max_per_host)
     return views.group(group, members=[])
 
 
-@router.get("/server_groups/{group}", tags=["server groups"])
+@router.get("/server_groups/{group}", tags=["server groups"], response_model=GroupDetail)
 def get_group(lm: LM, group: str) -> dict[str, Any]:
     """``group`` is a uuid or a name; ``members`` lists the live VMs' uuids."""
     return views.group(lm.groups.get(group), members=lm.groups.members(group))

@@ -11,12 +11,13 @@ from fastapi import APIRouter, Query
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
+from loadmaster.api.responses import HostList, HostOut
 from loadmaster.api.schemas import HostAggregatesPut, HostCreate, HostTraitsPut, HostUpdate
 
 router = APIRouter(tags=["hosts"])
 
 
-@router.get("/hosts")
+@router.get("/hosts", response_model=HostList)
 def list_hosts(
     lm: LM,
     state: str | None = None,
@@ -25,14 +26,14 @@ def list_hosts(
     return {"hosts": [views.host(h) for h in lm.hosts.list(state=state, aggregate=member_of)]}
 
 
-@router.post("/hosts", status_code=201)
+@router.post("/hosts", status_code=201, response_model=HostOut)
 def create_host(lm: LM, body: HostCreate) -> dict[str, Any]:
     fields = body.fields()
     parent = fields.pop("parent_provider_uuid", None)
     return views.host(lm.hosts.create(fields.pop("name"), parent=parent, **fields))
 
 
-@router.put("/hosts/{host_name}")
+@router.put("/hosts/{host_name}", response_model=HostOut)
 def update_host(lm: LM, host_name: str, body: HostUpdate) -> dict[str, Any]:
     """Change the host's state (up, maintenance, down)."""
     return views.host(
@@ -40,7 +41,7 @@ def update_host(lm: LM, host_name: str, body: HostUpdate) -> dict[str, Any]:
     )
 
 
-@router.put("/hosts/{host_name}/traits")
+@router.put("/hosts/{host_name}/traits", response_model=HostOut)
 def set_host_traits(lm: LM, host_name: str, body: HostTraitsPut) -> dict[str, Any]:
     """Replace the host's traits; with ``resource_provider_generation``, only if the host
     is still as the caller read it."""
@@ -48,7 +49,7 @@ def set_host_traits(lm: LM, host_name: str, body: HostTraitsPut) -> dict[str, An
     return views.host(lm.hosts.set_traits(host_name, body.traits, generation=generation))
 
 
-@router.put("/hosts/{host_name}/aggregates")
+@router.put("/hosts/{host_name}/aggregates", response_model=HostOut)
 def set_host_aggregates(lm: LM, host_name: str, body: HostAggregatesPut) -> dict[str, Any]:
     """Replace the host's aggregates, by name (``rack-1``) or uuid: loadmaster's own
     aggregates need not be uuids, as Placement's must."""

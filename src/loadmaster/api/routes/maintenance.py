@@ -9,12 +9,13 @@ from fastapi import APIRouter
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
+from loadmaster.api.responses import DrainOut, HostDetail
 from loadmaster.api.schemas import DrainRequest
 
 router = APIRouter(tags=["maintenance"])
 
 
-@router.get("/hosts/{host_name}")
+@router.get("/hosts/{host_name}", response_model=HostDetail)
 def get_host(lm: LM, host_name: str) -> dict[str, Any]:
     """The host as a provider, plus ``status`` (``draining`` while VMs are still on or
     headed to a host in maintenance) and the VMs left on it."""
@@ -25,7 +26,7 @@ def get_host(lm: LM, host_name: str) -> dict[str, Any]:
     return {**views.host(host), "status": drain.status, "drain": drain.to_dict()}
 
 
-@router.post("/hosts/{host_name}/drain")
+@router.post("/hosts/{host_name}/drain", response_model=DrainOut)
 def drain_host(lm: LM, host_name: str, body: DrainRequest | None = None) -> dict[str, Any]:
     """Put the host in maintenance and place every VM on it elsewhere in one batch
     (running ones migrate, pending ones are re-placed). Draining again places what is

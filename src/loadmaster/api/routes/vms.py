@@ -11,6 +11,14 @@ from fastapi import APIRouter, Query, Request, Response
 from loadmaster.api import views
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.observability import Metrics
+from loadmaster.api.responses import (
+    HostUsages,
+    ScheduledVm,
+    VmAllocations,
+    VmDetail,
+    VmList,
+    VmOut,
+)
 from loadmaster.api.routes.agents import check_vm_of_agent
 from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart, VmTags, VmUp
 from loadmaster.cluster import VmSpec
@@ -22,7 +30,7 @@ log = logging.getLogger("loadmaster.api.vms")
 VM = "/vms/{uuid}"
 
 
-@router.get("/vms", tags=["vms"])
+@router.get("/vms", tags=["vms"], response_model=VmList)
 def list_vms(
     lm: LM,
     state: str | None = None,
@@ -49,13 +57,13 @@ def list_vms(
     return {"vms": [views.vm(v) for v in vms]}
 
 
-@router.post("/vms", status_code=201, tags=["vms"])
+@router.post("/vms", status_code=201, tags=["vms"], response_model=VmOut)
 def create_vm(lm: LM, body: VmCreate) -> dict[str, Any]:
     """Created ``requested``: it holds nothing until started."""
     return views.vm(lm.vms.create_many([VmSpec(**body.fields())])[0])
 
 
-@router.get(VM, tags=["vms"])
+@router.get(VM, tags=["vms"], response_model=VmDetail)
 def get_vm(lm: LM, uuid: str) -> dict[str, Any]:
     """``host_agent``: ``ok``, ``silent`` (its host's agent has not been heard from for a
     while; the VM's claim is kept) or ``none``; null when it is on no host."""
@@ -64,7 +72,7 @@ def get_vm(lm: LM, uuid: str) -> dict[str, Any]:
     return {**views.vm(vm), "host_agent": agent}
 
 
-@router.put(VM + "/tags", tags=["vms"])
+@router.put(VM + "/tags", tags=["vms"], response_model=VmOut)
 def set_vm_tags(lm: LM, uuid: str, body: VmTags) -> dict[str, Any]:
     """Replace the VM's tags (its SLA tier and priority among them). Its host's agent
     writes them into the domain's metadata, where the SLA policy reads them, within a
@@ -94,7 +102,7 @@ def _schedule_one(
     }
 
 
-@router.post(VM + "/start", tags=["vms"])
+@router.post(VM + "/start", tags=["vms"], response_model=ScheduledVm)
 def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None) -> dict[str, Any]:
     """Choose a host and claim there: the VM becomes ``pending`` until it is reported up.
     No host: 409 ``loadmaster.no_valid_host`` with the per-filter ``explanation``.
@@ -102,7 +110,7 @@ def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None
     return _schedule_one(lm, metrics, uuid, body.policy if body else None, "start")
 
 
-@router.post(VM + "/up", tags=["vms"])
+@router.post(VM + "/up", tags=["vms"], response_model=VmOut)
 def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> dict[str, Any]:
     """The VM runs: its pending records become active (a migration completes). With
     ``host`` (agents send it) the claim must be on that host, else 409: a VM whose claim
@@ -111,12 +119,12 @@ def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> dict
     return views.vm(lm.allocations.activate(uuid, body.host if body else None))
 
 
-@router.post(VM + "/stop", tags=["vms"])
+@router.post(VM + "/stop", tags=["vms"], response_model=VmOut)
 def stop_vm(lm: LM, uuid: str) -> dict[str, Any]:
     return views.vm(lm.allocations.stop(uuid))
 
 
-@router.post(VM + "/migrate", tags=["vms"])
+@router.post(VM + "/migrate", tags=["vms"], response_model=ScheduledVm)
 def migrate_vm(
     lm: LM, metrics: MetricsDep, request: Request, uuid: str, body: VmMigrate
 ) -> dict[str, Any]:
@@ -145,12 +153,12 @@ def _allocations(lm: Loadmaster, uuid: str) -> dict[str, Any]:
     }
 
 
-@router.get(VM + "/allocations", tags=["vms"])
+@router.get(VM + "/allocations", tags=["vms"], response_model=VmAllocations)
 def get_allocations(lm: LM, uuid: str) -> dict[str, Any]:
     return _allocations(lm, uuid)
 
 
-@router.put(VM + "/allocations", tags=["vms"])
+@router.put(VM + "/allocations", tags=["vms"], response_model=VmAllocations)
 def claim(lm: LM, uuid: str, body: Claim) -> dict[str, Any]:
     """Claim on a named host without the scheduler (pending records, all classes or
     none). With ``resource_provider_generation`` it lands only if the host is unchanged."""
@@ -167,7 +175,7 @@ def release(
     return Response(status_code=204)
 
 
-@router.get("/usages/hosts", tags=["allocations"])
+@router.get("/usages/hosts", tags=["allocations"], response_model=HostUsages)
 def host_usages(lm: LM) -> dict[str, Any]:
     """Every host's capacity, active, pending, used and free per class."""
     return {"hosts": {name: views.usage(u) for name, u in sorted(lm.allocations.usages().items())}}

@@ -1,0 +1,202 @@
+"""What loadmaster's own routes answer, as typed models: the OpenAPI document describes
+every answer from them, and schemathesis checks answers against it.
+
+Each model forbids keys it does not declare, so a view that grows a key without its
+model fails the tests (a 500 on response validation) instead of drifting from the
+document. The views (``views.py``) still build the dicts; FastAPI validates them here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loadmaster.cluster.vms import VM_STATES
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorOut(Out):
+    code: str
+    title: str
+    detail: str
+    field: str | None = None
+    explanation: dict[str, Any] | None = None
+
+
+class VmOut(Out):
+    uuid: str
+    name: str
+    project_id: str | None
+    user_id: str | None
+    flavor: str | None
+    state: str = Field(description=f"one of {', '.join(VM_STATES)}")
+    host: str | None = Field(description="where it runs or is claimed to run")
+    target_host: str | None = Field(description="where a migration in flight goes")
+    group: str | None
+    tags: list[str]
+    resources: dict[str, int]
+    overrides: dict[str, int]
+    generation: int
+    fault: str | None
+    created_at: str = Field(description="ISO 8601")
+    updated_at: str = Field(description="ISO 8601")
+
+
+class VmDetail(VmOut):
+    host_agent: Literal["ok", "silent", "none"] | None = Field(
+        description="its host's agent: ok, silent (not heard from; the claim is kept) or "
+        "none; null when the VM is on no host"
+    )
+
+
+class VmList(Out):
+    vms: list[VmOut]
+
+
+class HostScoreOut(Out):
+    host: str
+    total: float
+    by_weigher: dict[str, float]
+
+
+class PlacementOut(Out):
+    vm: str
+    host: str | None
+    error: ErrorOut | None
+    decision_seconds: float
+    attempts: int
+    scores: list[HostScoreOut] = Field(
+        description="dry runs: the chosen host's score per weigher, then the runners-up's"
+    )
+
+
+class ScheduledVm(Out):
+    vm: VmOut
+    placement: PlacementOut
+    seed: int | None = None
+
+
+class ProviderAllocationOut(Out):
+    name: str
+    generation: int
+    resources: dict[str, int]
+    active: dict[str, int]
+    pending: dict[str, int]
+
+
+class VmAllocations(Out):
+    allocations: dict[str, ProviderAllocationOut] = Field(description="by provider uuid")
+    project_id: str | None
+    user_id: str | None
+    state: str
+
+
+class ClassUsageOut(Out):
+    capacity: int
+    active: int
+    pending: int
+    used: int
+    free: int
+
+
+class HostUsages(Out):
+    hosts: dict[str, dict[str, ClassUsageOut]] = Field(description="host -> class -> usage")
+
+
+class FlavorOut(Out):
+    name: str
+    resources: dict[str, int]
+    required_traits: list[str]
+    forbidden_traits: list[str]
+    extra_specs: dict[str, str]
+    warnings: list[str] = Field(description="extra specs ignored (unknown_specs=warn)")
+
+
+class FlavorList(Out):
+    flavors: list[FlavorOut]
+
+
+class GroupOut(Out):
+    uuid: str
+    name: str
+    policy: str
+    max_per_host: int | None
+
+
+class GroupDetail(GroupOut):
+    members: list[str] = Field(description="the uuids of its VMs")
+
+
+class GroupList(Out):
+    server_groups: list[GroupOut]
+
+
+class HostOut(Out):
+    uuid: str
+    name: str
+    generation: int
+    state: str = Field(description="up, maintenance or down")
+    parent_provider_uuid: str | None
+    root_provider_uuid: str
+    traits: list[str]
+    aggregates: list[str]
+
+
+class HostList(Out):
+    hosts: list[HostOut]
+
+
+class VmLeftOut(Out):
+    vm: str
+    name: str
+    state: str
+    host: str | None
+    target_host: str | None
+
+
+class DrainStatusOut(Out):
+    host: str
+    state: str
+    status: str = Field(description="the host's state, or draining while VMs are left")
+    vms_left: int
+    migrating: int
+    vms: list[VmLeftOut]
+
+
+class HostDetail(HostOut):
+    status: str = Field(description="the host's state, or draining while VMs are left")
+    drain: DrainStatusOut | None
+
+
+class UnplacedOut(Out):
+    vm: str
+    reason: str
+    code: str
+    explanation: dict[str, Any] | None
+    stopped: bool
+
+
+class DrainOut(DrainStatusOut):
+    moved: dict[str, str] = Field(description="VM uuid -> destination claimed by this call")
+    unplaced: list[UnplacedOut]
+    stopped: list[str]
+    in_flight: list[str]
+    seconds: float
+    seed: int | None
+    names: dict[str, str]
+
+
+class ProblemOut(Out):
+    kind: str = Field(
+        description="over_capacity, orphaned, partial_claim, state_mismatch or group_rule"
+    )
+    subject: str
+    detail: str
+
+
+class AuditOut(Out):
+    problems: list[ProblemOut]
