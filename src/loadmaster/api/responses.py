@@ -200,3 +200,114 @@ class ProblemOut(Out):
 
 class AuditOut(Out):
     problems: list[ProblemOut]
+
+
+class FailureReasonOut(Out):
+    code: str
+    reason: str
+    vms: int
+
+
+class ScheduleOut(Out):
+    ok: bool
+    gang: bool
+    dry_run: bool
+    policy: str
+    seed: int | None
+    placed: int
+    failed: int
+    conflicts: int = Field(description="claims lost to other schedulers and decided again")
+    seconds: float
+    by_host: dict[str, int]
+    errors: dict[str, int] = Field(description="error code -> VMs")
+    failure_reasons: list[FailureReasonOut]
+    listed: int = Field(description="how many placements are listed (a dry run shows 100)")
+    placements: list[PlacementOut]
+
+
+class FilterCountOut(Out):
+    filter: str
+    removed: int
+    reasons: dict[str, int]
+
+
+class ExplanationOut(Out):
+    vm: str
+    hosts: int
+    candidates: int
+    headline: str | None
+    message: str
+    filters: list[FilterCountOut]
+    ranking: list[HostScoreOut]
+
+
+class CapacityOut(Out):
+    flavor: str
+    group: str | None
+    total: int
+    per_host: dict[str, int]
+    limits: dict[str, str] = Field(description="host -> why not one more fits there")
+
+
+class WeigherSettingOut(Out):
+    name: str
+    multiplier: float
+    options: dict[str, Any]
+
+
+class PolicyOut(Out):
+    name: str
+    description: str
+    sample: int | None
+    disabled_filters: list[str]
+    filters: list[str] | None
+    weighers: list[WeigherSettingOut]
+
+
+class PolicyList(Out):
+    default: str
+    policies: list[PolicyOut]
+
+
+class AgentOut(Out):
+    status: Literal["none", "ok", "silent"]
+    hypervisor_uri: str | None
+    last_seen_at: str | None = Field(description="ISO 8601")
+
+
+class RegistrationOut(Out):
+    host: HostOut
+    refused: dict[str, str] = Field(description="class -> why its new inventory was refused")
+    agent: AgentOut
+
+
+class WorkItemOut(Out):
+    vm: str
+    name: str
+    action: Literal["launch", "run", "migrate_out", "migrate_in"]
+    memory_mb: int
+    vcpus: int
+    tags: list[str]
+    resources: dict[str, int]
+    target_host: str | None
+    target_uri: str | None
+
+
+class WorkListOut(Out):
+    host: str
+    generation: int
+    state: str
+    items: list[WorkItemOut]
+
+
+class ReconcileOut(Out):
+    activated: list[str]
+    released: list[str]
+    stopped: list[str]
+    unexpected: list[str]
+
+
+class HostFailureOut(Out):
+    vm: VmOut
+    ended: str | None = Field(description="what the failure ended: the claim, the migration")
+    placement: PlacementOut | None = None

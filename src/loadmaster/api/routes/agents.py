@@ -17,6 +17,13 @@ from starlette.concurrency import run_in_threadpool
 from loadmaster.api import views
 from loadmaster.api.deps import LM
 from loadmaster.api.errors import Forbidden
+from loadmaster.api.responses import (
+    AgentOut,
+    HostFailureOut,
+    ReconcileOut,
+    RegistrationOut,
+    WorkListOut,
+)
 from loadmaster.api.schemas import AgentRegistration, HostFailure, HostReport
 from loadmaster.service import Loadmaster
 
@@ -49,7 +56,7 @@ def _check_host_of_agent(request: Request, host: str) -> None:
         raise Forbidden(f"the agent of host {bound} may not act for host {host}")
 
 
-@router.put("/hosts/{host_name}/agent")
+@router.put("/hosts/{host_name}/agent", response_model=RegistrationOut)
 def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) -> dict[str, Any]:
     """Register the host (created if new, found by name otherwise) with the inventories its
     agent discovered; a class that would shrink below its allocations keeps its old
@@ -69,14 +76,14 @@ def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) 
     }
 
 
-@router.get("/hosts/{host_name}/agent")
+@router.get("/hosts/{host_name}/agent", response_model=AgentOut)
 def agent_status(lm: LM, host_name: str) -> dict[str, Any]:
     """``status``: ``none``, ``ok`` or ``silent`` (not heard from for a while: its claims
     are kept, not dropped; an operator has to look)."""
     return lm.host_agents.status(host_name).to_dict()
 
 
-@router.get("/hosts/{host_name}/work")
+@router.get("/hosts/{host_name}/work", response_model=WorkListOut)
 async def work(
     request: Request,
     host_name: str,
@@ -97,7 +104,7 @@ async def work(
     return work_list.to_dict()
 
 
-@router.post("/hosts/{host_name}/report")
+@router.post("/hosts/{host_name}/report", response_model=ReconcileOut)
 def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> dict[str, Any]:
     """An agent's report: measurements for the load weigher, then the ledger is reconciled
     with the VMs the host runs (pending ones seen there become active; see
@@ -115,7 +122,7 @@ def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> d
     return views.reconcile(result)
 
 
-@router.post("/vms/{uuid}/launch-failed", tags=["vms"])
+@router.post("/vms/{uuid}/launch-failed", tags=["vms"], response_model=HostFailureOut)
 def launch_failed(lm: LM, request: Request, uuid: str, body: HostFailure) -> dict[str, Any]:
     """The host refused the VM or could not start it: the claim goes and the VM is placed
     again, excluding every host that gave it up, while attempts are left. The reason is
@@ -130,7 +137,7 @@ def launch_failed(lm: LM, request: Request, uuid: str, body: HostFailure) -> dic
     }
 
 
-@router.post("/vms/{uuid}/migration-failed", tags=["vms"])
+@router.post("/vms/{uuid}/migration-failed", tags=["vms"], response_model=HostFailureOut)
 def migration_failed(lm: LM, request: Request, uuid: str, body: HostFailure) -> dict[str, Any]:
     """A migration failed: the destination's claim goes, the VM keeps running on its
     source. Saying it again is harmless."""

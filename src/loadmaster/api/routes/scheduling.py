@@ -7,13 +7,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from loadmaster.api.deps import LM, MetricsDep
+from loadmaster.api.responses import CapacityOut, ExplanationOut, PolicyList, ScheduleOut
 from loadmaster.api.schemas import RequestSpecIn, ScheduleIn
 from loadmaster.scheduler import RequestSpec
 
 router = APIRouter(tags=["scheduling"])
 
 
-@router.post("/schedule")
+@router.post("/schedule", response_model=ScheduleOut)
 def schedule(lm: LM, metrics: MetricsDep, body: ScheduleIn) -> dict[str, Any]:
     """Place existing VMs (``vms``), or with ``dry_run`` also hypothetical ones
     (``flavor`` + ``count``). Per-VM failures come back in ``placements`` with their
@@ -27,7 +28,7 @@ def schedule(lm: LM, metrics: MetricsDep, body: ScheduleIn) -> dict[str, Any]:
     return result.to_dict()
 
 
-@router.post("/schedule/explain")
+@router.post("/schedule/explain", response_model=ExplanationOut)
 def explain(
     lm: LM,
     body: RequestSpecIn,
@@ -41,7 +42,7 @@ def explain(
     return lm.scheduler.explain(spec, policy=policy, seed=seed).to_dict()
 
 
-@router.get("/capacity")
+@router.get("/capacity", response_model=CapacityOut)
 def capacity(
     lm: LM, flavor: str, group: str | None = None, policy: str | None = None
 ) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def capacity(
     return lm.scheduler.capacity(flavor, group=group, policy=policy).to_dict()
 
 
-@router.get("/policies")
+@router.get("/policies", response_model=PolicyList)
 def policies(lm: LM) -> dict[str, Any]:
     return {
         "default": lm.scheduler.default_policy,
