@@ -70,6 +70,24 @@ def test_openapi_document_describes_the_api(tmp_path: Path) -> None:
     assert set(schemas["ErrorBody"]["required"]) == {"code", "title", "detail", "errors"}
 
 
+def test_every_json_answer_has_a_typed_schema(tmp_path: Path) -> None:
+    """Each 2xx JSON answer names a model (api/responses.py), not a bare object: the
+    document describes what every route answers, and the fuzz run checks answers
+    against it."""
+    untyped = []
+    answers = 0
+    for path, operations in _document(tmp_path)["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                content = response.get("content", {}).get("application/json")
+                if not status.startswith("2") or content is None:
+                    continue
+                answers += 1
+                if "$ref" not in content["schema"]:
+                    untyped.append(f"{method.upper()} {path} {status}")
+    assert untyped == [] and answers >= 60
+
+
 def _fuzz_service() -> Loadmaster:
     """A small catalogue named "0", the name generated data tries first, so that requests
     reach past "not found" into the handlers."""

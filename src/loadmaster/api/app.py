@@ -17,6 +17,7 @@ from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, resolve_
 from loadmaster.api.deps import MetricsDep
 from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
+from loadmaster.api.responses import HealthOut
 from loadmaster.api.routes import (
     agents,
     allocations,
@@ -143,7 +144,7 @@ def app_from_env() -> FastAPI:
 def _operations_router() -> APIRouter:
     router = APIRouter(tags=["operations"])
 
-    @router.get("/healthz")
+    @router.get("/healthz", response_model=HealthOut)
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 

@@ -19,6 +19,10 @@ class Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class HealthOut(Out):
+    status: Literal["ok"]
+
+
 class ErrorOut(Out):
     code: str
     title: str
@@ -311,3 +315,161 @@ class HostFailureOut(Out):
     vm: VmOut
     ended: str | None = Field(description="what the failure ended: the claim, the migration")
     placement: PlacementOut | None = None
+
+
+# -- Placement's shapes. Keys a microversion lacks are left out of the answer, not
+# nulled: these routes serialise with ``response_model_exclude_unset``. ----------------
+
+
+class LinkOut(Out):
+    rel: str
+    href: str
+
+
+class VersionOut(Out):
+    id: str
+    max_version: str
+    min_version: str
+    status: str
+    links: list[LinkOut]
+
+
+class VersionsOut(Out):
+    versions: list[VersionOut]
+
+
+class ProviderOut(Out):
+    uuid: str
+    name: str
+    generation: int
+    links: list[LinkOut]
+    parent_provider_uuid: str | None = Field(None, description="1.14 and later")
+    root_provider_uuid: str | None = Field(None, description="1.14 and later")
+
+
+class ProviderList(Out):
+    resource_providers: list[ProviderOut]
+
+
+class InventoryOut(Out):
+    total: int
+    reserved: int
+    min_unit: int
+    max_unit: int
+    step_size: int
+    allocation_ratio: float
+
+
+class InventoriesOut(Out):
+    resource_provider_generation: int
+    inventories: dict[str, InventoryOut]
+
+
+class OneInventoryOut(InventoryOut):
+    resource_provider_generation: int
+
+
+class ProviderTraitsOut(Out):
+    resource_provider_generation: int
+    traits: list[str]
+
+
+class AggregatesOut(Out):
+    aggregates: list[str]
+    resource_provider_generation: int | None = Field(None, description="1.19 and later")
+
+
+class ProviderUsagesOut(Out):
+    resource_provider_generation: int
+    usages: dict[str, int] = Field(description="used per class, pending claims counted")
+    classes: dict[str, ClassUsageOut] = Field(description="loadmaster's split of each")
+
+
+class PlacementClassOut(Out):
+    name: str
+    links: list[LinkOut]
+
+
+class PlacementClassList(Out):
+    resource_classes: list[PlacementClassOut]
+
+
+class ResourceClassOut(Out):
+    name: str
+    kind: str
+    unit: str
+    description: str
+    standard: bool
+
+
+class ResourceClassList(Out):
+    classes: list[ResourceClassOut]
+
+
+class TraitList(Out):
+    traits: list[str]
+
+
+class ResourcesOut(Out):
+    resources: dict[str, int]
+
+
+class HeldOut(ResourcesOut):
+    generation: int | None = Field(None, description="the provider's generation")
+
+
+class ConsumerAllocationsOut(Out):
+    allocations: dict[str, HeldOut] = Field(description="by provider uuid")
+    project_id: str | None = Field(None, description="1.12 and later")
+    user_id: str | None = Field(None, description="1.12 and later")
+    consumer_generation: int | None = Field(None, description="1.28 and later")
+    consumer_type: str | None = Field(None, description="1.38 and later")
+
+
+class ProviderAllocationsOut(Out):
+    resource_provider_generation: int
+    allocations: dict[str, ResourcesOut] = Field(description="by consumer uuid")
+
+
+class UsagesOut(Out):
+    usages: dict[str, int] | dict[str, dict[str, int]] = Field(
+        description="class -> amount; from 1.38 consumer type -> class -> amount, with "
+        "consumer_count"
+    )
+
+
+class UuidOut(Out):
+    uuid: str
+
+
+class ListFormAllocation(Out):
+    resource_provider: UuidOut
+    resources: dict[str, int]
+
+
+class ListFormRequest(Out):
+    allocations: list[ListFormAllocation]
+
+
+class DictFormRequest(Out):
+    allocations: dict[str, ResourcesOut]
+    mappings: dict[str, list[str]] | None = Field(None, description="1.34 and later")
+
+
+class CapacityUsedOut(Out):
+    capacity: int
+    used: int
+
+
+class SummaryOut(Out):
+    resources: dict[str, CapacityUsedOut]
+    traits: list[str] | None = Field(None, description="1.17 and later")
+    parent_provider_uuid: str | None = Field(None, description="1.29 and later")
+    root_provider_uuid: str | None = Field(None, description="1.29 and later")
+
+
+class CandidatesOut(Out):
+    allocation_requests: list[DictFormRequest] | list[ListFormRequest] = Field(
+        description="a list of providers and amounts before 1.12, keyed by provider from it"
+    )
+    provider_summaries: dict[str, SummaryOut]

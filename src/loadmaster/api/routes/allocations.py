@@ -13,6 +13,12 @@ from fastapi import APIRouter, Body, Query, Request, Response
 
 from loadmaster.api import microversion, queries
 from loadmaster.api.deps import LM
+from loadmaster.api.responses import (
+    CandidatesOut,
+    ConsumerAllocationsOut,
+    ProviderAllocationsOut,
+    UsagesOut,
+)
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.api.schemas import ReshaperIn
 from loadmaster.cluster.hosts import parse_inventories
@@ -37,7 +43,11 @@ USAGES_SINCE = microversion.since(1, 9)
 CLASS_NAME = re.compile(r"^[A-Z0-9_]+$")
 
 
-@router.get("/allocations/{consumer_uuid}")
+@router.get(
+    "/allocations/{consumer_uuid}",
+    response_model=ConsumerAllocationsOut,
+    response_model_exclude_unset=True,
+)
 def get_allocations(lm: LM, consumer_uuid: str) -> dict[str, Any]:
     version = microversion.current()
     found = lm.allocations.consumer(consumer_uuid)
@@ -103,7 +113,7 @@ def delete_allocations(lm: LM, consumer_uuid: str) -> Response:
     return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/allocations")
+@router.get(PROVIDER + "/allocations", response_model=ProviderAllocationsOut)
 def provider_allocations(lm: LM, provider: str) -> dict[str, Any]:
     generation, held = lm.allocations.provider_allocations(provider)
     return {
@@ -112,7 +122,7 @@ def provider_allocations(lm: LM, provider: str) -> dict[str, Any]:
     }
 
 
-@router.get("/usages", openapi_extra=USAGES_SINCE)
+@router.get("/usages", openapi_extra=USAGES_SINCE, response_model=UsagesOut)
 def usages(
     lm: LM,
     project_id: str,
@@ -287,7 +297,12 @@ TREE_IN_SUMMARIES_SINCE = (1, 29)
 _SUFFIXED = re.compile(r"^(resources|required|member_of|in_tree)([A-Za-z0-9_-]{1,64})$")
 
 
-@router.get("/allocation_candidates", openapi_extra=CANDIDATES_SINCE)
+@router.get(
+    "/allocation_candidates",
+    openapi_extra=CANDIDATES_SINCE,
+    response_model=CandidatesOut,
+    response_model_exclude_unset=True,
+)
 def allocation_candidates(
     lm: LM,
     request: Request,

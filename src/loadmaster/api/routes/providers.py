@@ -16,6 +16,15 @@ from fastapi.responses import JSONResponse
 from loadmaster.api import microversion, queries, views
 from loadmaster.api.deps import LM
 from loadmaster.api.location import absolute
+from loadmaster.api.responses import (
+    AggregatesOut,
+    InventoriesOut,
+    OneInventoryOut,
+    ProviderList,
+    ProviderOut,
+    ProviderTraitsOut,
+    ProviderUsagesOut,
+)
 from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
@@ -79,7 +88,7 @@ CREATE_INVENTORY = "Unable to create inventory for resource provider"
 UPDATE_INVENTORY = "Unable to update inventory for resource provider"
 
 
-@router.get("/resource_providers")
+@router.get("/resource_providers", response_model=ProviderList, response_model_exclude_unset=True)
 def list_providers(
     lm: LM,
     name: str | None = None,
@@ -149,7 +158,8 @@ def _room_for(lm: LM, amounts: Mapping[str, int]) -> Callable[[HostRecord], bool
 
 @router.post(
     "/resource_providers",
-    response_model=None,
+    response_model=ProviderOut,
+    response_model_exclude_unset=True,
     responses={201: {"description": "Created; no body (microversions before 1.20)"}},
 )
 def create_provider(lm: LM, request: Request, body: ProviderCreate) -> Response | dict[str, Any]:
@@ -169,13 +179,13 @@ def create_provider(lm: LM, request: Request, body: ProviderCreate) -> Response 
     return Response(status_code=201, headers=location)
 
 
-@router.get(PROVIDER)
+@router.get(PROVIDER, response_model=ProviderOut, response_model_exclude_unset=True)
 def get_provider(lm: LM, provider: str) -> dict[str, Any]:
     """``provider`` is a uuid (or, for loadmaster's callers, a name)."""
     return views.provider(lm.hosts.get(provider), microversion.current())
 
 
-@router.put(PROVIDER)
+@router.put(PROVIDER, response_model=ProviderOut, response_model_exclude_unset=True)
 def update_provider(lm: LM, provider: str, body: ProviderPut) -> dict[str, Any]:
     """Rename the provider, give it a parent (from 1.14), move it to another parent or
     make it a root (from 1.37)."""
@@ -208,12 +218,12 @@ def delete_provider(lm: LM, provider: str) -> Response:
     return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/inventories")
+@router.get(PROVIDER + "/inventories", response_model=InventoriesOut)
 def get_inventories(lm: LM, provider: str) -> dict[str, Any]:
     return views.inventories(lm.hosts.get(provider))
 
 
-@router.post(PROVIDER + "/inventories", status_code=201)
+@router.post(PROVIDER + "/inventories", status_code=201, response_model=OneInventoryOut)
 def post_inventory(
     lm: LM, request: Request, provider: str, body: InventoryPost, response: Response
 ) -> dict[str, Any]:
@@ -233,7 +243,7 @@ def post_inventory(
     return views.inventory_of(host, resource_class)
 
 
-@router.put(PROVIDER + "/inventories")
+@router.put(PROVIDER + "/inventories", response_model=InventoriesOut)
 def put_inventories(lm: LM, provider: str, body: InventoriesPut) -> dict[str, Any]:
     wanted = {name: inv.fields() for name, inv in body.inventories.items()}
     _reserved_below_total(body.inventories, UPDATE_INVENTORY, provider)
@@ -251,7 +261,7 @@ def delete_inventories(lm: LM, provider: str) -> Response:
     return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/inventories/{resource_class}")
+@router.get(PROVIDER + "/inventories/{resource_class}", response_model=OneInventoryOut)
 def get_inventory(lm: LM, provider: str, resource_class: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
     if resource_class not in host.inventories:
@@ -262,7 +272,7 @@ def get_inventory(lm: LM, provider: str, resource_class: str) -> dict[str, Any]:
     return views.inventory_of(host, resource_class)
 
 
-@router.put(PROVIDER + "/inventories/{resource_class}")
+@router.put(PROVIDER + "/inventories/{resource_class}", response_model=OneInventoryOut)
 def put_inventory(lm: LM, provider: str, resource_class: str, body: InventoryPut) -> dict[str, Any]:
     """Replace the inventory of a class the provider has (400 if it has none)."""
     fields = body.fields()
@@ -283,13 +293,13 @@ def delete_inventory(
     return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
+@router.get(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE, response_model=ProviderTraitsOut)
 def get_traits(lm: LM, provider: str) -> dict[str, Any]:
     host = lm.hosts.get(provider)
     return {"resource_provider_generation": host.generation, "traits": list(host.traits)}
 
 
-@router.put(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE)
+@router.put(PROVIDER + "/traits", openapi_extra=TRAITS_SINCE, response_model=ProviderTraitsOut)
 def put_traits(lm: LM, provider: str, body: TraitsPut) -> dict[str, Any]:
     lm.hosts.get(provider)  # an unknown provider is 404 before its body's traits are read
     unknown = sorted(set(body.traits) - set(lm.traits.list(names=body.traits)))
@@ -307,12 +317,22 @@ def delete_traits(lm: LM, provider: str) -> Response:
     return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
+@router.get(
+    PROVIDER + "/aggregates",
+    openapi_extra=AGGREGATES_SINCE,
+    response_model=AggregatesOut,
+    response_model_exclude_unset=True,
+)
 def get_aggregates(lm: LM, provider: str) -> dict[str, Any]:
     return _aggregates_view(lm.hosts.get(provider))
 
 
-@router.put(PROVIDER + "/aggregates", openapi_extra=AGGREGATES_SINCE)
+@router.put(
+    PROVIDER + "/aggregates",
+    openapi_extra=AGGREGATES_SINCE,
+    response_model=AggregatesOut,
+    response_model_exclude_unset=True,
+)
 def put_aggregates(lm: LM, provider: str, body: AggregatesPut | list[Name]) -> dict[str, Any]:
     """Before 1.19 the body is the list of aggregate uuids; from 1.19 it is an object with
     the provider generation, compared and swapped."""
@@ -347,7 +367,7 @@ def _aggregates_view(host: HostRecord, aggregates: Sequence[str] | None = None) 
     return view
 
 
-@router.get(PROVIDER + "/usages")
+@router.get(PROVIDER + "/usages", response_model=ProviderUsagesOut)
 def get_usages(lm: LM, provider: str) -> dict[str, Any]:
     """Placement's ``usages`` (used per class, pending counted), plus the split."""
     host = lm.hosts.get(provider)

@@ -8,11 +8,12 @@ from typing import Any
 from fastapi import APIRouter
 
 from loadmaster.api import microversion
+from loadmaster.api.responses import VersionsOut
 
 router = APIRouter(tags=["placement"])
 
 
-@router.get("/")
+@router.get("/", response_model=VersionsOut)
 def versions() -> dict[str, Any]:
     """The one version there is, with its microversion range. The ``self`` link is
     relative (empty) as Placement's: the server never needs to know its public address."""

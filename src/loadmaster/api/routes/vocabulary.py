@@ -11,6 +11,13 @@ from loadmaster.api import microversion, views
 from loadmaster.api.deps import LM
 from loadmaster.api.errors import InvalidJson
 from loadmaster.api.location import absolute
+from loadmaster.api.responses import (
+    PlacementClassList,
+    PlacementClassOut,
+    ResourceClassList,
+    ResourceClassOut,
+    TraitList,
+)
 from loadmaster.api.schemas import (
     PlacementClassCreate,
     ResourceClassCreate,
@@ -25,21 +32,27 @@ SINCE_1_2 = microversion.since(1, 2)
 TRAITS_SINCE = microversion.since(1, 6)
 
 
-@router.get("/resource_classes", openapi_extra=SINCE_1_2)
+@router.get("/resource_classes", openapi_extra=SINCE_1_2, response_model=PlacementClassList)
 def list_resource_classes(lm: LM) -> dict[str, Any]:
     return {
         "resource_classes": [views.placement_class(rc.name) for rc in lm.resource_classes.list()]
     }
 
 
-@router.post("/resource_classes", status_code=201, openapi_extra=SINCE_1_2)
+@router.post(
+    "/resource_classes",
+    status_code=201,
+    openapi_extra=SINCE_1_2,
+    response_class=Response,
+    responses={201: {"description": "Created; no body, a Location header"}},
+)
 def create_resource_class(lm: LM, request: Request, body: PlacementClassCreate) -> Response:
     """Placement's create: 201 with a ``Location`` and no body; 409 if it exists."""
     lm.resource_classes.create(body.name, exist_ok=False)
     return Response(status_code=201, headers=_class_location(request, body.name))
 
 
-@router.get("/resource_classes/{name}", openapi_extra=SINCE_1_2)
+@router.get("/resource_classes/{name}", openapi_extra=SINCE_1_2, response_model=PlacementClassOut)
 def get_resource_class(lm: LM, name: str) -> dict[str, Any]:
     return views.placement_class(lm.resource_classes.get(name).name)
 
@@ -47,6 +60,7 @@ def get_resource_class(lm: LM, name: str) -> dict[str, Any]:
 @router.put(
     "/resource_classes/{name}",
     openapi_extra=SINCE_1_2,
+    response_model=PlacementClassOut,
     responses={201: {"description": "Created (1.7)"}, 204: {"description": "Exists (1.7)"}},
 )
 def put_resource_class(
@@ -76,23 +90,23 @@ def _class_location(request: Request, name: str) -> dict[str, str]:
 
 # loadmaster's own view of the classes, with what it adds to Placement's: a kind, a unit
 # and a description. Placement's paths take Placement's bodies only.
-@router.get("/classes")
+@router.get("/classes", response_model=ResourceClassList)
 def list_classes(lm: LM) -> dict[str, Any]:
     return {"classes": [views.resource_class(rc) for rc in lm.resource_classes.list()]}
 
 
-@router.post("/classes", status_code=201)
+@router.post("/classes", status_code=201, response_model=ResourceClassOut)
 def create_class(lm: LM, body: ResourceClassCreate) -> dict[str, Any]:
     fields = body.fields()
     return views.resource_class(lm.resource_classes.create(fields.pop("name"), **fields))
 
 
-@router.get("/classes/{name}")
+@router.get("/classes/{name}", response_model=ResourceClassOut)
 def get_class(lm: LM, name: str) -> dict[str, Any]:
     return views.resource_class(lm.resource_classes.get(name))
 
 
-@router.put("/classes/{name}")
+@router.put("/classes/{name}", response_model=ResourceClassOut)
 def put_class(lm: LM, name: str, body: ResourceClassFields | None = None) -> dict[str, Any]:
     """Idempotent create: the same fields again change nothing; other fields are 409."""
     fields = body.fields() if body is not None else {}
@@ -112,7 +126,7 @@ INVALID_TRAIT = (
 )
 
 
-@router.get("/traits", openapi_extra=TRAITS_SINCE)
+@router.get("/traits", openapi_extra=TRAITS_SINCE, response_model=TraitList)
 def list_traits(
     lm: LM,
     name: str | None = Query(None, description="in:A,B (these) or startswith:PREFIX"),
