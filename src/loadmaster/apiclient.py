@@ -14,6 +14,7 @@ and httpx (with what it pulls in) would double the start-up of every quick comma
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -74,8 +75,16 @@ class ApiClient:
             self._headers["Authorization"] = f"Bearer {token}"
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def close(self) -> None:
+        """No call goes out after this; one under way in another thread is cut off (an
+        agent killed mid-call says nothing more, as a killed process would)."""
+        self._closed = True
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -143,6 +152,8 @@ class ApiClient:
         timeout: float,
     ) -> tuple[int, Any, str, float]:
         with self._lock:
+            if self._closed:
+                raise ApiUnreachable(f"the client of the loadmaster API at {self.url} is closed")
             for fresh in (False, True):
                 reused = self._conn is not None and not fresh
                 conn = self._connection(timeout, fresh)

@@ -134,3 +134,12 @@ def test_no_server_is_unreachable_naming_the_address() -> None:
         ApiClient("http://127.0.0.1:9", timeout=2).get("/")
     with pytest.raises(ValueError, match="not an http"):
         ApiClient("ftp://x")
+
+
+def test_a_closed_client_says_nothing_more(server: _Server) -> None:
+    client = ApiClient(_url(server))
+    client.get("/a")
+    client.close()
+    with pytest.raises(ApiUnreachable, match="is closed"):
+        client.get("/b")
+    assert [path for _, path, *_ in server.seen] == ["/a"]
