@@ -1,8 +1,10 @@
 """One HTTP client for everything that talks to a loadmaster API: the CLI and host agents.
 
-- One connection per client, kept open between calls (HTTP keep-alive), so a CLI command
-  that makes several calls, or an agent reporting every cycle, does not pay a TCP
-  handshake each time. A connection the server closed while idle is opened again.
+- Connections kept open between calls (HTTP keep-alive), so a CLI command that makes
+  several calls, or an agent reporting every cycle, does not pay a TCP handshake each
+  time. Calls from several threads at once each get a connection of their own (an
+  agent's long-poll must not hold up its launches' announcements); idle ones are reused.
+  A connection the server closed while idle is opened again.
 - A 503 (the store away) or 429 is tried again after the ``Retry-After`` the server sends
   (at most 30 s, a few times): loadmaster answers so only when it did not do the work.
 - An error answer becomes ``ApiError`` with the server's ``detail``, ``field`` and
@@ -58,8 +60,7 @@ class ApiError(Exception):
 
 
 class ApiClient:
-    """Calls to the API at ``url`` with ``token``; see the module docstring. Thread-safe
-    (calls on one client take turns on its connection)."""
+    """Calls to the API at ``url`` with ``token``; see the module docstring. Thread-safe."""
 
     retries = 3
 
@@ -73,22 +74,23 @@ class ApiClient:
         self._headers = {"Accept": "application/json", **CLIENT_HEADERS}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._conn: http.client.HTTPConnection | None = None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._busy: set[http.client.HTTPConnection] = set()
         self._lock = threading.Lock()
         self._closed = False
 
     def close(self) -> None:
         """No call goes out after this; one under way in another thread is cut off (an
         agent killed mid-call says nothing more, as a killed process would)."""
-        self._closed = True
-        conn = self._conn
-        if conn is not None and conn.sock is not None:
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._closed = True
+            every = [*self._idle, *self._busy]
+            self._idle.clear()
+        for conn in every:
+            if conn.sock is not None:
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
 
     # -- calls -------------------------------------------------------------------------
     def get(self, path: str, **params: Any) -> Any:
@@ -151,30 +153,22 @@ class ApiClient:
         headers: dict[str, str],
         timeout: float,
     ) -> tuple[int, Any, str, float]:
-        with self._lock:
-            if self._closed:
-                raise ApiUnreachable(f"the client of the loadmaster API at {self.url} is closed")
-            for fresh in (False, True):
-                reused = self._conn is not None and not fresh
-                conn = self._connection(timeout, fresh)
-                try:
-                    conn.request(method, target, body=payload, headers=headers)
-                    response = conn.getresponse()
-                    raw = response.read()
-                except _STALE as exc:
-                    conn.close()
-                    self._conn = None
-                    if reused:
-                        continue  # the server closed the idle connection: open a new one
-                    raise self._unreachable(exc) from exc
-                except (OSError, http.client.HTTPException) as exc:
-                    conn.close()
-                    self._conn = None
-                    raise self._unreachable(exc) from exc
-                if response.will_close:
-                    conn.close()
-                    self._conn = None
-                break
+        for fresh in (False, True):
+            conn, reused = self._checkout(timeout, fresh)
+            try:
+                conn.request(method, target, body=payload, headers=headers)
+                response = conn.getresponse()
+                raw = response.read()
+            except _STALE as exc:
+                self._checkin(conn, keep=False)
+                if reused:
+                    continue  # the server closed the idle connection: open a new one
+                raise self._unreachable(exc) from exc
+            except (OSError, http.client.HTTPException) as exc:
+                self._checkin(conn, keep=False)
+                raise self._unreachable(exc) from exc
+            self._checkin(conn, keep=not response.will_close)
+            break
         text = raw.decode(errors="replace")
         try:
             answer = json.loads(raw) if raw else None
@@ -182,19 +176,34 @@ class ApiClient:
             answer = None
         return response.status, answer, text, _retry_after(response.getheader("Retry-After"))
 
-    def _connection(self, timeout: float, fresh: bool) -> http.client.HTTPConnection:
-        if self._conn is None or fresh:
-            kind = (
-                http.client.HTTPSConnection
-                if self._parts.scheme == "https"
-                else http.client.HTTPConnection
-            )
-            self._conn = kind(self._parts.hostname or "", self._parts.port, timeout=timeout)
-        elif self._conn.sock is not None:
-            self._conn.sock.settimeout(timeout)
-        else:
-            self._conn.timeout = timeout
-        return self._conn
+    def _checkout(self, timeout: float, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection (reused: True), or a new one."""
+        with self._lock:
+            if self._closed:
+                raise ApiUnreachable(f"the client of the loadmaster API at {self.url} is closed")
+            conn = None if fresh or not self._idle else self._idle.pop()
+            if conn is None:
+                kind = (
+                    http.client.HTTPSConnection
+                    if self._parts.scheme == "https"
+                    else http.client.HTTPConnection
+                )
+                conn = kind(self._parts.hostname or "", self._parts.port, timeout=timeout)
+                reused = False
+            else:
+                reused = True
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+            self._busy.add(conn)
+            return conn, reused
+
+    def _checkin(self, conn: http.client.HTTPConnection, *, keep: bool) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+            if keep and not self._closed:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def _unreachable(self, exc: BaseException) -> ApiUnreachable:
         reason = "timed out" if isinstance(exc, socket.timeout | TimeoutError) else exc

@@ -23,6 +23,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.connections = 0
         self.busy_answers = 0  # how many 503s to give before answering
+        self.slow_path = ""  # a path answered after a second
         self.seen: list[tuple[str, str, Any, float]] = []
 
 
@@ -51,6 +52,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         self.server.seen.append((self.command, self.path, body, time.monotonic()))
+        if self.server.slow_path and self.path.startswith(self.server.slow_path):
+            time.sleep(1.0)
         if self.server.busy_answers:
             self.server.busy_answers -= 1
             self._answer(503, {"detail": "the store is away"}, {"Retry-After": "0.2"})
@@ -94,10 +97,25 @@ def test_calls_share_one_connection(server: _Server) -> None:
 def test_a_connection_the_server_closed_is_opened_again(server: _Server) -> None:
     client = ApiClient(_url(server))
     client.get("/a")
-    assert client._conn is not None and client._conn.sock is not None
-    client._conn.sock.close()  # as a server dropping an idle keep-alive connection
-    client._conn.sock = None
+    [idle] = client._idle
+    assert idle.sock is not None
+    idle.sock.close()  # as a server dropping an idle keep-alive connection
+    idle.sock = None
     assert client.get("/b")["path"] == "/b"
+
+
+def test_calls_at_once_do_not_wait_for_each_other(server: _Server) -> None:
+    """A slow call in one thread (an agent's long-poll) does not hold up another's."""
+    client = ApiClient(_url(server))
+    server.slow_path = "/slow"
+    slow = threading.Thread(target=client.get, args=("/slow",))
+    slow.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    assert client.get("/quick")["path"] == "/quick"
+    assert time.monotonic() - started < 0.5
+    slow.join()
+    assert len(client._idle) == 2  # both kept for later calls
 
 
 def test_a_busy_server_is_asked_again_after_its_retry_after(server: _Server) -> None:
