@@ -136,7 +136,8 @@ class _Resolver:
         session, snap = self.session, self.snap
         lookup.require_traits(session, spec.required_traits, f"{where}.required_traits")
         lookup.require_traits(session, spec.forbidden_traits, f"{where}.forbidden_traits")
-        lookup.require_classes(session, spec.overrides, f"{where}.overrides")
+        if spec.overrides:
+            lookup.require_classes(session, spec.overrides, f"{where}.overrides")
         for attr in ("include_hosts", "exclude_hosts"):
             for j, host in enumerate(getattr(spec, attr) or ()):
                 if host not in snap.index:
@@ -186,14 +187,18 @@ class _Resolver:
                 select(FlavorRow).where(FlavorRow.id.in_({r.flavor_id for r in rows.values()}))
             )
         }
-        group_rows = {
-            g.id: g
-            for g in session.scalars(
-                select(ServerGroupRow).where(
-                    ServerGroupRow.id.in_({r.group_id for r in rows.values() if r.group_id})
+        # One VM per call is the common case: no query for groups none of them has.
+        group_ids = {r.group_id for r in rows.values() if r.group_id}
+        group_rows = (
+            {
+                g.id: g
+                for g in session.scalars(
+                    select(ServerGroupRow).where(ServerGroupRow.id.in_(group_ids))
                 )
-            )
-        }
+            }
+            if group_ids
+            else {}
+        )
         position = len(self.out.items)
         movable = SCHEDULABLE_STATES + (("pending",) if self.move_pending else ())
         for j, uuid in enumerate(uuids):
