@@ -17,11 +17,23 @@ from collections.abc import Callable
 from typing import Any
 
 
+def _forget_clients() -> None:
+    """osc caches each plugin's client on the ClientManager class (osc_lib's ClientCache
+    descriptors), so in one process every command would reuse the first one's client: its
+    microversion and its token. Each command gets its own, as each ``openstack`` run does."""
+    from osc_lib import clientmanager
+
+    for attribute in vars(clientmanager.ClientManager).values():
+        if isinstance(attribute, clientmanager.ClientCache):
+            attribute._handle = None
+
+
 def run_osc(commands: list[list[str]]) -> list[dict[str, Any]]:
     from openstackclient import shell
 
     results = []
     for argv in commands:
+        _forget_clients()
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
