@@ -184,7 +184,7 @@ def list_traits(
 def get_trait(lm: LM, name: str) -> Response:
     """204 if the trait exists: Placement shows a trait by its name alone."""
     if not lm.traits.exists(name):
-        raise NotFound(f"No such trait(s): {name}", field="name")
+        raise NotFound(f"No such trait(s): {name}.", field="name")
     return Response(status_code=204)
 
 
