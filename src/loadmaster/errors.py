@@ -64,6 +64,13 @@ class HostInUse(Conflict):
     title = "Host has allocations"
 
 
+class InventoryInUse(Conflict):
+    """An inventory something is allocated from cannot be removed."""
+
+    code = "loadmaster.inventory_in_use"
+    title = "Inventory in use"
+
+
 class InsufficientCapacity(Conflict):
     code = "loadmaster.insufficient_capacity"
     title = "Insufficient capacity"

@@ -13,8 +13,20 @@ import io
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
+
+
+def _forget_clients() -> None:
+    """osc caches each plugin's client on the ClientManager class (osc_lib's ClientCache
+    descriptors), so in one process every command would reuse the first one's client: its
+    microversion and its token. Each command gets its own, as each ``openstack`` run does."""
+    from osc_lib import clientmanager
+
+    for attribute in vars(clientmanager.ClientManager).values():
+        if isinstance(attribute, clientmanager.ClientCache):
+            attribute._handle = None
 
 
 def run_osc(commands: list[list[str]]) -> list[dict[str, Any]]:
@@ -22,14 +34,22 @@ def run_osc(commands: list[list[str]]) -> list[dict[str, Any]]:
 
     results = []
     for argv in commands:
+        _forget_clients()
         out, err = io.StringIO(), io.StringIO()
+        started = time.monotonic()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = shell.main(argv)
             except SystemExit as exc:
                 code = exc.code
         results.append(
-            {"argv": argv, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+            {
+                "argv": argv,
+                "code": code,
+                "stdout": out.getvalue(),
+                "stderr": err.getvalue(),
+                "seconds": round(time.monotonic() - started, 3),
+            }
         )
     return results
 
@@ -65,6 +85,10 @@ def run_sdk(ids: dict[str, str]) -> dict[str, Any]:
             response = getattr(exc, "response", None)
             said = f" [{response.text[:500]}]" if response is not None else ""
             steps[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}{said}"}
+            # Placement's error code, which clients such as nova's branch on (none when
+            # the error is not an HTTP one, or has no JSON body).
+            with contextlib.suppress(Exception):
+                steps[name]["code"] = response.json()["errors"][0].get("code")
             return None
 
     rp, other = ids["rp"], ids["other"]
@@ -82,6 +106,9 @@ def run_sdk(ids: dict[str, str]) -> dict[str, Any]:
     step("create_resource_class", lambda: placement.create_resource_class(name="CUSTOM_SDK"))
     step("get_resource_class", lambda: placement.get_resource_class("CUSTOM_SDK"))
     step("resource_classes", lambda: placement.resource_classes())
+    # From 1.7 a PUT creates the class if missing and reads no body (the SDK sends {}).
+    step("update_resource_class", lambda: placement.update_resource_class("CUSTOM_SDK_PUT"))
+    step("get_put_class", lambda: placement.get_resource_class("CUSTOM_SDK_PUT"))
     step(
         "create_resource_provider_inventory",
         lambda: placement.create_resource_provider_inventory(
@@ -93,6 +120,22 @@ def run_sdk(ids: dict[str, str]) -> dict[str, Any]:
         lambda: placement.create_resource_provider_inventory(rp, "CUSTOM_SDK", total=3),
     )
     step("resource_provider_inventories", lambda: placement.resource_provider_inventories(rp))
+    other_generation = placement.get_resource_provider(other).generation
+    step(
+        "set_resource_provider_inventories",
+        lambda: placement.set_resource_provider_inventories(
+            other,
+            {"VCPU": {"total": 4}, "MEMORY_MB": {"total": 4096, "reserved": 512}},
+            resource_provider_generation=other_generation,
+        ),
+    )
+    step(
+        "set_inventories_stale_generation",
+        lambda: placement.set_resource_provider_inventories(
+            other, {"VCPU": {"total": 2}}, resource_provider_generation=other_generation
+        ),
+    )
+    step("other_inventories", lambda: placement.resource_provider_inventories(other))
     inventory = step(
         "get_resource_provider_inventory",
         lambda: placement.get_resource_provider_inventory("VCPU", rp),
@@ -130,6 +173,24 @@ def run_sdk(ids: dict[str, str]) -> dict[str, Any]:
     )
     step("get_resource_provider_aggregates", lambda: placement.get_resource_provider_aggregates(rp))
     step(
+        "fetch_resource_provider_aggregates",
+        lambda: placement.fetch_resource_provider_aggregates(rp),
+    )
+    step("providers_member_of", lambda: placement.resource_providers(member_of=f"in:{ids['agg']}"))
+    step("providers_with_room", lambda: placement.resource_providers(resources="VCPU:9"))
+    step("providers_required", lambda: placement.resource_providers(required="!CUSTOM_SDK_TRAIT"))
+    step("traits_associated", lambda: placement.traits(associated=True))
+    step(
+        "candidates_member_of_limit",
+        lambda: placement.allocation_candidates(
+            resources="VCPU:1", member_of=f"in:{ids['agg']}", limit=1
+        ),
+    )
+    step(
+        "candidates_unknown_trait",
+        lambda: placement.allocation_candidates(resources="VCPU:1", required="CUSTOM_NOT_A_TRAIT"),
+    )
+    step(
         "allocation_candidates",
         lambda: placement.allocation_candidates(resources="VCPU:2", required="CUSTOM_SDK_TRAIT"),
     )
@@ -151,6 +212,30 @@ def run_sdk(ids: dict[str, str]) -> dict[str, Any]:
     step("resource_provider_allocations", lambda: placement.resource_provider_allocations(rp))
     step("fetch_resource_provider_usages", lambda: placement.fetch_resource_provider_usages(rp))
     step("usages", lambda: placement.usages(ids["project"]))
+    step("usages_of_user", lambda: placement.usages(ids["project"], user_id=ids["user"]))
+    step(
+        "delete_inventory_in_use",
+        lambda: placement.delete_resource_provider_inventory("VCPU", rp),
+    )
+    step("delete_provider_in_use", lambda: placement.delete_resource_provider(rp))
+    held = placement.get_allocation(ids["consumer"])
+    # PUT /allocations/{c} replaces the whole record: the SDK sends only what changed, so
+    # the owner and generation go along, as Placement needs.
+    step(
+        "update_allocation",
+        lambda: placement.update_allocation(
+            ids["consumer"],
+            allocations={
+                rp: {"resources": {"VCPU": 1}},
+                other: {"resources": {"MEMORY_MB": 1024}},
+            },
+            project_id=held.project_id,
+            user_id=held.user_id,
+            consumer_generation=held.consumer_generation,
+            consumer_type="MIGRATION",
+        ),
+    )
+    step("get_updated_allocation", lambda: placement.get_allocation(ids["consumer"]))
     step("delete_allocation", lambda: placement.delete_allocation(ids["consumer"]))
     step("delete_resource_provider_trait", lambda: placement.delete_resource_provider_trait(rp))
     step("delete_trait", lambda: placement.delete_trait("CUSTOM_SDK_TRAIT"))
@@ -163,8 +248,21 @@ def run_sdk(ids: dict[str, str]) -> dict[str, Any]:
         "delete_resource_provider_inventories",
         lambda: placement.delete_resource_provider_inventories(rp),
     )
+    step(
+        "delete_other_inventories",
+        lambda: placement.delete_resource_provider_inventories(other),
+    )
     step("delete_resource_provider", lambda: placement.delete_resource_provider(other))
     step("get_deleted", lambda: placement.get_resource_provider(other))
+    step("find_deleted", lambda: placement.find_resource_provider("sdk-other-2"))
+    step(
+        "delete_missing_ignored",
+        lambda: placement.delete_resource_provider(other, ignore_missing=True),
+    )
+    step(
+        "delete_missing_trait",
+        lambda: placement.delete_trait("CUSTOM_SDK_TRAIT", ignore_missing=False),
+    )
     return steps
 
 

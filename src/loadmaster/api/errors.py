@@ -34,6 +34,7 @@ from loadmaster.errors import (
     DuplicateName,
     HostHasChildren,
     HostInUse,
+    InventoryInUse,
     LoadmasterError,
     NotFound,
     NoValidHost,
@@ -162,6 +163,7 @@ PLACEMENT_CODES = {
     DuplicateName.code: "placement.duplicate_name",
     HostHasChildren.code: "placement.resource_provider.cannot_delete_parent",
     HostInUse.code: "placement.resource_provider.inuse",
+    InventoryInUse.code: "placement.inventory.inuse",
 }
 UNDEFINED_CODE = "placement.undefined_code"
 ERROR_CODE_SINCE = (1, 23)

@@ -14,7 +14,8 @@ MEMBER_OF_REPEATED_SINCE = (1, 24)  # several member_of, all must hold
 MEMBER_OF_FORBIDDEN_SINCE = (1, 32)  # member_of=!A or !in:A,B
 RESOURCES_SINCE = (1, 4)  # resources=VCPU:2,MEMORY_MB:1024
 IN_TREE_SINCE = (1, 14)
-REQUIRED_SINCE = (1, 18)  # required=A,B
+REQUIRED_SINCE = (1, 18)  # required=A,B on GET /resource_providers
+REQUIRED_CANDIDATES_SINCE = (1, 17)  # required=A,B on GET /allocation_candidates, a step earlier
 REQUIRED_FORBIDDEN_SINCE = (1, 22)  # required=!A
 REQUIRED_ANY_SINCE = (1, 39)  # required=in:A,B, and several required params
 
@@ -176,11 +177,21 @@ def body_uuid(value: str, name: str) -> str:
         ) from None
 
 
-def required(values: Sequence[str], version: Version) -> Required:
-    """Every ``required`` value of a request, as its microversion allows."""
+def known_traits(wanted: Set[str], known: Set[str]) -> None:
+    """A trait Placement does not know in ``required`` is refused (400), not matched by none."""
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise ValidationError(f"No such trait(s): {', '.join(unknown)}.", field="query.required")
+
+
+def required(
+    values: Sequence[str], version: Version, since: tuple[int, int] = REQUIRED_SINCE
+) -> Required:
+    """Every ``required`` value of a request, as its microversion allows (``since``: the
+    version the route gained ``required``)."""
     if not values:
         return Required()
-    if not version.matches(*REQUIRED_SINCE):
+    if not version.matches(*since):
         raise too_new("required")
     forbidding = version.matches(*REQUIRED_FORBIDDEN_SINCE)
     form = "HW_CPU_X86_VMX,!CUSTOM_MAGIC" if forbidding else "HW_CPU_X86_VMX,CUSTOM_MAGIC"

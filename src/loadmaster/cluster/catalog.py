@@ -92,7 +92,7 @@ class ResourceClassService:
         with self._store.read() as session:
             row = session.scalar(select(ResourceClassRow).where(ResourceClassRow.name == name))
             if row is None:
-                raise NotFound(f"resource class {name!r} does not exist", field="name")
+                raise NotFound(f"No such resource class {name}.", field="name")
             return ResourceClass(row.name, row.kind, row.unit, row.description)
 
     def create(self, name: str, **fields: Any) -> ResourceClass:
@@ -147,7 +147,7 @@ class ResourceClassService:
                 select(ResourceClassRow).where(ResourceClassRow.name == name).with_for_update()
             )
             if row is None:
-                raise NotFound(f"No such resource class {name}", field="name")
+                raise NotFound(f"No such resource class {name}.", field="name")
             if new_name != name and session.scalar(
                 select(ResourceClassRow.id).where(ResourceClassRow.name == new_name)
             ):
@@ -170,7 +170,7 @@ class ResourceClassService:
                 select(ResourceClassRow).where(ResourceClassRow.name == name).with_for_update()
             )
             if row is None:
-                raise NotFound(f"resource class {name!r} does not exist", field="name")
+                raise NotFound(f"No such resource class {name}.", field="name")
             vms = _vms_overriding_class(session, name)
             if vms:
                 raise Conflict(
@@ -264,7 +264,7 @@ class TraitService:
         with self._store.write() as session:
             row = session.scalar(select(TraitRow).where(TraitRow.name == name))
             if row is None:
-                raise NotFound(f"trait {name!r} does not exist", field="name")
+                raise NotFound(f"No such trait(s): {name}.", field="name")
             if session.scalar(
                 select(func.count())
                 .select_from(HostTraitRow)

@@ -18,6 +18,7 @@ from loadmaster.errors import (
     DuplicateName,
     HostHasChildren,
     HostInUse,
+    InventoryInUse,
     NotFound,
     ValidationError,
 )
@@ -605,8 +606,11 @@ def write_inventories(
         if total_used <= 0:
             continue
         if name not in wanted:
-            raise Conflict(
-                f"inventories.{name}: cannot remove, {total_used} is allocated on host {row.name}",
+            # Placement's words first: its clients (nova's report client) read its code.
+            raise InventoryInUse(
+                f"Inventory for '{name}' on resource provider '{row.uuid}' in use. "
+                f"(inventories.{name}: cannot remove, {total_used} is allocated on host "
+                f"{row.name})",
                 field=f"inventories.{name}",
             )
         capacity = wanted[name].capacity

@@ -326,7 +326,7 @@ def allocation_candidates(
     version = microversion.current()
     if limit is not None and not version.matches(*LIMIT_SINCE):
         raise queries.too_new("limit")
-    groups = _request_groups(lm, request, version)
+    groups, traits = _request_groups(lm, request, version)
     if len([g for g in groups if g.suffix]) > 1 and group_policy is None:
         raise ValidationError(
             'The "group_policy" parameter is required when specifying more than one '
@@ -347,6 +347,9 @@ def allocation_candidates(
         if not version.matches(*ROOT_REQUIRED_SINCE):
             raise queries.too_new("root_required")
         root = queries.required([root_required], version)
+        traits |= root.names()
+    if traits:
+        queries.known_traits(traits, set(lm.traits.list(names=traits)))
     subtrees = []
     if same_subtree:
         if not version.matches(*SAME_SUBTREE_SINCE):
@@ -416,10 +419,12 @@ def allocation_candidates(
 allocation_candidates.query_pattern = _SUFFIXED  # type: ignore[attr-defined]
 
 
-def _request_groups(lm: Loadmaster, request: Request, version: Version) -> list[RequestGroup]:
+def _request_groups(
+    lm: Loadmaster, request: Request, version: Version
+) -> tuple[list[RequestGroup], set[str]]:
     """The unnumbered group from ``resources``, ``required``, ``member_of``, ``in_tree``,
     and each numbered one from the same names with its suffix (1.25; any suffix from
-    1.33, numbers before)."""
+    1.33, numbers before); and every trait their ``required`` names."""
     params = request.query_params
     known = {rc.name for rc in lm.resource_classes.list()}
     suffixes: list[str] = []
@@ -435,6 +440,7 @@ def _request_groups(lm: Loadmaster, request: Request, version: Version) -> list[
         if suffix not in suffixes:
             suffixes.append(suffix)
     groups = []
+    named: set[str] = set()
     for suffix in ["", *sorted(suffixes)]:
         amounts = queries.resources(params.get(f"resources{suffix}"), version, known)
         traits = params.getlist(f"required{suffix}")
@@ -452,11 +458,13 @@ def _request_groups(lm: Loadmaster, request: Request, version: Version) -> list[
             if not version.matches(*IN_TREE_CANDIDATES_SINCE):
                 raise queries.too_new(f"in_tree{suffix}")
             tree = queries.uuid_param(tree, f"in_tree{suffix}")
+        wanted = queries.required(traits, version, since=queries.REQUIRED_CANDIDATES_SINCE)
+        named |= wanted.names()
         groups.append(
             RequestGroup(
                 suffix,
                 amounts,
-                queries.required(traits, version).admits,
+                wanted.admits,
                 queries.member_of(aggregates, version).admits,
                 tree,
             )
@@ -466,4 +474,4 @@ def _request_groups(lm: Loadmaster, request: Request, version: Version) -> list[
             "At least one request group (`resources` or `resources{N}`) is required.",
             field="query.resources",
         )
-    return groups
+    return groups, named

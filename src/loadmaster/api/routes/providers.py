@@ -109,9 +109,7 @@ def list_providers(
     room = _room_for(lm, amounts)
     wanted = queries.member_of(member_of, version)
     traits = queries.required(required, version)
-    unknown = sorted(traits.names() - set(lm.traits.list(names=traits.names())))
-    if unknown:
-        raise ValidationError(f"No such trait(s): {', '.join(unknown)}.", field="query.required")
+    queries.known_traits(traits.names(), set(lm.traits.list(names=traits.names())))
     wanted_uuid = queries.uuid_param(uuid, "uuid") if uuid is not None else None
     hosts = lm.hosts.list()
     root: str | None = None

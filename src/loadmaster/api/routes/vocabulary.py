@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError as PydanticValidationError
 
 from loadmaster.api import microversion, views
 from loadmaster.api.deps import LM
@@ -59,19 +61,35 @@ def get_resource_class(lm: LM, name: str) -> dict[str, Any]:
 
 @router.put(
     "/resource_classes/{name}",
-    openapi_extra=SINCE_1_2,
+    openapi_extra={
+        **SINCE_1_2,
+        "requestBody": {  # the rename's body, up to 1.6
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": "#/components/schemas/PlacementClassCreate"}
+                }
+            }
+        },
+    },
     response_model=PlacementClassOut,
     responses={201: {"description": "Created (1.7)"}, 204: {"description": "Exists (1.7)"}},
 )
 def put_resource_class(
-    lm: LM, request: Request, name: str, body: PlacementClassCreate | None = None
+    lm: LM, request: Request, name: str, body: Annotated[Any, Body()] = None
 ) -> Response:
     """Up to 1.6, Placement's rename (``{"name": new}``, 200 with the class); from 1.7 an
-    idempotent create without a body: 201 if new, 204 if it was there."""
+    idempotent create whose body, if any, is not read (openstacksdk's
+    ``update_resource_class`` sends ``{}``): 201 if new, 204 if it was there."""
     if not microversion.current().matches(1, 7):
         if body is None:
             raise InvalidJson('Malformed JSON: a body {"name": ...} is required', field="body")
-        renamed = lm.resource_classes.rename(name, body.name)
+        try:
+            rename = PlacementClassCreate.model_validate(body)
+        except PydanticValidationError as exc:
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+            ) from None
+        renamed = lm.resource_classes.rename(name, rename.name)
         return JSONResponse(views.placement_class(renamed.name))
     check_class_name(name)
     _, created = lm.resource_classes.put(name)
@@ -166,7 +184,7 @@ def list_traits(
 def get_trait(lm: LM, name: str) -> Response:
     """204 if the trait exists: Placement shows a trait by its name alone."""
     if not lm.traits.exists(name):
-        raise NotFound(f"No such trait(s): {name}", field="name")
+        raise NotFound(f"No such trait(s): {name}.", field="name")
     return Response(status_code=204)
 
 
