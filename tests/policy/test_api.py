@@ -133,7 +133,9 @@ def test_eval_files_reports_refused_io_tune_and_left_out_guests(tmp_path: Path) 
     [
         ([], "snapshot: expected an object"),
         ({"guests": {}}, "guests: expected a list"),
-        ({"guests": [{"stats": {}}]}, "guests[0].name: expected a non-empty string"),
+        ({"guests": [{"stats": {}}]}, "guests[0].name: required"),
+        ({"guests": [{"name": ""}]}, "guests[0].name: expected a non-empty string"),
+        ({"guests": [{"name": "a", "colour": 1}]}, "guests[0].colour is not a field"),
         (
             {"guests": [{"name": "a", "stats": {"x": "1"}}]},
             "guests[0].stats.x: expected a finite number",
@@ -142,10 +144,14 @@ def test_eval_files_reports_refused_io_tune_and_left_out_guests(tmp_path: Path) 
             {"guests": [{"name": "a", "stats": {"x": True}}]},
             "guests[0].stats.x: expected a finite number",
         ),
+        (
+            {"guests": [{"name": "a", "history": [{"x": float("inf")}]}]},
+            "guests[0].history[0].x: expected a finite number",
+        ),
         ({"host": {"stats": [], "name": "h"}}, "host.stats: expected an object"),
         ({"host": {"history": {}}}, "host.history: expected a list"),
         ({"host": {"history": [1]}}, "host.history[0]: expected an object"),
-        ({"guests": [{"name": "a", "tags": "gold"}]}, "guests[0].tags: expected a list of strings"),
+        ({"guests": [{"name": "a", "tags": "gold"}]}, "guests[0].tags: expected a list"),
         (
             {"guests": [{"name": "a", "properties": {"io_tune": {}}}]},
             "guests[0].properties.io_tune",

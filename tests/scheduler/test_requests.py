@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
+from loadmaster import shapes
 from loadmaster.errors import (
     Conflict,
     InvalidTransition,
@@ -76,12 +77,13 @@ def test_other_bad_calls(slm: Loadmaster) -> None:
     assert caught.value.field == "policy"
     with pytest.raises(ValidationError, match="create the VMs first"):
         slm.scheduler.schedule([RequestSpec(flavor="small")])
-    with pytest.raises(ValidationError, match="colour is not a request field"):
-        RequestSpec.from_dict({"flavor": "small", "colour": "red"}, "requests[0]")
+    with pytest.raises(ValidationError, match=r"requests\[0\]\.colour is not a field") as caught:
+        shapes.parse(RequestSpec, {"flavor": "small", "colour": "red"}, "requests[0]")
+    assert caught.value.field == "requests[0].colour"
     vm = add_vms(slm, 1)[0]
     with pytest.raises(ValidationError, match="twice"):
         slm.scheduler.schedule([RequestSpec(vms=[vm]), RequestSpec(vms=[vm])])
-    assert RequestSpec.from_dict(RequestSpec(vms=[vm]).to_dict()) == RequestSpec(
+    assert shapes.parse(RequestSpec, shapes.dump(RequestSpec(vms=[vm]))) == RequestSpec(
         vms=[vm],
         overrides={},
         required_traits=[],

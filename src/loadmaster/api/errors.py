@@ -42,6 +42,7 @@ from loadmaster.errors import (
     StoreUnavailable,
     ValidationError,
 )
+from loadmaster.shapes import field_path
 
 log = logging.getLogger("loadmaster.api")
 
@@ -219,13 +220,7 @@ def field_of(loc: Sequence[int | str]) -> str | None:
         where = parts.pop(0)
         if where != "body" and parts:
             parts[0] = f"{where}.{parts[0]}"
-    text = ""
-    for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        else:
-            text += f".{part}" if text else str(part)
-    return text or None
+    return field_path(parts)
 
 
 def from_validation(exc: RequestValidationError, content_type: str | None) -> LoadmasterError:
@@ -262,7 +257,7 @@ def _schema_words(error: Mapping[str, Any]) -> str:
     message = str(error.get("msg", "invalid value"))
     loc = tuple(error.get("loc", ()))
     ctx = error.get("ctx", {})
-    if kind == "extra_forbidden":
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         return f"unknown field: Additional properties are not allowed ({loc[-1]!r} was unexpected)"
     if kind == "missing":
         return f"field required: {loc[-1]!r} is a required property. Failed validating 'required'"
@@ -283,6 +278,7 @@ def _schema_words(error: Mapping[str, Any]) -> str:
         "string_type": "string",
         "bool_type": "boolean",
         "list_type": "array",
+        "sequence_str": "array",
         "dict_type": "object",
         "model_type": "object",
         "model_attributes_type": "object",

@@ -1,6 +1,7 @@
 """Request bodies. Types and unknown keys are checked here (``extra="forbid"``, strict
 types: ``"4"`` is not a number); the rules (ranges, names, capacity) stay in the domain,
-which checks them for Python callers too."""
+which checks them for Python callers too. A body that is a domain shape as it is (a VM to
+create, a scheduling request) is the domain's own dataclass, not a copy of it here."""
 
 from __future__ import annotations
 
@@ -10,19 +11,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
+from loadmaster.cluster.vms import Tag
 from loadmaster.errors import ValidationError
 from loadmaster.resources.inventory import MAX_INT
+from loadmaster.scheduler import RequestSpec
+from loadmaster.shapes import Amount, Generation, Name
 
 
 def _text_only(value: object) -> object:
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 date-time string")
     return value
-
-
-Name = Annotated[str, Field(min_length=1, max_length=255)]
-Amount = Annotated[int, Field(ge=0, le=MAX_INT)]
-Generation = Annotated[int, Field(ge=0, le=2**62)]
 
 
 class Body(BaseModel):
@@ -165,17 +164,6 @@ class FlavorCreate(Body):
     unknown_specs: Literal["refuse", "warn"] | None = None
 
 
-class VmCreate(Body):
-    name: Name
-    flavor: Name
-    project_id: Name = "default"
-    user_id: Name = "default"
-    overrides: dict[str, Amount] = {}
-    tags: list[Name] = []
-    group: Name | None = None
-    uuid: Name | None = None
-
-
 class VmStart(Body):
     policy: Name | None = None
 
@@ -197,25 +185,8 @@ class GroupCreate(Body):
     max_per_host: Annotated[int, Field(ge=1, le=MAX_INT)] | None = None
 
 
-class RequestSpecIn(Body):
-    """One entry of ``POST /schedule`` (see ``loadmaster.scheduler.RequestSpec``)."""
-
-    # One call places at most 10,000 VMs in all (the scheduler checks the sum).
-    vms: Annotated[list[Name], Field(max_length=10_000)] = []
-    flavor: Name | None = None
-    count: Annotated[int, Field(ge=1, le=10_000)] | None = None
-    overrides: dict[str, Amount] = {}
-    required_traits: list[Name] = []
-    forbidden_traits: list[Name] = []
-    member_of: list[list[Name]] = []
-    forbidden_aggregates: list[Name] = []
-    group: Name | None = None
-    include_hosts: list[Name] | None = None
-    exclude_hosts: list[Name] = []
-
-
 class ScheduleIn(Body):
-    requests: Annotated[list[RequestSpecIn], Field(min_length=1, max_length=1000)]
+    requests: Annotated[list[RequestSpec], Field(min_length=1, max_length=1000)]
     gang: bool = False
     dry_run: bool = False
     policy: Name | None = None
@@ -253,7 +224,7 @@ class HostFailure(Body):
 
 
 class VmTags(Body):
-    tags: list[Annotated[str, Field(min_length=1, max_length=64)]]
+    tags: list[Tag]
 
 
 class DrainRequest(Body):

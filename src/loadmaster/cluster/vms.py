@@ -8,14 +8,18 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Annotated
 
+from pydantic import ConfigDict, Field, Strict, with_config
 from sqlalchemy import String, cast, exists, insert, or_, select
 from sqlalchemy.orm import Session
 
+from loadmaster import shapes
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import VmRecord
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
+from loadmaster.shapes import Amount, Name
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import now, touch_generations
@@ -37,6 +41,7 @@ VM_STATES = tuple(TRANSITIONS)
 # A VM counts on a host (for VM counts and server groups) while it is headed there or runs
 # there: pending VMs count exactly like running ones.
 PLACED_STATES = ("pending", "running", "migrating")
+Tag = Annotated[str, Strict(), Field(min_length=1, max_length=64)]
 
 
 def move(row: VmRow, target: str) -> None:
@@ -73,18 +78,19 @@ def _tags(tags: Iterable[object]) -> list[str]:
     return sorted(set(result))
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass(frozen=True)
 class VmSpec:
-    """A VM to create; validated before any row is written."""
+    """A VM to create (``POST /vms`` takes it as it is); checked before any row is written."""
 
-    name: str
-    flavor: str
-    project_id: str = "default"
-    user_id: str = "default"
-    overrides: Mapping[str, int] = field(default_factory=dict)
-    tags: Sequence[str] = ()
-    group: str | None = None
-    uuid: str | None = None
+    name: Name
+    flavor: Name
+    project_id: Name = "default"
+    user_id: Name = "default"
+    overrides: Mapping[str, Amount] = field(default_factory=dict)
+    tags: Sequence[Tag] = ()
+    group: Name | None = None
+    uuid: Name | None = None
 
 
 class VmService:
@@ -279,15 +285,10 @@ class VmService:
     def _check(
         self, spec: VmSpec, prefix: str
     ) -> tuple[VmSpec, dict[str, int], builtins.list[str], str]:
+        shapes.check(spec, prefix)
         dot = prefix + "." if prefix else ""
-        if not isinstance(spec.name, str) or not spec.name.strip() or len(spec.name) > 255:
-            raise ValidationError(f"{dot}name must be a non-empty string", field=f"{dot}name")
-        for attr in ("project_id", "user_id"):
-            value = getattr(spec, attr)
-            if not isinstance(value, str) or not value or len(value) > 255:
-                raise ValidationError(
-                    f"{dot}{attr} must be a non-empty string", field=f"{dot}{attr}"
-                )
+        if not spec.name.strip():
+            raise ValidationError(f"{dot}name must not be blank", field=f"{dot}name")
         overrides = parse_amounts(spec.overrides, f"{dot}overrides")
         try:
             tags = _tags(spec.tags)

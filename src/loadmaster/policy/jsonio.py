@@ -2,67 +2,48 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from os import PathLike
 from typing import Any
 
+from loadmaster import shapes
+from loadmaster.errors import ValidationError
 from loadmaster.policy.engine import SNAPSHOT, Policy, parse_file
 from loadmaster.policy.errors import PolicyError
 from loadmaster.policy.lint import lint
-from loadmaster.policy.snapshot import CycleResult, EntitySnapshot, StatValue
+from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 
 def _fail(where: str, message: str) -> PolicyError:
     return PolicyError(SNAPSHOT, 0, 0, f"{where}: {message}")
 
 
-def _stats(raw: Any, where: str) -> dict[str, StatValue]:
-    if not isinstance(raw, Mapping):
-        raise _fail(where, "expected an object of stat name -> number or null")
-    stats: dict[str, StatValue] = {}
-    for key, value in raw.items():
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or (isinstance(value, float) and not math.isfinite(value))
-        ):
-            raise _fail(f"{where}.{key}", "expected a finite number or null")
-        stats[str(key)] = value
-    return stats
-
-
 def _entity(raw: Any, where: str, default_name: str | None) -> EntitySnapshot:
     if not isinstance(raw, Mapping):
         raise _fail(where, "expected an object")
-    name = raw.get("name", default_name)
-    if not isinstance(name, str) or not name:
-        raise _fail(f"{where}.name", "expected a non-empty string")
-    history_raw = raw.get("history", [])
-    if not isinstance(history_raw, list):
-        raise _fail(f"{where}.history", "expected a list of stat objects")
-    properties = raw.get("properties", {})
-    if not isinstance(properties, Mapping):
-        raise _fail(f"{where}.properties", "expected an object")
-    tags = raw.get("tags", [])
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise _fail(f"{where}.tags", "expected a list of strings")
-    io_tune = properties.get("io_tune")
+    defaults: dict[str, Any] = (
+        {"stats": {}}
+        if default_name is None
+        else {
+            "stats": {},
+            "name": default_name,
+        }
+    )
+    try:
+        entity = shapes.parse(EntitySnapshot, {**defaults, **raw}, where)
+    except ValidationError as exc:
+        raise _fail(exc.field or where, exc.detail.partition(": ")[2] or exc.detail) from None
+    io_tune = entity.properties.get("io_tune")
     if io_tune is not None and not (
         isinstance(io_tune, list) and all(isinstance(e, Mapping) for e in io_tune)
     ):
         raise _fail(f"{where}.properties.io_tune", "expected a list of objects")
-    return EntitySnapshot(
-        name=name,
-        stats=_stats(raw.get("stats", {}), f"{where}.stats"),
-        history=tuple(_stats(h, f"{where}.history[{i}]") for i, h in enumerate(history_raw)),
-        properties=dict(properties),
-        tags=frozenset(tags),
-    )
+    return entity
 
 
 def snapshot_from_json(data: Any) -> tuple[EntitySnapshot, list[EntitySnapshot]]:
-    """Host and guests from the snapshot JSON documented in ``loadmaster.policy``."""
+    """Host and guests from the snapshot JSON documented in ``loadmaster.policy``: each
+    entity in ``EntitySnapshot``'s own shape, checked against its declaration."""
     if not isinstance(data, Mapping):
         raise _fail("snapshot", "expected an object with 'host' and 'guests'")
     host = _entity(data.get("host", {}), "host", "host")

@@ -7,13 +7,32 @@ Neither side knows how the other is built.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-StatValue = float | int | None
+from pydantic import BeforeValidator, ConfigDict, with_config
+
+from loadmaster.shapes import Name
 
 
+# A stat is a finite number, or None for one a collector could not read; never a bool
+# (``true`` in a snapshot is a mistake, not 1).
+def _finite_number(value: object) -> object:
+    if value is not None and (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
+        raise ValueError("expected a finite number or null")
+    return value
+
+
+StatValue = Annotated[int | float | None, BeforeValidator(_finite_number)]
+
+
+@with_config(ConfigDict(extra="forbid"))
 @dataclass(frozen=True)
 class EntitySnapshot:
     """One entity (the host, or one guest) as the collectors saw it this cycle.
@@ -30,7 +49,7 @@ class EntitySnapshot:
     collectors know plus those the snapshots carry.
     """
 
-    name: str
+    name: Name
     stats: Mapping[str, StatValue]
     history: tuple[Mapping[str, StatValue], ...] = ()
     properties: Mapping[str, Any] = field(default_factory=dict)

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated
 
+from pydantic import ConfigDict, Field, Strict, with_config
+
+from loadmaster import shapes
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.errors import ValidationError
 from loadmaster.resources import parse_amounts, validate_trait_name
+from loadmaster.shapes import Amount, Name
+
+# Limits on one /schedule call. An operator places a rack or a region's worth of VMs at
+# once, not a million: 10,000 VMs decide in seconds and answer in a few MB. Bigger
+# questions ("how many fit?") have GET /capacity, which counts without placing one by one.
+MAX_VMS_PER_CALL = 10_000
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass(frozen=True)
 class RequestSpec:
-    """One entry of a ``schedule`` call.
+    """One entry of a ``schedule`` call, and of ``POST /schedule`` as it is.
 
     Either ``vms`` (uuids of existing VMs: resources, traits and server group come from
     each VM and its flavor) or ``flavor`` with ``count`` (hypothetical VMs, for dry runs and
@@ -23,37 +33,24 @@ class RequestSpec:
     (only these) and ``exclude_hosts`` by name or uuid.
     """
 
-    vms: Sequence[str] = ()
-    flavor: str | None = None
-    count: int | None = None
-    overrides: Mapping[str, int] = field(default_factory=dict)
-    required_traits: Sequence[str] = ()
-    forbidden_traits: Sequence[str] = ()
-    member_of: Sequence[Sequence[str]] = ()
-    forbidden_aggregates: Sequence[str] = ()
-    group: str | None = None
-    include_hosts: Sequence[str] | None = None
-    exclude_hosts: Sequence[str] = ()
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], field: str = "") -> RequestSpec:
-        """Build from JSON; an unknown key is an error naming it."""
-        known = {f.name for f in fields(cls)}
-        dot = f"{field}." if field else ""
-        if not isinstance(data, Mapping):
-            raise ValidationError(f"{field or 'request'} must be an object", field=field or None)
-        for key in data:
-            if key not in known:
-                raise ValidationError(
-                    f"{dot}{key} is not a request field (known: {', '.join(sorted(known))})",
-                    field=f"{dot}{key}",
-                )
-        return cls(**data)
+    # The scheduler checks the sum over a call's requests.
+    vms: Annotated[Sequence[Name], Field(max_length=MAX_VMS_PER_CALL)] = ()
+    flavor: Name | None = None
+    count: Annotated[int, Strict(), Field(ge=1, le=MAX_VMS_PER_CALL)] | None = None
+    overrides: Mapping[str, Amount] = field(default_factory=dict)
+    required_traits: Sequence[Name] = ()
+    forbidden_traits: Sequence[Name] = ()
+    member_of: Sequence[Sequence[Name]] = ()
+    forbidden_aggregates: Sequence[Name] = ()
+    group: Name | None = None
+    include_hosts: Sequence[Name] | None = None
+    exclude_hosts: Sequence[Name] = ()
 
     def check(self, field: str = "") -> None:
-        """Shape checks that need no database; errors name ``field.<attribute>``."""
+        """The declared types and limits (for a spec built in Python), then the rules
+        between fields; errors name ``field.<attribute>``."""
+        shapes.check(self, field)
         dot = f"{field}." if field else ""
-        _names(self.vms, f"{dot}vms")
         if self.vms and self.flavor is not None:
             raise ValidationError(
                 f"{dot}flavor: give either vms or flavor, not both (a VM brings its own flavor)",
@@ -63,19 +60,11 @@ class RequestSpec:
             raise ValidationError(
                 f"{dot}vms: a request needs vms to place or a flavor", field=f"{dot}vms"
             )
-        if self.flavor is not None and (not isinstance(self.flavor, str) or not self.flavor):
-            raise ValidationError(f"{dot}flavor must be a flavor name", field=f"{dot}flavor")
-        if self.count is not None:
-            if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-                raise ValidationError(
-                    f"{dot}count must be an integer of at least 1, got {self.count!r}",
-                    field=f"{dot}count",
-                )
-            if self.vms and self.count != len(self.vms):
-                raise ValidationError(
-                    f"{dot}count ({self.count}) differs from the number of vms ({len(self.vms)})",
-                    field=f"{dot}count",
-                )
+        if self.vms and self.count is not None and self.count != len(self.vms):
+            raise ValidationError(
+                f"{dot}count ({self.count}) differs from the number of vms ({len(self.vms)})",
+                field=f"{dot}count",
+            )
         if self.overrides and self.vms:
             raise ValidationError(
                 f"{dot}overrides apply to flavor requests; a VM's resources come from its "
@@ -84,7 +73,7 @@ class RequestSpec:
             )
         parse_amounts(self.overrides, f"{dot}overrides")
         for attr in ("required_traits", "forbidden_traits"):
-            for i, trait in enumerate(_names(getattr(self, attr), f"{dot}{attr}")):
+            for i, trait in enumerate(getattr(self, attr)):
                 validate_trait_name(trait, f"{dot}{attr}[{i}]")
         clash = set(self.required_traits) & set(self.forbidden_traits)
         if clash:
@@ -92,40 +81,17 @@ class RequestSpec:
                 f"{dot}required_traits: {sorted(clash)[0]} is both required and forbidden",
                 field=f"{dot}required_traits",
             )
-        if isinstance(self.member_of, str):
-            raise ValidationError(
-                f"{dot}member_of must be a list of aggregate lists", field=f"{dot}member_of"
-            )
         for i, any_of in enumerate(self.member_of):
-            if not _names(any_of, f"{dot}member_of[{i}]"):
+            if not any_of:
                 raise ValidationError(
                     f"{dot}member_of[{i}] must name at least one aggregate",
                     field=f"{dot}member_of[{i}]",
                 )
-        _names(self.forbidden_aggregates, f"{dot}forbidden_aggregates")
-        if self.group is not None and (not isinstance(self.group, str) or not self.group):
-            raise ValidationError(f"{dot}group must be a server group name", field=f"{dot}group")
-        if self.include_hosts is not None and not _names(self.include_hosts, f"{dot}include_hosts"):
+        if self.include_hosts is not None and not self.include_hosts:
             raise ValidationError(
                 f"{dot}include_hosts is empty: no host could be chosen",
                 field=f"{dot}include_hosts",
             )
-        _names(self.exclude_hosts, f"{dot}exclude_hosts")
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "vms": list(self.vms),
-            "flavor": self.flavor,
-            "count": self.count,
-            "overrides": dict(self.overrides),
-            "required_traits": list(self.required_traits),
-            "forbidden_traits": list(self.forbidden_traits),
-            "member_of": [list(m) for m in self.member_of],
-            "forbidden_aggregates": list(self.forbidden_aggregates),
-            "group": self.group,
-            "include_hosts": None if self.include_hosts is None else list(self.include_hosts),
-            "exclude_hosts": list(self.exclude_hosts),
-        }
 
 
 def summed(amounts: Iterable[Mapping[str, int]]) -> dict[str, int]:
@@ -135,19 +101,6 @@ def summed(amounts: Iterable[Mapping[str, int]]) -> dict[str, int]:
         for name, amount in member.items():
             total[name] = total.get(name, 0) + amount
     return total
-
-
-def _names(value: object, field: str) -> list[str]:
-    if isinstance(value, str) or not isinstance(value, Sequence | set | frozenset):
-        raise ValidationError(f"{field} must be a list of strings", field=field)
-    out = []
-    for i, item in enumerate(value):
-        if not isinstance(item, str) or not item:
-            raise ValidationError(
-                f"{field}[{i}] must be a non-empty string, got {item!r}", field=f"{field}[{i}]"
-            )
-        out.append(item)
-    return out
 
 
 @dataclass

@@ -23,10 +23,6 @@ from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 
 SCHEDULABLE_STATES = ("requested", "stopped", "running")
-# Limits on one /schedule call. An operator places a rack or a region's worth of VMs at
-# once, not a million: 10,000 VMs decide in seconds and answer in a few MB. Bigger
-# questions ("how many fit?") have GET /capacity, which counts without placing one by one.
-MAX_VMS_PER_CALL = 10_000
 
 
 @dataclass

@@ -33,8 +33,8 @@ from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
 from loadmaster.scheduler.plugins import LoadedFilter, load_filters, load_weighers
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
 from loadmaster.scheduler.reports import record_report
-from loadmaster.scheduler.request import RequestSpec
-from loadmaster.scheduler.resolve import MAX_VMS_PER_CALL, Item, Resolved, check_size, resolve
+from loadmaster.scheduler.request import MAX_VMS_PER_CALL, RequestSpec
+from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from loadmaster.api.deps import LM, MetricsDep
 from loadmaster.api.responses import CapacityOut, ExplanationOut, PolicyList, ScheduleOut
-from loadmaster.api.schemas import RequestSpecIn, ScheduleIn
+from loadmaster.api.schemas import ScheduleIn
 from loadmaster.scheduler import RequestSpec
 
 router = APIRouter(tags=["scheduling"])
@@ -20,9 +20,8 @@ def schedule(lm: LM, metrics: MetricsDep, body: ScheduleIn) -> dict[str, Any]:
     (``flavor`` + ``count``). Per-VM failures come back in ``placements`` with their
     explanation; ``gang`` places all or none. The answer's ``seed`` given again on the same
     state makes the same choices (dry run or not)."""
-    requests = [RequestSpec(**r.fields()) for r in body.requests]
     result = lm.scheduler.schedule(
-        requests, gang=body.gang, dry_run=body.dry_run, policy=body.policy, seed=body.seed
+        body.requests, gang=body.gang, dry_run=body.dry_run, policy=body.policy, seed=body.seed
     )
     metrics.observe_schedule(result)
     return result.to_dict()
@@ -31,15 +30,14 @@ def schedule(lm: LM, metrics: MetricsDep, body: ScheduleIn) -> dict[str, Any]:
 @router.post("/schedule/explain", response_model=ExplanationOut)
 def explain(
     lm: LM,
-    body: RequestSpecIn,
+    body: RequestSpec,
     policy: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
     seed: Annotated[int, Query(ge=0, le=2**63 - 1)] | None = None,
 ) -> dict[str, Any]:
     """Why hosts are ruled out for the request, right now: the first VM a dry run with
     ``policy`` and ``seed`` would fail to place (explained as that run's failure), else the
     first VM with how many hosts fit it."""
-    spec = RequestSpec(**body.fields())
-    return lm.scheduler.explain(spec, policy=policy, seed=seed).to_dict()
+    return lm.scheduler.explain(body, policy=policy, seed=seed).to_dict()
 
 
 @router.get("/capacity", response_model=CapacityOut)

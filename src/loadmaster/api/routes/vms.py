@@ -20,7 +20,7 @@ from loadmaster.api.responses import (
     VmOut,
 )
 from loadmaster.api.routes.agents import check_vm_of_agent
-from loadmaster.api.schemas import Claim, VmCreate, VmMigrate, VmStart, VmTags, VmUp
+from loadmaster.api.schemas import Claim, VmMigrate, VmStart, VmTags, VmUp
 from loadmaster.cluster import VmSpec
 from loadmaster.scheduler import Placement, RequestSpec
 from loadmaster.service import Loadmaster
@@ -58,9 +58,9 @@ def list_vms(
 
 
 @router.post("/vms", status_code=201, tags=["vms"], response_model=VmOut)
-def create_vm(lm: LM, body: VmCreate) -> dict[str, Any]:
+def create_vm(lm: LM, body: VmSpec) -> dict[str, Any]:
     """Created ``requested``: it holds nothing until started."""
-    return views.vm(lm.vms.create_many([VmSpec(**body.fields())])[0])
+    return views.vm(lm.vms.create_many([body])[0])
 
 
 @router.get(VM, tags=["vms"], response_model=VmDetail)

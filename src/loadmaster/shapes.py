@@ -1,0 +1,105 @@
+"""The field types every shape is built from, and checking a value against a shape.
+
+A shape is declared once, as a dataclass of the domain whose field types carry their
+limits (``Name``, ``Amount``, ...). The API takes it as a request body as it is (FastAPI
+validates it with pydantic and documents it in the OpenAPI schema), and the domain checks
+the same declaration for Python callers with ``parse``: one declaration, one set of
+limits, whichever door a value comes in by.
+
+Types are strict (``"4"`` is not a number, ``true`` is not a count): what a client sends
+is taken as it is or refused, never coerced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Annotated, Any, TypeVar
+
+from pydantic import Field, Strict, TypeAdapter
+from pydantic import ValidationError as PydanticValidationError
+
+from loadmaster.errors import ValidationError
+from loadmaster.resources.inventory import MAX_INT
+
+Name = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
+Amount = Annotated[int, Strict(), Field(ge=0, le=MAX_INT)]
+Generation = Annotated[int, Strict(), Field(ge=0, le=2**62)]
+
+T = TypeVar("T")
+
+# pydantic's complaint about a type, in the words of the JSON a client sent.
+_JSON_WORDS = {
+    "missing": "required",
+    "string_type": "expected a string",
+    "int_type": "expected an integer",
+    "float_type": "expected a number",
+    "bool_type": "expected true or false",
+    "dict_type": "expected an object",
+    "list_type": "expected a list",
+    "tuple_type": "expected a list",
+    "frozen_set_type": "expected a list",
+    "set_type": "expected a list",
+    "sequence_str": "expected a list, not a string",
+}
+
+
+def field_path(loc: Sequence[int | str], prefix: str = "") -> str | None:
+    """``("inventories", "VCPU", "total")`` -> ``inventories.VCPU.total``; list positions
+    become ``[i]``, as in every error field the domain names."""
+    text = prefix
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or None
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _adapter(kind: type[Any]) -> TypeAdapter[Any]:
+    # Building an adapter compiles a validator (a millisecond); each shape builds one.
+    if kind not in _ADAPTERS:
+        _ADAPTERS[kind] = TypeAdapter(kind)
+    return _ADAPTERS[kind]
+
+
+def parse(kind: type[T], data: Any, field: str = "") -> T:
+    """``data`` (JSON-like: dicts, lists, numbers, strings) checked against ``kind``; the
+    first problem is raised as a ``ValidationError`` naming its field under ``field``."""
+    try:
+        return _adapter(kind).validate_python(data)
+    except PydanticValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]
+        where = field_path(first["loc"], field)
+        if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            message = f"{where} is not a field of {kind.__name__}"
+        else:
+            words = _words(first)
+            message = f"{where or kind.__name__}: {words}"
+        more = len(errors) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise ValidationError(message + suffix, field=where) from None
+
+
+def check(value: Any, field: str = "") -> None:
+    """A dataclass built in Python (whose constructor checks nothing) checked against its
+    own declaration, as ``parse`` checks what a client sends."""
+    parse(type(value), dataclasses.asdict(value), field)
+
+
+def _words(error: Any) -> str:
+    kind, ctx = error["type"], error.get("ctx", {})
+    if kind == "string_too_short" and ctx.get("min_length") == 1:
+        return "expected a non-empty string"
+    if kind == "string_too_long":
+        return f"expected a string of at most {ctx.get('max_length')} characters"
+    return _JSON_WORDS.get(kind) or str(error["msg"]).removeprefix("Value error, ")
+
+
+def dump(value: Any) -> dict[str, Any]:
+    """A dataclass as JSON-ready data, by its declaration."""
+    return _adapter(type(value)).dump_python(value, mode="json")
