@@ -117,7 +117,7 @@ def test_running_vm_is_migrated_elsewhere(slm: Loadmaster) -> None:
 
 def test_server_groups(slm: Loadmaster) -> None:
     group = slm.groups.create("web", "anti-affinity", max_per_host=2)
-    assert group.to_dict()["max_per_host"] == 2 and group.hard
+    assert group.max_per_host == 2 and group.hard
     assert slm.groups.get(group.uuid) == group == slm.groups.get("web")
     with pytest.raises(ValidationError) as caught:
         slm.groups.create("x", "anti-afinity")

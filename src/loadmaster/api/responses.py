@@ -1,13 +1,14 @@
 """What loadmaster's own routes answer, as typed models: the OpenAPI document describes
 every answer from them, and schemathesis checks answers against it.
 
-Each model forbids keys it does not declare, so a view that grows a key without its
+Each model forbids keys it does not declare, so an answer that grows a key without its
 model fails the tests (a 500 on response validation) instead of drifting from the
-document. The views (``views.py``) still build the dicts; FastAPI validates them here.
+document. The views (``views.py``) build these models from the domain's records.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,8 +47,8 @@ class VmOut(Out):
     overrides: dict[str, int]
     generation: int
     fault: str | None
-    created_at: str = Field(description="ISO 8601")
-    updated_at: str = Field(description="ISO 8601")
+    created_at: datetime = Field(description="ISO 8601, UTC")
+    updated_at: datetime = Field(description="ISO 8601, UTC")
 
 
 class VmDetail(VmOut):
@@ -343,8 +344,8 @@ class ProviderOut(Out):
     name: str
     generation: int
     links: list[LinkOut]
-    parent_provider_uuid: str | None = Field(None, description="1.14 and later")
-    root_provider_uuid: str | None = Field(None, description="1.14 and later")
+    parent_provider_uuid: str | None = Field(default=None, description="1.14 and later")
+    root_provider_uuid: str | None = Field(default=None, description="1.14 and later")
 
 
 class ProviderList(Out):
@@ -376,7 +377,7 @@ class ProviderTraitsOut(Out):
 
 class AggregatesOut(Out):
     aggregates: list[str]
-    resource_provider_generation: int | None = Field(None, description="1.19 and later")
+    resource_provider_generation: int | None = Field(default=None, description="1.19 and later")
 
 
 class ProviderUsagesOut(Out):
@@ -415,15 +416,15 @@ class ResourcesOut(Out):
 
 
 class HeldOut(ResourcesOut):
-    generation: int | None = Field(None, description="the provider's generation")
+    generation: int | None = Field(default=None, description="the provider's generation")
 
 
 class ConsumerAllocationsOut(Out):
     allocations: dict[str, HeldOut] = Field(description="by provider uuid")
-    project_id: str | None = Field(None, description="1.12 and later")
-    user_id: str | None = Field(None, description="1.12 and later")
-    consumer_generation: int | None = Field(None, description="1.28 and later")
-    consumer_type: str | None = Field(None, description="1.38 and later")
+    project_id: str | None = Field(default=None, description="1.12 and later")
+    user_id: str | None = Field(default=None, description="1.12 and later")
+    consumer_generation: int | None = Field(default=None, description="1.28 and later")
+    consumer_type: str | None = Field(default=None, description="1.38 and later")
 
 
 class ProviderAllocationsOut(Out):
@@ -453,7 +454,7 @@ class ListFormRequest(Out):
 
 class DictFormRequest(Out):
     allocations: dict[str, ResourcesOut]
-    mappings: dict[str, list[str]] | None = Field(None, description="1.34 and later")
+    mappings: dict[str, list[str]] | None = Field(default=None, description="1.34 and later")
 
 
 class CapacityUsedOut(Out):
@@ -463,9 +464,9 @@ class CapacityUsedOut(Out):
 
 class SummaryOut(Out):
     resources: dict[str, CapacityUsedOut]
-    traits: list[str] | None = Field(None, description="1.17 and later")
-    parent_provider_uuid: str | None = Field(None, description="1.29 and later")
-    root_provider_uuid: str | None = Field(None, description="1.29 and later")
+    traits: list[str] | None = Field(default=None, description="1.17 and later")
+    parent_provider_uuid: str | None = Field(default=None, description="1.29 and later")
+    root_provider_uuid: str | None = Field(default=None, description="1.29 and later")
 
 
 class CandidatesOut(Out):

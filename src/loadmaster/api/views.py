@@ -1,4 +1,5 @@
-"""Records to JSON, in Placement's shapes where the concept is Placement's."""
+"""Records as the typed answers of ``responses.py``, in Placement's shapes where the
+concept is Placement's: each answer's keys are declared once, by its model."""
 
 from __future__ import annotations
 
@@ -6,6 +7,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
+from loadmaster.api.responses import (
+    ClassUsageOut,
+    FlavorOut,
+    GroupDetail,
+    GroupOut,
+    HostDetail,
+    HostOut,
+    InventoriesOut,
+    InventoryOut,
+    LinkOut,
+    OneInventoryOut,
+    PlacementClassOut,
+    ProviderOut,
+    ResourceClassOut,
+    VmDetail,
+    VmOut,
+)
 from loadmaster.cluster import (
     AllocationRecord,
     ClassUsage,
@@ -19,33 +37,34 @@ from loadmaster.pending import ReconcileResult
 from loadmaster.resources import ResourceClass
 
 
-def resource_class(rc: ResourceClass) -> dict[str, Any]:
-    return {
-        "name": rc.name,
-        "kind": rc.kind,
-        "unit": rc.unit,
-        "description": rc.description,
-        "standard": rc.standard,
-    }
+def resource_class(rc: ResourceClass) -> ResourceClassOut:
+    return ResourceClassOut.model_validate(rc, from_attributes=True)
 
 
-def placement_class(name: str) -> dict[str, Any]:
+def placement_class(name: str) -> PlacementClassOut:
     """Placement's representation of a resource class."""
-    return {"name": name, "links": [{"rel": "self", "href": f"/resource_classes/{name}"}]}
+    return PlacementClassOut(
+        name=name, links=[LinkOut(rel="self", href=f"/resource_classes/{name}")]
+    )
 
 
-def host(host: HostRecord) -> dict[str, Any]:
+def host(host: HostRecord) -> HostOut:
     """loadmaster's view of a host (``/hosts``)."""
-    return {
-        "uuid": host.uuid,
-        "name": host.name,
-        "generation": host.generation,
-        "state": host.state,
-        "parent_provider_uuid": host.parent,
-        "root_provider_uuid": host.root,
-        "traits": list(host.traits),
-        "aggregates": list(host.aggregates),
-    }
+    return HostOut(
+        uuid=host.uuid,
+        name=host.name,
+        generation=host.generation,
+        state=host.state,
+        parent_provider_uuid=host.parent,
+        root_provider_uuid=host.root,
+        traits=list(host.traits),
+        aggregates=list(host.aggregates),
+    )
+
+
+def host_detail(record: HostRecord, status: str, drain: Mapping[str, Any] | None) -> HostDetail:
+    """A host with its drain's progress (``GET /hosts/{host}``)."""
+    return HostDetail.model_validate({**dict(host(record)), "status": status, "drain": drain})
 
 
 # Placement's links of a provider, each from the microversion that brought its path.
@@ -59,94 +78,73 @@ _PROVIDER_LINKS = (
 PARENT_SINCE = (1, 14)
 
 
-def provider(host: HostRecord, version: Version) -> dict[str, Any]:
+def provider(host: HostRecord, version: Version) -> ProviderOut:
     """Placement's representation of a resource provider at ``version``: exactly these
-    keys, since Placement's clients and tests check them all."""
+    keys (the route leaves out what is not set), since Placement's clients and tests
+    check them all."""
     base = f"/resource_providers/{host.uuid}"
-    links = [{"rel": "self", "href": base}]
+    links = [LinkOut(rel="self", href=base)]
     links += [
-        {"rel": rel, "href": f"{base}/{rel}"}
+        LinkOut(rel=rel, href=f"{base}/{rel}")
         for rel, since in _PROVIDER_LINKS
         if version.matches(*since)
     ]
-    body: dict[str, Any] = {
-        "uuid": host.uuid,
-        "name": host.name,
-        "generation": host.generation,
-        "links": links,
-    }
+    out = ProviderOut(uuid=host.uuid, name=host.name, generation=host.generation, links=links)
     if version.matches(*PARENT_SINCE):
-        body["parent_provider_uuid"] = host.parent
-        body["root_provider_uuid"] = host.root
-    return body
+        out.parent_provider_uuid = host.parent
+        out.root_provider_uuid = host.root
+    return out
 
 
-def inventories(host: HostRecord) -> dict[str, Any]:
+def inventories(host: HostRecord) -> InventoriesOut:
     """Placement's inventory set (capacity is in loadmaster's usage views)."""
-    return {
-        "resource_provider_generation": host.generation,
-        "inventories": {name: inv.as_dict() for name, inv in sorted(host.inventories.items())},
-    }
+    return InventoriesOut(
+        resource_provider_generation=host.generation,
+        inventories={
+            name: InventoryOut.model_validate(inv, from_attributes=True)
+            for name, inv in sorted(host.inventories.items())
+        },
+    )
 
 
-def inventory_of(host: HostRecord, resource_class: str) -> dict[str, Any]:
+def inventory_of(host: HostRecord, resource_class: str) -> OneInventoryOut:
     """Placement's one inventory: its fields and the provider's generation."""
-    return {
-        "resource_provider_generation": host.generation,
-        **host.inventories[resource_class].as_dict(),
-    }
+    return OneInventoryOut(
+        resource_provider_generation=host.generation,
+        **InventoryOut.model_validate(
+            host.inventories[resource_class], from_attributes=True
+        ).model_dump(),
+    )
 
 
-def usage(usages: Mapping[str, ClassUsage]) -> dict[str, dict[str, int]]:
+def usage(usages: Mapping[str, ClassUsage]) -> dict[str, ClassUsageOut]:
     return {
-        name: {
-            "capacity": u.capacity,
-            "active": u.active,
-            "pending": u.pending,
-            "used": u.used,
-            "free": u.free,
-        }
+        name: ClassUsageOut.model_validate(u, from_attributes=True)
         for name, u in sorted(usages.items())
     }
 
 
-def flavor(f: FlavorRecord) -> dict[str, Any]:
-    return {
-        "name": f.name,
-        "resources": dict(f.resources),
-        "required_traits": list(f.required_traits),
-        "forbidden_traits": list(f.forbidden_traits),
-        "extra_specs": dict(f.extra_specs),
-        "warnings": list(f.warnings),
-    }
+def flavor(f: FlavorRecord) -> FlavorOut:
+    return FlavorOut.model_validate(f, from_attributes=True)
 
 
-def vm(v: VmRecord) -> dict[str, Any]:
-    return {
-        "uuid": v.uuid,
-        "name": v.name,
-        "project_id": v.project_id,
-        "user_id": v.user_id,
-        "flavor": v.flavor,
-        "state": v.state,
-        "host": v.host,
-        "target_host": v.target_host,
-        "group": v.group,
-        "tags": list(v.tags),
-        "resources": dict(v.resources),
-        "overrides": dict(v.overrides),
-        "generation": v.generation,
-        "fault": v.fault,
-        "created_at": v.created_at.isoformat(),
-        "updated_at": v.updated_at.isoformat(),
-    }
+def vm(v: VmRecord) -> VmOut:
+    return VmOut.model_validate(v, from_attributes=True)
 
 
-def group(g: GroupRecord, members: Iterable[VmRecord] | None = None) -> dict[str, Any]:
-    body = g.to_dict()
-    if members is not None:
-        body["members"] = [m.uuid for m in members]
-    return body
+def vm_detail(v: VmRecord, host_agent: str | None) -> VmDetail:
+    return VmDetail.model_validate({**dict(vm(v)), "host_agent": host_agent})
+
+
+def group(g: GroupRecord, members: Iterable[VmRecord] | None = None) -> GroupOut:
+    if members is None:
+        return GroupOut.model_validate(g, from_attributes=True)
+    return GroupDetail.model_validate(
+        {
+            **dict(GroupOut.model_validate(g, from_attributes=True)),
+            "members": [m.uuid for m in members],
+        }
+    )
 
 
 def allocations(

@@ -35,14 +35,6 @@ class GroupRecord:
     def hard(self) -> bool:
         return not self.policy.startswith("soft-")
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "uuid": self.uuid,
-            "name": self.name,
-            "policy": self.policy,
-            "max_per_host": self.max_per_host,
-        }
-
 
 def validate_policy(policy: object, field: str = "policy") -> str:
     if policy not in GROUP_POLICIES:

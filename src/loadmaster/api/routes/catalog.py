@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
-from loadmaster.api.responses import FlavorList, FlavorOut, GroupDetail, GroupList
+from loadmaster.api.responses import FlavorList, FlavorOut, GroupDetail, GroupList, GroupOut
 from loadmaster.api.schemas import FlavorCreate, GroupCreate
 
 router = APIRouter()
@@ -20,14 +20,14 @@ def list_flavors(lm: LM) -> dict[str, Any]:
 
 
 @router.post("/flavors", status_code=201, tags=["flavors"], response_model=FlavorOut)
-def create_flavor(lm: LM, body: FlavorCreate) -> dict[str, Any]:
+def create_flavor(lm: LM, body: FlavorCreate) -> FlavorOut:
     definition = body.fields()
     unknown_specs = definition.pop("unknown_specs", None)
     return views.flavor(lm.flavors.create(definition, unknown_specs=unknown_specs))
 
 
 @router.get("/flavors/{name}", tags=["flavors"], response_model=FlavorOut)
-def get_flavor(lm: LM, name: str) -> dict[str, Any]:
+def get_flavor(lm: LM, name: str) -> FlavorOut:
     return views.flavor(lm.flavors.get(name))
 
 
@@ -43,13 +43,13 @@ def list_groups(lm: LM) -> dict[str, Any]:
 
 
 @router.post("/server_groups", status_code=201, tags=["server groups"], response_model=GroupDetail)
-def create_group(lm: LM, body: GroupCreate) -> dict[str, Any]:
+def create_group(lm: LM, body: GroupCreate) -> GroupOut:
     group = lm.groups.create(body.name, body.policy, max_per_host=body.max_per_host)
     return views.group(group, members=[])
 
 
 @router.get("/server_groups/{group}", tags=["server groups"], response_model=GroupDetail)
-def get_group(lm: LM, group: str) -> dict[str, Any]:
+def get_group(lm: LM, group: str) -> GroupOut:
     """``group`` is a uuid or a name; ``members`` lists the live VMs' uuids."""
     return views.group(lm.groups.get(group), members=lm.groups.members(group))
 

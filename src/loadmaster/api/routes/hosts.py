@@ -27,14 +27,14 @@ def list_hosts(
 
 
 @router.post("/hosts", status_code=201, response_model=HostOut)
-def create_host(lm: LM, body: HostCreate) -> dict[str, Any]:
+def create_host(lm: LM, body: HostCreate) -> HostOut:
     fields = body.fields()
     parent = fields.pop("parent_provider_uuid", None)
     return views.host(lm.hosts.create(fields.pop("name"), parent=parent, **fields))
 
 
 @router.put("/hosts/{host_name}", response_model=HostOut)
-def update_host(lm: LM, host_name: str, body: HostUpdate) -> dict[str, Any]:
+def update_host(lm: LM, host_name: str, body: HostUpdate) -> HostOut:
     """Change the host's state (up, maintenance, down)."""
     return views.host(
         lm.hosts.set_state(host_name, body.state, generation=body.resource_provider_generation)
@@ -42,7 +42,7 @@ def update_host(lm: LM, host_name: str, body: HostUpdate) -> dict[str, Any]:
 
 
 @router.put("/hosts/{host_name}/traits", response_model=HostOut)
-def set_host_traits(lm: LM, host_name: str, body: HostTraitsPut) -> dict[str, Any]:
+def set_host_traits(lm: LM, host_name: str, body: HostTraitsPut) -> HostOut:
     """Replace the host's traits; with ``resource_provider_generation``, only if the host
     is still as the caller read it."""
     generation = body.resource_provider_generation
@@ -50,7 +50,7 @@ def set_host_traits(lm: LM, host_name: str, body: HostTraitsPut) -> dict[str, An
 
 
 @router.put("/hosts/{host_name}/aggregates", response_model=HostOut)
-def set_host_aggregates(lm: LM, host_name: str, body: HostAggregatesPut) -> dict[str, Any]:
+def set_host_aggregates(lm: LM, host_name: str, body: HostAggregatesPut) -> HostOut:
     """Replace the host's aggregates, by name (``rack-1``) or uuid: loadmaster's own
     aggregates need not be uuids, as Placement's must."""
     generation = body.resource_provider_generation

@@ -16,14 +16,14 @@ router = APIRouter(tags=["maintenance"])
 
 
 @router.get("/hosts/{host_name}", response_model=HostDetail)
-def get_host(lm: LM, host_name: str) -> dict[str, Any]:
+def get_host(lm: LM, host_name: str) -> HostDetail:
     """The host as a provider, plus ``status`` (``draining`` while VMs are still on or
     headed to a host in maintenance) and the VMs left on it."""
     host = lm.hosts.get(host_name)
     if host.parent is not None:  # a child provider (a NUMA cell) is never drained itself
-        return {**views.host(host), "status": host.state, "drain": None}
+        return views.host_detail(host, host.state, None)
     drain = lm.maintenance.status(host.uuid)
-    return {**views.host(host), "status": drain.status, "drain": drain.to_dict()}
+    return views.host_detail(host, drain.status, drain.to_dict())
 
 
 @router.post("/hosts/{host_name}/drain", response_model=DrainOut)

@@ -173,18 +173,20 @@ def create_provider(lm: LM, request: Request, body: ProviderCreate) -> Response 
     host = lm.hosts.create(fields.pop("name"), parent=parent, **fields)
     location = {"location": absolute(request, f"/resource_providers/{host.uuid}")}
     if version.matches(*PROVIDER_BODY_SINCE):
-        return JSONResponse(views.provider(host, version), headers=location)
+        return JSONResponse(
+            views.provider(host, version).model_dump(exclude_unset=True), headers=location
+        )
     return Response(status_code=201, headers=location)
 
 
 @router.get(PROVIDER, response_model=ProviderOut, response_model_exclude_unset=True)
-def get_provider(lm: LM, provider: str) -> dict[str, Any]:
+def get_provider(lm: LM, provider: str) -> ProviderOut:
     """``provider`` is a uuid (or, for loadmaster's callers, a name)."""
     return views.provider(lm.hosts.get(provider), microversion.current())
 
 
 @router.put(PROVIDER, response_model=ProviderOut, response_model_exclude_unset=True)
-def update_provider(lm: LM, provider: str, body: ProviderPut) -> dict[str, Any]:
+def update_provider(lm: LM, provider: str, body: ProviderPut) -> ProviderOut:
     """Rename the provider, give it a parent (from 1.14), move it to another parent or
     make it a root (from 1.37)."""
     version = microversion.current()
@@ -217,14 +219,14 @@ def delete_provider(lm: LM, provider: str) -> Response:
 
 
 @router.get(PROVIDER + "/inventories", response_model=InventoriesOut)
-def get_inventories(lm: LM, provider: str) -> dict[str, Any]:
+def get_inventories(lm: LM, provider: str) -> InventoriesOut:
     return views.inventories(lm.hosts.get(provider))
 
 
 @router.post(PROVIDER + "/inventories", status_code=201, response_model=OneInventoryOut)
 def post_inventory(
     lm: LM, request: Request, provider: str, body: InventoryPost, response: Response
-) -> dict[str, Any]:
+) -> OneInventoryOut:
     """Add one class's inventory; 409 if the provider has one already."""
     fields = body.fields()
     # Optional here, unlike Placement's other inventory writes.
@@ -242,7 +244,7 @@ def post_inventory(
 
 
 @router.put(PROVIDER + "/inventories", response_model=InventoriesOut)
-def put_inventories(lm: LM, provider: str, body: InventoriesPut) -> dict[str, Any]:
+def put_inventories(lm: LM, provider: str, body: InventoriesPut) -> InventoriesOut:
     wanted = {name: inv.fields() for name, inv in body.inventories.items()}
     _reserved_below_total(body.inventories, UPDATE_INVENTORY, provider)
     with _placement_words(UPDATE_INVENTORY, provider):
@@ -260,7 +262,7 @@ def delete_inventories(lm: LM, provider: str) -> Response:
 
 
 @router.get(PROVIDER + "/inventories/{resource_class}", response_model=OneInventoryOut)
-def get_inventory(lm: LM, provider: str, resource_class: str) -> dict[str, Any]:
+def get_inventory(lm: LM, provider: str, resource_class: str) -> OneInventoryOut:
     host = lm.hosts.get(provider)
     if resource_class not in host.inventories:
         raise NotFound(
@@ -271,7 +273,9 @@ def get_inventory(lm: LM, provider: str, resource_class: str) -> dict[str, Any]:
 
 
 @router.put(PROVIDER + "/inventories/{resource_class}", response_model=OneInventoryOut)
-def put_inventory(lm: LM, provider: str, resource_class: str, body: InventoryPut) -> dict[str, Any]:
+def put_inventory(
+    lm: LM, provider: str, resource_class: str, body: InventoryPut
+) -> OneInventoryOut:
     """Replace the inventory of a class the provider has (400 if it has none)."""
     fields = body.fields()
     generation = fields.pop("resource_provider_generation")
@@ -372,6 +376,6 @@ def get_usages(lm: LM, provider: str) -> dict[str, Any]:
     split = views.usage(lm.hosts.usage(host.uuid))
     return {
         "resource_provider_generation": host.generation,
-        "usages": {name: u["used"] for name, u in split.items()},
+        "usages": {name: u.used for name, u in split.items()},
         "classes": split,
     }

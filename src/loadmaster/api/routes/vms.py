@@ -58,22 +58,22 @@ def list_vms(
 
 
 @router.post("/vms", status_code=201, tags=["vms"], response_model=VmOut)
-def create_vm(lm: LM, body: VmSpec) -> dict[str, Any]:
+def create_vm(lm: LM, body: VmSpec) -> VmOut:
     """Created ``requested``: it holds nothing until started."""
     return views.vm(lm.vms.create_many([body])[0])
 
 
 @router.get(VM, tags=["vms"], response_model=VmDetail)
-def get_vm(lm: LM, uuid: str) -> dict[str, Any]:
+def get_vm(lm: LM, uuid: str) -> VmDetail:
     """``host_agent``: ``ok``, ``silent`` (its host's agent has not been heard from for a
     while; the VM's claim is kept) or ``none``; null when it is on no host."""
     vm = lm.vms.get(uuid)
     agent = lm.host_agents.status(vm.host).status if vm.host else None
-    return {**views.vm(vm), "host_agent": agent}
+    return views.vm_detail(vm, agent)
 
 
 @router.put(VM + "/tags", tags=["vms"], response_model=VmOut)
-def set_vm_tags(lm: LM, uuid: str, body: VmTags) -> dict[str, Any]:
+def set_vm_tags(lm: LM, uuid: str, body: VmTags) -> VmOut:
     """Replace the VM's tags (its SLA tier and priority among them). Its host's agent
     writes them into the domain's metadata, where the SLA policy reads them, within a
     cycle."""
@@ -111,7 +111,7 @@ def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None
 
 
 @router.post(VM + "/up", tags=["vms"], response_model=VmOut)
-def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> dict[str, Any]:
+def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> VmOut:
     """The VM runs: its pending records become active (a migration completes). With
     ``host`` (agents send it) the claim must be on that host, else 409: a VM whose claim
     moved elsewhere meanwhile cannot come up where it no longer belongs."""
@@ -120,7 +120,7 @@ def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> dict
 
 
 @router.post(VM + "/stop", tags=["vms"], response_model=VmOut)
-def stop_vm(lm: LM, uuid: str) -> dict[str, Any]:
+def stop_vm(lm: LM, uuid: str) -> VmOut:
     return views.vm(lm.allocations.stop(uuid))
 
 

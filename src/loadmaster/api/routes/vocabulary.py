@@ -55,7 +55,7 @@ def create_resource_class(lm: LM, request: Request, body: PlacementClassCreate) 
 
 
 @router.get("/resource_classes/{name}", openapi_extra=SINCE_1_2, response_model=PlacementClassOut)
-def get_resource_class(lm: LM, name: str) -> dict[str, Any]:
+def get_resource_class(lm: LM, name: str) -> PlacementClassOut:
     return views.placement_class(lm.resource_classes.get(name).name)
 
 
@@ -90,7 +90,7 @@ def put_resource_class(
                 [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
             ) from None
         renamed = lm.resource_classes.rename(name, rename.name)
-        return JSONResponse(views.placement_class(renamed.name))
+        return JSONResponse(views.placement_class(renamed.name).model_dump())
     check_class_name(name)
     _, created = lm.resource_classes.put(name)
     return Response(status_code=201 if created else 204, headers=_class_location(request, name))
@@ -114,18 +114,18 @@ def list_classes(lm: LM) -> dict[str, Any]:
 
 
 @router.post("/classes", status_code=201, response_model=ResourceClassOut)
-def create_class(lm: LM, body: ResourceClassCreate) -> dict[str, Any]:
+def create_class(lm: LM, body: ResourceClassCreate) -> ResourceClassOut:
     fields = body.fields()
     return views.resource_class(lm.resource_classes.create(fields.pop("name"), **fields))
 
 
 @router.get("/classes/{name}", response_model=ResourceClassOut)
-def get_class(lm: LM, name: str) -> dict[str, Any]:
+def get_class(lm: LM, name: str) -> ResourceClassOut:
     return views.resource_class(lm.resource_classes.get(name))
 
 
 @router.put("/classes/{name}", response_model=ResourceClassOut)
-def put_class(lm: LM, name: str, body: ResourceClassFields | None = None) -> dict[str, Any]:
+def put_class(lm: LM, name: str, body: ResourceClassFields | None = None) -> ResourceClassOut:
     """Idempotent create: the same fields again change nothing; other fields are 409."""
     fields = body.fields() if body is not None else {}
     return views.resource_class(lm.resource_classes.create(name, **fields))
