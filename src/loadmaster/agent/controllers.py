@@ -140,6 +140,16 @@ class Controller:
     def _last(self, target: str, control: str, sampled: Any) -> Any:
         return self._applied.get((target, control), sampled)
 
+    def _changed(
+        self, guest: GuestInfo, wanted: Mapping[str, Any], sampled: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The controls in ``wanted`` whose value differs from what is in force."""
+        return {
+            control: value
+            for control, value in wanted.items()
+            if value != self._last(guest.uuid, control, sampled.get(control))
+        }
+
     def _carry_out(
         self,
         out: Outcome,
@@ -281,14 +291,12 @@ class CpuTuneController(HypervisorController):
             guest = ctx.guests.get(name)
             if guest is None:
                 continue
-            stats = ctx.snapshots[name].stats
-            changed: dict[str, int] = {}
-            for control, translate in self._CONTROLS:
-                if controls.get(control) is None:
-                    continue
-                value = translate(controls[control])
-                if value != self._last(guest.uuid, control, stats.get(control)):
-                    changed[control] = value
+            wanted = {
+                control: translate(controls[control])
+                for control, translate in self._CONTROLS
+                if controls.get(control) is not None
+            }
+            changed = self._changed(guest, wanted, ctx.snapshots[name].stats)
             if not changed:
                 continue
             self._carry_out(
@@ -514,12 +522,7 @@ class NumaTuneController(HypervisorController):
             except ValueError as exc:
                 out.failures.append(Failure(self.name, guest.name, f"refused: {exc}"))
                 continue
-            props = ctx.snapshots[name].properties
-            changed = {
-                control: value
-                for control, value in wanted.items()
-                if value != self._last(guest.uuid, control, props.get(control))
-            }
+            changed = self._changed(guest, wanted, ctx.snapshots[name].properties)
             if not changed:
                 continue
             self._carry_out(

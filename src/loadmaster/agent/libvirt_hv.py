@@ -249,12 +249,13 @@ class LibvirtHypervisor:
             self._domains[uuid] = dom
         return dom
 
+    def _listed(self, what: str, flag: str) -> list[Any]:
+        """``listAllDomains`` with one of libvirt's ``VIR_CONNECT_LIST_DOMAINS_*`` flags."""
+        flags = getattr(self._libvirt, f"VIR_CONNECT_LIST_DOMAINS_{flag}")
+        return self._call(what, lambda: self._conn.listAllDomains(flags))
+
     def list_guests(self) -> list[GuestInfo]:
-        lv = self._libvirt
-        domains = self._call(
-            "list domains",
-            lambda: self._conn.listAllDomains(lv.VIR_CONNECT_LIST_DOMAINS_ACTIVE),
-        )
+        domains = self._listed("list domains", "ACTIVE")
         guests = []
         seen: dict[str, Any] = {}
         for dom in domains:
@@ -455,11 +456,7 @@ class LibvirtHypervisor:
             dom.undefine()
 
     def stopped_guests(self) -> list[str]:
-        lv = self._libvirt
-        domains = self._call(
-            "list stopped domains",
-            lambda: self._conn.listAllDomains(lv.VIR_CONNECT_LIST_DOMAINS_INACTIVE),
-        )
+        domains = self._listed("list stopped domains", "INACTIVE")
         found = []
         for dom in domains:
             uuid = dom.UUIDString()

@@ -332,11 +332,7 @@ class FlavorService:
             # Locked first, so a VM being created with this flavor (its foreign key holds
             # the row FOR KEY SHARE) commits before we count the users, or waits for us.
             row = lookup.flavor_row(session, name, lock=True)
-            users = session.scalar(
-                select(func.count())
-                .select_from(VmRow)
-                .where(VmRow.flavor_id == row.id, VmRow.state != "deleted")
-            )
+            users = lookup.live_vms_using(session, VmRow.flavor_id, row.id)
             if users:
                 raise Conflict(f"flavor {name} is used by {users} VMs", field="name")
             # Deleted VMs let go of the flavor but stay: a retried DELETE /vms/{uuid}

@@ -12,7 +12,7 @@ import builtins
 import uuid as uuidlib
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import VmRecord
@@ -121,11 +121,7 @@ class GroupService:
                 .with_for_update()
             )
             row = lookup.group_row(session, ident, lock=True)
-            live = session.scalar(
-                select(func.count())
-                .select_from(VmRow)
-                .where(VmRow.group_id == row.id, VmRow.state != "deleted")
-            )
+            live = lookup.live_vms_using(session, VmRow.group_id, row.id)
             if live:
                 raise Conflict(
                     f"server group {row.name} still has {live} member VMs", field="group"

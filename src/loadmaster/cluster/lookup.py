@@ -115,6 +115,19 @@ def group_row(
     return row
 
 
+def live_vms_using(session: Session, column: Any, row_id: int) -> int:
+    """How many VMs not deleted have ``column`` (a foreign key of ``VmRow``) = ``row_id``:
+    what keeps a flavor or a server group from being deleted."""
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(VmRow)
+            .where(column == row_id, VmRow.state != "deleted")
+        )
+        or 0
+    )
+
+
 def class_ids(session: Session) -> dict[str, int]:
     return {
         name: id_
