@@ -475,12 +475,7 @@ class LibvirtHypervisor:
         self._forget(uuid)
         # Asked before destroying: a transient domain is gone once destroyed.
         persistent = self._call(f"remove {uuid}: persistence", dom.isPersistent)
-        try:
-            dom.destroy()
-        except lv.libvirtError as exc:
-            # Already off (or stopped between the lookup and here) is what was wanted.
-            if exc.get_error_code() not in (lv.VIR_ERR_OPERATION_INVALID, lv.VIR_ERR_NO_DOMAIN):
-                raise HypervisorError(f"remove {uuid}: destroy: {exc}") from exc
+        self._destroy(dom, f"remove {uuid}: destroy")
         if persistent:
             try:
                 dom.undefine()
@@ -590,13 +585,18 @@ class LibvirtHypervisor:
             # The guest runs there; a definition left here is only a stale record.
             self._undefine_quietly(dom)
 
-    def _stop_after_move(self, dom: Any, persistent: bool, what: str) -> None:
+    def _destroy(self, dom: Any, what: str) -> None:
+        """Power the domain off; already off (or stopped since it was looked up) is what
+        was wanted, not an error."""
         lv = self._libvirt
         try:
             dom.destroy()
         except lv.libvirtError as exc:
             if exc.get_error_code() not in (lv.VIR_ERR_OPERATION_INVALID, lv.VIR_ERR_NO_DOMAIN):
-                raise HypervisorError(f"{what}: cold move, stop here: {exc}") from exc
+                raise HypervisorError(f"{what}: {exc}") from exc
+
+    def _stop_after_move(self, dom: Any, persistent: bool, what: str) -> None:
+        self._destroy(dom, f"{what}: cold move, stop here")
         if persistent:
             self._undefine_quietly(dom)
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -335,14 +335,7 @@ class FlavorService:
             users = lookup.live_vms_using(session, VmRow.flavor_id, row.id)
             if users:
                 raise Conflict(f"flavor {name} is used by {users} VMs", field="name")
-            # Deleted VMs let go of the flavor but stay: a retried DELETE /vms/{uuid}
-            # still finds its VM (204, not 404).
-            session.execute(
-                update(VmRow)
-                .where(VmRow.flavor_id == row.id, VmRow.state == "deleted")
-                .values(flavor_id=None)
-                .execution_options(synchronize_session=False)
-            )
+            lookup.let_go_of(session, VmRow.flavor_id, row.id)
             session.delete(row)
 
 

@@ -12,7 +12,7 @@ import builtins
 import uuid as uuidlib
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import VmRecord
@@ -126,10 +126,5 @@ class GroupService:
                 raise Conflict(
                     f"server group {row.name} still has {live} member VMs", field="group"
                 )
-            session.execute(
-                update(VmRow)
-                .where(VmRow.group_id == row.id, VmRow.state == "deleted")
-                .values(group_id=None)
-                .execution_options(synchronize_session=False)
-            )
+            lookup.let_go_of(session, VmRow.group_id, row.id)
             session.delete(row)

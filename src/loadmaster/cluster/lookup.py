@@ -6,7 +6,7 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.errors import NotFound, ValidationError
@@ -125,6 +125,17 @@ def live_vms_using(session: Session, column: Any, row_id: int) -> int:
             .where(column == row_id, VmRow.state != "deleted")
         )
         or 0
+    )
+
+
+def let_go_of(session: Session, column: Any, row_id: int) -> None:
+    """Deleted VMs stop pointing at the row about to go (``column`` = ``row_id`` -> null),
+    but stay: a retried ``DELETE /vms/{uuid}`` still finds its VM (204, not 404)."""
+    session.execute(
+        update(VmRow)
+        .where(column == row_id, VmRow.state == "deleted")
+        .values({column.key: None})
+        .execution_options(synchronize_session=False)
     )
 
 
