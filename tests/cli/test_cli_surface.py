@@ -15,7 +15,8 @@ import typer
 from cli_helpers import ADMIN, READER, run_cli
 from typer.testing import CliRunner
 
-from loadmaster.cli import app, main, remote
+from loadmaster.cli import app, main
+from loadmaster.cli.remote import hosts as host_commands
 from loadmaster.policy import shipped_policy_dir
 
 runner = CliRunner()
@@ -157,7 +158,7 @@ def test_unexpected_errors_are_one_line_unless_debug(
     def broken() -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(remote, "api", broken)
+    monkeypatch.setattr(host_commands, "api", broken)
     monkeypatch.setattr(sys, "argv", ["loadmaster", "host", "list"])
     with pytest.raises(SystemExit) as exited:
         main()

@@ -117,6 +117,13 @@ class RemoteGroup(TyperGroup):
             command.params.extend(_remote_params())
 
 
+def remote_group(name: str, help_text: str) -> typer.Typer:
+    """``loadmaster <name> ...``: a group of commands that talk to the API."""
+    group = typer.Typer(help=help_text, no_args_is_help=True, cls=RemoteGroup)
+    app.add_typer(group, name=name)
+    return group
+
+
 def api() -> ApiClient:
     """The client configured by the options of the running command: one per process (one
     command runs per invocation), so a command's calls share its connection."""

@@ -16,7 +16,7 @@ import typer
 
 from loadmaster.cli.app import RemoteCommand, api, app, chosen
 from loadmaster.cli.client import Exit, err_console, exit_code_for, fail, print_json
-from loadmaster.cli.remote import JsonOpt, show
+from loadmaster.cli.output import JsonOpt, show
 from loadmaster.errors import LoadmasterError
 from loadmaster.settings import OPTIONS, default, env_name, load_settings
 

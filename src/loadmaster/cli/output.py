@@ -1,0 +1,114 @@
+"""What the commands print: JSON for scripts, tables for people (rich loads only when a
+table is printed), and the parsing of KEY=VALUE options."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import cache
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from loadmaster.cli.client import Exit, fail, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON (for scripts)")]
+VmArg = Annotated[str, typer.Argument(help="the VM's uuid or (unique) name")]
+HostArg = Annotated[str, typer.Argument(help="the host's name or uuid")]
+GroupArg = Annotated[str, typer.Argument(help="the server group's name or uuid")]
+
+
+@cache
+def console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, markup=False)  # names from the server are not markup
+
+
+def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Iterable[Any]) -> None:
+    """JSON as the server sent it, or a table for people. A table wider than the terminal
+    is printed wide rather than cut: a class or VM name must be read whole."""
+    if as_json:
+        print_json(data)
+        return
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    table = Table()
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*(cell(v) for v in row))
+    from rich.console import Console
+
+    out = Console(highlight=False, markup=False)
+    out.width = max(
+        out.width, Measurement.get(out, out.options.update_width(10_000), table).maximum
+    )
+    # The title on a line of its own: as the table's title it would wrap at its width.
+    out.print(title, soft_wrap=True)
+    out.print(table)
+
+
+def say(text: str) -> None:
+    console().print(text, soft_wrap=True)
+
+
+def cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+def pairs(items: list[str], what: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"{what} {item!r}: write KEY=VALUE", Exit.USAGE)
+        pairs[key] = value
+    return pairs
+
+
+def integer(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        fail(f"{what}: {text!r} is not an integer", Exit.USAGE)
+
+
+def number(text: str, what: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            fail(f"{what}: {text!r} is not a number", Exit.USAGE)
+
+
+def parse_inventory(item: str) -> tuple[str, dict[str, int | float]]:
+    """``VCPU=32`` or ``VCPU=32,allocation_ratio=4,reserved=2``."""
+    name, sep, rest = item.partition("=")
+    if not sep or not name or not rest:
+        fail(f"--inventory {item!r}: write CLASS=TOTAL[,field=value...]", Exit.USAGE)
+    total, *options = rest.split(",")
+    inventory: dict[str, int | float] = {"total": integer(total, f"{name} total")}
+    for key, value in pairs(options, f"--inventory {name}").items():
+        inventory[key] = number(value, f"{name}.{key}")
+    return name, inventory
+
+
+VM_COLUMNS = ("name", "state", "host", "flavor", "group", "tags", "uuid")
+
+
+def vm_row(v: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A VM's line in a table of VMs (``VM_COLUMNS``)."""
+    host = v["host"] if not v.get("target_host") else f"{v['host']} -> {v['target_host']}"
+    return (v["name"], v["state"], host, v["flavor"], v["group"], v["tags"], v["uuid"])

@@ -1,0 +1,343 @@
+"""``loadmaster host ...``: hosts (resource providers), their inventories, traits,
+aggregates and state, and draining one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Annotated, Any
+
+import typer
+
+from loadmaster.cli.app import api, remote_group
+from loadmaster.cli.client import Exit, err_console, fail, format_explanation, print_json
+from loadmaster.cli.output import (
+    VM_COLUMNS,
+    HostArg,
+    JsonOpt,
+    cell,
+    parse_inventory,
+    say,
+    show,
+    vm_row,
+)
+
+host_app = remote_group(
+    "host", "Hosts (resource providers) and their child providers (NUMA cells)."
+)
+
+
+@host_app.command("list")
+def host_list(
+    state: Annotated[str | None, typer.Option(help="up, maintenance or down")] = None,
+    aggregate: Annotated[str | None, typer.Option(help="only hosts in this aggregate")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hosts and child providers; a child names its parent."""
+    data = api().get("/hosts", state=state, member_of=aggregate)
+    providers = data["hosts"]
+    names = {h["uuid"]: h["name"] for h in providers}
+    rows = [
+        (
+            h["name"],
+            names.get(h["parent_provider_uuid"], h["parent_provider_uuid"]),
+            h["state"],
+            h["generation"],
+            h["traits"],
+            h["aggregates"],
+            h["uuid"],
+        )
+        for h in providers
+    ]
+    columns = ("name", "parent", "state", "gen", "traits", "aggregates", "uuid")
+    show(data, as_json, "Hosts", columns, rows)
+
+
+@host_app.command("tree")
+def host_tree(as_json: JsonOpt = False) -> None:
+    """Hosts with their child providers (NUMA cells) beneath them."""
+    data = api().get("/hosts")
+    if as_json:
+        print_json(data)
+        return
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for h in data["hosts"]:
+        children.setdefault(h["parent_provider_uuid"], []).append(h)
+
+    def lines(parent: str | None, depth: int) -> Iterable[str]:
+        for h in children.get(parent, []):
+            yield f"{'  ' * depth}{h['name']} ({h['state']})"
+            yield from lines(h["uuid"], depth + 1)
+
+    for line in lines(None, 0):
+        say(line)
+
+
+@host_app.command("show")
+def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
+    """Inventories, usage per class (pending counted as used) and its agent's status."""
+    client = api()
+    host = client.get(f"/hosts/{name}")
+    usages = client.get(f"/resource_providers/{name}/usages")
+    inventories = client.get(f"/resource_providers/{name}/inventories")["inventories"]
+    agent = client.get(f"/hosts/{name}/agent")
+    data = {**host, "inventories": inventories, "usages": usages["classes"], "agent": agent}
+    rows = [
+        (
+            rc,
+            inv["total"],
+            inv["reserved"],
+            inv["allocation_ratio"],
+            u.get("capacity"),
+            u.get("active"),
+            u.get("pending"),
+            u.get("free"),
+        )
+        for rc, inv in inventories.items()
+        for u in [usages["classes"].get(rc, {})]
+    ]
+    seen = f", last heard {agent['last_seen_at']}" if agent["last_seen_at"] else ""
+    title = (
+        f"{host['name']} ({host['state']}, generation {host['generation']}; "
+        f"agent {agent['status']}{seen})"
+    )
+    show(
+        data,
+        as_json,
+        title,
+        ("class", "total", "reserved", "ratio", "capacity", "active", "pending", "free"),
+        rows,
+    )
+
+
+@host_app.command("create")
+def host_create(
+    name: Annotated[str, typer.Argument(help="the new host's (unique) name")],
+    inventory: Annotated[
+        list[str],
+        typer.Option(
+            "--inventory",
+            "-i",
+            help="CLASS=TOTAL[,allocation_ratio=4,reserved=2,min_unit=,max_unit=,step_size=]",
+        ),
+    ],
+    trait: Annotated[list[str] | None, typer.Option("--trait", "-t", help="a trait it has")] = None,
+    aggregate: Annotated[
+        list[str] | None, typer.Option("--aggregate", "-a", help="an aggregate it belongs to")
+    ] = None,
+    parent: Annotated[
+        str | None,
+        typer.Option(help="make it a child provider (a NUMA cell) of this host"),
+    ] = None,
+    state: Annotated[str, typer.Option(help="up, maintenance or down")] = "up",
+    as_json: JsonOpt = False,
+) -> None:
+    """Register a host (or, with --parent, a child provider) by hand."""
+    body = {
+        "name": name,
+        "state": state,
+        "inventories": dict(parse_inventory(i) for i in inventory),
+        "traits": trait or [],
+        "aggregates": aggregate or [],
+    }
+    if parent is not None:
+        body["parent_provider_uuid"] = api().get(f"/resource_providers/{parent}")["uuid"]
+    host = api().post("/hosts", body)
+    show(host, as_json, "Host created", ("name", "uuid"), [(host["name"], host["uuid"])])
+
+
+@host_app.command("delete")
+def host_delete(name: HostArg) -> None:
+    """Delete a host that holds nothing (no claims, no child providers)."""
+    api().delete(f"/resource_providers/{name}")
+    say(f"host {name} deleted")
+
+
+@host_app.command("set-inventory")
+def host_set_inventory(
+    name: HostArg,
+    inventory: Annotated[
+        str,
+        typer.Argument(
+            help="CLASS=TOTAL[,allocation_ratio=4,reserved=2,...]: the class's whole new "
+            "inventory (fields left out take their defaults)"
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Set one class's inventory on a host. Sent with the generation just read: a host
+    changed in between exits 4 instead of losing the other change; shrinking below what
+    is allocated is refused."""
+    resource_class, fields = parse_inventory(inventory)
+    client = api()
+    generation = client.get(f"/resource_providers/{name}")["generation"]
+    body = {**fields, "resource_provider_generation": generation}
+    inv = client.put(f"/resource_providers/{name}/inventories/{resource_class}", body)
+    # Placement's answer has no capacity; it is what the ledger counts against.
+    capacity = int((inv["total"] - inv["reserved"]) * inv["allocation_ratio"])
+    rows = [(resource_class, inv["total"], inv["allocation_ratio"], capacity)]
+    columns = ("class", "total", "ratio", "capacity")
+    show(inv, as_json, f"{name}: inventory set", columns, rows)
+
+
+@host_app.command("remove-inventory")
+def host_remove_inventory(
+    name: HostArg,
+    resource_class: Annotated[str, typer.Argument(help="the class to remove from the host")],
+) -> None:
+    """Remove one class from a host (refused while anything is allocated from it)."""
+    client = api()
+    generation = client.get(f"/resource_providers/{name}")["generation"]
+    client.delete(
+        f"/resource_providers/{name}/inventories/{resource_class}",
+        resource_provider_generation=generation,
+    )
+    say(f"{name}: {resource_class} removed")
+
+
+@host_app.command("report")
+def host_report(name: HostArg, as_json: JsonOpt = False) -> None:
+    """What the host's agent last said: its status (ok, silent, none), hypervisor and
+    when it was last heard from, with the VMs on the host or coming to it."""
+    client = api()
+    agent = client.get(f"/hosts/{name}/agent")
+    vms = client.get("/vms", host=name, incoming=True)["vms"]
+    data = {"agent": agent, "vms": vms}
+    seen = agent["last_seen_at"] or "never"
+    title = (
+        f"{name}: agent {agent['status']} ({agent['hypervisor_uri'] or 'no hypervisor'}), "
+        f"last heard {seen}; {len(vms)} VMs"
+    )
+    show(data, as_json, title, VM_COLUMNS, [vm_row(v) for v in vms])
+
+
+@host_app.command("state")
+def host_state(
+    name: HostArg, state: Annotated[str, typer.Argument(help="up, maintenance or down")]
+) -> None:
+    """Set a host's state: only up hosts take new VMs."""
+    host = api().put(f"/hosts/{name}", {"state": state})
+    say(f"host {host['name']} is {host['state']} (generation {host['generation']})")
+
+
+@host_app.command("drain")
+def host_drain(
+    name: HostArg,
+    force: Annotated[
+        bool, typer.Option("--force", help="stop the VMs that fit nowhere else")
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="follow the migrations until none is left")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 600.0,
+    interval: Annotated[float, typer.Option(help="seconds between two looks")] = 1.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Put HOST in maintenance and place every VM on it elsewhere in one batch; the host
+    agents carry out the migrations. Draining again places what is left (an aborted
+    migration, a VM that did not fit before). Exits 4 if VMs are left on the host: VMs
+    that fit nowhere (listed with the scheduler's explanation) or, with --wait, migrations
+    still under way at the timeout or aborted."""
+    if timeout < 0 or interval <= 0:
+        fail("--timeout must be at least 0 and --interval above 0", Exit.USAGE)
+    client = api()
+    result = client.post(f"/hosts/{name}/drain", {"force": force})
+    final = _follow_drain(name, result, timeout, interval, quiet=as_json) if wait else None
+    if as_json:
+        print_json({**result, "final": final} if wait else result)
+    else:
+        _print_drain(name, result, final)
+    left = (final or result)["vms_left"]
+    if left:
+        raise typer.Exit(int(Exit.CONFLICT))
+
+
+def _follow_drain(
+    name: str, result: dict[str, Any], timeout: float, interval: float, *, quiet: bool
+) -> dict[str, Any]:
+    """Poll the host until no migration from or to it is under way (or the timeout); a
+    progress bar shows the migrations done. Returns the host's last drain status."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    client = api()
+    status: dict[str, Any] = client.get(f"/hosts/{name}")["drain"]
+    total = status["migrating"]
+    deadline = time.monotonic() + timeout
+    with Progress(
+        TextColumn(f"draining {name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("migrations done"),
+        TimeElapsedColumn(),
+        console=err_console(),
+        disable=quiet or total == 0,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("drain", total=total)
+        while status["migrating"] and time.monotonic() < deadline:
+            time.sleep(min(interval, max(deadline - time.monotonic(), 0)))
+            status = client.get(f"/hosts/{name}")["drain"]
+            progress.update(task, completed=max(total - status["migrating"], 0))
+    return status
+
+
+def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None) -> None:
+    moved, names = result["moved"], result.get("names", {})
+    if moved:
+        show(
+            result,
+            False,
+            f"{len(moved)} VMs placed elsewhere",
+            ("vm", "destination"),
+            sorted((names.get(vm, vm), host) for vm, host in moved.items()),
+        )
+    for u in result["unplaced"]:
+        what = "fits nowhere, stopped (--force)" if u["stopped"] else "fits nowhere"
+        why = format_explanation(u["explanation"]) if u["explanation"] else u["reason"]
+        say(f"VM {names.get(u['vm'], u['vm'])} {what}: {why}")
+    if result["in_flight"]:
+        say(f"{len(result['in_flight'])} migrations were already under way")
+    status = final or result
+    say(
+        f"host {name} is {status['status']}: {status['vms_left']} VMs left, "
+        f"{status['migrating']} migrating"
+    )
+
+
+def _replace_set(name: str, kind: str, values: list[str]) -> Any:
+    """Read the host's generation, then write the whole set with it; a host changed in
+    between answers 409 (exit 4) instead of losing someone else's change."""
+    client = api()
+    current = client.get(f"/hosts/{name}")
+    return client.put(
+        f"/hosts/{name}/{kind}",
+        {"resource_provider_generation": current["generation"], kind: values},
+    )
+
+
+@host_app.command("set-traits")
+def host_set_traits(
+    name: HostArg,
+    traits: Annotated[list[str] | None, typer.Argument(help="the host's new traits")] = None,
+) -> None:
+    """Replace the host's traits (none given: clear them)."""
+    result = _replace_set(name, "traits", traits or [])
+    say(f"{name}: traits {cell(result['traits'])}")
+
+
+@host_app.command("set-aggregates")
+def host_set_aggregates(
+    name: HostArg,
+    aggregates: Annotated[
+        list[str] | None, typer.Argument(help="the host's new aggregates")
+    ] = None,
+) -> None:
+    """Replace the host's aggregates (none given: clear them)."""
+    result = _replace_set(name, "aggregates", aggregates or [])
+    say(f"{name}: aggregates {cell(result['aggregates'])}")

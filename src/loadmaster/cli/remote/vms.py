@@ -1,0 +1,177 @@
+"""``loadmaster vm ...``: VMs and their lifecycle."""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from typing import Annotated, Any
+
+import typer
+
+from loadmaster.cli.app import api, remote_group
+from loadmaster.cli.client import Exit, fail
+from loadmaster.cli.output import VM_COLUMNS, JsonOpt, VmArg, say, show, vm_row
+
+vm_app = remote_group("vm", "VMs and their lifecycle.")
+
+
+def vm_uuid(ident: str, vms: list[dict[str, Any]] | None = None) -> str:
+    """A VM's uuid from its uuid or its (unique) name, looked up by the server; ``vms``
+    is the VM list when the caller has it already (many names, one request)."""
+    try:
+        return str(uuidlib.UUID(ident))
+    except ValueError:
+        pass
+    listed = api().get("/vms", name=ident, limit=2)["vms"] if vms is None else vms
+    matches = [v["uuid"] for v in listed if v["name"] == ident]
+    if not matches:
+        fail(f"no VM is named {ident!r}", Exit.NOT_FOUND)
+    if len(matches) > 1:
+        fail(f"{len(matches)} VMs are named {ident!r}; give the uuid", Exit.USAGE)
+    return matches[0]
+
+
+@vm_app.command("list")
+def vm_list(
+    state: Annotated[str | None, typer.Option(help="only VMs in this state")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="only VMs on this host or migrating to it")
+    ] = None,
+    project: Annotated[str | None, typer.Option(help="only this project's VMs")] = None,
+    group: Annotated[str | None, typer.Option(help="only this server group's VMs")] = None,
+    tag: Annotated[str | None, typer.Option(help="only VMs with this tag")] = None,
+    name: Annotated[str | None, typer.Option(help="only VMs of this name")] = None,
+    limit: Annotated[int | None, typer.Option(min=0, help="at most this many")] = None,
+    offset: Annotated[int, typer.Option(min=0, help="skip this many first (oldest first)")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """VMs, oldest first; the server filters and pages. A migrating VM shows
+    SOURCE -> DESTINATION."""
+    data = api().get(
+        "/vms",
+        state=state,
+        host=host,
+        incoming=host is not None or None,
+        project_id=project,
+        group=group,
+        tag=tag,
+        name=name,
+        limit=limit,
+        offset=offset or None,
+    )
+    show(data, as_json, "VMs", VM_COLUMNS, [vm_row(v) for v in data["vms"]])
+
+
+@vm_app.command("show")
+def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
+    """A VM, its last fault and what it holds on which host (active, pending)."""
+    client = api()
+    uuid = vm_uuid(vm)
+    data = {**client.get(f"/vms/{uuid}"), "allocations": client.get(f"/vms/{uuid}/allocations")}
+    rows = [
+        (alloc["name"], state, amounts)
+        for alloc in data["allocations"]["allocations"].values()
+        for state in ("active", "pending")
+        for amounts in [alloc[state]]
+        if amounts
+    ]
+    title = f"VM {data['name']} ({data['state']}, host {data['host'] or '-'}) {uuid}"
+    if data.get("fault"):
+        title += f"\nlast fault: {data['fault']}"
+    show(data, as_json, title, ("host", "state", "resources"), rows)
+
+
+@vm_app.command("create")
+def vm_create(
+    name: Annotated[str, typer.Argument(help="the new VM's name")],
+    flavor: Annotated[str, typer.Option("--flavor", "-f", help="its flavor")],
+    group: Annotated[str | None, typer.Option(help="server group it joins")] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", help="a tag, e.g. gold or priority:2")
+    ] = None,
+    project: Annotated[str, typer.Option(help="project it is counted against")] = "default",
+    user: Annotated[str, typer.Option(help="user who owns it")] = "default",
+    start: Annotated[bool, typer.Option(help="schedule it right away")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a VM (requested: it holds nothing until started)."""
+    client = api()
+    body: dict[str, Any] = {"name": name, "flavor": flavor, "project_id": project}
+    body |= {"user_id": user, "tags": tag or [], "group": group}
+    vm = client.post("/vms", body)
+    if start:
+        vm = client.post(f"/vms/{vm['uuid']}/start")["vm"]
+    show(vm, as_json, "VM created", VM_COLUMNS, [vm_row(vm)])
+
+
+def _lifecycle(vm: str, action: str, body: dict[str, Any] | None, as_json: bool) -> None:
+    answer = api().post(f"/vms/{vm_uuid(vm)}/{action}", body)
+    record = answer.get("vm", answer)
+    show(answer, as_json, f"VM {action}", VM_COLUMNS, [vm_row(record)])
+
+
+@vm_app.command("start")
+def vm_start(
+    vm: VmArg,
+    policy: Annotated[str | None, typer.Option(help="scheduling policy (see policies)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Schedule and claim: the VM is pending on its host until it is reported up."""
+    _lifecycle(vm, "start", {"policy": policy}, as_json)
+
+
+@vm_app.command("up")
+def vm_up(vm: VmArg, as_json: JsonOpt = False) -> None:
+    """The VM is running: its pending resources become active."""
+    _lifecycle(vm, "up", None, as_json)
+
+
+@vm_app.command("stop")
+def vm_stop(vm: VmArg, as_json: JsonOpt = False) -> None:
+    """Stop a VM: what it holds is released."""
+    _lifecycle(vm, "stop", None, as_json)
+
+
+@vm_app.command("migrate")
+def vm_migrate(
+    vm: VmArg,
+    host: Annotated[
+        str | None, typer.Option(help="destination (default: the scheduler's choice)")
+    ] = None,
+    reason: Annotated[str | None, typer.Option(help="why, for the server's log")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Claim a destination for a running VM; the source host's agent moves it."""
+    _lifecycle(vm, "migrate", {"host": host, "reason": reason}, as_json)
+
+
+@vm_app.command("abort-migration")
+def vm_abort_migration(vm: VmArg, as_json: JsonOpt = False) -> None:
+    """Give up a migration: the destination's claim is released and the VM stays where
+    it runs. A VM not migrating is left as it is."""
+    client = api()
+    uuid = vm_uuid(vm)
+    target = client.get(f"/vms/{uuid}")["target_host"]
+    if target is None:
+        fail(f"VM {vm} is not migrating", Exit.CONFLICT)
+    client.delete(f"/vms/{uuid}/allocations", host=target)
+    record = client.get(f"/vms/{uuid}")
+    show(record, as_json, f"migration to {target} aborted", VM_COLUMNS, [vm_row(record)])
+
+
+@vm_app.command("tag")
+def vm_tag(
+    vm: VmArg,
+    tags: Annotated[list[str], typer.Argument(help="the VM's new tags, e.g. gold priority:2")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Replace a VM's tags; its host's agent applies them (SLA tier) within a cycle."""
+    data = api().put(f"/vms/{vm_uuid(vm)}/tags", {"tags": tags})
+    show(data, as_json, f"VM {data['name']}", ("tags",), [(" ".join(data["tags"]),)])
+
+
+@vm_app.command("delete")
+def vm_delete(vm: VmArg) -> None:
+    """Delete a VM and release what it holds (deleting again is harmless)."""
+    uuid = vm_uuid(vm)
+    api().delete(f"/vms/{uuid}")
+    say(f"VM {uuid} deleted")
