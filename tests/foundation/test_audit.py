@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy import select, update
 
-from loadmaster.cluster.hosts import now
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
+from loadmaster.store.locking import now
 from loadmaster.store.schema import AllocationRow, InventoryRow, VmRow
 
 

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from loadmaster.cluster.hosts import now
 from loadmaster.errors import ConcurrentUpdate, Conflict, InsufficientCapacity, InvalidTransition
 from loadmaster.pending import Claim
 from loadmaster.service import Loadmaster
+from loadmaster.store.locking import now
 
 
 @pytest.fixture

@@ -1,24 +1,33 @@
-"""Hosts (resource providers): inventories, traits, aggregates, state, generation."""
+"""The hosts' service (resource providers): create, list, move, delete; their inventories,
+traits, aggregates and state, each write moving the generation. The row-level parts
+(checks, records, locking, inventory writes) are in ``host_rows.py``."""
 
 from __future__ import annotations
 
 import builtins
-import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.records import HOST_STATES, ClassUsage, HostRecord
+from loadmaster.cluster.host_rows import (
+    NewHost,
+    check_host,
+    host_records,
+    locked_host,
+    parse_inventories,
+    validate_aggregates,
+    validate_state,
+    write_inventories,
+)
+from loadmaster.cluster.records import ClassUsage, HostRecord
 from loadmaster.errors import (
-    ConcurrentUpdate,
     Conflict,
     DuplicateName,
     HostHasChildren,
     HostInUse,
-    InventoryInUse,
     NotFound,
     ValidationError,
 )
@@ -32,47 +41,7 @@ from loadmaster.store.schema import (
     HostRow,
     HostTraitRow,
     InventoryRow,
-    TraitRow,
 )
-
-
-def _validate_name(name: object) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 255:
-        raise ValidationError(
-            "name must be a non-empty string of at most 255 characters", field="name"
-        )
-    return name
-
-
-def _validate_state(state: object) -> str:
-    if state not in HOST_STATES:
-        raise ValidationError(
-            f"state must be one of {', '.join(HOST_STATES)}, got {state!r}", field="state"
-        )
-    assert isinstance(state, str)
-    return state
-
-
-def _validate_aggregates(aggregates: Iterable[object]) -> list[str]:
-    result = []
-    for i, agg in enumerate(aggregates):
-        if not isinstance(agg, str) or not agg or len(agg) > 255:
-            raise ValidationError(
-                f"aggregates[{i}] must be a non-empty string", field=f"aggregates[{i}]"
-            )
-        result.append(agg)
-    return sorted(set(result))
-
-
-def parse_inventories(data: object, field: str = "inventories") -> dict[str, Inventory]:
-    if not isinstance(data, Mapping):
-        raise ValidationError(f"{field} must be an object of class: inventory", field=field)
-    parsed = {}
-    for name, inv in data.items():
-        if not isinstance(inv, Mapping):
-            raise ValidationError(f"{field}.{name} must be an object", field=f"{field}.{name}")
-        parsed[str(name)] = Inventory.parse(inv, f"{field}.{name}")
-    return parsed
 
 
 class HostService:
@@ -90,7 +59,7 @@ class HostService:
         with self._store.read() as session:
             query = select(HostRow).order_by(HostRow.name)
             if state is not None:
-                query = query.where(HostRow.state == _validate_state(state))
+                query = query.where(HostRow.state == validate_state(state))
             if roots_only:
                 query = query.where(HostRow.parent_id.is_(None))
             if aggregate is not None:
@@ -123,7 +92,7 @@ class HostService:
         aggregates: Iterable[str] = (),
         inventories: Mapping[str, Mapping[str, object]] | None = None,
     ) -> HostRecord:
-        host = _check_host(name, uuid, state, traits, aggregates, inventories)
+        host = check_host(name, uuid, state, traits, aggregates, inventories)
         host_uuid, parsed, trait_names, aggs = (
             host.uuid,
             host.inventories,
@@ -177,7 +146,7 @@ class HostService:
         """Create many root hosts in one transaction, all or none: each item takes the keyword
         arguments of ``create`` (``parent`` excepted) and is checked exactly as ``create``
         checks it. Rows go in with a few bulk statements, so 10,000 hosts take seconds."""
-        checked: builtins.list[_NewHost] = []
+        checked: builtins.list[NewHost] = []
         for i, spec in enumerate(hosts):
             unknown = sorted(set(spec) - _BULK_FIELDS)
             if unknown:
@@ -186,7 +155,7 @@ class HostService:
                 )
             try:
                 checked.append(
-                    _check_host(
+                    check_host(
                         spec.get("name"),
                         spec.get("uuid"),
                         spec.get("state", "up"),
@@ -365,7 +334,7 @@ class HostService:
         return set(subtree) | {r for r in (old_root, new_root) if r is not None}
 
     def set_state(self, ident: str, state: str, *, generation: int | None = None) -> HostRecord:
-        _validate_state(state)
+        validate_state(state)
         with self._store.write() as session:
             row = locked_host(session, ident, generation)
             row.state = state
@@ -442,7 +411,7 @@ class HostService:
     def set_aggregates(
         self, ident: str, aggregates: Iterable[str], *, generation: int | None = None
     ) -> HostRecord:
-        aggs = _validate_aggregates(aggregates)
+        aggs = validate_aggregates(aggregates)
         with self._store.write() as session:
             row = locked_host(session, ident, generation)
             session.execute(delete(HostAggregateRow).where(HostAggregateRow.host_id == row.id))
@@ -479,149 +448,4 @@ class HostService:
         return host_records(session, rows)
 
 
-def host_records(session: Session, rows: list[HostRow]) -> list[HostRecord]:
-    """Records for many hosts with four queries, not four per host."""
-    if not rows:
-        return []
-    ids = [r.id for r in rows]
-    names = lookup.class_names(session)
-    invs: dict[int, dict[str, Inventory]] = {i: {} for i in ids}
-    traits: dict[int, list[str]] = {i: [] for i in ids}
-    aggs: dict[int, list[str]] = {i: [] for i in ids}
-    for chunk in in_chunks(ids):
-        for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id.in_(chunk))):
-            invs[inv.host_id][names[inv.resource_class_id]] = lookup.inventory_of(inv)
-        for host_id, trait in session.execute(
-            select(HostTraitRow.host_id, TraitRow.name)
-            .join(TraitRow)
-            .where(HostTraitRow.host_id.in_(chunk))
-        ):
-            traits[host_id].append(trait)
-        for host_id, agg in session.execute(
-            select(HostAggregateRow.host_id, HostAggregateRow.aggregate).where(
-                HostAggregateRow.host_id.in_(chunk)
-            )
-        ):
-            aggs[host_id].append(agg)
-    related = {r.parent_id for r in rows if r.parent_id} | {r.root_id for r in rows if r.root_id}
-    uuids = (
-        dict(session.execute(select(HostRow.id, HostRow.uuid).where(HostRow.id.in_(related))).all())
-        if related
-        else {}
-    )
-    return [
-        HostRecord(
-            uuid=r.uuid,
-            name=r.name,
-            state=r.state,
-            generation=r.generation,
-            parent=uuids.get(r.parent_id) if r.parent_id else None,
-            root=uuids.get(r.root_id, r.uuid) if r.root_id else r.uuid,
-            traits=tuple(sorted(traits[r.id])),
-            aggregates=tuple(sorted(aggs[r.id])),
-            inventories=invs[r.id],
-        )
-        for r in rows
-    ]
-
-
 _BULK_FIELDS = frozenset({"name", "uuid", "state", "traits", "aggregates", "inventories"})
-
-
-class _NewHost(NamedTuple):
-    name: str
-    uuid: str
-    state: str
-    inventories: dict[str, Inventory]
-    traits: list[str]
-    aggregates: list[str]
-
-
-def _check_host(
-    name: object,
-    uuid: object,
-    state: object,
-    traits: Iterable[object],
-    aggregates: Iterable[object],
-    inventories: object,
-) -> _NewHost:
-    """The checks every new host passes, whether created alone or in bulk."""
-    return _NewHost(
-        _validate_name(name),
-        _validate_uuid(uuid) if uuid is not None else str(uuidlib.uuid4()),
-        _validate_state(state),
-        parse_inventories(inventories or {}),
-        [validate_trait_name(t, f"traits[{i}]") for i, t in enumerate(traits)],
-        _validate_aggregates(aggregates),
-    )
-
-
-def _validate_uuid(value: object, field: str = "uuid") -> str:
-    try:
-        return str(uuidlib.UUID(str(value)))
-    except ValueError:
-        raise ValidationError(f"{field} {value!r} is not a UUID", field=field) from None
-
-
-def locked_host(session: Session, ident: str, generation: int | None) -> HostRow:
-    """The host row, its generation checked when one is given (a stale one is a 409)."""
-    row = lookup.host_row(session, ident)
-    if generation is not None and row.generation != generation:
-        raise ConcurrentUpdate(
-            "Resource provider's generation already changed. Please update the "
-            f"generation and try again. (resource provider generation conflict: host "
-            f"{row.name} has generation {row.generation}, the request had {generation})",
-            field="generation",
-        )
-    return row
-
-
-def write_inventories(
-    session: Session,
-    row: HostRow,
-    wanted: Mapping[str, Inventory],
-    moving: Iterable[int] = (),
-) -> None:
-    """Replace the host's inventories; refused while a class it drops, or shrinks below
-    what is allocated (pending counted), is in use. The records of the ``moving``
-    consumers (ids) do not count: the caller rewrites them in the same transaction (a
-    reshape), and checks them against the new inventories then."""
-    ids = lookup.require_classes(session, wanted, "inventories")
-    names = {v: k for k, v in ids.items()}
-    sums = lookup.used_by_provider(session, [row.id])
-    in_use = {names[class_id]: dict(used) for (_, class_id), used in sums.items()}
-    moving = list(moving)
-    if moving:
-        for class_id, state, amount in session.execute(
-            select(
-                AllocationRow.resource_class_id, AllocationRow.state, func.sum(AllocationRow.amount)
-            )
-            .where(AllocationRow.host_id == row.id, AllocationRow.consumer_id.in_(moving))
-            .group_by(AllocationRow.resource_class_id, AllocationRow.state)
-        ):
-            used = in_use[names[class_id]]
-            used[state] = used.get(state, 0) - int(amount)
-    for name, used in sorted(in_use.items()):
-        total_used = used.get("active", 0) + used.get("pending", 0)
-        if total_used <= 0:
-            continue
-        if name not in wanted:
-            # Placement's words first: its clients (nova's report client) read its code.
-            raise InventoryInUse(
-                f"Inventory for '{name}' on resource provider '{row.uuid}' in use. "
-                f"(inventories.{name}: cannot remove, {total_used} is allocated on host "
-                f"{row.name})",
-                field=f"inventories.{name}",
-            )
-        capacity = wanted[name].capacity
-        if capacity < total_used:
-            raise Conflict(
-                f"inventories.{name}: new capacity {capacity} is below the {total_used} allocated "
-                f"({used.get('active', 0)} active, {used.get('pending', 0)} pending) on host {row.name}",
-                field=f"inventories.{name}",
-            )
-    session.execute(delete(InventoryRow).where(InventoryRow.host_id == row.id))
-    session.add_all(
-        InventoryRow(host_id=row.id, resource_class_id=ids[name], **inv.as_dict())
-        for name, inv in wanted.items()
-    )

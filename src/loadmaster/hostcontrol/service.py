@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select
 
 from loadmaster.cluster import HostRecord, HostService, ResourceClassService, lookup
-from loadmaster.cluster.hosts import parse_inventories
+from loadmaster.cluster.host_rows import parse_inventories
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from loadmaster.cluster.hosts import locked_host, write_inventories
+from loadmaster.cluster.host_rows import locked_host, write_inventories
 from loadmaster.errors import Conflict
 from loadmaster.pending import consumers
 from loadmaster.pending.trees import with_roots

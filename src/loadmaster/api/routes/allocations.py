@@ -21,7 +21,7 @@ from loadmaster.api.responses import (
 )
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.api.schemas import ReshaperIn
-from loadmaster.cluster.hosts import parse_inventories
+from loadmaster.cluster.host_rows import parse_inventories
 from loadmaster.errors import NotFound, ValidationError
 from loadmaster.microversions import Version
 from loadmaster.pending.candidates import RequestGroup
