@@ -28,19 +28,21 @@ Generation = Annotated[int, Strict(), Field(ge=0, le=2**62)]
 
 T = TypeVar("T")
 
-# pydantic's complaint about a type, in the words of the JSON a client sent.
-_JSON_WORDS = {
-    "missing": "required",
-    "string_type": "expected a string",
-    "int_type": "expected an integer",
-    "float_type": "expected a number",
-    "bool_type": "expected true or false",
-    "dict_type": "expected an object",
-    "list_type": "expected a list",
-    "tuple_type": "expected a list",
-    "frozen_set_type": "expected a list",
-    "set_type": "expected a list",
-    "sequence_str": "expected a list, not a string",
+# pydantic's complaint, in the words of the JSON a client sent.
+_WORDS = {
+    "missing": "is required",
+    "missing_argument": "is required",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be true or false",
+    "dict_type": "must be an object",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "frozen_set_type": "must be a list",
+    "set_type": "must be a list",
+    "sequence_str": "must be a list, not a string",
+    "finite_number": "must be a finite number",
 }
 
 
@@ -76,10 +78,9 @@ def parse(kind: type[T], data: Any, field: str = "") -> T:
         first = errors[0]
         where = field_path(first["loc"], field)
         if first["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
-            message = f"{where} is not a field of {kind.__name__}"
+            message = f"{where} is not a field of {getattr(kind, '__name__', 'this object')}"
         else:
-            words = _words(first)
-            message = f"{where or kind.__name__}: {words}"
+            message = f"{where or getattr(kind, '__name__', 'value')} {_words(first)}"
         more = len(errors) - 1
         suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
         raise ValidationError(message + suffix, field=where) from None
@@ -92,12 +93,25 @@ def check(value: Any, field: str = "") -> None:
 
 
 def _words(error: Any) -> str:
-    kind, ctx = error["type"], error.get("ctx", {})
+    kind, ctx, got = error["type"], error.get("ctx", {}), error.get("input")
     if kind == "string_too_short" and ctx.get("min_length") == 1:
-        return "expected a non-empty string"
+        return "must be a non-empty string"
     if kind == "string_too_long":
-        return f"expected a string of at most {ctx.get('max_length')} characters"
-    return _JSON_WORDS.get(kind) or str(error["msg"]).removeprefix("Value error, ")
+        return f"must be a string of at most {ctx.get('max_length')} characters"
+    bounds = {
+        "greater_than_equal": ("at least", "ge"),
+        "greater_than": ("above", "gt"),
+        "less_than_equal": ("at most", "le"),
+        "less_than": ("below", "lt"),
+    }
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"must be {words} {ctx.get(key)}, got {got!r}"
+    if kind in _WORDS:
+        return _WORDS[kind] + ("" if kind.startswith("missing") else f", got {got!r}")
+    if kind == "value_error":  # a validator of ours, which words its own reason
+        return str(error["msg"]).removeprefix("Value error, ")
+    return "is invalid: " + str(error["msg"])
 
 
 def dump(value: Any) -> dict[str, Any]:

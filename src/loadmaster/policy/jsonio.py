@@ -32,7 +32,7 @@ def _entity(raw: Any, where: str, default_name: str | None) -> EntitySnapshot:
     try:
         entity = shapes.parse(EntitySnapshot, {**defaults, **raw}, where)
     except ValidationError as exc:
-        raise _fail(exc.field or where, exc.detail.partition(": ")[2] or exc.detail) from None
+        raise PolicyError(SNAPSHOT, 0, 0, exc.detail) from None
     io_tune = entity.properties.get("io_tune")
     if io_tune is not None and not (
         isinstance(io_tune, list) and all(isinstance(e, Mapping) for e in io_tune)

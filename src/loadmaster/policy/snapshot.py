@@ -25,7 +25,7 @@ def _finite_number(value: object) -> object:
         or not isinstance(value, int | float)
         or (isinstance(value, float) and not math.isfinite(value))
     ):
-        raise ValueError("expected a finite number or null")
+        raise ValueError(f"must be a finite number or null, got {value!r}")
     return value
 
 
