@@ -20,10 +20,14 @@ from pydantic import Field, Strict, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
 from loadmaster.errors import ValidationError
-from loadmaster.resources.inventory import MAX_INT
+
+# Placement's bound on every amount: a signed 32-bit integer.
+MAX_INT = 2**31 - 1
 
 Name = Annotated[str, Strict(), Field(min_length=1, max_length=255)]
 Amount = Annotated[int, Strict(), Field(ge=0, le=MAX_INT)]
+# Every amount of an inventory but ``reserved`` is at least 1 (Placement's schema).
+PositiveAmount = Annotated[int, Strict(), Field(ge=1, le=MAX_INT)]
 Generation = Annotated[int, Strict(), Field(ge=0, le=2**62)]
 
 T = TypeVar("T")

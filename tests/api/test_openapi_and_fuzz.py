@@ -65,7 +65,8 @@ def test_openapi_document_describes_the_api(tmp_path: Path) -> None:
             assert "422" not in responses, (method, path)  # invalid input is a 400 here
             assert responses["4XX"]["content"]["application/json"]["schema"] == error
     schemas = doc["components"]["schemas"]
-    for body in ("FlavorCreate", "ProviderCreate", "InventoryIn", "ScheduleIn", "HostReport"):
+    bodies = ("FlavorCreate", "ProviderCreate", "Inventory", "ScheduleIn", "HostReport")
+    for body in (*bodies, "RequestSpec", "VmSpec", "InventoryPut", "InventoryPost"):
         assert schemas[body]["additionalProperties"] is False, body
     assert set(schemas["ErrorBody"]["required"]) == {"code", "title", "detail", "errors"}
 

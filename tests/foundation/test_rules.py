@@ -28,7 +28,7 @@ from loadmaster.resources import Inventory, parse_flavor, validate_custom_name
         ({"total": "10"}, "inventory.total", "integer"),
         ({"total": True}, "inventory.total", "integer"),
         ({"reserved": 1}, "inventory.total", "required"),
-        ({"total": 1, "colour": "red"}, "inventory.colour", "not an inventory field"),
+        ({"total": 1, "colour": "red"}, "inventory.colour", "not a field of Inventory"),
     ],
 )
 def test_bad_inventory_names_field_and_reason(

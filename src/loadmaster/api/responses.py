@@ -8,12 +8,14 @@ document. The views (``views.py``) build these models from the domain's records.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from loadmaster.cluster.vms import VM_STATES
+from loadmaster.resources import Inventory
 
 
 class Out(BaseModel):
@@ -352,21 +354,13 @@ class ProviderList(Out):
     resource_providers: list[ProviderOut]
 
 
-class InventoryOut(Out):
-    total: int
-    reserved: int
-    min_unit: int
-    max_unit: int
-    step_size: int
-    allocation_ratio: float
-
-
 class InventoriesOut(Out):
     resource_provider_generation: int
-    inventories: dict[str, InventoryOut]
+    inventories: dict[str, Inventory]
 
 
-class OneInventoryOut(InventoryOut):
+@dataclass(frozen=True, kw_only=True)
+class OneInventoryOut(Inventory):
     resource_provider_generation: int
 
 

@@ -5,6 +5,7 @@ create, a scheduling request) is the domain's own dataclass, not a copy of it he
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -13,9 +14,9 @@ from pydantic import ValidationError as PydanticValidationError
 
 from loadmaster.cluster.vms import Tag
 from loadmaster.errors import ValidationError
-from loadmaster.resources.inventory import MAX_INT
+from loadmaster.resources import Inventory
 from loadmaster.scheduler import RequestSpec
-from loadmaster.shapes import Amount, Generation, Name
+from loadmaster.shapes import MAX_INT, Amount, Generation, Name
 
 
 def _text_only(value: object) -> object:
@@ -65,25 +66,12 @@ def check_class_name(name: str) -> None:
         ) from None
 
 
-# Placement's schema: every amount of an inventory but ``reserved`` is at least 1.
-PositiveAmount = Annotated[int, Field(ge=1, le=MAX_INT)]
-
-
-class InventoryIn(Body):
-    total: PositiveAmount
-    reserved: Amount = 0
-    min_unit: PositiveAmount = 1
-    max_unit: PositiveAmount = MAX_INT
-    step_size: PositiveAmount = 1
-    allocation_ratio: Annotated[float, Field(gt=0, le=1e6)] = 1.0
-
-
 class HostCreate(Body):
     name: Name
     uuid: Name | None = None
     parent_provider_uuid: Name | None = None
     state: Name = "up"
-    inventories: dict[str, InventoryIn] = {}
+    inventories: dict[str, Inventory] = {}
     traits: list[Name] = []
     aggregates: list[Name] = []
 
@@ -123,7 +111,7 @@ class ProviderPut(Body):
 
 class InventoriesPut(Body):
     resource_provider_generation: Generation
-    inventories: dict[str, InventoryIn]
+    inventories: dict[str, Inventory]
 
 
 class ReshaperIn(Body):
@@ -134,12 +122,14 @@ class ReshaperIn(Body):
     allocations: dict[str, Any]
 
 
-class InventoryPost(InventoryIn):
+@dataclass(frozen=True, kw_only=True)
+class InventoryPost(Inventory):
     resource_class: Name
     resource_provider_generation: Generation | None = None
 
 
-class InventoryPut(InventoryIn):
+@dataclass(frozen=True, kw_only=True)
+class InventoryPut(Inventory):
     resource_provider_generation: Generation
 
 
@@ -212,8 +202,8 @@ class AgentRegistration(Body):
     cells), by child provider name."""
 
     hypervisor_uri: Annotated[str, Field(min_length=1, max_length=1024)]
-    inventories: dict[str, InventoryIn] = {}
-    children: dict[Name, dict[str, InventoryIn]] = {}
+    inventories: dict[str, Inventory] = {}
+    children: dict[Name, dict[str, Inventory]] = {}
 
 
 class HostFailure(Body):

@@ -3,6 +3,7 @@ concept is Placement's: each answer's keys are declared once, by its model."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -15,7 +16,6 @@ from loadmaster.api.responses import (
     HostDetail,
     HostOut,
     InventoriesOut,
-    InventoryOut,
     LinkOut,
     OneInventoryOut,
     PlacementClassOut,
@@ -100,20 +100,15 @@ def inventories(host: HostRecord) -> InventoriesOut:
     """Placement's inventory set (capacity is in loadmaster's usage views)."""
     return InventoriesOut(
         resource_provider_generation=host.generation,
-        inventories={
-            name: InventoryOut.model_validate(inv, from_attributes=True)
-            for name, inv in sorted(host.inventories.items())
-        },
+        inventories=dict(sorted(host.inventories.items())),
     )
 
 
 def inventory_of(host: HostRecord, resource_class: str) -> OneInventoryOut:
     """Placement's one inventory: its fields and the provider's generation."""
     return OneInventoryOut(
+        **dataclasses.asdict(host.inventories[resource_class]),
         resource_provider_generation=host.generation,
-        **InventoryOut.model_validate(
-            host.inventories[resource_class], from_attributes=True
-        ).model_dump(),
     )
 
 

@@ -59,7 +59,7 @@ def parse_inventories(data: object, field: str = "inventories") -> dict[str, Inv
         raise ValidationError(f"{field} must be an object of class: inventory", field=field)
     parsed = {}
     for name, inv in data.items():
-        if not isinstance(inv, Mapping):
+        if not isinstance(inv, Mapping | Inventory):
             raise ValidationError(f"{field}.{name} must be an object", field=f"{field}.{name}")
         parsed[str(name)] = Inventory.parse(inv, f"{field}.{name}")
     return parsed

@@ -343,7 +343,7 @@ class HostService:
     def set_inventories(
         self,
         ident: str,
-        inventories: Mapping[str, Mapping[str, object]],
+        inventories: Mapping[str, Mapping[str, object] | Inventory],
         *,
         generation: int | None = None,
     ) -> HostRecord:
@@ -358,7 +358,7 @@ class HostService:
         self,
         ident: str,
         resource_class: str,
-        inventory: Mapping[str, object],
+        inventory: Mapping[str, object] | Inventory,
         *,
         generation: int | None = None,
         only: Literal["new", "existing"] | None = None,

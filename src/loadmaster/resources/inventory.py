@@ -2,34 +2,36 @@
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import AllowInfNan, ConfigDict, Field, Strict, with_config
+
+from loadmaster import shapes
 from loadmaster.errors import ValidationError
+from loadmaster.shapes import MAX_INT, Amount, Name, PositiveAmount
 
-MAX_INT = 2**31 - 1
-
-
-def _integer(value: object, field: str, *, minimum: int) -> int:
-    # bool is an int in Python; "true" as an amount is a client bug, not a 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{field} must be an integer, got {value!r}", field=field)
-    if value < minimum:
-        raise ValidationError(f"{field} must be at least {minimum}, got {value}", field=field)
-    if value > MAX_INT:
-        raise ValidationError(f"{field} must be at most {MAX_INT}, got {value}", field=field)
-    return value
+# A ratio of a million is already absurd; Placement accepts up to 3.4e38, which only
+# overflows the capacity.
+MAX_RATIO = 1e6
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass(frozen=True)
 class Inventory:
-    total: int
-    reserved: int = 0
-    min_unit: int = 1
-    max_unit: int = MAX_INT
-    step_size: int = 1
-    allocation_ratio: float = 1.0
+    """A host's inventory of one class: a body of Placement's inventory routes as it is, an
+    answer of them, and what the ledger checks allocations against."""
+
+    total: PositiveAmount
+    reserved: Amount = 0
+    min_unit: PositiveAmount = 1
+    max_unit: PositiveAmount = MAX_INT
+    step_size: PositiveAmount = 1
+    allocation_ratio: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0, le=MAX_RATIO)] = (
+        1.0
+    )
 
     @property
     def capacity(self) -> int:
@@ -37,45 +39,25 @@ class Inventory:
         return int((self.total - self.reserved) * self.allocation_ratio)
 
     @classmethod
-    def parse(cls, data: Mapping[str, object], field: str = "inventory") -> Inventory:
-        """Build a validated inventory from user input; errors name ``field.<key>``."""
-        known = {"total", "reserved", "min_unit", "max_unit", "step_size", "allocation_ratio"}
-        unknown = sorted(set(data) - known)
-        if unknown:
+    def parse(cls, data: Mapping[str, object] | Inventory, field: str = "inventory") -> Inventory:
+        """A checked inventory from user input (or one built in Python); errors name
+        ``field.<key>``."""
+        if isinstance(data, Inventory):  # or a body that carries one among other fields
+            data = {f.name: getattr(data, f.name) for f in dataclasses.fields(Inventory)}
+        inventory = shapes.parse(cls, data, field)
+        if inventory.reserved > inventory.total:
             raise ValidationError(
-                f"{field}.{unknown[0]} is not an inventory field (known: {', '.join(sorted(known))})",
-                field=f"{field}.{unknown[0]}",
-            )
-        if "total" not in data:
-            raise ValidationError(f"{field}.total is required", field=f"{field}.total")
-        total = _integer(data["total"], f"{field}.total", minimum=1)
-        reserved = _integer(data.get("reserved", 0), f"{field}.reserved", minimum=0)
-        min_unit = _integer(data.get("min_unit", 1), f"{field}.min_unit", minimum=1)
-        max_unit = _integer(data.get("max_unit", MAX_INT), f"{field}.max_unit", minimum=1)
-        step_size = _integer(data.get("step_size", 1), f"{field}.step_size", minimum=1)
-        ratio_raw = data.get("allocation_ratio", 1.0)
-        if isinstance(ratio_raw, bool) or not isinstance(ratio_raw, int | float):
-            raise ValidationError(
-                f"{field}.allocation_ratio must be a number, got {ratio_raw!r}",
-                field=f"{field}.allocation_ratio",
-            )
-        ratio = float(ratio_raw)
-        if not math.isfinite(ratio) or ratio <= 0:
-            raise ValidationError(
-                f"{field}.allocation_ratio must be a finite number above 0, got {ratio_raw!r}",
-                field=f"{field}.allocation_ratio",
-            )
-        if reserved > total:
-            raise ValidationError(
-                f"{field}.reserved ({reserved}) must not be greater than total ({total})",
+                f"{field}.reserved ({inventory.reserved}) must not be greater than total "
+                f"({inventory.total})",
                 field=f"{field}.reserved",
             )
-        if min_unit > max_unit:
+        if inventory.min_unit > inventory.max_unit:
             raise ValidationError(
-                f"{field}.min_unit ({min_unit}) must not exceed max_unit ({max_unit})",
+                f"{field}.min_unit ({inventory.min_unit}) must not exceed max_unit "
+                f"({inventory.max_unit})",
                 field=f"{field}.min_unit",
             )
-        return cls(total, reserved, min_unit, max_unit, step_size, ratio)
+        return inventory
 
     def as_dict(self) -> dict[str, int | float]:
         return {
@@ -112,9 +94,4 @@ def parse_amounts(data: object, field: str) -> dict[str, int]:
     """Validate a ``{class: amount}`` mapping (class names are checked against the store later)."""
     if not isinstance(data, Mapping):
         raise ValidationError(f"{field} must be an object of class: amount", field=field)
-    amounts: dict[str, int] = {}
-    for name, amount in data.items():
-        if not isinstance(name, str) or not name:
-            raise ValidationError(f"{field} has a class name that is not a string", field=field)
-        amounts[name] = _integer(amount, f"{field}.{name}", minimum=0)
-    return amounts
+    return shapes.parse(dict[Name, Amount], data, field)

@@ -89,7 +89,7 @@ def reshaper(lm: LM, body: ReshaperIn) -> Response:
             queries.body_uuid(uuid, f"inventories.{uuid}"),
             item.resource_provider_generation,
             parse_inventories(
-                {name: inv.fields() for name, inv in item.inventories.items()},
+                item.inventories,
                 f"inventories.{uuid}.inventories",
             ),
         )

@@ -29,7 +29,7 @@ from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
     InventoriesPut,
-    InventoryIn,
+    Inventory,
     InventoryPost,
     InventoryPut,
     Name,
@@ -63,9 +63,7 @@ def _placement_words(action: str, provider: str) -> Iterator[None]:
         ) from None
 
 
-def _reserved_below_total(
-    inventories: Mapping[str, InventoryIn], action: str, provider: str
-) -> None:
+def _reserved_below_total(inventories: Mapping[str, Inventory], action: str, provider: str) -> None:
     """Before 1.26 an inventory had to keep some capacity: reserved below total."""
     if microversion.current().matches(*RESERVED_EQUAL_TOTAL_SINCE):
         return
@@ -228,14 +226,16 @@ def post_inventory(
     lm: LM, request: Request, provider: str, body: InventoryPost, response: Response
 ) -> OneInventoryOut:
     """Add one class's inventory; 409 if the provider has one already."""
-    fields = body.fields()
-    # Optional here, unlike Placement's other inventory writes.
-    generation = fields.pop("resource_provider_generation", None)
-    resource_class = fields.pop("resource_class")
+    resource_class = body.resource_class
     _reserved_below_total({resource_class: body}, CREATE_INVENTORY, provider)
     with _placement_words(CREATE_INVENTORY, provider):
         host = lm.hosts.set_inventory(
-            provider, resource_class, fields, generation=generation, only="new"
+            provider,
+            resource_class,
+            body,
+            # Optional here, unlike Placement's other inventory writes.
+            generation=body.resource_provider_generation,
+            only="new",
         )
     response.headers["location"] = absolute(
         request, f"/resource_providers/{host.uuid}/inventories/{resource_class}"
@@ -245,11 +245,10 @@ def post_inventory(
 
 @router.put(PROVIDER + "/inventories", response_model=InventoriesOut)
 def put_inventories(lm: LM, provider: str, body: InventoriesPut) -> InventoriesOut:
-    wanted = {name: inv.fields() for name, inv in body.inventories.items()}
     _reserved_below_total(body.inventories, UPDATE_INVENTORY, provider)
     with _placement_words(UPDATE_INVENTORY, provider):
         host = lm.hosts.set_inventories(
-            provider, wanted, generation=body.resource_provider_generation
+            provider, body.inventories, generation=body.resource_provider_generation
         )
     return views.inventories(host)
 
@@ -277,12 +276,14 @@ def put_inventory(
     lm: LM, provider: str, resource_class: str, body: InventoryPut
 ) -> OneInventoryOut:
     """Replace the inventory of a class the provider has (400 if it has none)."""
-    fields = body.fields()
-    generation = fields.pop("resource_provider_generation")
     _reserved_below_total({resource_class: body}, UPDATE_INVENTORY, provider)
     with _placement_words(UPDATE_INVENTORY, provider):
         host = lm.hosts.set_inventory(
-            provider, resource_class, fields, generation=generation, only="existing"
+            provider,
+            resource_class,
+            body,
+            generation=body.resource_provider_generation,
+            only="existing",
         )
     return views.inventory_of(host, resource_class)
 
