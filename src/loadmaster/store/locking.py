@@ -21,13 +21,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import BindParameter, bindparam, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.schema import ClusterClockRow, ConsumerRow, HostRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import (
+    ClusterClockRow,
+    ConsumerRow,
+    FlavorRow,
+    HostRow,
+    ServerGroupRow,
+    VmRow,
+)
 
 CLOCK_ROW = 1
 
@@ -45,6 +53,29 @@ def lock_vms(session: Session, uuids: Iterable[str]) -> dict[str, VmRow]:
         for row in session.scalars(query):
             found[row.uuid] = row
     return found
+
+
+def lock_vms_with_flavors(
+    session: Session, uuids: Iterable[str]
+) -> tuple[dict[str, VmRow], dict[int, FlavorRow]]:
+    """``lock_vms``, and their flavors read by the same statement (not locked)."""
+    found: dict[str, VmRow] = {}
+    flavors: dict[int, FlavorRow] = {}
+    for chunk in in_chunks(sorted(set(uuids))):
+        for vm, flavor in session.execute(_VMS_WITH_FLAVORS, {"uuids": chunk}):
+            found[vm.uuid] = vm
+            if flavor is not None:
+                flavors[flavor.id] = flavor
+    return found, flavors
+
+
+_VMS_WITH_FLAVORS = (
+    select(VmRow, FlavorRow)
+    .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
+    .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
+    .order_by(VmRow.id)
+    .with_for_update(of=VmRow)
+)
 
 
 def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
@@ -90,27 +121,57 @@ def bump_generations(
     ``touch_generations``), locked in the same id order as the others (two separate passes
     could deadlock). ``clock=False``: the caller has more rows to lock and advances the
     clock itself, last (``mark_changed``); returns 0 then.
+
+    A chunk of one row is not locked apart: its UPDATE takes the same FOR NO KEY UPDATE
+    lock on that one row, and there is no order to keep among one. Without
+    ``touch``, the UPDATE also stamps the hosts with the clock value the clock is about to
+    take (``mark_changed``, still advanced last); should another writer have moved the
+    clock in between (PostgreSQL), they are stamped again with the value it took.
     """
     extra = set(touch) - set(expected)
     if extra:
         for chunk in in_chunks(sorted(extra | set(expected))):
             _lock_hosts(session, chunk)
     ids = sorted(expected)
+    stamp = clock and not extra
+    guessed: set[int] = set()
     for chunk in in_chunks(ids):
-        _lock_hosts(session, chunk)
-        result = session.execute(
-            update(HostRow)
-            .where(tuple_(HostRow.id, HostRow.generation).in_([(i, expected[i]) for i in chunk]))
-            .values(generation=HostRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != len(chunk):  # type: ignore[attr-defined]
+        if not extra and len(chunk) > 1:  # with ``touch``, every row is locked already
+            _lock_hosts(session, chunk)
+        pairs = [(i, expected[i]) for i in chunk]
+        if stamp:
+            stamped = session.execute(_CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
+            guessed.update(stamped)
+            landed = len(stamped)
+        else:
+            result = session.execute(_CAS, {"pairs": pairs})
+            landed = result.rowcount  # type: ignore[attr-defined]
+        if landed != len(chunk):
             raise ConcurrentUpdate(
                 "a host was changed by another writer; retry", field="generation"
             )
     if extra:
         touch_generations(session, extra)
-    return mark_changed(session, ids) if clock else 0
+    if not clock:
+        return 0
+    if not stamp:
+        return mark_changed(session, ids)
+    seq = _advance(session, layout=False)
+    if guessed - {seq}:
+        _stamp(session, ids, seq)
+    return seq
+
+
+_PAIRS: BindParameter[Any] = bindparam("pairs", expanding=True)
+_CAS = (
+    update(HostRow)
+    .where(tuple_(HostRow.id, HostRow.generation).in_(_PAIRS))
+    .values(generation=HostRow.generation + 1)
+    .execution_options(synchronize_session=False)
+)
+# The clock value the next ``_advance`` takes, unless another writer advances it first.
+_NEXT_SEQ = select(ClusterClockRow.seq + 1).where(ClusterClockRow.id == CLOCK_ROW).scalar_subquery()
+_CAS_AND_STAMP = _CAS.values(changed_seq=_NEXT_SEQ).returning(HostRow.changed_seq)
 
 
 def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
@@ -136,6 +197,14 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
     Placement's generations are the clients' compare-and-swap tokens and move only where
     Placement moves them; this is what tells a scheduler's snapshot what to re-read.
     Returns the clock value the hosts now carry."""
+    seq = _advance(session, layout=layout)
+    _stamp(session, sorted(set(host_ids)), seq)
+    return seq
+
+
+def _advance(session: Session, *, layout: bool) -> int:
+    """The clock moved one on (and its layout too): the value it now holds. The row stays
+    locked until commit; taken last of all, see the module's lock order."""
     values: dict[str, object] = {"seq": ClusterClockRow.seq + 1}
     if layout:
         values["layout_seq"] = ClusterClockRow.layout_seq + 1
@@ -146,14 +215,17 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
         .returning(ClusterClockRow.seq)
         .execution_options(synchronize_session=False)
     ).scalar_one()
-    for chunk in in_chunks(sorted(set(host_ids))):
+    return int(seq)
+
+
+def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
+    for chunk in in_chunks(host_ids):
         session.execute(
             update(HostRow)
             .where(HostRow.id.in_(chunk))
             .values(changed_seq=seq)
             .execution_options(synchronize_session=False)
         )
-    return int(seq)
 
 
 def clock(session: Session) -> tuple[int, int]:
@@ -171,6 +243,8 @@ def generation_of(session: Session, host_id: int | None) -> int:
 
 
 def _lock_hosts(session: Session, ids: list[int]) -> None:
+    if session.get_bind().dialect.name == "sqlite":
+        return  # no row locks (writers take turns): the SELECT would only read them again
     session.execute(
         select(HostRow.id)
         .where(HostRow.id.in_(ids))
