@@ -23,7 +23,19 @@ from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, bindparam, select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    BindParameter,
+    CompoundSelect,
+    bindparam,
+    cast,
+    literal_column,
+    null,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from loadmaster.errors import ConcurrentUpdate
@@ -236,6 +248,35 @@ def clock(session: Session) -> tuple[int, int]:
         )
     ).one()
     return int(seq), int(layout)
+
+
+def clock_and_changed(
+    session: Session, since: int
+) -> tuple[tuple[int, int], list[tuple[int, int, int]]]:
+    """``clock()``, and the providers stamped after ``since`` as ``(id, changed_seq,
+    generation)``: one statement, so both are of one moment."""
+    seen: tuple[int, int] | None = None
+    changed = []
+    for kind, a, b, c in session.execute(_CLOCK_AND_CHANGED, {"since": since}):
+        if kind == 0:
+            seen = (int(a), int(b))
+        else:
+            changed.append((int(a), int(b), int(c)))
+    assert seen is not None, "the cluster clock has its one row"
+    return seen, changed
+
+
+_CLOCK_AND_CHANGED: CompoundSelect[Any] = union_all(
+    select(
+        literal_column("0").label("kind"),
+        ClusterClockRow.seq.label("a"),
+        ClusterClockRow.layout_seq.label("b"),
+        cast(null(), BigInteger).label("c"),
+    ).where(ClusterClockRow.id == CLOCK_ROW),
+    select(literal_column("1"), HostRow.id, HostRow.changed_seq, HostRow.generation).where(
+        HostRow.changed_seq > bindparam("since")
+    ),
+)
 
 
 def generation_of(session: Session, host_id: int | None) -> int:
