@@ -184,8 +184,9 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             field="host",
         )
     if new_rows:
-        # One executemany; nothing reads these rows back as objects.
-        session.execute(insert(AllocationRow), new_rows)
+        # One executemany, on the table: nothing reads these rows back as objects.
+        session.flush()
+        session.execute(_INSERT_RECORDS, new_rows)
     session.flush()
     # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
     # compare-and-swap: nothing was added there), locked in one id order with the others.
@@ -314,6 +315,7 @@ def _hosts_by_ident(session: Session, idents: set[str]) -> tuple[dict[str, HostR
     return found, [providers[i] for i in sorted(providers)]
 
 
+_INSERT_RECORDS = insert(AllocationRow.metadata.tables["allocations"])
 _NAMED = aliased(HostRow)
 _TREES_OF_HOSTS = (
     select(HostRow)

@@ -27,6 +27,8 @@ from sqlalchemy import (
     BigInteger,
     BindParameter,
     CompoundSelect,
+    Executable,
+    Result,
     bindparam,
     cast,
     literal_column,
@@ -42,7 +44,6 @@ from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
     ClusterClockRow,
-    ConsumerRow,
     FlavorRow,
     HostRow,
     ServerGroupRow,
@@ -152,11 +153,11 @@ def bump_generations(
             _lock_hosts(session, chunk)
         pairs = [(i, expected[i]) for i in chunk]
         if stamp:
-            stamped = session.execute(_CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
+            stamped = _execute(session, _CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
             guessed.update(stamped)
             landed = len(stamped)
         else:
-            result = session.execute(_CAS, {"pairs": pairs})
+            result = _execute(session, _CAS, {"pairs": pairs})
             landed = result.rowcount  # type: ignore[attr-defined]
         if landed != len(chunk):
             raise ConcurrentUpdate(
@@ -174,18 +175,6 @@ def bump_generations(
     return seq
 
 
-_PAIRS: BindParameter[Any] = bindparam("pairs", expanding=True)
-_CAS = (
-    update(HostRow)
-    .where(tuple_(HostRow.id, HostRow.generation).in_(_PAIRS))
-    .values(generation=HostRow.generation + 1)
-    .execution_options(synchronize_session=False)
-)
-# The clock value the next ``_advance`` takes, unless another writer advances it first.
-_NEXT_SEQ = select(ClusterClockRow.seq + 1).where(ClusterClockRow.id == CLOCK_ROW).scalar_subquery()
-_CAS_AND_STAMP = _CAS.values(changed_seq=_NEXT_SEQ).returning(HostRow.changed_seq)
-
-
 def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
     """Bump the hosts' generations without a compare-and-swap, for changes that never add
     usage (activation, release): they decide nothing from what they read of the host, but
@@ -194,12 +183,7 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
     ids = sorted(set(host_ids))
     for chunk in in_chunks(ids):
         _lock_hosts(session, chunk)
-        session.execute(
-            update(HostRow)
-            .where(HostRow.id.in_(chunk))
-            .values(generation=HostRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
+        _execute(session, _TOUCH, {"ids": chunk})
     return mark_changed(session, ids)
 
 
@@ -217,27 +201,12 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
 def _advance(session: Session, *, layout: bool) -> int:
     """The clock moved one on (and its layout too): the value it now holds. The row stays
     locked until commit; taken last of all, see the module's lock order."""
-    values: dict[str, object] = {"seq": ClusterClockRow.seq + 1}
-    if layout:
-        values["layout_seq"] = ClusterClockRow.layout_seq + 1
-    seq = session.execute(
-        update(ClusterClockRow)
-        .where(ClusterClockRow.id == CLOCK_ROW)
-        .values(**values)
-        .returning(ClusterClockRow.seq)
-        .execution_options(synchronize_session=False)
-    ).scalar_one()
-    return int(seq)
+    return int(_execute(session, _ADVANCE_LAYOUT if layout else _ADVANCE).scalar_one())
 
 
 def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
     for chunk in in_chunks(host_ids):
-        session.execute(
-            update(HostRow)
-            .where(HostRow.id.in_(chunk))
-            .values(changed_seq=seq)
-            .execution_options(synchronize_session=False)
-        )
+        _execute(session, _STAMP, {"ids": chunk, "seq": seq})
 
 
 def clock(session: Session) -> tuple[int, int]:
@@ -285,13 +254,10 @@ def generation_of(session: Session, host_id: int | None) -> int:
 
 def _lock_hosts(session: Session, ids: list[int]) -> None:
     if session.get_bind().dialect.name == "sqlite":
-        return  # no row locks (writers take turns): the SELECT would only read them again
-    session.execute(
-        select(HostRow.id)
-        .where(HostRow.id.in_(ids))
-        .order_by(HostRow.id)
-        .with_for_update(key_share=True)
-    )
+        # No row locks (writers take turns): the SELECT would only read the rows again.
+        session.flush()  # what it did besides, as every statement of an ORM session does
+        return
+    session.execute(_LOCK_HOSTS, {"ids": ids})
 
 
 def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
@@ -299,9 +265,50 @@ def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
     generation moves, so a Placement client holding the old one is refused, never lets
     its write undo a change it has not seen."""
     for chunk in in_chunks(sorted(set(consumer_ids))):
-        session.execute(
-            update(ConsumerRow)
-            .where(ConsumerRow.id.in_(chunk))
-            .values(generation=ConsumerRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
+        _execute(session, _BUMP_CONSUMERS, {"ids": chunk})
+
+
+def _execute(
+    session: Session, statement: Executable, params: Mapping[str, Any] | None = None
+) -> Result[Any]:
+    """A Core statement of the ones below, after the ORM's autoflush, as an ORM statement
+    would run: without going through the ORM's bulk-update machinery, which a statement
+    on the tables (not the mapped classes) skips."""
+    session.flush()
+    return session.execute(statement, params)
+
+
+# The hot statements, built once (SQLAlchemy then caches their compiled forms by key).
+# Written on the tables, not the mapped classes: they need nothing of the ORM.
+_HOSTS = HostRow.metadata.tables["hosts"]
+_CLOCK = HostRow.metadata.tables["cluster_clock"]
+_CONSUMERS = HostRow.metadata.tables["consumers"]
+_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
+_LOCK_HOSTS = (
+    select(HostRow.id)
+    .where(HostRow.id.in_(_IDS))
+    .order_by(HostRow.id)
+    .with_for_update(key_share=True)
+)
+_CAS = (
+    update(_HOSTS)
+    .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
+    .values(generation=_HOSTS.c.generation + 1)
+)
+# The clock value the next ``_advance`` takes, unless another writer advances it first.
+_NEXT_SEQ = select(_CLOCK.c.seq + 1).where(_CLOCK.c.id == CLOCK_ROW).scalar_subquery()
+_CAS_AND_STAMP = _CAS.values(changed_seq=_NEXT_SEQ).returning(_HOSTS.c.changed_seq)
+_TOUCH = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(generation=_HOSTS.c.generation + 1)
+_STAMP = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(changed_seq=bindparam("seq"))
+_ADVANCE = (
+    update(_CLOCK)
+    .where(_CLOCK.c.id == CLOCK_ROW)
+    .values(seq=_CLOCK.c.seq + 1)
+    .returning(_CLOCK.c.seq)
+)
+_ADVANCE_LAYOUT = _ADVANCE.values(layout_seq=_CLOCK.c.layout_seq + 1)
+_BUMP_CONSUMERS = (
+    update(_CONSUMERS)
+    .where(_CONSUMERS.c.id.in_(_IDS))
+    .values(generation=_CONSUMERS.c.generation + 1)
+)
