@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sqlalchemy import insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy.orm import Session, aliased
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import AllocationRecord
@@ -27,7 +27,12 @@ from loadmaster.pending.trees import ProviderTree, load_trees, with_roots
 from loadmaster.resources import one_numa_node
 from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.locking import bump_consumers, bump_generations, lock_vms, now
+from loadmaster.store.locking import (
+    bump_consumers,
+    bump_generations,
+    lock_vms_with_flavors,
+    now,
+)
 from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, VmRow
 
 
@@ -76,7 +81,7 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
     many = len(claims) > 1
     prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
     claims = [replace(c, vm=lookup.canonical_uuid(c.vm)) for c in claims]
-    vms = lock_vms(session, {c.vm for c in claims})
+    vms, flavors = lock_vms_with_flavors(session, {c.vm for c in claims})
     groups = GroupRules.lock(session, {v.group_id for v in vms.values() if v.group_id is not None})
     # Pending VMs this batch re-places: until their own claim, where they are now does
     # not bind their affinity siblings (they follow); ``split_groups`` checks the end.
@@ -84,21 +89,15 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
         vms[c.vm].id for c in claims if c.move and c.vm in vms and vms[c.vm].state == "pending"
     }
     watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
-    hosts = _hosts_by_ident(session, {c.host for c in claims})
-    trees = load_trees(session, {h.root_id or h.id for h in hosts.values()})
-    flavors = {
-        f.id: f
-        for f in session.scalars(
-            select(FlavorRow).where(FlavorRow.id.in_({v.flavor_id for v in vms.values()}))
-        )
-    }
-    class_ids = lookup.class_ids(session)
+    hosts, providers = _hosts_by_ident(session, {c.host for c in claims})
+    trees = load_trees(session, {h.root_id or h.id for h in hosts.values()}, providers)
+    # Only a class some tree has inventory of can be planned on it.
+    class_ids = {name: id_ for tree in trees.values() for name, id_ in tree.class_ids.items()}
     class_names = {v: k for k, v in class_ids.items()}
     outcomes: list[ClaimOutcome] = []
     moved_from: set[int] = set()
     new_rows: list[dict[str, object]] = []
     touched: dict[int, int] = {}
-    launches: list[tuple[VmRow, int]] = []
     seen_vms: set[str] = set()
     stamp = now()
     for i, claim in enumerate(claims):
@@ -170,11 +169,11 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             vm.host_id = tree.root.id
             vm.generation += 1
             vm.updated_at = stamp
-            launches.append((vm, tree.root.id))
+            vm.host_seq = _generation_after(tree, touched)
         else:
             vm.host_id = tree.root.id
             move(vm, "pending")
-            launches.append((vm, tree.root.id))
+            vm.host_seq = _generation_after(tree, touched)
         outcomes.append(ClaimOutcome(vm.uuid, host.name, tuple(records)))
     split = groups.split_groups(watched)
     if split:
@@ -185,18 +184,22 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             field="host",
         )
     if new_rows:
-        # One executemany; nothing reads these rows back as objects.
-        session.execute(insert(AllocationRow), new_rows)
+        # One executemany, on the table: nothing reads these rows back as objects.
+        session.flush()
+        session.execute(_INSERT_RECORDS, new_rows)
     session.flush()
     # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
     # compare-and-swap: nothing was added there), locked in one id order with the others.
     clock = bump_generations(session, touched, touch=moved_from)
     bump_consumers(session, {vms[o.vm].consumer_id for o in outcomes if o.ok})
-    outcomes = [replace(o, clock=clock) if o.ok else o for o in outcomes]
-    for vm, root_id in launches:
-        # The compare-and-swap moved the root exactly one past what was read.
-        vm.host_seq = touched[root_id] + 1
-    return outcomes
+    return [replace(o, clock=clock) if o.ok else o for o in outcomes]
+
+
+def _generation_after(tree: ProviderTree, touched: Mapping[int, int]) -> int:
+    """The root's generation once the claim commits: the compare-and-swap moves it exactly
+    one past what was read (or the claim fails and nothing is written). Set with the VM's
+    other changes, so its row is written once."""
+    return touched[tree.root.id] + 1
 
 
 def _plan(
@@ -291,20 +294,41 @@ def _plan(
     )
 
 
-def _hosts_by_ident(session: Session, idents: set[str]) -> dict[str, HostRow]:
-    """The hosts by each ident given (a name, or a uuid in any case)."""
+def _hosts_by_ident(session: Session, idents: set[str]) -> tuple[dict[str, HostRow], list[HostRow]]:
+    """The hosts by each ident given (a name, or a uuid in any case), and every provider
+    of their trees (in id order): read in one statement, so a host is never without its
+    tree."""
     found: dict[str, HostRow] = {}
+    providers: dict[int, HostRow] = {}
     for chunk in in_chunks(sorted(idents)):
         uuids = [lookup.canonical_uuid(i) for i in chunk]
-        for row in session.scalars(
-            select(HostRow).where(HostRow.uuid.in_(uuids) | HostRow.name.in_(chunk))
-        ):
-            found[row.uuid] = row
-            found[row.name] = row
+        for row in session.scalars(_TREES_OF_HOSTS, {"uuids": uuids, "names": chunk}):
+            providers[row.id] = row
+    wanted = set(idents) | {lookup.canonical_uuid(i) for i in idents}
+    for row in providers.values():
+        for key in (row.uuid, row.name):
+            if key in wanted:
+                found[key] = row
     for ident in idents:
         if ident not in found and lookup.canonical_uuid(ident) in found:
             found[ident] = found[lookup.canonical_uuid(ident)]
-    return found
+    return found, [providers[i] for i in sorted(providers)]
+
+
+_INSERT_RECORDS = insert(AllocationRow.metadata.tables["allocations"])
+_NAMED = aliased(HostRow)
+_TREES_OF_HOSTS = (
+    select(HostRow)
+    .where(
+        HostRow.root_id.in_(
+            select(func.coalesce(_NAMED.root_id, _NAMED.id)).where(
+                _NAMED.uuid.in_(bindparam("uuids", expanding=True))
+                | _NAMED.name.in_(bindparam("names", expanding=True))
+            )
+        )
+    )
+    .order_by(HostRow.id)
+)
 
 
 def _drop_pending(session: Session, vm: VmRow) -> set[int]:

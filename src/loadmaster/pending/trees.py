@@ -3,14 +3,36 @@ the ledger's other parts share."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import (
+    BigInteger,
+    BindParameter,
+    CompoundSelect,
+    Float,
+    Integer,
+    bindparam,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
-from loadmaster.cluster import lookup
 from loadmaster.resources import Inventory
-from loadmaster.store.schema import HostRow, HostTraitRow, InventoryRow, TraitRow
+from loadmaster.store.chunks import in_chunks
+from loadmaster.store.schema import (
+    AllocationRow,
+    HostRow,
+    HostTraitRow,
+    InventoryRow,
+    ResourceClassRow,
+    TraitRow,
+)
 
 
 @dataclass
@@ -25,6 +47,8 @@ class ProviderTree:
     # Every trait of any provider of the tree: a flavor's traits hold for the host when a
     # provider of it has them (as the scheduler's traits filter reads them).
     traits: set[str] = field(default_factory=set)
+    # The ids of the classes the tree has inventory of, by name.
+    class_ids: dict[str, int] = field(default_factory=dict)
 
     def problem(self, provider: HostRow, name: str, class_id: int, amount: int) -> str:
         """Why ``provider`` cannot hold ``amount`` of the class now ("" when it can)."""
@@ -41,10 +65,18 @@ class ProviderTree:
         return f"{name} on {provider.name}: {problem}"
 
 
-def load_trees(session: Session, root_ids: set[int]) -> dict[int, ProviderTree]:
-    providers = list(
-        session.scalars(select(HostRow).where(HostRow.root_id.in_(root_ids)).order_by(HostRow.id))
-    )
+def load_trees(
+    session: Session, root_ids: set[int], providers: Sequence[HostRow] | None = None
+) -> dict[int, ProviderTree]:
+    """The trees of these roots, with their inventories, usage and traits. ``providers``:
+    the trees' host rows, already read by the caller (every provider of each root, in id
+    order); else they are read here."""
+    if providers is None:
+        providers = list(
+            session.scalars(
+                select(HostRow).where(HostRow.root_id.in_(root_ids)).order_by(HostRow.id)
+            )
+        )
     trees: dict[int, ProviderTree] = {}
     for p in providers:
         if p.id == p.root_id:
@@ -52,21 +84,72 @@ def load_trees(session: Session, root_ids: set[int]) -> dict[int, ProviderTree]:
     for p in providers:
         trees[p.root_id or p.id].providers.append(p)  # root first: its id is the smallest
     root_of = {p.id: p.root_id or p.id for p in providers}
-    sums = lookup.used_by_provider(session, root_of)
-    for inv in session.execute(
-        select(*lookup.INVENTORY_COLUMNS).where(InventoryRow.host_id.in_(root_of))
-    ):
-        key = (inv.host_id, inv.resource_class_id)
-        trees[root_of[inv.host_id]].inventories[key] = lookup.inventory_of(inv)
-    for (host_id, class_id), used in sums.items():
-        trees[root_of[host_id]].used[(host_id, class_id)] = used
-    for host_id, trait in session.execute(
-        select(HostTraitRow.host_id, TraitRow.name)
-        .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
-        .where(HostTraitRow.host_id.in_(root_of))
-    ):
-        trees[root_of[host_id]].traits.add(trait)
+    for chunk in in_chunks(list(root_of)):
+        # Inventories (with their class names), usage summed from the records, and traits:
+        # one statement, told apart by ``kind``.
+        for kind, host_id, class_id, name, a, b, c, d, e, ratio in session.execute(
+            _TREE_CONTENTS, {"ids": chunk}
+        ):
+            tree = trees[root_of[host_id]]
+            if kind == _INVENTORY:
+                tree.inventories[(host_id, class_id)] = Inventory(a, b, c, d, e, ratio)
+                tree.class_ids[name] = class_id
+            elif kind == _USED:
+                tree.used.setdefault((host_id, class_id), {"active": 0, "pending": 0})[name] = int(
+                    a
+                )
+            else:
+                tree.traits.add(name)
     return trees
+
+
+_INVENTORY, _USED, _TRAIT = 0, 1, 2
+_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
+_NO_INT = cast(null(), BigInteger)
+_TREE_CONTENTS: CompoundSelect[Any] = union_all(
+    select(
+        literal_column(str(_INVENTORY)).label("kind"),
+        InventoryRow.host_id,
+        InventoryRow.resource_class_id.label("class_id"),
+        ResourceClassRow.name.label("name"),
+        InventoryRow.total.label("a"),
+        InventoryRow.reserved.label("b"),
+        InventoryRow.min_unit.label("c"),
+        InventoryRow.max_unit.label("d"),
+        InventoryRow.step_size.label("e"),
+        InventoryRow.allocation_ratio.label("ratio"),
+    )
+    .join(ResourceClassRow, ResourceClassRow.id == InventoryRow.resource_class_id)
+    .where(InventoryRow.host_id.in_(_IDS)),
+    select(
+        literal_column(str(_USED)),
+        AllocationRow.host_id,
+        AllocationRow.resource_class_id,
+        AllocationRow.state,
+        cast(func.sum(AllocationRow.amount), BigInteger),
+        _NO_INT,
+        _NO_INT,
+        _NO_INT,
+        _NO_INT,
+        cast(null(), Float),
+    )
+    .where(AllocationRow.host_id.in_(_IDS))
+    .group_by(AllocationRow.host_id, AllocationRow.resource_class_id, AllocationRow.state),
+    select(
+        literal_column(str(_TRAIT)),
+        HostTraitRow.host_id,
+        cast(null(), Integer),
+        TraitRow.name,
+        _NO_INT,
+        _NO_INT,
+        _NO_INT,
+        _NO_INT,
+        _NO_INT,
+        cast(null(), Float),
+    )
+    .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
+    .where(HostTraitRow.host_id.in_(_IDS)),
+)
 
 
 def tree_ids(session: Session, root_id: int | None) -> set[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -68,10 +68,12 @@ def resolve(
     dry_run: bool,
     move_pending: bool = False,
     intent: str | None = None,
+    session: Session | None = None,
 ) -> Resolved:
     """Every request resolved against the store (and the snapshot's host names).
     ``move_pending``: a pending VM may be placed again (a drain); ``intent`` ("start" or
-    "migrate") refuses VMs in the other state."""
+    "migrate") refuses VMs in the other state. ``session``: a read transaction the caller
+    has open, else one of its own."""
     if not requests:
         raise ValidationError("requests must name at least one VM to place", field="requests")
     for i, spec in enumerate(requests):
@@ -85,7 +87,7 @@ def resolve(
                 field=f"requests[{i}].flavor",
             )
     out = Resolved([])
-    with store.read() as session:
+    with store.read(session) as session:
         resolver = _Resolver(session, snap, out, move_pending, intent)
         for i, spec in enumerate(requests):
             resolver.one(spec, f"requests[{i}]")
@@ -174,15 +176,12 @@ class _Resolver:
         rows: dict[str, VmRow] = {}
         given = list(spec.vms)
         uuids = [lookup.canonical_uuid(u) for u in given]
+        flavors: dict[int, FlavorRow] = {}
         for chunk in in_chunks(uuids):
-            for found in session.scalars(select(VmRow).where(VmRow.uuid.in_(chunk))):
+            for found, its_flavor in session.execute(_VMS_WITH_FLAVORS, {"uuids": chunk}):
                 rows[found.uuid] = found
-        flavors = {
-            f.id: f
-            for f in session.scalars(
-                select(FlavorRow).where(FlavorRow.id.in_({r.flavor_id for r in rows.values()}))
-            )
-        }
+                if its_flavor is not None:
+                    flavors[its_flavor.id] = its_flavor
         # One VM per call is the common case: no query for groups none of them has.
         group_ids = {r.group_id for r in rows.values() if r.group_id}
         group_rows = (
@@ -243,6 +242,13 @@ class _Resolver:
                 if group is not None and group.policy == "affinity":
                     self.out.leaving.setdefault(group.name, []).append(current)
             self.out.items.append(Item(position + j, request, error))
+
+
+_VMS_WITH_FLAVORS = (
+    select(VmRow, FlavorRow)
+    .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
+    .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
+)
 
 
 def with_flavor(base: VmRequest, flavor: FlavorRow, overrides: Mapping[str, int]) -> VmRequest:

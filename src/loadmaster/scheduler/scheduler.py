@@ -276,11 +276,20 @@ class Scheduler:
         move_pending: bool = False,
         intent: str | None = None,
     ) -> Resolved:
-        snap = self._source.refresh()
-        resolved = resolve(
-            self._store, snap, requests, dry_run=dry_run, move_pending=move_pending, intent=intent
-        )
-        self._source.load_groups(resolved.groups.values(), resolved.leaving)
+        # One read transaction for all three: the snapshot's refresh, the requests and
+        # their groups' members.
+        with self._store.read() as session:
+            snap = self._source.refresh(session)
+            resolved = resolve(
+                self._store,
+                snap,
+                requests,
+                dry_run=dry_run,
+                move_pending=move_pending,
+                intent=intent,
+                session=session,
+            )
+            self._source.load_groups(resolved.groups.values(), resolved.leaving, session)
         return resolved
 
     def _reload(self, call: _Call) -> None:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import func, select, union_all
+from sqlalchemy import bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -56,12 +56,18 @@ class SnapshotSource:
             self.snapshot.freeze()  # a full load replaces it: freeze whichever is current
 
     # -- refreshing --------------------------------------------------------------------
-    def refresh(self) -> Snapshot:
+    def refresh(self, session: Session | None = None) -> Snapshot:
         """Bring the snapshot up to date with the store, reloading only what changed: the
-        cluster clock says whether anything did (one row read), and which providers."""
-        with self._store.read() as session, self._writing():
-            # Read first: a change committed after it is stamped later and seen next time.
-            seen = locking.clock(session)
+        cluster clock says whether anything did (one row read), and which providers.
+        ``session``: a read transaction the caller has open, else one of its own."""
+        with self._store.read(session) as session, self._writing():
+            # Read first (or with the providers stamped since, in one statement): a change
+            # committed after it is stamped later and seen next time.
+            stamped: list[tuple[int, int, int]] = []
+            if self._clock is None:
+                seen = locking.clock(session)
+            else:
+                seen, stamped = locking.clock_and_changed(session, self._clock[0])
             if self._clock is None or seen[1] != self._clock[1]:
                 self._load_all(session)
             elif seen[0] != self._clock[0]:
@@ -72,11 +78,7 @@ class SnapshotSource:
                 # generation (a Placement client's deletion), hence the stamp.
                 changed = [
                     host_id
-                    for host_id, stamp, generation in session.execute(
-                        select(HostRow.id, HostRow.changed_seq, HostRow.generation).where(
-                            HostRow.changed_seq > self._clock[0]
-                        )
-                    )
+                    for host_id, stamp, generation in stamped
                     if self._own_stamps.get(host_id) != stamp
                     or host_id not in snap.row_of
                     or snap.generation[snap.row_of[host_id]] != generation
@@ -217,10 +219,11 @@ class SnapshotSource:
 
     def _load_reports(self, session: Session) -> None:
         snap = self.snapshot
-        query = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
-        if self._reports_seen is not None:
-            query = query.where(HostReportRow.reported_at > self._reports_seen)
-        for host_id, reported_at, load in session.execute(query):
+        if self._reports_seen is None:
+            reports = session.execute(_REPORTS)
+        else:
+            reports = session.execute(_REPORTS_SINCE, {"since": self._reports_seen})
+        for host_id, reported_at, load in reports:
             row = snap.row_of.get(host_id)
             if row is None:
                 continue
@@ -230,15 +233,19 @@ class SnapshotSource:
                 self._reports_seen = reported_at
 
     def load_groups(
-        self, groups: Collection[GroupRecord], leaving: Mapping[str, Sequence[int]]
+        self,
+        groups: Collection[GroupRecord],
+        leaving: Mapping[str, Sequence[int]],
+        session: Session | None = None,
     ) -> None:
         """Count each group's placed members per host, pending ones included, less the
         hard-affinity members of the call that are ``leaving`` a host (the group follows
-        them, so they must not pin it to where they are leaving)."""
+        them, so they must not pin it to where they are leaving). ``session``: a read
+        transaction the caller has open, else one of its own."""
         with self._writing() as snap:
             snap.group_members = {g.name: np.zeros(snap.size, np.int64) for g in groups}
             if groups:
-                with self._store.read() as session:
+                with self._store.read(session) as session:
                     rows = session.execute(
                         select(ServerGroupRow.name, VmRow.host_id, VmRow.target_host_id)
                         .join(VmRow, VmRow.group_id == ServerGroupRow.id)
@@ -272,3 +279,7 @@ class SnapshotSource:
                 if clock is not None:
                     for row in snap.tree[host]:
                         self._own_stamps[int(snap.provider_ids[row])] = clock
+
+
+_REPORTS = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
+_REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))

@@ -86,7 +86,12 @@ class Store:
         self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
+    def read(self, session: Session | None = None) -> Iterator[Session]:
+        """A read transaction (one snapshot); given ``session``, a read the caller has
+        open, that one, so several readers share one transaction."""
+        if session is not None:
+            yield session
+            return
         with self._guard(), self._unavailable_as_503(), self._read_sessions() as session:
             yield session
 

@@ -21,13 +21,34 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    BindParameter,
+    CompoundSelect,
+    Executable,
+    Result,
+    bindparam,
+    cast,
+    literal_column,
+    null,
+    select,
+    tuple_,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.schema import ClusterClockRow, ConsumerRow, HostRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import (
+    ClusterClockRow,
+    FlavorRow,
+    HostRow,
+    ServerGroupRow,
+    VmRow,
+)
 
 CLOCK_ROW = 1
 
@@ -45,6 +66,29 @@ def lock_vms(session: Session, uuids: Iterable[str]) -> dict[str, VmRow]:
         for row in session.scalars(query):
             found[row.uuid] = row
     return found
+
+
+def lock_vms_with_flavors(
+    session: Session, uuids: Iterable[str]
+) -> tuple[dict[str, VmRow], dict[int, FlavorRow]]:
+    """``lock_vms``, and their flavors read by the same statement (not locked)."""
+    found: dict[str, VmRow] = {}
+    flavors: dict[int, FlavorRow] = {}
+    for chunk in in_chunks(sorted(set(uuids))):
+        for vm, flavor in session.execute(_VMS_WITH_FLAVORS, {"uuids": chunk}):
+            found[vm.uuid] = vm
+            if flavor is not None:
+                flavors[flavor.id] = flavor
+    return found, flavors
+
+
+_VMS_WITH_FLAVORS = (
+    select(VmRow, FlavorRow)
+    .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
+    .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
+    .order_by(VmRow.id)
+    .with_for_update(of=VmRow)
+)
 
 
 def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
@@ -90,27 +134,45 @@ def bump_generations(
     ``touch_generations``), locked in the same id order as the others (two separate passes
     could deadlock). ``clock=False``: the caller has more rows to lock and advances the
     clock itself, last (``mark_changed``); returns 0 then.
+
+    A chunk of one row is not locked apart: its UPDATE takes the same FOR NO KEY UPDATE
+    lock on that one row, and there is no order to keep among one. Without
+    ``touch``, the UPDATE also stamps the hosts with the clock value the clock is about to
+    take (``mark_changed``, still advanced last); should another writer have moved the
+    clock in between (PostgreSQL), they are stamped again with the value it took.
     """
     extra = set(touch) - set(expected)
     if extra:
         for chunk in in_chunks(sorted(extra | set(expected))):
             _lock_hosts(session, chunk)
     ids = sorted(expected)
+    stamp = clock and not extra
+    guessed: set[int] = set()
     for chunk in in_chunks(ids):
-        _lock_hosts(session, chunk)
-        result = session.execute(
-            update(HostRow)
-            .where(tuple_(HostRow.id, HostRow.generation).in_([(i, expected[i]) for i in chunk]))
-            .values(generation=HostRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != len(chunk):  # type: ignore[attr-defined]
+        if not extra and len(chunk) > 1:  # with ``touch``, every row is locked already
+            _lock_hosts(session, chunk)
+        pairs = [(i, expected[i]) for i in chunk]
+        if stamp:
+            stamped = _execute(session, _CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
+            guessed.update(stamped)
+            landed = len(stamped)
+        else:
+            result = _execute(session, _CAS, {"pairs": pairs})
+            landed = result.rowcount  # type: ignore[attr-defined]
+        if landed != len(chunk):
             raise ConcurrentUpdate(
                 "a host was changed by another writer; retry", field="generation"
             )
     if extra:
         touch_generations(session, extra)
-    return mark_changed(session, ids) if clock else 0
+    if not clock:
+        return 0
+    if not stamp:
+        return mark_changed(session, ids)
+    seq = _advance(session, layout=False)
+    if guessed - {seq}:
+        _stamp(session, ids, seq)
+    return seq
 
 
 def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
@@ -121,12 +183,7 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
     ids = sorted(set(host_ids))
     for chunk in in_chunks(ids):
         _lock_hosts(session, chunk)
-        session.execute(
-            update(HostRow)
-            .where(HostRow.id.in_(chunk))
-            .values(generation=HostRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
+        _execute(session, _TOUCH, {"ids": chunk})
     return mark_changed(session, ids)
 
 
@@ -136,24 +193,20 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
     Placement's generations are the clients' compare-and-swap tokens and move only where
     Placement moves them; this is what tells a scheduler's snapshot what to re-read.
     Returns the clock value the hosts now carry."""
-    values: dict[str, object] = {"seq": ClusterClockRow.seq + 1}
-    if layout:
-        values["layout_seq"] = ClusterClockRow.layout_seq + 1
-    seq = session.execute(
-        update(ClusterClockRow)
-        .where(ClusterClockRow.id == CLOCK_ROW)
-        .values(**values)
-        .returning(ClusterClockRow.seq)
-        .execution_options(synchronize_session=False)
-    ).scalar_one()
-    for chunk in in_chunks(sorted(set(host_ids))):
-        session.execute(
-            update(HostRow)
-            .where(HostRow.id.in_(chunk))
-            .values(changed_seq=seq)
-            .execution_options(synchronize_session=False)
-        )
-    return int(seq)
+    seq = _advance(session, layout=layout)
+    _stamp(session, sorted(set(host_ids)), seq)
+    return seq
+
+
+def _advance(session: Session, *, layout: bool) -> int:
+    """The clock moved one on (and its layout too): the value it now holds. The row stays
+    locked until commit; taken last of all, see the module's lock order."""
+    return int(_execute(session, _ADVANCE_LAYOUT if layout else _ADVANCE).scalar_one())
+
+
+def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
+    for chunk in in_chunks(host_ids):
+        _execute(session, _STAMP, {"ids": chunk, "seq": seq})
 
 
 def clock(session: Session) -> tuple[int, int]:
@@ -166,17 +219,45 @@ def clock(session: Session) -> tuple[int, int]:
     return int(seq), int(layout)
 
 
+def clock_and_changed(
+    session: Session, since: int
+) -> tuple[tuple[int, int], list[tuple[int, int, int]]]:
+    """``clock()``, and the providers stamped after ``since`` as ``(id, changed_seq,
+    generation)``: one statement, so both are of one moment."""
+    seen: tuple[int, int] | None = None
+    changed = []
+    for kind, a, b, c in session.execute(_CLOCK_AND_CHANGED, {"since": since}):
+        if kind == 0:
+            seen = (int(a), int(b))
+        else:
+            changed.append((int(a), int(b), int(c)))
+    assert seen is not None, "the cluster clock has its one row"
+    return seen, changed
+
+
+_CLOCK_AND_CHANGED: CompoundSelect[Any] = union_all(
+    select(
+        literal_column("0").label("kind"),
+        ClusterClockRow.seq.label("a"),
+        ClusterClockRow.layout_seq.label("b"),
+        cast(null(), BigInteger).label("c"),
+    ).where(ClusterClockRow.id == CLOCK_ROW),
+    select(literal_column("1"), HostRow.id, HostRow.changed_seq, HostRow.generation).where(
+        HostRow.changed_seq > bindparam("since")
+    ),
+)
+
+
 def generation_of(session: Session, host_id: int | None) -> int:
     return int(session.scalar(select(HostRow.generation).where(HostRow.id == host_id)) or 0)
 
 
 def _lock_hosts(session: Session, ids: list[int]) -> None:
-    session.execute(
-        select(HostRow.id)
-        .where(HostRow.id.in_(ids))
-        .order_by(HostRow.id)
-        .with_for_update(key_share=True)
-    )
+    if session.get_bind().dialect.name == "sqlite":
+        # No row locks (writers take turns): the SELECT would only read the rows again.
+        session.flush()  # what it did besides, as every statement of an ORM session does
+        return
+    session.execute(_LOCK_HOSTS, {"ids": ids})
 
 
 def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
@@ -184,9 +265,50 @@ def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
     generation moves, so a Placement client holding the old one is refused, never lets
     its write undo a change it has not seen."""
     for chunk in in_chunks(sorted(set(consumer_ids))):
-        session.execute(
-            update(ConsumerRow)
-            .where(ConsumerRow.id.in_(chunk))
-            .values(generation=ConsumerRow.generation + 1)
-            .execution_options(synchronize_session=False)
-        )
+        _execute(session, _BUMP_CONSUMERS, {"ids": chunk})
+
+
+def _execute(
+    session: Session, statement: Executable, params: Mapping[str, Any] | None = None
+) -> Result[Any]:
+    """A Core statement of the ones below, after the ORM's autoflush, as an ORM statement
+    would run: without going through the ORM's bulk-update machinery, which a statement
+    on the tables (not the mapped classes) skips."""
+    session.flush()
+    return session.execute(statement, params)
+
+
+# The hot statements, built once (SQLAlchemy then caches their compiled forms by key).
+# Written on the tables, not the mapped classes: they need nothing of the ORM.
+_HOSTS = HostRow.metadata.tables["hosts"]
+_CLOCK = HostRow.metadata.tables["cluster_clock"]
+_CONSUMERS = HostRow.metadata.tables["consumers"]
+_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
+_LOCK_HOSTS = (
+    select(HostRow.id)
+    .where(HostRow.id.in_(_IDS))
+    .order_by(HostRow.id)
+    .with_for_update(key_share=True)
+)
+_CAS = (
+    update(_HOSTS)
+    .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
+    .values(generation=_HOSTS.c.generation + 1)
+)
+# The clock value the next ``_advance`` takes, unless another writer advances it first.
+_NEXT_SEQ = select(_CLOCK.c.seq + 1).where(_CLOCK.c.id == CLOCK_ROW).scalar_subquery()
+_CAS_AND_STAMP = _CAS.values(changed_seq=_NEXT_SEQ).returning(_HOSTS.c.changed_seq)
+_TOUCH = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(generation=_HOSTS.c.generation + 1)
+_STAMP = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(changed_seq=bindparam("seq"))
+_ADVANCE = (
+    update(_CLOCK)
+    .where(_CLOCK.c.id == CLOCK_ROW)
+    .values(seq=_CLOCK.c.seq + 1)
+    .returning(_CLOCK.c.seq)
+)
+_ADVANCE_LAYOUT = _ADVANCE.values(layout_seq=_CLOCK.c.layout_seq + 1)
+_BUMP_CONSUMERS = (
+    update(_CONSUMERS)
+    .where(_CONSUMERS.c.id.in_(_IDS))
+    .values(generation=_CONSUMERS.c.generation + 1)
+)
