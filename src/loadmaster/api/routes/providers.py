@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -29,7 +29,6 @@ from loadmaster.api.routes.vocabulary import TRAITS_SINCE
 from loadmaster.api.schemas import (
     AggregatesPut,
     InventoriesPut,
-    Inventory,
     InventoryPost,
     InventoryPut,
     Name,
@@ -39,6 +38,8 @@ from loadmaster.api.schemas import (
 )
 from loadmaster.cluster.records import HostRecord
 from loadmaster.errors import NotFound, ValidationError
+from loadmaster.resources import Inventory
+from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["resource providers"])
 
@@ -74,6 +75,23 @@ def _reserved_below_total(inventories: Mapping[str, Inventory], action: str, pro
                 f"'{provider}'. The reserved value is greater than or equal to total.",
                 field=f"inventories.{name}.reserved",
             )
+
+
+def _write_one(
+    lm: Loadmaster,
+    provider: str,
+    resource_class: str,
+    inventory: Inventory,
+    generation: int | None,
+    only: Literal["new", "existing"],
+) -> HostRecord:
+    """One class's inventory written by POST (``new``) or PUT (``existing``)."""
+    action = CREATE_INVENTORY if only == "new" else UPDATE_INVENTORY
+    _reserved_below_total({resource_class: inventory}, action, provider)
+    with _placement_words(action, provider):
+        return lm.hosts.set_inventory(
+            provider, resource_class, inventory, generation=generation, only=only
+        )
 
 
 PROVIDER = "/resource_providers/{provider}"
@@ -227,16 +245,8 @@ def post_inventory(
 ) -> OneInventoryOut:
     """Add one class's inventory; 409 if the provider has one already."""
     resource_class = body.resource_class
-    _reserved_below_total({resource_class: body}, CREATE_INVENTORY, provider)
-    with _placement_words(CREATE_INVENTORY, provider):
-        host = lm.hosts.set_inventory(
-            provider,
-            resource_class,
-            body,
-            # Optional here, unlike Placement's other inventory writes.
-            generation=body.resource_provider_generation,
-            only="new",
-        )
+    # The generation is optional here, unlike Placement's other inventory writes.
+    host = _write_one(lm, provider, resource_class, body, body.resource_provider_generation, "new")
     response.headers["location"] = absolute(
         request, f"/resource_providers/{host.uuid}/inventories/{resource_class}"
     )
@@ -276,15 +286,9 @@ def put_inventory(
     lm: LM, provider: str, resource_class: str, body: InventoryPut
 ) -> OneInventoryOut:
     """Replace the inventory of a class the provider has (400 if it has none)."""
-    _reserved_below_total({resource_class: body}, UPDATE_INVENTORY, provider)
-    with _placement_words(UPDATE_INVENTORY, provider):
-        host = lm.hosts.set_inventory(
-            provider,
-            resource_class,
-            body,
-            generation=body.resource_provider_generation,
-            only="existing",
-        )
+    host = _write_one(
+        lm, provider, resource_class, body, body.resource_provider_generation, "existing"
+    )
     return views.inventory_of(host, resource_class)
 
 
