@@ -2,7 +2,7 @@
 
 import sys
 
-from loadmaster.cli import db, demo, local, remote  # noqa: F401  (each registers its commands)
+from loadmaster.cli import agent, db, demo, policy, remote, server  # noqa: F401  (each registers its commands)
 from loadmaster.cli.app import app, chosen
 from loadmaster.cli.client import Exit
 

@@ -83,7 +83,7 @@ def db_upgrade(
 ) -> None:
     """Bring the schema to the newest revision. Safe while older servers still run on
     PostgreSQL (one process migrates at a time); a no-op when already there."""
-    from loadmaster.cli.local import open_database
+    from loadmaster.cli.server import open_database
 
     if db.startswith("sqlite:///") and not _sqlite_file(db, must_exist=not create).is_file():
         before = None

@@ -1,0 +1,203 @@
+"""Commands that run the control plane here: the API server, its settings, and the
+audit of a database. Heavy packages are imported inside each command, so
+``loadmaster --help`` stays quick."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from loadmaster.cli.app import RemoteCommand, api, app, chosen
+from loadmaster.cli.client import Exit, err_console, fail
+from loadmaster.cli.output import JsonOpt, show
+from loadmaster.errors import LoadmasterError
+from loadmaster.settings import OPTIONS, default, env_name, load_settings
+
+if TYPE_CHECKING:
+    from loadmaster.service import Loadmaster
+
+
+@app.command("serve")
+def serve(
+    db: Annotated[
+        str,
+        typer.Option(envvar=env_name("db"), help="sqlite:///FILE or postgresql+psycopg://..."),
+    ] = default("db"),
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    workers: Annotated[int, typer.Option(help="worker processes (PostgreSQL only)")] = 1,
+    no_auth: Annotated[
+        bool,
+        typer.Option("--no-auth", envvar=env_name("no_auth"), help="no tokens: local use only"),
+    ] = False,
+    tokens: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=env_name("tokens_file"),
+            help="token file (.toml/.yaml/.json): [tokens] TOKEN = ROLE",
+        ),
+    ] = None,
+    max_body: Annotated[
+        int,
+        typer.Option(envvar=env_name("max_body"), help="largest request body in bytes"),
+    ] = default("max_body"),
+    agent_silent_after: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            envvar=env_name("agent_silent_after"),
+            help="seconds without a word from a host's agent before the host and its VMs "
+            "are shown as silent (their claims are kept)",
+        ),
+    ] = default("agent_silent_after"),
+) -> None:
+    """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...")."""
+    import uvicorn
+
+    from loadmaster.api.auth import resolve_auth
+
+    if workers < 1:
+        fail("--workers must be at least 1", Exit.USAGE)
+    if workers > 1 and db.startswith("sqlite"):
+        fail(
+            "--workers > 1 needs PostgreSQL: SQLite takes one writer at a time, so several "
+            "processes would only queue on its lock. Use --db postgresql+psycopg://...",
+            Exit.USAGE,
+        )
+    try:
+        resolve_auth(
+            no_auth=no_auth, tokens_file=tokens, inline=load_settings().tokens.get_secret_value()
+        )
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.USAGE)
+    except OSError as exc:
+        fail(f"cannot read {tokens}: {exc}", Exit.USAGE)
+    # Migrate once here, so workers starting together find the schema ready.
+    open_database(db, migrate=True).close()
+    # Worker processes read their settings from the environment (api.app.app_from_env).
+    chosen = {"db": db, "max_body": max_body, "agent_silent_after": agent_silent_after}
+    if no_auth:
+        chosen["no_auth"] = True
+    if tokens is not None:
+        chosen["tokens_file"] = tokens.resolve()
+    for name, value in chosen.items():
+        os.environ[env_name(name)] = str(value)
+    auth_note = "no auth" if no_auth else "bearer tokens"
+    err_console().print(
+        f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
+    )
+    uvicorn.run(
+        "loadmaster.api.app:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        access_log=False,  # our middleware logs each request as JSON, with its id
+        log_level="warning",
+    )
+
+
+@app.command("settings")
+def settings_command(as_json: JsonOpt = False) -> None:
+    """Every option loadmaster reads from the environment (LOADMASTER_<NAME>): the value
+    this shell gives it, secrets hidden, and what it does (docs/configuration.md)."""
+    try:
+        current = load_settings()
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.USAGE)
+    rows = []
+    for name, option in OPTIONS.items():
+        value = getattr(current, name)
+        if hasattr(value, "get_secret_value"):
+            value = "(set)" if value.get_secret_value() else None
+        rows.append(
+            {
+                "name": name,
+                "variable": env_name(name),
+                "value": None if value is None else str(value),
+                "description": option.description,
+            }
+        )
+    show(
+        rows,
+        as_json,
+        "Settings (from the environment; a command-line option wins)",
+        ["variable", "value", "what it does"],
+        [(r["variable"], r["value"], r["description"]) for r in rows],
+    )
+
+
+@app.command("audit", cls=RemoteCommand)
+def audit(
+    db: Annotated[
+        str | None,
+        typer.Option(help=f"database URL to audit here (default: {default('db')})"),
+    ] = None,
+    remote: Annotated[
+        bool,
+        typer.Option(
+            "--remote",
+            help="ask the server at --url (GET /audit, a reader token is enough); "
+            "implied by --url (before or after audit) or LOADMASTER_URL",
+        ),
+    ] = False,
+) -> None:
+    """Check the ledger's promises (no host over capacity, no orphaned or partial claims,
+    VM states matching their records, group rules); exit 1 if one is broken. Reads the
+    database given by --db, or asks a server."""
+    if db is not None and remote:
+        fail("--db audits a database here, --remote a server: give one of them", Exit.USAGE)
+    if db is None and (remote or chosen.url is not None):
+        problems = [(p["kind"], p["subject"], p["detail"]) for p in api().get("/audit")["problems"]]
+    else:
+        from loadmaster.pending import audit as run_audit
+
+        url = db or load_settings().db
+        try:
+            with open_database(url, migrate=False) as lm:
+                problems = [(p.kind, p.subject, p.detail) for p in run_audit(lm.store)]
+        except LoadmasterError as exc:
+            fail(f"--db {url!r}: {exc.detail}", Exit.UNREACHABLE)
+    for kind, subject, detail in problems:
+        err_console().print(f"{kind}: {subject}: {detail}", markup=False)
+    if problems:
+        raise typer.Exit(int(Exit.SERVER_ERROR))
+    err_console().print("no problems found")
+
+
+def open_database(url: str, *, migrate: bool) -> Loadmaster:
+    """The service on ``url``, or one line saying why not. Without ``migrate`` the
+    database must exist already: SQLite would create an empty file, and a command that
+    only reads would then fail on its missing tables."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from loadmaster.service import open_loadmaster
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        fail(
+            f"--db {url!r}: not a database URL (sqlite:///FILE or postgresql+psycopg://...)",
+            Exit.USAGE,
+        )
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        fail(f"--db {url!r}: only sqlite and postgresql databases are supported", Exit.USAGE)
+    if (
+        not migrate
+        and parsed.get_backend_name() == "sqlite"
+        and parsed.database not in (None, "", ":memory:")
+    ):
+        path = Path(parsed.database or "")
+        if not path.is_file():
+            fail(f"--db: no database at {path.resolve()} (give --db sqlite:///PATH)", Exit.USAGE)
+    try:
+        return open_loadmaster(url, migrate=migrate)
+    except LoadmasterError as exc:
+        fail(f"--db {url!r}: {exc.detail}", Exit.UNREACHABLE)
+    except (SQLAlchemyError, ImportError, OSError) as exc:
+        reason = str(exc).splitlines()[0]
+        fail(f"--db {url!r}: {reason}", Exit.UNREACHABLE)
