@@ -16,6 +16,8 @@ ever removes such guests.
 KSM is not a libvirt feature: it is read and written in sysfs under ``sys_root``, or, for
 the test driver without a ``sys_root``, in memory (``ksm_for``): a test driver host is
 made up, and must never change the KSM of the machine the agent runs on.
+
+One responsibility, over 400 lines: the hypervisor interface over libvirt.
 """
 
 from __future__ import annotations

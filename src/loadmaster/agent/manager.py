@@ -21,6 +21,8 @@ hypervisor match it:
 Reports carry ``seen_generation`` (the generation of the last work list acted on before
 the guests were listed) and the VMs still launching, so the ledger ends a claim only when
 this agent knew of it and no longer runs it, whatever the clocks say.
+
+One responsibility, over 400 lines: making the host's hypervisor match its work list.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ beyond its memory. KSM, CPU tune and IO tune validate their input like the kerne
 libvirt do, so a controller sending a value they would refuse fails here too. Network
 bandwidth and NUMA placement are only recorded and validated: they do not change the
 simulated demand.
+
+One responsibility, over 400 lines: the simulated hypervisor.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ Domain errors carry their own status and code (``LoadmasterError.to_dict``); the
 errors born in the web layer (bad JSON, schema violations, auth, unknown routes, bodies
 too large) are turned into a ``LoadmasterError`` subclass here, so one function renders
 them all.
+
+One responsibility, over 400 lines: turning every failure into the one error shape.
 """
 
 from __future__ import annotations

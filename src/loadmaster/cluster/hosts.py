@@ -1,6 +1,9 @@
 """The hosts' service (resource providers): create, list, move, delete; their inventories,
 traits, aggregates and state, each write moving the generation. The row-level parts
-(checks, records, locking, inventory writes) are in ``host_rows.py``."""
+(checks, records, locking, inventory writes) are in ``host_rows.py``.
+
+One responsibility, over 400 lines: the hosts' service, each method one write or read
+of providers."""
 
 from __future__ import annotations
 

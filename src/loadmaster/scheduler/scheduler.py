@@ -7,6 +7,9 @@ and groups' locks, so a decision made on a stale snapshot can only cost a refusa
 whose claim was refused because a host changed is decided again on a fresher snapshot (a
 bounded number of times). Nothing is kept between calls but the snapshot, which a refresh
 brings up to date and our own landed claims update directly.
+
+One responsibility, over 400 lines: the scheduler's calls around the pure core
+(resolve, decide, claim, retry).
 """
 
 from __future__ import annotations
