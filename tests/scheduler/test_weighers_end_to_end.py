@@ -1,4 +1,6 @@
-"""Every shipped weigher through the policy that uses it, plus the raw scores."""
+"""Every shipped weigher end to end, through the policy that uses it, plus the raw scores.
+The table-driven tests of each weigher, on synthetic snapshots with no database, are in
+``test_core.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Every shipped filter, seen through schedule / explain on a small cluster."""
+"""Every shipped filter end to end: through schedule / explain on a small SQLite cluster.
+The table-driven tests of each filter, on synthetic snapshots with no database, are in
+``test_core.py``."""
 
 from __future__ import annotations
 
