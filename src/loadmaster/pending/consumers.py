@@ -23,7 +23,7 @@ from loadmaster.pending import claims as claims_module
 from loadmaster.pending import lifecycle
 from loadmaster.pending.claims import Claim
 from loadmaster.pending.trees import load_trees, with_roots
-from loadmaster.store.locking import bump_generations, lock_vms, mark_changed, now
+from loadmaster.store.locking import bump_generations, lock_hosts, lock_vms, mark_changed, now
 from loadmaster.store.schema import AllocationRow, ConsumerRow, FlavorRow, HostRow, VmRow
 
 # A consumer generation the client did not send at all (before microversion 1.28), as
@@ -46,6 +46,19 @@ class ConsumerWrite:
 
 def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
     """All the consumers' new records, or none of them (the caller's transaction)."""
+    if len(writes) > 1 and not lock_vms(session, [w.consumer for w in writes]):
+        # Several plain consumers: their rows, then every host any of them touches, each
+        # kind locked in one pass in id order, so two writes over crossing consumers or
+        # hosts queue up instead of deadlocking. (A VM's write takes the claim's order.)
+        held = list(
+            session.scalars(
+                select(ConsumerRow.id)
+                .where(ConsumerRow.uuid.in_([w.consumer for w in writes]))
+                .order_by(ConsumerRow.id)
+                .with_for_update()
+            )
+        )
+        lock_hosts(session, with_roots(session, hosts_touched(session, writes, held)))
     for item in writes:
         # A VM's row first, then its consumer's: the lock order of every VM writer.
         vm = lock_vms(session, [item.consumer]).get(item.consumer)
@@ -62,6 +75,21 @@ def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
             _write_vm(session, vm, item)
         else:
             _write_plain(session, consumer, item)
+
+
+def hosts_touched(
+    session: Session, writes: Sequence[ConsumerWrite], consumer_ids: Sequence[int]
+) -> set[int]:
+    """The hosts the writes allocate from and those the consumers (ids) hold records on
+    now; a provider that does not exist is left for the write to refuse."""
+    uuids = {lookup.canonical_uuid(uuid) for w in writes for uuid in w.allocations}
+    named = set(session.scalars(select(HostRow.id).where(HostRow.uuid.in_(uuids))))
+    held = set(
+        session.scalars(
+            select(AllocationRow.host_id).where(AllocationRow.consumer_id.in_(consumer_ids))
+        )
+    )
+    return named | held
 
 
 def _check_generation(consumer: ConsumerRow | None, item: ConsumerWrite) -> None:

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from loadmaster.cluster import lookup
 from loadmaster.cluster.host_rows import locked_host, write_inventories
 from loadmaster.errors import Conflict
 from loadmaster.pending import consumers
 from loadmaster.pending.trees import with_roots
 from loadmaster.resources import Inventory
-from loadmaster.store.locking import bump_generations, lock_vms, mark_changed
+from loadmaster.store.locking import bump_generations, lock_hosts, lock_vms, mark_changed
 from loadmaster.store.schema import ConsumerRow
 
 
@@ -59,6 +60,14 @@ def reshape(
             .order_by(ConsumerRow.id)
             .with_for_update()
         )
+    )
+    lock_hosts(
+        session,
+        with_roots(
+            session,
+            {lookup.host_row(session, i.provider).id for i in inventories}
+            | consumers.hosts_touched(session, writes, moving),
+        ),
     )
     reshaped = []
     for item in sorted(inventories, key=lambda i: i.provider):

@@ -252,6 +252,15 @@ def generation_of(session: Session, host_id: int | None) -> int:
     return int(session.scalar(select(HostRow.generation).where(HostRow.id == host_id)) or 0)
 
 
+def lock_hosts(session: Session, ids: Iterable[int]) -> None:
+    """Lock hosts ``FOR NO KEY UPDATE`` in id order, all in one pass: for a write that
+    learns the hosts it will touch in pieces (several consumers, a reshape's inventories
+    and allocations), so that its later locks on them are held already and two such
+    writes over crossing hosts queue up instead of deadlocking."""
+    for chunk in in_chunks(sorted(set(ids))):
+        _lock_hosts(session, chunk)
+
+
 def _lock_hosts(session: Session, ids: list[int]) -> None:
     if session.get_bind().dialect.name == "sqlite":
         # No row locks (writers take turns): the SELECT would only read the rows again.
