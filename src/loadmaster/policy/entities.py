@@ -318,14 +318,8 @@ class IoLimits(Exposed):
         return f"<io limits {self.values}>"
 
 
-_SETTERS = {
-    "setTotalBytesSec": "total_bytes_sec",
-    "setReadBytesSec": "read_bytes_sec",
-    "setWriteBytesSec": "write_bytes_sec",
-    "setTotalIopsSec": "total_iops_sec",
-    "setReadIopsSec": "read_iops_sec",
-    "setWriteIopsSec": "write_iops_sec",
-}
+# MOM's setter of each limit: total_bytes_sec -> setTotalBytesSec.
+_SETTERS = {"set" + "".join(part.title() for part in key.split("_")): key for key in IO_KEYS}
 
 
 class IoTune(Exposed):
