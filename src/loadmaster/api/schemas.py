@@ -66,14 +66,24 @@ def check_class_name(name: str) -> None:
         ) from None
 
 
-class HostCreate(Body):
+class RootHostCreate(Body):
     name: Name
     uuid: Name | None = None
-    parent_provider_uuid: Name | None = None
     state: Name = "up"
     inventories: dict[str, Inventory] = {}
     traits: list[Name] = []
     aggregates: list[Name] = []
+
+
+class HostCreate(RootHostCreate):
+    parent_provider_uuid: Name | None = None
+
+
+class HostsCreate(Body):
+    """``POST /hosts/bulk``: many root hosts at once, all or none; a cloud of 10,000
+    hosts registers in one request instead of 10,000."""
+
+    hosts: Annotated[list[RootHostCreate], Field(min_length=1, max_length=10_000)]
 
 
 class HostTraitsPut(Body):

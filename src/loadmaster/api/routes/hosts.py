@@ -12,7 +12,13 @@ from fastapi import APIRouter, Query
 from loadmaster.api import views
 from loadmaster.api.deps import LM
 from loadmaster.api.responses import HostList, HostOut
-from loadmaster.api.schemas import HostAggregatesPut, HostCreate, HostTraitsPut, HostUpdate
+from loadmaster.api.schemas import (
+    HostAggregatesPut,
+    HostCreate,
+    HostsCreate,
+    HostTraitsPut,
+    HostUpdate,
+)
 
 router = APIRouter(tags=["hosts"])
 
@@ -31,6 +37,14 @@ def create_host(lm: LM, body: HostCreate) -> HostOut:
     fields = body.fields()
     parent = fields.pop("parent_provider_uuid", None)
     return views.host(lm.hosts.create(fields.pop("name"), parent=parent, **fields))
+
+
+@router.post("/hosts/bulk", status_code=201, response_model=HostList)
+def create_hosts(lm: LM, body: HostsCreate) -> HostList:
+    """Many root hosts in one transaction, each checked as ``POST /hosts`` checks one:
+    all of them, or on any refusal (naming ``hosts[i].field``) none."""
+    created = lm.hosts.create_many([host.fields() for host in body.hosts])
+    return HostList(hosts=[views.host(h) for h in created])
 
 
 @router.put("/hosts/{host_name}", response_model=HostOut)
