@@ -425,12 +425,13 @@ def main() -> None:
             )
         shutil.rmtree(work, ignore_errors=True)
 
-    reg = Table(title="Host registration over HTTP, one host per request (SQLite, 1 worker)")
+    reg = Table(title="Host registration over HTTP (SQLite, 1 worker)")
     reg.add_column("build")
-    for label in next(iter(registration.values())):
+    labels = list(dict.fromkeys(label for rates in registration.values() for label in rates))
+    for label in labels:
         reg.add_column(f"{label} (hosts/s)", justify="right")
     for name, rates in registration.items():
-        reg.add_row(name, *(f"{r:,.0f}" for r in rates.values()))
+        reg.add_row(name, *(f"{rates[k]:,.0f}" if k in rates else "-" for k in labels))
     console.print(reg)
     table = Table(
         title=f"Single placements: {args.vms} VMs one per call, medians of {args.rounds} rounds"
