@@ -137,7 +137,7 @@ def worker_client(url: str, token: str, uuids: list[str]) -> dict[str, Any]:
 
 def worker_register(url: str, token: str, count: int) -> dict[str, Any]:
     """Hosts registered one request at a time: loadmaster's ``POST /hosts`` (inventories
-    in the body); ten times as many in requests of 1,000 (``POST /hosts/bulk``); then
+    in the body); ten times as many in requests of 1,000 (``POST /bulk/hosts``); then
     Placement's two calls per provider."""
     from loadmaster.microversions import CLIENT_HEADERS
 
@@ -160,12 +160,12 @@ def worker_register(url: str, token: str, count: int) -> dict[str, Any]:
                 spec = host_spec(i)
                 spec["name"] = f"bulk-{i}"
                 batch.append(spec)
-            answer = http.post("/hosts/bulk", json={"hosts": batch})
+            answer = http.post("/bulk/hosts", json={"hosts": batch})
             if answer.status_code in (404, 405):  # a build from before the bulk route
                 break
             answer.raise_for_status()
         else:
-            rates["loadmaster POST /hosts/bulk (1,000 a request)"] = bulk / (
+            rates["loadmaster POST /bulk/hosts (1,000 a request)"] = bulk / (
                 time.perf_counter() - started
             )
         started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""``POST /hosts/bulk``: a cloud's hosts registered in one request, all or none."""
+"""``POST /bulk/hosts``: a cloud's hosts registered in one request, all or none."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _host(i: int) -> dict[str, object]:
 
 
 def test_many_hosts_in_one_request_as_post_hosts_makes_each(live: Live) -> None:
-    made = ok(live.admin.post("/hosts/bulk", json={"hosts": [_host(i) for i in range(50)]}), 201)
+    made = ok(live.admin.post("/bulk/hosts", json={"hosts": [_host(i) for i in range(50)]}), 201)
     assert [h["name"] for h in made["hosts"]] == [f"bulk-{i}" for i in range(50)]
     one = ok(live.admin.get("/hosts/bulk-1"))
     assert one["traits"] == ["HW_CPU_X86_AVX2"] and one["aggregates"] == ["rack-1"]
@@ -31,16 +31,16 @@ def test_one_bad_host_refuses_them_all_naming_it(live: Live) -> None:
     before = table_rows(live.lm)
     hosts = [_host(i) for i in range(4)]
     hosts[3]["inventories"] = {"VCPU": {"total": 0}}
-    refused = live.admin.post("/hosts/bulk", json={"hosts": hosts})
+    refused = live.admin.post("/bulk/hosts", json={"hosts": hosts})
     assert refused.status_code == 400
     assert refused.json()["field"] == "hosts[3].inventories.VCPU.total"
     hosts[3] = _host(1)  # the same name twice
-    assert live.admin.post("/hosts/bulk", json={"hosts": hosts}).status_code == 409
-    refused = live.admin.post("/hosts/bulk", json={"hosts": [_host(9), _host(4)]})
+    assert live.admin.post("/bulk/hosts", json={"hosts": hosts}).status_code == 409
+    refused = live.admin.post("/bulk/hosts", json={"hosts": [_host(9), _host(4)]})
     assert refused.status_code == 409 and "bulk-4" in refused.json()["detail"]
     assert table_rows(live.lm) == before
 
 
 def test_only_an_admin_registers_hosts(live: Live) -> None:
-    assert live.reader.post("/hosts/bulk", json={"hosts": [_host(0)]}).status_code == 403
+    assert live.reader.post("/bulk/hosts", json={"hosts": [_host(0)]}).status_code == 403
     assert ok(live.admin.get("/hosts"))["hosts"] == []

@@ -87,17 +87,19 @@ def create_app(
     routers = [
         *(
             m.router
+            # Starlette tries the routes in order: the calls made most (placements, a
+            # VM's lifecycle, the agents' reports and work lists) first.
             for m in (
+                scheduling,
+                vms,
+                agents,
                 root,
                 vocabulary,
                 providers,
                 allocations,
                 hosts,
                 catalog,
-                vms,
-                scheduling,
                 maintenance,
-                agents,
                 audit,
             )
         ),

@@ -1,4 +1,7 @@
-"""What routes receive: the ``Loadmaster`` the app was built on, and its metrics."""
+"""What routes receive: the ``Loadmaster`` the app was built on, and its metrics.
+
+The dependencies are ``async``: FastAPI runs a plain ``def`` one in its thread pool, a
+round trip through another thread for two attribute reads."""
 
 from __future__ import annotations
 
@@ -10,12 +13,12 @@ from loadmaster.api.observability import Metrics
 from loadmaster.service import Loadmaster
 
 
-def _loadmaster(request: Request) -> Loadmaster:
+async def _loadmaster(request: Request) -> Loadmaster:
     lm: Loadmaster = request.app.state.lm
     return lm
 
 
-def _metrics(request: Request) -> Metrics:
+async def _metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 

@@ -478,7 +478,7 @@ def _nul_in(data: object, path: str) -> str | None:
     return None
 
 
-def no_unknown_query(request: Request) -> None:
+async def no_unknown_query(request: Request) -> None:
     """Unknown query parameters are refused like unknown body fields: a typo such as
     ``?stat=up`` must not quietly list every host."""
     route = request.scope.get("route")

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from loadmaster.cluster.vms import VM_STATES
 from loadmaster.resources import Inventory
+
+
+def _iso(value: object) -> object:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+# A record's time as the text it has always been sent as (naive UTC, ISO 8601).
+IsoText = Annotated[str, BeforeValidator(_iso)]
 
 
 class Out(BaseModel):
@@ -51,8 +59,8 @@ class VmOut(Out):
     overrides: dict[str, int]
     generation: int
     fault: str | None
-    created_at: datetime = Field(description="ISO 8601, UTC")
-    updated_at: datetime = Field(description="ISO 8601, UTC")
+    created_at: IsoText = Field(description="ISO 8601, UTC")
+    updated_at: IsoText = Field(description="ISO 8601, UTC")
 
 
 class VmDetail(VmOut):

@@ -80,7 +80,7 @@ class HostCreate(RootHostCreate):
 
 
 class HostsCreate(Body):
-    """``POST /hosts/bulk``: many root hosts at once, all or none; a cloud of 10,000
+    """``POST /bulk/hosts``: many root hosts at once, all or none; a cloud of 10,000
     hosts registers in one request instead of 10,000."""
 
     hosts: Annotated[list[RootHostCreate], Field(min_length=1, max_length=10_000)]

@@ -39,7 +39,7 @@ def create_host(lm: LM, body: HostCreate) -> HostOut:
     return views.host(lm.hosts.create(fields.pop("name"), parent=parent, **fields))
 
 
-@router.post("/hosts/bulk", status_code=201, response_model=HostList)
+@router.post("/bulk/hosts", status_code=201, response_model=HostList)
 def create_hosts(lm: LM, body: HostsCreate) -> HostList:
     """Many root hosts in one transaction, each checked as ``POST /hosts`` checks one:
     all of them, or on any refusal (naming ``hosts[i].field``) none."""
