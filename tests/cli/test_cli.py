@@ -238,3 +238,33 @@ def test_agent_guest_kernel_needs_its_initrd(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2, result.output
     assert "--guest-kernel and --guest-initrd go together" in result.output
+
+
+def test_host_import_registers_a_file_of_hosts_a_chunk_a_request(
+    server: str, tmp_path: Path
+) -> None:
+    hosts = [
+        {"name": f"imp-{i}", "inventories": {"VCPU": {"total": 8}}, "aggregates": ["rack-4"]}
+        for i in range(25)
+    ]
+    file = tmp_path / "hosts.json"
+    file.write_text(json.dumps({"hosts": hosts}))
+    assert "registered 25 hosts" in ok(server, "host", "import", str(file), "--chunk", "10")
+    listed = json.loads(ok(server, "host", "list", "--aggregate", "rack-4", "--json"))["hosts"]
+    assert sorted(h["name"] for h in listed) == sorted(h["name"] for h in hosts)
+
+    # The second request of three is refused: the first landed, it and the third did not.
+    more = [{"name": f"more-{i}", "inventories": {"VCPU": {"total": 8}}} for i in range(25)]
+    more[13]["inventories"] = {"VCPU": {"total": 0}}
+    file.write_text(json.dumps(more))
+    code, output = cli(server, "host", "import", str(file), "--chunk", "10")
+    assert code == 1
+    assert "hosts[3].inventories.VCPU.total" in output
+    assert "hosts 10..19" in output and "10 registered before it" in output
+    names = {h["name"] for h in json.loads(ok(server, "host", "list", "--json"))["hosts"]}
+    assert {f"more-{i}" for i in range(10)} <= names
+    assert not {f"more-{i}" for i in range(10, 25)} & names
+
+    file.write_text("[]")
+    code, output = cli(server, "host", "import", str(file))
+    assert code == 2 and "expected a list of hosts" in output

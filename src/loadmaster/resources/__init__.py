@@ -7,7 +7,7 @@ from loadmaster.resources.classes import (
     ResourceClass,
     validate_custom_name,
 )
-from loadmaster.resources.inventory import Inventory, parse_amounts
+from loadmaster.resources.inventory import Inventory, parse_amounts, summed
 from loadmaster.resources.requirements import (
     UNKNOWN_SPECS,
     FlavorSpec,
@@ -36,6 +36,7 @@ __all__ = [
     "one_numa_node",
     "parse_amounts",
     "parse_flavor",
+    "summed",
     "validate_custom_name",
     "validate_custom_trait",
     "validate_trait_name",

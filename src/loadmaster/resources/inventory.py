@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -95,3 +95,12 @@ def parse_amounts(data: object, field: str) -> dict[str, int]:
     if not isinstance(data, Mapping):
         raise ValidationError(f"{field} must be an object of class: amount", field=field)
     return shapes.parse(dict[Name, Amount], data, field)
+
+
+def summed(amounts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Per class, the sum of several VMs' amounts."""
+    total: dict[str, int] = {}
+    for member in amounts:
+        for name, amount in member.items():
+            total[name] = total.get(name, 0) + amount
+    return total

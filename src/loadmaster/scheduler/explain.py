@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loadmaster.scheduler.request import VmRequest, summed
+from loadmaster.resources import summed
+from loadmaster.scheduler.request import VmRequest
 from loadmaster.scheduler.results import Explanation, FilterCount, HostScore
 from loadmaster.scheduler.snapshot import Bools, Ints, Snapshot
 

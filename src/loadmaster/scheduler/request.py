@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field, Strict, with_config
 from loadmaster import shapes
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.errors import ValidationError
-from loadmaster.resources import parse_amounts, validate_trait_name
+from loadmaster.resources import parse_amounts, summed, validate_trait_name
 from loadmaster.shapes import Amount, Name
 
 # Limits on one /schedule call. An operator places a rack or a region's worth of VMs at
@@ -92,15 +92,6 @@ class RequestSpec:
                 f"{dot}include_hosts is empty: no host could be chosen",
                 field=f"{dot}include_hosts",
             )
-
-
-def summed(amounts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    """Per class, the sum of several VMs' amounts."""
-    total: dict[str, int] = {}
-    for member in amounts:
-        for name, amount in member.items():
-            total[name] = total.get(name, 0) + amount
-    return total
 
 
 @dataclass

@@ -30,6 +30,7 @@ from loadmaster.microversions import Version
 from loadmaster.pending.candidates import RequestGroup
 from loadmaster.pending.consumers import UNCHECKED, ConsumerWrite
 from loadmaster.pending.reshape import ProviderInventories
+from loadmaster.resources import summed
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["allocations"])
@@ -150,17 +151,12 @@ def usages(
     by_type = lm.allocations.consumer_usages(project_id, user_id, consumer_type)
     if version.matches(*CONSUMER_TYPE_SINCE):
         if consumer_type == "all":
-            merged: dict[str, int] = {}
-            for amounts in by_type.values():
-                for name, amount in amounts.items():
-                    merged[name] = merged.get(name, 0) + amount
+            merged = summed(by_type.values())
             return {"usages": {"all": merged} if merged else {}}
         return {"usages": by_type}
-    flat: dict[str, int] = {}
-    for amounts in by_type.values():
-        for name, amount in amounts.items():
-            if name != "consumer_count":
-                flat[name] = flat.get(name, 0) + amount
+    # Before 1.38: one set of amounts for every type, and no consumer count.
+    flat = summed(by_type.values())
+    flat.pop("consumer_count", None)
     return {"usages": flat}
 
 

@@ -3,8 +3,11 @@ aggregates and state, and draining one."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -144,6 +147,58 @@ def host_create(
         body["parent_provider_uuid"] = api().get(f"/resource_providers/{parent}")["uuid"]
     host = api().post("/hosts", body)
     show(host, as_json, "Host created", ("name", "uuid"), [(host["name"], host["uuid"])])
+
+
+@host_app.command("import")
+def host_import(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="a JSON file: a list of hosts as POST /hosts takes them (name, inventories, "
+            'traits, aggregates, state, uuid), or {"hosts": [...]}',
+        ),
+    ],
+    chunk: Annotated[int, typer.Option(min=1, max=10_000, help="hosts per request")] = 1000,
+) -> None:
+    """Register many root hosts from a file, CHUNK hosts a request (POST /bulk/hosts).
+    Each request is all or none; a refusal stops the import and says which of the file's
+    hosts its request held and how many were registered before it."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        fail(f"PATH: {path}: not JSON: {exc}", Exit.USAGE)
+    hosts = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(hosts, list) or not hosts:
+        fail(f'PATH: {path}: expected a list of hosts or {{"hosts": [...]}}', Exit.USAGE)
+    client = api()
+    done = 0
+    with _progress(len(hosts)) as advance:
+        for first in range(0, len(hosts), chunk):
+            batch = hosts[first : first + chunk]
+            try:
+                client.post("/bulk/hosts", {"hosts": batch})
+            except typer.Exit:
+                err_console().print(
+                    f"this request held the file's hosts {first}..{first + len(batch) - 1} "
+                    f"(hosts[i] above is the file's {first} + i); {done} registered before it",
+                    markup=False,
+                )
+                raise
+            done += len(batch)
+            advance(len(batch))
+    say(f"registered {done} hosts")
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr for an import of more than one request's worth."""
+    from rich.progress import Progress
+
+    with Progress(console=err_console(), transient=True, disable=total <= 1000) as progress:
+        task = progress.add_task("registering hosts", total=total)
+        yield lambda n: progress.advance(task, n)
 
 
 @host_app.command("delete")
