@@ -1,7 +1,7 @@
 """Mass start: 10,000 VMs placed and persisted (SQLite) on 1,000 / 5,000 / 10,000 hosts.
 
 Usage: .venv/bin/python bench/scheduler_mass_start.py [--hosts 1000 5000 10000] [--vms 10000]
-       [--baseline-vms 300] [--seed 7]
+       [--baseline-vms 300] [--seed 7] [--groups mixed|anti-affinity-1000|affinity-10]
 
 The cluster (seeded, so every run builds the same one):
 - hosts in three generations: 32 / 48 / 64 cores, 128 / 256 / 384 GiB; VCPU allocation
@@ -67,8 +67,16 @@ class Figures:
         return float(np.percentile(self.latencies, q)) * 1000 if self.latencies else 0.0
 
 
+# --groups: the mixed cloud above, or every VM in a hard group of one size.
+GROUP_SCENARIOS: dict[str, tuple[str, int] | None] = {
+    "mixed": None,
+    "anti-affinity-1000": ("anti-affinity", 1000),
+    "affinity-10": ("affinity", 10),
+}
+
+
 def build(
-    url: str, hosts: int, vms: int, seed: int, progress: Progress
+    url: str, hosts: int, vms: int, seed: int, progress: Progress, scenario: str = "mixed"
 ) -> tuple[Loadmaster, list[str]]:
     rng = np.random.default_rng(seed)
     lm = loadmaster.open(url)
@@ -113,10 +121,12 @@ def build(
                 resources["CUSTOM_GPU"] = 1
             lm.flavors.create({"name": name, "resources": resources})
             flavors.add(name)
-        if group_left == 0 and rng.random() < 0.01:
+        fixed = GROUP_SCENARIOS[scenario]
+        if group_left == 0 and (fixed is not None or rng.random() < 0.01):
             groups += 1
-            group = lm.groups.create(f"anti-{groups}", "anti-affinity").name
-            group_left = int(rng.integers(3, 51))
+            policy, size = fixed or ("anti-affinity", int(rng.integers(3, 51)))
+            group = lm.groups.create(f"{policy}-{groups}", policy).name
+            group_left = size
         vm_specs.append(VmSpec(f"vm-{i}", name, group=group if group_left else None))
         if group_left:
             group_left -= 1
@@ -132,12 +142,16 @@ def violations(lm: Loadmaster) -> int:
         for u in usage.values()
         if u.active + u.pending > u.capacity
     )
+    policies = {g.name: g.policy for g in lm.groups.list()}
     per_host: Counter[tuple[str, str]] = Counter()
+    hosts_of: dict[str, set[str]] = {}
     for vm in lm.vms.list():
         if vm.group and vm.host:
             per_host[(vm.group, vm.host)] += 1
-    doubled = sum(1 for n in per_host.values() if n > 1)
-    return over + doubled + len(audit(lm.store))
+            hosts_of.setdefault(vm.group, set()).add(vm.host)
+    doubled = sum(1 for (g, _), n in per_host.items() if n > 1 and policies[g] == "anti-affinity")
+    split = sum(1 for g, on in hosts_of.items() if len(on) > 1 and policies[g] == "affinity")
+    return over + doubled + split + len(audit(lm.store))
 
 
 def peak_mib() -> float:
@@ -224,6 +238,22 @@ def run_naive(lm: Loadmaster, uuids: Sequence[str], total_vms: int) -> Figures:
     )
 
 
+def add_row(table: Table, hosts: int, figures: Figures, *, end_section: bool = False) -> None:
+    table.add_row(
+        str(hosts),
+        figures.label,
+        str(figures.vms),
+        str(figures.placed),
+        f"{figures.rate:,.0f}",
+        f"{figures.percentile(50):.3f}",
+        f"{figures.percentile(99):.3f}",
+        f"{figures.peak_mib:,.0f}",
+        str(figures.violations),
+        figures.note,
+        end_section=end_section,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -232,8 +262,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--vms", type=int, default=10_000)
     parser.add_argument("--baseline-vms", type=int, default=300)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--groups",
+        choices=list(GROUP_SCENARIOS),
+        default="mixed",
+        help="mixed: 20%% of the VMs in anti-affinity groups of 3-50; or every VM in hard "
+        "anti-affinity groups of 1,000, or in hard affinity groups of 10 (no naive "
+        "baseline for these: it knows no affinity)",
+    )
     args = parser.parse_args(argv)
-    table = Table(title=f"mass start of {args.vms} VMs, persisted to SQLite")
+    table = Table(title=f"mass start of {args.vms} VMs, persisted to SQLite, groups: {args.groups}")
     for column in (
         "hosts",
         "scheduler",
@@ -253,11 +291,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         for hosts in args.hosts:
             url = f"sqlite:///{Path(tmp) / f'sched-{hosts}.db'}"
-            lm, uuids = build(url, hosts, args.vms, args.seed, progress)
+            lm, uuids = build(url, hosts, args.vms, args.seed, progress, args.groups)
             task = progress.add_task(f"scheduling {args.vms} VMs on {hosts} hosts", total=None)
             fast = run_scheduler(lm, uuids)
             progress.remove_task(task)
             lm.close()
+            if args.groups != "mixed":
+                add_row(table, hosts, fast, end_section=True)
+                continue
             base_url = f"sqlite:///{Path(tmp) / f'naive-{hosts}.db'}"
             lm, uuids = build(base_url, hosts, args.vms, args.seed, progress)
             task = progress.add_task(f"naive baseline on {hosts} hosts", total=None)
@@ -265,18 +306,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             progress.remove_task(task)
             lm.close()
             for figures in (fast, naive):
-                table.add_row(
-                    str(hosts),
-                    figures.label,
-                    str(figures.vms),
-                    str(figures.placed),
-                    f"{figures.rate:,.0f}",
-                    f"{figures.percentile(50):.3f}",
-                    f"{figures.percentile(99):.3f}",
-                    f"{figures.peak_mib:,.0f}",
-                    str(figures.violations),
-                    figures.note,
-                )
+                add_row(table, hosts, figures)
             table.add_row(
                 str(hosts),
                 "ratio",
