@@ -13,6 +13,7 @@ from sqlalchemy import (
     CompoundSelect,
     Float,
     Integer,
+    Select,
     bindparam,
     cast,
     func,
@@ -91,10 +92,10 @@ def load_trees(
             _TREE_CONTENTS, {"ids": chunk}
         ):
             tree = trees[root_of[host_id]]
-            if kind == _INVENTORY:
+            if kind == INVENTORY:
                 tree.inventories[(host_id, class_id)] = Inventory(a, b, c, d, e, ratio)
                 tree.class_ids[name] = class_id
-            elif kind == _USED:
+            elif kind == USED:
                 tree.used.setdefault((host_id, class_id), {"active": 0, "pending": 0})[name] = int(
                     a
                 )
@@ -103,12 +104,14 @@ def load_trees(
     return trees
 
 
-_INVENTORY, _USED, _TRAIT = 0, 1, 2
-_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
-_NO_INT = cast(null(), BigInteger)
-_TREE_CONTENTS: CompoundSelect[Any] = union_all(
+INVENTORY, USED, TRAIT = 0, 1, 2
+IDS: BindParameter[Any] = bindparam("ids", expanding=True)
+NO_INT = cast(null(), BigInteger)
+# A provider's contents, one row each, told apart by ``kind``: (kind, host_id, class_id,
+# name, a, b, c, d, e, ratio). The snapshot's reload adds branches of its own.
+TREE_BRANCHES: tuple[Select[*tuple[Any, ...]], ...] = (
     select(
-        literal_column(str(_INVENTORY)).label("kind"),
+        literal_column(str(INVENTORY)).label("kind"),
         InventoryRow.host_id,
         InventoryRow.resource_class_id.label("class_id"),
         ResourceClassRow.name.label("name"),
@@ -120,36 +123,37 @@ _TREE_CONTENTS: CompoundSelect[Any] = union_all(
         InventoryRow.allocation_ratio.label("ratio"),
     )
     .join(ResourceClassRow, ResourceClassRow.id == InventoryRow.resource_class_id)
-    .where(InventoryRow.host_id.in_(_IDS)),
+    .where(InventoryRow.host_id.in_(IDS)),
     select(
-        literal_column(str(_USED)),
+        literal_column(str(USED)),
         AllocationRow.host_id,
         AllocationRow.resource_class_id,
         AllocationRow.state,
         cast(func.sum(AllocationRow.amount), BigInteger),
-        _NO_INT,
-        _NO_INT,
-        _NO_INT,
-        _NO_INT,
+        NO_INT,
+        NO_INT,
+        NO_INT,
+        NO_INT,
         cast(null(), Float),
     )
-    .where(AllocationRow.host_id.in_(_IDS))
+    .where(AllocationRow.host_id.in_(IDS))
     .group_by(AllocationRow.host_id, AllocationRow.resource_class_id, AllocationRow.state),
     select(
-        literal_column(str(_TRAIT)),
+        literal_column(str(TRAIT)),
         HostTraitRow.host_id,
         cast(null(), Integer),
         TraitRow.name,
-        _NO_INT,
-        _NO_INT,
-        _NO_INT,
-        _NO_INT,
-        _NO_INT,
+        NO_INT,
+        NO_INT,
+        NO_INT,
+        NO_INT,
+        NO_INT,
         cast(null(), Float),
     )
     .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
-    .where(HostTraitRow.host_id.in_(_IDS)),
+    .where(HostTraitRow.host_id.in_(IDS)),
 )
+_TREE_CONTENTS: CompoundSelect[Any] = union_all(*TREE_BRANCHES)
 
 
 def tree_ids(session: Session, root_id: int | None) -> set[int]:

@@ -14,12 +14,24 @@ from contextlib import contextmanager
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import bindparam, func, select, union_all
+from sqlalchemy import (
+    Float,
+    Integer,
+    bindparam,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.vms import PLACED_STATES
+from loadmaster.pending import trees
+from loadmaster.resources import Inventory
 from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
@@ -28,7 +40,6 @@ from loadmaster.store.schema import (
     HostReportRow,
     HostRow,
     HostTraitRow,
-    InventoryRow,
     ServerGroupRow,
     TraitRow,
     VmRow,
@@ -143,59 +154,50 @@ class SnapshotSource:
 
     def _reload(self, session: Session, host_ids: Sequence[int]) -> bool:
         """Reload these providers; False when they use a class, trait or aggregate (or a
-        tree shape) the arrays have no room for, so the caller must load everything."""
+        tree shape) the arrays have no room for, so the caller must load everything. One
+        statement per chunk reads their rows, inventories, usage, traits and aggregates
+        (on PostgreSQL each statement is a round trip, and with several workers every
+        refresh reloads what the others changed)."""
         snap = self.snapshot
         rows = [snap.row_of[i] for i in host_ids]
-        names = lookup.class_names(session)
         for chunk in in_chunks(list(host_ids)):
-            hosts = session.execute(
-                select(HostRow.id, HostRow.generation, HostRow.state, HostRow.root_id).where(
-                    HostRow.id.in_(chunk)
-                )
-            ).all()
-            for h in hosts:
-                row = snap.row_of[h.id]
-                if snap.provider_ids[snap.roots[snap.root_of[row]]] != (h.root_id or h.id):
-                    return False
-                snap.generation[row] = h.generation
-                snap.status[row] = STATE_CODE[h.state]
             chunk_rows = [snap.row_of[i] for i in chunk]
             for array in (snap.capacity, snap.used, snap.min_unit, snap.max_unit):
                 array[:, chunk_rows] = 0
             snap.step[:, chunk_rows] = 1
             snap.trait_matrix[chunk_rows] = False
             snap.aggregate_matrix[chunk_rows] = False
-            for inv in session.execute(
-                select(*lookup.INVENTORY_COLUMNS).where(InventoryRow.host_id.in_(chunk))
-            ):
-                column = snap.classes.get(names[inv.resource_class_id])
-                if column is None:
-                    return False
-                row = snap.row_of[inv.host_id]
-                snap.capacity[column, row] = lookup.inventory_of(inv).capacity
-                snap.min_unit[column, row] = inv.min_unit
-                snap.max_unit[column, row] = inv.max_unit
-                snap.step[column, row] = inv.step_size
-            for (host_id, class_id), used in lookup.used_by_provider(session, chunk).items():
-                snap.used[snap.classes[names[class_id]], snap.row_of[host_id]] = (
-                    used["active"] + used["pending"]
-                )
-            for host_id, trait in session.execute(
-                select(HostTraitRow.host_id, TraitRow.name)
-                .join(TraitRow)
-                .where(HostTraitRow.host_id.in_(chunk))
-            ):
-                if trait not in snap.traits:
-                    return False
-                snap.trait_matrix[snap.row_of[host_id], snap.traits[trait]] = True
-            for host_id, aggregate in session.execute(
-                select(HostAggregateRow.host_id, HostAggregateRow.aggregate).where(
-                    HostAggregateRow.host_id.in_(chunk)
-                )
-            ):
-                if aggregate not in snap.aggregates:
-                    return False
-                snap.aggregate_matrix[snap.row_of[host_id], snap.aggregates[aggregate]] = True
+            found = session.execute(_PROVIDER_CONTENTS, {"ids": chunk}).all()
+            # A usage row names its class by id; the inventory rows say whose id it is.
+            class_name = {r.class_id: r.name for r in found if r.kind == trees.INVENTORY}
+            for kind, host_id, class_id, name, a, b, c, d, e, ratio in found:
+                row = snap.row_of[host_id]
+                if kind == _HOST:  # name: its state; a: its generation; b: its root
+                    if snap.provider_ids[snap.roots[snap.root_of[row]]] != (b or host_id):
+                        return False
+                    snap.generation[row] = a
+                    snap.status[row] = STATE_CODE[name]
+                elif kind == trees.INVENTORY:
+                    column = snap.classes.get(name)
+                    if column is None:
+                        return False
+                    snap.capacity[column, row] = Inventory(a, b, c, d, e, ratio).capacity
+                    snap.min_unit[column, row] = c
+                    snap.max_unit[column, row] = d
+                    snap.step[column, row] = e
+                elif kind == trees.USED:
+                    column = snap.classes.get(class_name.get(class_id, ""))
+                    if column is None:
+                        return False
+                    snap.used[column, row] += int(a)  # active and pending, a row each
+                elif kind == trees.TRAIT:
+                    if name not in snap.traits:
+                        return False
+                    snap.trait_matrix[row, snap.traits[name]] = True
+                else:
+                    if name not in snap.aggregates:
+                        return False
+                    snap.aggregate_matrix[row, snap.aggregates[name]] = True
         self._count_vms(session, sorted({int(snap.root_of[r]) for r in rows}))
         snap.derive()
         return True
@@ -283,3 +285,36 @@ class SnapshotSource:
 
 _REPORTS = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
 _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
+
+
+# ``_reload``'s one statement: the providers' own rows and their aggregates beside what
+# the ledger's trees read (inventories with class names, usage, traits).
+_HOST, _AGGREGATE = 10, 11
+_PROVIDER_CONTENTS = union_all(
+    # The first branch names the columns of them all.
+    select(
+        literal_column(str(_HOST)).label("kind"),
+        HostRow.id.label("host_id"),
+        cast(null(), Integer).label("class_id"),
+        HostRow.state.label("name"),
+        HostRow.generation.label("a"),
+        HostRow.root_id.label("b"),
+        trees.NO_INT.label("c"),
+        trees.NO_INT.label("d"),
+        trees.NO_INT.label("e"),
+        cast(null(), Float).label("ratio"),
+    ).where(HostRow.id.in_(trees.IDS)),
+    *trees.TREE_BRANCHES,
+    select(
+        literal_column(str(_AGGREGATE)),
+        HostAggregateRow.host_id,
+        cast(null(), Integer),
+        HostAggregateRow.aggregate,
+        trees.NO_INT,
+        trees.NO_INT,
+        trees.NO_INT,
+        trees.NO_INT,
+        trees.NO_INT,
+        cast(null(), Float),
+    ).where(HostAggregateRow.host_id.in_(trees.IDS)),
+)
