@@ -89,6 +89,8 @@ def serve(
     err_console().print(
         f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
     )
+    from loadmaster.api.server import NoDelayHTTPProtocol
+
     uvicorn.run(
         "loadmaster.api.app:app_from_env",
         factory=True,
@@ -97,6 +99,7 @@ def serve(
         workers=workers,
         access_log=False,  # our middleware logs each request as JSON, with its id
         log_level="warning",
+        http=NoDelayHTTPProtocol,
     )
 
 
