@@ -328,6 +328,11 @@ _TREES_OF_HOSTS = (
         )
     )
     .order_by(HostRow.id)
+    # Locked as read (FOR NO KEY UPDATE, in id order; SQLite has no row locks): a writer
+    # that bumped a generation between this read and the compare-and-swap made the claim
+    # lose and retry, and host agents reporting every fraction of a second on a few hosts
+    # made a batch lose all its retries.
+    .with_for_update(key_share=True, of=HostRow)
 )
 
 
