@@ -53,12 +53,14 @@ def _race(url: str, writers: list[Callable[[Loadmaster, int], None]]) -> list[st
     return lost
 
 
+def _two_hosts(url: str) -> tuple[str, str]:
+    with loadmaster.open(url) as lm:
+        made = [lm.hosts.create(n, inventories={"VCPU": {"total": 10_000}}) for n in "ab"]
+    return made[0].uuid, made[1].uuid
+
+
 def test_multi_consumer_writes_over_crossing_hosts_never_deadlock(pg_url: str) -> None:
-    with loadmaster.open(pg_url) as lm:
-        a, b = (
-            lm.hosts.create(name, inventories={"VCPU": {"total": 10_000}}).uuid
-            for name in ("a", "b")
-        )
+    a, b = _two_hosts(pg_url)
 
     def writer(first: str, second: str, side: str) -> Callable[[Loadmaster, int], None]:
         def write(lm: Loadmaster, i: int) -> None:
@@ -75,11 +77,7 @@ def test_multi_consumer_writes_over_crossing_hosts_never_deadlock(pg_url: str) -
 
 
 def test_reshapes_over_crossing_hosts_never_deadlock(pg_url: str) -> None:
-    with loadmaster.open(pg_url) as lm:
-        a, b = (
-            lm.hosts.create(name, inventories={"VCPU": {"total": 10_000}}).uuid
-            for name in ("a", "b")
-        )
+    a, b = _two_hosts(pg_url)
 
     def reshaper(mine: str, theirs: str, side: str) -> Callable[[Loadmaster, int], None]:
         def write(lm: Loadmaster, i: int) -> None:
