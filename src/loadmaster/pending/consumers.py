@@ -50,14 +50,7 @@ def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
         # Several plain consumers: their rows, then every host any of them touches, each
         # kind locked in one pass in id order, so two writes over crossing consumers or
         # hosts queue up instead of deadlocking. (A VM's write takes the claim's order.)
-        held = list(
-            session.scalars(
-                select(ConsumerRow.id)
-                .where(ConsumerRow.uuid.in_([w.consumer for w in writes]))
-                .order_by(ConsumerRow.id)
-                .with_for_update()
-            )
-        )
+        held = lock_consumers(session, [w.consumer for w in writes])
         lock_hosts(session, with_roots(session, hosts_touched(session, writes, held)))
     for item in writes:
         # A VM's row first, then its consumer's: the lock order of every VM writer.
@@ -75,6 +68,18 @@ def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
             _write_vm(session, vm, item)
         else:
             _write_plain(session, consumer, item)
+
+
+def lock_consumers(session: Session, uuids: Sequence[str]) -> list[int]:
+    """Lock these consumers' rows (those that exist) in id order; their ids."""
+    return list(
+        session.scalars(
+            select(ConsumerRow.id)
+            .where(ConsumerRow.uuid.in_(uuids))
+            .order_by(ConsumerRow.id)
+            .with_for_update()
+        )
+    )
 
 
 def hosts_touched(

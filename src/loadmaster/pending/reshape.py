@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -25,7 +24,6 @@ from loadmaster.pending import consumers
 from loadmaster.pending.trees import with_roots
 from loadmaster.resources import Inventory
 from loadmaster.store.locking import bump_generations, lock_hosts, lock_vms, mark_changed
-from loadmaster.store.schema import ConsumerRow
 
 
 @dataclass(frozen=True)
@@ -53,14 +51,7 @@ def reshape(
             field=f"allocations.{first}",
         )
     # The lock order of Placement writes: consumers, then providers, the clock last.
-    moving = list(
-        session.scalars(
-            select(ConsumerRow.id)
-            .where(ConsumerRow.uuid.in_(names))
-            .order_by(ConsumerRow.id)
-            .with_for_update()
-        )
-    )
+    moving = consumers.lock_consumers(session, names)
     lock_hosts(
         session,
         with_roots(
