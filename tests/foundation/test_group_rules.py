@@ -3,8 +3,12 @@ would break affinity, anti-affinity or max_per_host is refused and writes nothin
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from dbstate import dump
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loadmaster.api.errors import status_of
 from loadmaster.errors import (
@@ -14,7 +18,9 @@ from loadmaster.errors import (
     ValidationError,
 )
 from loadmaster.pending import Claim, audit
+from loadmaster.pending.group_rules import GroupRules
 from loadmaster.service import Loadmaster
+from loadmaster.store.schema import HostRow, ServerGroupRow, VmRow
 
 
 @pytest.fixture
@@ -149,3 +155,39 @@ def test_pending_affinity_members_move_together_or_not_at_all(cluster: Loadmaste
             [Claim(a, "h2", move=True), Claim(b, "nowhere", move=True)], all_or_nothing=False
         )
     assert dump(lm) == before
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),  # VM
+            st.sampled_from(["requested", "pending", "running"]),
+            st.integers(0, 3),  # its host now (if placed)
+            st.integers(0, 3),  # the host it is claimed on
+        ),
+        max_size=30,
+    ),
+    st.integers(1, 3),
+)
+def test_counted_limit_agrees_with_walking_the_members(
+    steps: list[tuple[int, str, int, int]], limit: int
+) -> None:
+    """``check`` counts a group's members per host instead of walking them all (a batch of
+    a 1,000-member group); after any sequence of landed claims, including migrations that
+    count on two hosts and a VM claimed again, it refuses exactly when the walk says the
+    host already holds ``limit`` other members."""
+    group = ServerGroupRow(id=1, name="g", policy="soft-anti-affinity", max_per_host=limit)
+    rules = GroupRules({1: group}, {1: {}}, {1: Counter()})
+    hosts = [HostRow(id=h, name=f"h{h}") for h in range(4)]
+    for vm_id, state, now_on, claimed_on in steps:
+        vm = VmRow(id=vm_id, uuid=f"vm-{vm_id}", group_id=1, state=state)
+        vm.host_id = None if state == "requested" else now_on
+        host = hosts[claimed_on]
+        walked = sum(host.id in on for other, on in rules.members[1].items() if other != vm_id)
+        if walked >= limit:
+            with pytest.raises(GroupPolicyViolation):
+                rules.check(vm, host)
+            continue
+        rules.check(vm, host)
+        rules.add(vm, host)
