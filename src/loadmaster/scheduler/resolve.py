@@ -46,12 +46,16 @@ class Resolved:
     leaving: dict[str, list[int]] = field(default_factory=dict)
 
 
+def vm_count(spec: RequestSpec) -> int:
+    """How many VMs ``spec`` places (a flavor request without a count: one)."""
+    return spec.count if isinstance(spec.count, int) else len(spec.vms or ()) or 1
+
+
 def check_size(requests: Sequence[RequestSpec], limit: int) -> None:
     total = 0
     for i, spec in enumerate(requests):
         if isinstance(spec, RequestSpec):
-            # A flavor request without a count places one hypothetical VM.
-            total += spec.count if isinstance(spec.count, int) else len(spec.vms or ()) or 1
+            total += vm_count(spec)
         if total > limit:
             raise ValidationError(
                 f"requests[{i}]: one call places at most {limit} VMs in all "

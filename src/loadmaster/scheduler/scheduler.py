@@ -32,12 +32,13 @@ from loadmaster.errors import (
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
 from loadmaster.scheduler import questions
+from loadmaster.scheduler.coalesce import Ticket, Waiting, merge
 from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
 from loadmaster.scheduler.plugins import LoadedFilter, load_filters, load_weighers
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
 from loadmaster.scheduler.reports import record_report
 from loadmaster.scheduler.request import MAX_VMS_PER_CALL, RequestSpec
-from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve
+from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve, vm_count
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
@@ -111,6 +112,8 @@ class Scheduler:
         self._plans: dict[str, Plan] = {}
         # One decision at a time per Scheduler object: the arrays are not thread-safe.
         self._lock = threading.RLock()
+        # Calls waiting for the lock; whichever holds it decides them together (coalesce.py).
+        self._waiting = Waiting()
 
     # -- public API --------------------------------------------------------------------
     def schedule(
@@ -132,7 +135,11 @@ class Scheduler:
         ``intent`` ("start" or "migrate", see ``Claim``) refuses VMs in the other state,
         here and again in the ledger under the VM's row lock. ``seed`` (0 to 2**63 - 1)
         replays a decision: the result's ``seed`` given again on the same state chooses
-        the same hosts. Failures come back per VM in the result; bad requests raise."""
+        the same hosts. Failures come back per VM in the result; bad requests raise.
+
+        Best-effort real calls without a seed that arrive while another call is deciding
+        are decided together with it (``coalesce.py``); each still gets its own result, and
+        its seed replays the batch it was decided in."""
         if seed is not None and (
             isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
         ):
@@ -152,6 +159,8 @@ class Scheduler:
                 f"intent must be start or migrate, got {intent!r}", field="intent"
             )
         check_size(requests, self._max_vms)
+        if not (gang or dry_run or move_pending or seed is not None):
+            return self._together(requests, chosen, intent, started)
         with self._lock:
             if seed is None:
                 seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
@@ -224,6 +233,46 @@ class Scheduler:
         """Store a host agent's latest measurements (see ``reports.record_report``)."""
         record_report(self._store, host, usage, load, running_vms)
 
+    # -- calls decided together ---------------------------------------------------------
+    def _together(
+        self, requests: Sequence[RequestSpec], policy: Policy, intent: str | None, started: float
+    ) -> ScheduleResult:
+        size = sum(vm_count(spec) for spec in requests)
+        ticket = Ticket(requests, (policy.name, intent), started, size)
+        self._waiting.add(ticket)
+        with self._lock:
+            if not ticket.served:
+                batch = self._waiting.take(ticket, self._max_vms)
+                try:
+                    self._decide_together(batch, policy, intent)
+                except BaseException as exc:
+                    for waiting in batch:
+                        if not waiting.served:
+                            waiting.error = exc
+        return ticket.outcome()
+
+    def _decide_together(self, batch: list[Ticket], policy: Policy, intent: str | None) -> None:
+        seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
+        plan = self._plan(policy)
+        resolved, spans = self._begin_many([t.requests for t in batch], False, False, intent)
+        placements, _ = self._best_effort(_Call(resolved, seed, intent), plan, False, False)
+        placements.sort(key=lambda pair: pair[0])
+        for ticket, span in zip(batch, spans, strict=True):
+            if isinstance(span, LoadmasterError):
+                ticket.error = span
+                continue
+            mine = [p for position, p in placements if position in span]
+            ticket.result = ScheduleResult(
+                tuple(mine),
+                gang=False,
+                dry_run=False,
+                policy=policy.name,
+                # Each claim lost to another scheduler made its VM be decided once more.
+                conflicts=sum(max(p.attempts - 1, 0) for p in mine),
+                seconds=time.perf_counter() - ticket.started,
+                seed=seed,
+            )
+
     # -- setting up a call ---------------------------------------------------------------
     def _for_reads(self) -> Scheduler:
         """The twin that answers read-only questions (made on first use)."""
@@ -279,21 +328,42 @@ class Scheduler:
         move_pending: bool = False,
         intent: str | None = None,
     ) -> Resolved:
-        # One read transaction for all three: the snapshot's refresh, the requests and
-        # their groups' members.
+        resolved, (span,) = self._begin_many([requests], dry_run, move_pending, intent)
+        if isinstance(span, LoadmasterError):
+            raise span
+        return resolved
+
+    def _begin_many(
+        self,
+        calls: Sequence[Sequence[RequestSpec]],
+        dry_run: bool,
+        move_pending: bool = False,
+        intent: str | None = None,
+    ) -> tuple[Resolved, list[range | LoadmasterError]]:
+        """The calls resolved as one batch (see ``coalesce.merge``), a refused call
+        carrying its error. One read transaction for all: the snapshot's refresh, the
+        requests and their groups' members."""
         with self._store.read() as session:
             snap = self._source.refresh(session)
-            resolved = resolve(
-                self._store,
-                snap,
-                requests,
-                dry_run=dry_run,
-                move_pending=move_pending,
-                intent=intent,
-                session=session,
-            )
+            each: list[Resolved | LoadmasterError] = []
+            for requests in calls:
+                try:
+                    each.append(
+                        resolve(
+                            self._store,
+                            snap,
+                            requests,
+                            dry_run=dry_run,
+                            move_pending=move_pending,
+                            intent=intent,
+                            session=session,
+                        )
+                    )
+                except LoadmasterError as exc:
+                    each.append(exc)
+            resolved, spans = merge(each)
             self._source.load_groups(resolved.groups.values(), resolved.leaving, session)
-        return resolved
+        return resolved, spans
 
     def _reload(self, call: _Call) -> None:
         self._source.refresh()
