@@ -245,7 +245,10 @@ class HostService:
             for chunk in in_chunks(list(ids)):
                 host_rows.extend(session.scalars(select(HostRow).where(HostRow.id.in_(chunk))))
             host_rows.sort(key=lambda r: r.id)
-            return self._records(session, host_rows)
+            records = self._records(session, host_rows)
+        if len(ids) >= BULK_LOAD:
+            self._store.refresh_statistics(HostRow, InventoryRow, HostTraitRow, HostAggregateRow)
+        return records
 
     def delete(self, ident: str) -> None:
         with self._store.write() as session:
@@ -450,5 +453,11 @@ class HostService:
     def _records(self, session: Session, rows: builtins.list[HostRow]) -> builtins.list[HostRecord]:
         return host_records(session, rows)
 
+
+# A batch this large changes the hosts' tables enough that PostgreSQL's planner, until
+# autovacuum gets to them (a minute or more later), scans all hosts where an index finds
+# the few it needs: measured at 10,000 fresh hosts, the scheduler's per-call "providers
+# changed since" read took 0.4 ms by sequential scan against 0.04 ms by index.
+BULK_LOAD = 1000
 
 _BULK_FIELDS = frozenset({"name", "uuid", "state", "traits", "aggregates", "inventories"})

