@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -44,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import PrivatePostgres, ServedApi  # noqa: E402
+from harness import PrivatePostgres, ServedApi, run_worker  # noqa: E402
 from single_placement import _peak_rss_mib, pg_database, vm_uuids, worker_build  # noqa: E402
 
 TEMPLATE = "conc_template"
@@ -106,19 +105,6 @@ def worker_main(argv: list[str]) -> None:
     else:
         raise SystemExit(f"unknown worker {kind!r}")
     print(json.dumps(out))
-
-
-def run_worker(*args: str, stdin: str | None = None) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, __file__, "--worker", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"worker {args[0]} failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 # -- the orchestrator -----------------------------------------------------------------------
@@ -197,7 +183,7 @@ def concurrent_round(
             for i in range(clients)
         ]
         with ThreadPoolExecutor(clients) as pool:
-            outs = list(pool.map(lambda job: run_worker("client-for", stdin=job), jobs))
+            outs = list(pool.map(lambda job: run_worker(__file__, "client-for", stdin=job), jobs))
         rss = max(_peak_rss_mib(pid) for pid in api.worker_pids())
     statuses: Counter[str] = Counter()
     for out in outs:
@@ -243,7 +229,9 @@ def main() -> None:
     cells: dict[int, Cell] = {}
     with PrivatePostgres() as pg:
         console.print(f"building the template: {args.hosts:,} hosts, {args.vms:,} VMs ...")
-        built = run_worker("build", pg_database(pg.url, TEMPLATE), str(args.hosts), str(args.vms))
+        built = run_worker(
+            __file__, "build", pg_database(pg.url, TEMPLATE), str(args.hosts), str(args.vms)
+        )
         uuids = vm_uuids(pg.url.rsplit("/", 1)[0] + "/" + TEMPLATE)
         console.print(
             f"template: {built['hosts_per_s']:,.0f} hosts/s through create_many, "

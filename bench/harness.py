@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -13,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -20,6 +22,28 @@ from loadmaster.microversions import CLIENT_HEADERS
 
 ROOT = Path(__file__).resolve().parents[1]
 POSTGRES = ["bash", str(ROOT / "scripts/postgres.sh")]
+
+
+def run_worker(
+    script: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
+    label: str = "",
+) -> dict[str, Any]:
+    """``python script --worker *args`` in a fresh process; the JSON object it prints
+    last. A failing worker raises with the end of its stderr."""
+    done = subprocess.run(
+        [sys.executable, script, "--worker", *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{label}worker {args[0]} failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def free_port() -> int:

@@ -54,7 +54,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import PrivatePostgres, ServedApi  # noqa: E402
+from harness import PrivatePostgres, ServedApi, run_worker  # noqa: E402
 
 # The commit issue #11 ("Speed: one VM at a time ...") starts from.
 ISSUE_START = "18f1891"
@@ -210,16 +210,7 @@ class Build:
         return {**os.environ, "PYTHONPATH": str(self.src)}
 
     def run(self, *args: str) -> dict[str, Any]:
-        done = subprocess.run(
-            [sys.executable, __file__, "--worker", *args],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{self.name} worker {args[0]} failed:\n{done.stderr[-3000:]}")
-        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+        return run_worker(__file__, *args, env=self.env(), label=f"{self.name} ")
 
 
 @dataclass
