@@ -17,7 +17,10 @@ database audited (``loadmaster.pending.audit``).
 
 Printed, per worker count (medians over rounds; counts summed): requests, placements,
 placements/s, p50 and p99 ms per request, 409s per 1,000 placements, other non-200
-answers, the peak RSS of the largest server worker, placements the database holds against
+answers, the CPU spent per placement during the clients' window (by the server's
+processes, by PostgreSQL's, and by the whole machine, clients included: on a machine the
+run saturates, throughput is its cores over that last figure), the peak RSS of the
+largest server worker, placements the database holds against
 those the clients counted, and the audit's problems by kind. Then the ratio placements/s
 at the most workers / at the fewest, and whether throughput rises with workers. Each run
 also prints the requests per client (uneven when a worker holds fewer clients' connections;
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -108,6 +112,54 @@ def worker_main(argv: list[str]) -> None:
 
 
 # -- the orchestrator -----------------------------------------------------------------------
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds used so far: by the server's processes, by PostgreSQL's, and by the
+    whole machine (busy, all cores)."""
+
+    server: float
+    postgres: float
+    machine: float
+
+    def __sub__(self, other: CpuSample) -> CpuSample:
+        return CpuSample(
+            self.server - other.server,
+            self.postgres - other.postgres,
+            self.machine - other.machine,
+        )
+
+
+def _process_cpu(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_sample(api: ServedApi) -> CpuSample:
+    server = {api.process.pid, *api.worker_pids()}
+    postgres = 0.0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "cmdline").read_bytes().startswith(b"postgres"):
+                    postgres += _process_cpu(int(proc.name))
+            except OSError:
+                continue
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return CpuSample(
+        sum(_process_cpu(pid) for pid in server),
+        postgres,
+        (user + nice + system + irq + softirq + steal) / TICK,
+    )
+
+
 @dataclass
 class Run:
     seconds: float
@@ -120,6 +172,8 @@ class Run:
     late_s: float
     exhausted: bool
     per_client: list[int]
+    # CPU used during the clients' window (start to deadline).
+    cpu: CpuSample
 
     @property
     def rate(self) -> float:
@@ -144,6 +198,9 @@ class Cell:
 
     def placed(self) -> int:
         return sum(r.placed for r in self.runs)
+
+    def cpu_ms_per_placement(self, part: str) -> float:
+        return statistics.median(1000 * getattr(r.cpu, part) / r.placed for r in self.runs)
 
     def conflicts_per_1000(self) -> float:
         placed = self.placed()
@@ -183,7 +240,12 @@ def concurrent_round(
             for i in range(clients)
         ]
         with ThreadPoolExecutor(clients) as pool:
-            outs = list(pool.map(lambda job: run_worker(__file__, "client-for", stdin=job), jobs))
+            running = pool.map(lambda job: run_worker(__file__, "client-for", stdin=job), jobs)
+            time.sleep(max(0.0, start - time.time()))
+            before = cpu_sample(api)
+            time.sleep(max(0.0, start + seconds - time.time()))
+            used = cpu_sample(api) - before
+            outs = list(running)
         rss = max(_peak_rss_mib(pid) for pid in api.worker_pids())
     statuses: Counter[str] = Counter()
     for out in outs:
@@ -201,6 +263,7 @@ def concurrent_round(
         late_s=max(out["late_s"] for out in outs),
         exhausted=any(out["exhausted"] for out in outs),
         per_client=[out["requests"] for out in outs],
+        cpu=used,
     )
 
 
@@ -271,6 +334,9 @@ def main() -> None:
         "p99 ms",
         "409/1000",
         "other non-200",
+        "server CPU ms/placement",
+        "PostgreSQL CPU ms/placement",
+        "machine CPU ms/placement",
         "worker peak RSS MiB",
         "placed in DB",
         "audit",
@@ -291,6 +357,9 @@ def main() -> None:
             f"{cell.quantile_ms(99):.1f}",
             f"{cell.conflicts_per_1000():.1f}",
             ", ".join(f"{k}: {n}" for k, n in other.items()) or "none",
+            f"{cell.cpu_ms_per_placement('server'):.2f}",
+            f"{cell.cpu_ms_per_placement('postgres'):.2f}",
+            f"{cell.cpu_ms_per_placement('machine'):.2f}",
             f"{max(r.peak_rss_mib for r in cell.runs):,.0f}",
             f"{sum(r.placed_in_db for r in cell.runs):,}",
             ", ".join(f"{k}: {n}" for k, n in sorted(problems.items())) or "clean",

@@ -60,6 +60,8 @@ from harness import PrivatePostgres, ServedApi, run_worker  # noqa: E402
 ISSUE_START = "18f1891"
 FLAVOR = {"VCPU": 4, "MEMORY_MB": 8192, "DISK_GB": 40}
 CREATE_CHUNK = 5000
+# Client processes are started this long before they all begin.
+CLIENT_START_S = 3.0
 MODES = ("inprocess", "http-sqlite", "http-pg", "http-pg-4")
 
 
@@ -117,7 +119,9 @@ def worker_inprocess(db: str) -> dict[str, Any]:
     }
 
 
-def worker_client(url: str, token: str, uuids: list[str]) -> dict[str, Any]:
+def worker_client(url: str, token: str, uuids: list[str], start_at: float) -> dict[str, Any]:
+    """One VM per request from ``start_at`` (wall clock, so that every client process,
+    started one after the other, begins together); when the last answer came."""
     from loadmaster.microversions import CLIENT_HEADERS
 
     headers = {**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}
@@ -125,6 +129,7 @@ def worker_client(url: str, token: str, uuids: list[str]) -> dict[str, Any]:
     statuses: Counter[int] = Counter()
     placed = 0
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+        time.sleep(max(0.0, start_at - time.time()))
         for uuid in uuids:
             t0 = time.perf_counter()
             answer = http.post("/schedule", json={"requests": [{"vms": [uuid]}]})
@@ -132,7 +137,12 @@ def worker_client(url: str, token: str, uuids: list[str]) -> dict[str, Any]:
             statuses[answer.status_code] += 1
             if answer.status_code == 200:
                 placed += sum(1 for p in answer.json()["placements"] if p.get("host"))
-    return {"latencies": latencies, "placed": placed, "statuses": dict(statuses)}
+    return {
+        "latencies": latencies,
+        "placed": placed,
+        "statuses": dict(statuses),
+        "ended": time.time(),
+    }
 
 
 def worker_register(url: str, token: str, count: int) -> dict[str, Any]:
@@ -192,7 +202,7 @@ def worker_main(argv: list[str]) -> None:
     elif kind == "inprocess":
         out = worker_inprocess(rest[0])
     elif kind == "client":
-        out = worker_client(rest[0], rest[1], rest[2].split(","))
+        out = worker_client(rest[0], rest[1], rest[2].split(","), float(rest[3]))
     elif kind == "register":
         out = worker_register(rest[0], rest[1], int(rest[2]))
     else:
@@ -265,15 +275,18 @@ def http_round(
                 json={"requests": [{"flavor": "bench", "count": 1}], "dry_run": True},
             ).raise_for_status()
             load = time.perf_counter() - started
-        shares = [uuids[i::clients] for i in range(clients)]
-        started = time.perf_counter()
+        shares = [",".join(uuids[i::clients]) for i in range(clients)]
+        # Timed from one instant all clients wait for, not from the first process's start:
+        # a client process takes about half a second to start, as long as the work itself.
+        start_at = time.time() + CLIENT_START_S
         with ThreadPoolExecutor(clients) as pool:
             outs = list(
                 pool.map(
-                    lambda share: build.run("client", api.url, api.token, ",".join(share)), shares
+                    lambda share: build.run("client", api.url, api.token, share, str(start_at)),
+                    shares,
                 )
             )
-        seconds = time.perf_counter() - started
+        seconds = max(out["ended"] for out in outs) - start_at
         rss = max(_peak_rss_mib(pid) for pid in api.worker_pids())
     statuses: Counter[str] = Counter()
     for out in outs:

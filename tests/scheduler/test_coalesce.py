@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
-from loadmaster.errors import NotFound
+from loadmaster.errors import NotFound, ValidationError
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec, ScheduleResult
 from loadmaster.service import Loadmaster
@@ -148,3 +148,13 @@ def test_calls_that_differ_are_decided_on_their_own(slm: Loadmaster, other: dict
     seeds = [r.seed for r in results if isinstance(r, ScheduleResult)]
     # The two plain calls share a batch; the other one was decided by itself.
     assert seeds[0] == seeds[2] != seeds[1]
+
+
+@pytest.mark.parametrize("junk", [{"vms": ["x"]}, "x", None])
+def test_what_is_not_a_request_is_refused_by_name(slm: Loadmaster, junk: object) -> None:
+    """A call queues before its requests are checked: what it holds must not break the
+    queue, and the caller hears which request is wrong."""
+    with pytest.raises(ValidationError) as refused:
+        slm.scheduler.schedule([junk])  # type: ignore[list-item]
+    assert refused.value.field == "requests[0]"
+    assert not slm.scheduler._waiting._tickets

@@ -39,7 +39,14 @@ class Ticket:
     error: BaseException | None = None
 
     def __post_init__(self) -> None:
-        self.vms = frozenset(canonical_uuid(v) for spec in self.requests for v in spec.vms)
+        # Not yet checked (resolve does that, and refuses what is not a RequestSpec).
+        self.vms = frozenset(
+            canonical_uuid(v)
+            for spec in self.requests
+            if isinstance(spec, RequestSpec)
+            for v in spec.vms or ()
+            if isinstance(v, str)
+        )
 
     @property
     def served(self) -> bool:

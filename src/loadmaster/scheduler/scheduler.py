@@ -237,7 +237,7 @@ class Scheduler:
     def _together(
         self, requests: Sequence[RequestSpec], policy: Policy, intent: str | None, started: float
     ) -> ScheduleResult:
-        size = sum(vm_count(spec) for spec in requests)
+        size = sum(vm_count(spec) for spec in requests if isinstance(spec, RequestSpec))
         ticket = Ticket(requests, (policy.name, intent), started, size)
         self._waiting.add(ticket)
         with self._lock:
