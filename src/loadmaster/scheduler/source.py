@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 from sqlalchemy import (
     Float,
     Integer,
+    String,
     bindparam,
     cast,
     func,
@@ -26,6 +28,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
@@ -159,7 +162,6 @@ class SnapshotSource:
         (on PostgreSQL each statement is a round trip, and with several workers every
         refresh reloads what the others changed)."""
         snap = self.snapshot
-        rows = [snap.row_of[i] for i in host_ids]
         for chunk in in_chunks(list(host_ids)):
             chunk_rows = [snap.row_of[i] for i in chunk]
             for array in (snap.capacity, snap.used, snap.min_unit, snap.max_unit):
@@ -167,12 +169,18 @@ class SnapshotSource:
             snap.step[:, chunk_rows] = 1
             snap.trait_matrix[chunk_rows] = False
             snap.aggregate_matrix[chunk_rows] = False
-            found = session.execute(_PROVIDER_CONTENTS, {"ids": chunk}).all()
+            # The VMs are counted on the trees' roots, whichever of their providers changed.
+            hosts = sorted({int(snap.root_of[r]) for r in chunk_rows})
+            snap.vm_count[hosts] = 0
+            roots = [int(snap.provider_ids[snap.roots[h]]) for h in hosts]
+            found = session.execute(_PROVIDER_CONTENTS, {"ids": chunk, "roots": roots}).all()
             # A usage row names its class by id; the inventory rows say whose id it is.
             class_name = {r.class_id: r.name for r in found if r.kind == trees.INVENTORY}
             for kind, host_id, class_id, name, a, b, c, d, e, ratio in found:
                 row = snap.row_of[host_id]
-                if kind == _HOST:  # name: its state; a: its generation; b: its root
+                if kind == _VMS:  # a: how many placed VMs run on or head to it
+                    snap.vm_count[snap.root_of[row]] += a
+                elif kind == _HOST:  # name: its state; a: its generation; b: its root
                     if snap.provider_ids[snap.roots[snap.root_of[row]]] != (b or host_id):
                         return False
                     snap.generation[row] = a
@@ -198,26 +206,8 @@ class SnapshotSource:
                     if name not in snap.aggregates:
                         return False
                     snap.aggregate_matrix[row, snap.aggregates[name]] = True
-        self._count_vms(session, sorted({int(snap.root_of[r]) for r in rows}))
         snap.derive()
         return True
-
-    def _count_vms(self, session: Session, hosts: list[int]) -> None:
-        snap = self.snapshot
-        ids = [int(snap.provider_ids[snap.roots[h]]) for h in hosts]
-        snap.vm_count[hosts] = 0
-        for chunk in in_chunks(ids):
-            placed = VmRow.state.in_(PLACED_STATES)
-            here = union_all(
-                select(VmRow.host_id.label("host")).where(placed, VmRow.host_id.in_(chunk)),
-                select(VmRow.target_host_id.label("host")).where(
-                    placed, VmRow.target_host_id.in_(chunk)
-                ),
-            ).subquery()
-            for host_id, count in session.execute(
-                select(here.c.host, func.count()).group_by(here.c.host)
-            ):
-                snap.vm_count[snap.root_of[snap.row_of[host_id]]] = count
 
     def _load_reports(self, session: Session) -> None:
         snap = self.snapshot
@@ -289,7 +279,9 @@ _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
 
 # ``_reload``'s one statement: the providers' own rows and their aggregates beside what
 # the ledger's trees read (inventories with class names, usage, traits).
-_HOST, _AGGREGATE = 10, 11
+_HOST, _AGGREGATE, _VMS = 10, 11, 12
+_ROOTS: BindParameter[Any] = bindparam("roots", expanding=True)
+_PLACED = VmRow.state.in_(PLACED_STATES)
 _PROVIDER_CONTENTS = union_all(
     # The first branch names the columns of them all.
     select(
@@ -317,4 +309,22 @@ _PROVIDER_CONTENTS = union_all(
         trees.NO_INT,
         cast(null(), Float),
     ).where(HostAggregateRow.host_id.in_(trees.IDS)),
+    # A migrating VM counts on its source and its destination: a row from each branch.
+    *(
+        select(
+            literal_column(str(_VMS)),
+            column,
+            cast(null(), Integer),
+            cast(null(), String),
+            func.count(),
+            trees.NO_INT,
+            trees.NO_INT,
+            trees.NO_INT,
+            trees.NO_INT,
+            cast(null(), Float),
+        )
+        .where(_PLACED, column.in_(_ROOTS))
+        .group_by(column)
+        for column in (VmRow.host_id, VmRow.target_host_id)
+    ),
 )
