@@ -16,7 +16,8 @@ from the same start instant until the same deadline. The server is stopped and t
 database audited (``loadmaster.pending.audit``).
 
 Printed, per worker count (medians over rounds; counts summed): requests, placements,
-placements/s, p50 and p99 ms per request, 409s per 1,000 placements, other non-200
+placements/s, p50 and p99 ms per request, 409s per 1,000 placements, claims decided again
+(lost to another worker inside a call, not answered 409) per 1,000, other non-200
 answers, the CPU spent per placement during the clients' window (by the server's
 processes, by PostgreSQL's, and by the whole machine, clients included: on a machine the
 run saturates, throughput is its cores over that last figure), the peak RSS of the
@@ -64,7 +65,7 @@ def worker_client_for(job: dict[str, Any]) -> dict[str, Any]:
     uuids: list[str] = job["uuids"]
     latencies: list[float] = []
     statuses: Counter[str] = Counter()
-    placed = 0
+    placed = retried = 0
     with httpx.Client(base_url=job["url"], headers=headers, timeout=60) as http:
         late = time.time() - job["start"]
         if late < 0:
@@ -84,12 +85,16 @@ def worker_client_for(job: dict[str, Any]) -> dict[str, Any]:
                 latencies.append(time.perf_counter() - t0)
             statuses[str(answer.status_code)] += 1
             if answer.status_code == 200:
-                placed += sum(1 for p in answer.json()["placements"] if p.get("host"))
+                result = answer.json()
+                placed += sum(1 for p in result["placements"] if p.get("host"))
+                # Claims lost to another worker and decided again inside the call.
+                retried += result["conflicts"]
         exhausted = time.perf_counter() < deadline
         seconds = time.perf_counter() - started
     return {
         "latencies": [round(x, 6) for x in latencies],
         "placed": placed,
+        "retried": retried,
         "statuses": dict(statuses),
         "seconds": seconds,
         "late_s": max(late, 0.0),
@@ -165,6 +170,7 @@ class Run:
     seconds: float
     latencies: list[float]
     placed: int
+    retried: int
     statuses: Counter[str]
     peak_rss_mib: float
     placed_in_db: int
@@ -198,6 +204,10 @@ class Cell:
 
     def placed(self) -> int:
         return sum(r.placed for r in self.runs)
+
+    def retried_per_1000(self) -> float:
+        placed = self.placed()
+        return 1000 * sum(r.retried for r in self.runs) / placed if placed else 0.0
 
     def cpu_ms_per_placement(self, part: str) -> float:
         return statistics.median(1000 * getattr(r.cpu, part) / r.placed for r in self.runs)
@@ -256,6 +266,7 @@ def concurrent_round(
         seconds=max(out["seconds"] for out in outs),
         latencies=[x for out in outs for x in out["latencies"]],
         placed=sum(out["placed"] for out in outs),
+        retried=sum(out["retried"] for out in outs),
         statuses=statuses,
         peak_rss_mib=rss,
         placed_in_db=len(uuids) - len(vm_uuids(url)),
@@ -333,6 +344,7 @@ def main() -> None:
         "p50 ms",
         "p99 ms",
         "409/1000",
+        "decided again/1000",
         "other non-200",
         "server CPU ms/placement",
         "PostgreSQL CPU ms/placement",
@@ -356,6 +368,7 @@ def main() -> None:
             f"{cell.quantile_ms(50):.1f}",
             f"{cell.quantile_ms(99):.1f}",
             f"{cell.conflicts_per_1000():.1f}",
+            f"{cell.retried_per_1000():.1f}",
             ", ".join(f"{k}: {n}" for k, n in other.items()) or "none",
             f"{cell.cpu_ms_per_placement('server'):.2f}",
             f"{cell.cpu_ms_per_placement('postgres'):.2f}",
