@@ -118,6 +118,10 @@ class ServedApi:
         )
         try:
             self.wait_ready(workers)
+        except RuntimeError as exc:
+            self.close()
+            tail = Path(log_path).read_text(errors="replace")[-2000:] if log_path else ""
+            raise RuntimeError(f"{exc}; the server said:\n{tail}" if tail else str(exc)) from None
         except BaseException:
             self.close()
             raise
@@ -156,7 +160,8 @@ class ServedApi:
                 try:
                     if (
                         len(self.worker_pids()) >= workers
-                        and http.get("/resource_providers").status_code == 200
+                        # A read that stays small however many hosts there are.
+                        and http.get("/resource_classes/VCPU").status_code == 200
                     ):
                         return
                 except httpx.TransportError:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.host_rows import (
@@ -57,10 +57,32 @@ class HostService:
             return self._record(session, lookup.host_row(session, ident))
 
     def list(
-        self, *, state: str | None = None, roots_only: bool = False, aggregate: str | None = None
+        self,
+        *,
+        state: str | None = None,
+        roots_only: bool = False,
+        aggregate: str | None = None,
+        name: str | None = None,
+        uuid: str | None = None,
+        in_tree: str | None = None,
     ) -> list[HostRecord]:
+        """Hosts and child providers by name; the filters are applied by the database, so
+        asking for one provider of 100,000 reads one (``in_tree``: the providers of the
+        tree that provider ``in_tree``, a uuid, belongs to)."""
         with self._store.read() as session:
             query = select(HostRow).order_by(HostRow.name)
+            if name is not None:
+                query = query.where(HostRow.name == name)
+            if uuid is not None:
+                query = query.where(HostRow.uuid == lookup.canonical_uuid(uuid))
+            if in_tree is not None:
+                member = aliased(HostRow)
+                query = query.where(
+                    HostRow.root_id
+                    == select(func.coalesce(member.root_id, member.id))
+                    .where(member.uuid == lookup.canonical_uuid(in_tree))
+                    .scalar_subquery()
+                )
             if state is not None:
                 query = query.where(HostRow.state == validate_state(state))
             if roots_only:

@@ -21,6 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
@@ -59,7 +60,7 @@ def _sqlite_engine(url: str) -> Engine:
 class Store:
     """The database behind every service: sessions for reading and for writing."""
 
-    def __init__(self, url: str, *, pool_size: int = 5) -> None:
+    def __init__(self, url: str, *, pool_size: int = 5, pool_timeout: float = 30.0) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite:
@@ -68,7 +69,9 @@ class Store:
                 **{_SQLITE_BEGIN: "IMMEDIATE"}
             )
         else:
-            self.engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True)
+            self.engine = create_engine(
+                url, pool_size=pool_size, pool_timeout=pool_timeout, pool_pre_ping=True
+            )
             self._write_engine = self.engine
         # A read of several statements (the audit, a scheduler snapshot, a usage report) must
         # see one snapshot: under PostgreSQL's default READ COMMITTED a claim committing
@@ -163,6 +166,13 @@ class Store:
                 raise
             log.error("database unavailable: %s", exc.orig)
             raise StoreUnavailable("database unavailable; nothing was written") from exc
+        except PoolTimeout as exc:
+            # Every pooled connection stayed busy for pool_timeout: the service is
+            # overloaded, which the client should hear as "try again", not as a bug.
+            log.error("no database connection free: %s", exc)
+            raise StoreUnavailable(
+                "every database connection is busy; nothing was written, retry"
+            ) from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 log.error("database connection lost: %s", exc.orig)

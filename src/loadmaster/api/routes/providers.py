@@ -127,21 +127,17 @@ def list_providers(
     traits = queries.required(required, version)
     queries.known_traits(traits.names(), set(lm.traits.list(names=traits.names())))
     wanted_uuid = queries.uuid_param(uuid, "uuid") if uuid is not None else None
-    hosts = lm.hosts.list()
-    root: str | None = None
+    tree: str | None = None
     if in_tree is not None:
         if not version.matches(*queries.IN_TREE_SINCE):
             raise queries.too_new("in_tree")
         tree = queries.uuid_param(in_tree, "in_tree")
-        root = next((h.root for h in hosts if h.uuid == tree), "")
+    hosts = lm.hosts.list(name=name, uuid=wanted_uuid, in_tree=tree)
     return {
         "resource_providers": [
             views.provider(h, version)
             for h in hosts
-            if (name is None or h.name == name)
-            and (wanted_uuid is None or h.uuid == wanted_uuid)
-            and (root is None or h.root == root)
-            and wanted.admits({a.lower() for a in h.aggregates})
+            if wanted.admits({a.lower() for a in h.aggregates})
             and traits.admits(set(h.traits))
             and room(h)
         ]
