@@ -107,6 +107,32 @@ def load_trees(
 INVENTORY, USED, TRAIT = 0, 1, 2
 IDS: BindParameter[Any] = bindparam("ids", expanding=True)
 NO_INT = cast(null(), BigInteger)
+
+
+def sparse_row(
+    kind: int,
+    host_id: Any,
+    name: Any,
+    *,
+    class_id: Any = None,
+    a: Any = NO_INT,
+) -> tuple[Any, ...]:
+    """The columns of a contents branch that says no more than a provider, a name, and
+    perhaps a class and one amount; the other columns are typed NULLs."""
+    return (
+        literal_column(str(kind)),
+        host_id,
+        cast(null(), Integer) if class_id is None else class_id,
+        name,
+        a,
+        NO_INT,
+        NO_INT,
+        NO_INT,
+        NO_INT,
+        cast(null(), Float),
+    )
+
+
 # A provider's contents, one row each, told apart by ``kind``: (kind, host_id, class_id,
 # name, a, b, c, d, e, ratio). The snapshot's reload adds branches of its own.
 TREE_BRANCHES: tuple[Select[*tuple[Any, ...]], ...] = (
@@ -125,31 +151,17 @@ TREE_BRANCHES: tuple[Select[*tuple[Any, ...]], ...] = (
     .join(ResourceClassRow, ResourceClassRow.id == InventoryRow.resource_class_id)
     .where(InventoryRow.host_id.in_(IDS)),
     select(
-        literal_column(str(USED)),
-        AllocationRow.host_id,
-        AllocationRow.resource_class_id,
-        AllocationRow.state,
-        cast(func.sum(AllocationRow.amount), BigInteger),
-        NO_INT,
-        NO_INT,
-        NO_INT,
-        NO_INT,
-        cast(null(), Float),
+        *sparse_row(
+            USED,
+            AllocationRow.host_id,
+            AllocationRow.state,
+            class_id=AllocationRow.resource_class_id,
+            a=cast(func.sum(AllocationRow.amount), BigInteger),
+        )
     )
     .where(AllocationRow.host_id.in_(IDS))
     .group_by(AllocationRow.host_id, AllocationRow.resource_class_id, AllocationRow.state),
-    select(
-        literal_column(str(TRAIT)),
-        HostTraitRow.host_id,
-        cast(null(), Integer),
-        TraitRow.name,
-        NO_INT,
-        NO_INT,
-        NO_INT,
-        NO_INT,
-        NO_INT,
-        cast(null(), Float),
-    )
+    select(*sparse_row(TRAIT, HostTraitRow.host_id, TraitRow.name))
     .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
     .where(HostTraitRow.host_id.in_(IDS)),
 )

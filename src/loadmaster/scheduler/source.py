@@ -298,31 +298,11 @@ _PROVIDER_CONTENTS = union_all(
     ).where(HostRow.id.in_(trees.IDS)),
     *trees.TREE_BRANCHES,
     select(
-        literal_column(str(_AGGREGATE)),
-        HostAggregateRow.host_id,
-        cast(null(), Integer),
-        HostAggregateRow.aggregate,
-        trees.NO_INT,
-        trees.NO_INT,
-        trees.NO_INT,
-        trees.NO_INT,
-        trees.NO_INT,
-        cast(null(), Float),
+        *trees.sparse_row(_AGGREGATE, HostAggregateRow.host_id, HostAggregateRow.aggregate)
     ).where(HostAggregateRow.host_id.in_(trees.IDS)),
     # A migrating VM counts on its source and its destination: a row from each branch.
     *(
-        select(
-            literal_column(str(_VMS)),
-            column,
-            cast(null(), Integer),
-            cast(null(), String),
-            func.count(),
-            trees.NO_INT,
-            trees.NO_INT,
-            trees.NO_INT,
-            trees.NO_INT,
-            cast(null(), Float),
-        )
+        select(*trees.sparse_row(_VMS, column, cast(null(), String), a=func.count()))
         .where(_PLACED, column.in_(_ROOTS))
         .group_by(column)
         for column in (VmRow.host_id, VmRow.target_host_id)
