@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from loadmaster.cluster.lookup import canonical_uuid
 from loadmaster.errors import LoadmasterError
 from loadmaster.scheduler.request import RequestSpec
-from loadmaster.scheduler.resolve import Resolved
+from loadmaster.scheduler.resolve import Resolved, vm_count
 from loadmaster.scheduler.results import ScheduleResult
 
 
@@ -33,19 +33,17 @@ class Ticket:
     # (policy, intent): only calls that agree on both are decided together.
     key: tuple[str, str | None]
     started: float
-    size: int
+    size: int = field(init=False)
     vms: frozenset[str] = field(init=False)
     result: ScheduleResult | None = None
     error: BaseException | None = None
 
     def __post_init__(self) -> None:
         # Not yet checked (resolve does that, and refuses what is not a RequestSpec).
+        specs = [spec for spec in self.requests if isinstance(spec, RequestSpec)]
+        self.size = sum(vm_count(spec) for spec in specs)
         self.vms = frozenset(
-            canonical_uuid(v)
-            for spec in self.requests
-            if isinstance(spec, RequestSpec)
-            for v in spec.vms or ()
-            if isinstance(v, str)
+            canonical_uuid(v) for spec in specs for v in spec.vms or () if isinstance(v, str)
         )
 
     @property

@@ -38,7 +38,7 @@ from loadmaster.scheduler.plugins import LoadedFilter, load_filters, load_weighe
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
 from loadmaster.scheduler.reports import record_report
 from loadmaster.scheduler.request import MAX_VMS_PER_CALL, RequestSpec
-from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve, vm_count
+from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
@@ -237,8 +237,7 @@ class Scheduler:
     def _together(
         self, requests: Sequence[RequestSpec], policy: Policy, intent: str | None, started: float
     ) -> ScheduleResult:
-        size = sum(vm_count(spec) for spec in requests if isinstance(spec, RequestSpec))
-        ticket = Ticket(requests, (policy.name, intent), started, size)
+        ticket = Ticket(requests, (policy.name, intent), started)
         self._waiting.add(ticket)
         with self._lock:
             if not ticket.served:
