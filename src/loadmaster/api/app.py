@@ -31,6 +31,7 @@ from loadmaster.api.routes import (
     vms,
     vocabulary,
 )
+from loadmaster.hostcontrol import HostWatch
 from loadmaster.service import Loadmaster, open_loadmaster
 from loadmaster.settings import default, load_settings
 from loadmaster.settings_model import Settings
@@ -63,12 +64,19 @@ def create_app(
     owned = not isinstance(lm, Loadmaster)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load the scheduler's host arrays now, not on the first placement request.
         service.scheduler.refresh()
-        yield
-        if owned:
-            service.close()
+        watch: HostWatch = app.state.watch
+        await watch.start()
+        service.host_agents.watch = watch
+        try:
+            yield
+        finally:
+            service.host_agents.watch = None
+            await watch.stop()
+            if owned:
+                service.close()
 
     app = FastAPI(
         title="loadmaster",
@@ -82,6 +90,8 @@ def create_app(
         strict_content_type=False,
     )
     app.state.lm = service
+    # The process's one watcher of host changes, where agents' long-polls wait.
+    app.state.watch = HostWatch(service.store)
     app.state.metrics = Metrics(service)
     errors.install(app)
     routers = [

@@ -156,6 +156,7 @@ class AuthMiddleware:
         elif role != "admin" and scope["method"] not in READ_METHODS:
             response = error_response(Forbidden(f"role {role} may only read; writing needs admin"))
         else:
+            scope.setdefault("state", {})["role"] = role
             await self.app(scope, receive, send)
             return
         await response(scope, receive, send)

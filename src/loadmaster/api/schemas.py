@@ -195,7 +195,8 @@ class ScheduleIn(Body):
 
 
 class HostReport(Body):
-    running_vms: list[Name] = []
+    # Left out: a report of measurements only; the ledger is not reconciled.
+    running_vms: list[Name] | None = None
     # VMs the host's agent is starting: never taken for gone, however long it takes.
     launching: list[Name] = []
     # The host generation of the last work list the agent read before listing its VMs;

@@ -3,6 +3,8 @@ the OS hands out, so nothing collides with another server on the machine."""
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import socket
 import threading
 import time
@@ -27,7 +29,43 @@ class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_probing(sock)
         super().connection_made(transport)
+
+
+# An agent's long-poll held open counts as hearing from it (``HostWatch``): the kernel's
+# keep-alive probes end the connection of a peer that died without closing it (a host
+# powered off), within KEEPIDLE + KEEPINTVL * KEEPCNT = 25 s, at no cost to the server.
+KEEPIDLE_S, KEEPINTVL_S, KEEPCNT = 10, 5, 3
+# How long a stopping server lets requests finish; a long-poll still held then is ended
+# (its agent reconnects to whichever server answers next).
+GRACEFUL_SHUTDOWN_S = 3
+
+
+# As many connections as the kernel lets one listener queue (net.core.somaxconn caps it).
+LISTEN_BACKLOG = 4096
+
+
+def raise_open_files_limit() -> int:
+    """Each waiting agent holds a connection, and so a file descriptor: the soft limit
+    (often 1,024) goes up to the hard one. Returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def keep_probing(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        ("TCP_KEEPIDLE", KEEPIDLE_S),
+        ("TCP_KEEPINTVL", KEEPINTVL_S),
+        ("TCP_KEEPCNT", KEEPCNT),
+    ):
+        if hasattr(socket, option):  # Linux names; other kernels keep their defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 @dataclass
@@ -56,6 +94,7 @@ def serve_in_thread(app: FastAPI, *, start_timeout: float = 15.0) -> ThreadedSer
             access_log=False,
             log_config=None,
             http=NoDelayHTTPProtocol,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
 from typing import Any
 
 from loadmaster.api.responses import (
@@ -168,4 +167,9 @@ def allocations(
 
 
 def reconcile(result: ReconcileResult) -> dict[str, list[str]]:
-    return {key: list(values) for key, values in asdict(result).items()}
+    return {
+        "activated": list(result.activated),
+        "released": list(result.released),
+        "stopped": list(result.stopped),
+        "unexpected": list(result.unexpected),
+    }

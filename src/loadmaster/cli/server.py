@@ -89,8 +89,14 @@ def serve(
     err_console().print(
         f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
     )
-    from loadmaster.api.server import NoDelayHTTPProtocol
+    from loadmaster.api.server import (
+        GRACEFUL_SHUTDOWN_S,
+        LISTEN_BACKLOG,
+        NoDelayHTTPProtocol,
+        raise_open_files_limit,
+    )
 
+    raise_open_files_limit()
     uvicorn.run(
         "loadmaster.api.app:app_from_env",
         factory=True,
@@ -100,6 +106,9 @@ def serve(
         access_log=False,  # our middleware logs each request as JSON, with its id
         log_level="warning",
         http=NoDelayHTTPProtocol,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # Agents reconnecting together after a restart queue in the kernel, not refused.
+        backlog=LISTEN_BACKLOG,
     )
 
 

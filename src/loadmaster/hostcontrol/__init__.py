@@ -12,6 +12,8 @@ Public API::
         .launch_failed(vm, host, reason) -> LaunchFailure
         .migration_failed(vm, host, reason) -> LaunchFailure
         .status(host) -> AgentStatus
+    HostWatch(store): one per server process; agents' long-polls wait on it, and what
+        the process hears from agents is written through it in bulk.
 """
 
 from loadmaster.hostcontrol.service import (
@@ -25,6 +27,7 @@ from loadmaster.hostcontrol.service import (
     WorkItem,
     WorkList,
 )
+from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
 
 __all__ = [
     "ACTIONS",
@@ -32,8 +35,10 @@ __all__ = [
     "DEFAULT_SILENT_AFTER_S",
     "AgentStatus",
     "HostControl",
+    "HostWatch",
     "LaunchFailure",
     "Registration",
+    "WatchedHost",
     "WorkItem",
     "WorkList",
 ]

@@ -24,9 +24,10 @@ from loadmaster.cluster.host_rows import parse_inventories
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
+from loadmaster.hostcontrol.watch import HostWatch
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import Inventory
-from loadmaster.scheduler import Placement, RequestSpec, Scheduler
+from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
 from loadmaster.store.locking import now
 from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
@@ -115,6 +116,23 @@ class AgentStatus:
 
 
 @dataclass(frozen=True)
+class _Said:
+    """What a report says about the host's VMs, compared between reports."""
+
+    running: frozenset[str]
+    launching: frozenset[str]
+    seen_generation: int | None
+
+    @classmethod
+    def of(cls, running: Sequence[str], launching: Sequence[str], seen: int | None) -> _Said:
+        return cls(
+            frozenset(lookup.canonical_uuid(v) for v in running),
+            frozenset(lookup.canonical_uuid(v) for v in launching),
+            seen,
+        )
+
+
+@dataclass(frozen=True)
 class LaunchFailure:
     """After a host gave a VM up: where it was placed again, or why it stays requested."""
 
@@ -142,6 +160,12 @@ class HostControl:
         self._scheduler = scheduler
         self.max_launch_attempts = max_launch_attempts
         self.silent_after = timedelta(seconds=silent_after_s)
+        # A server process sets its watcher here: liveness is then written in bulk, and
+        # host generations come from its cache.
+        self.watch: HostWatch | None = None
+        # Per host: what the last report this process reconciled said, and the host's
+        # generation after it (see ``report``).
+        self._reconciled: dict[str, tuple[_Said, int]] = {}
 
     # -- registration ----------------------------------------------------------------------
     def register(
@@ -329,7 +353,7 @@ class HostControl:
     def report(
         self,
         host: str,
-        running: Sequence[str],
+        running: Sequence[str] | None,
         *,
         launching: Sequence[str] = (),
         seen_generation: int | None = None,
@@ -337,7 +361,15 @@ class HostControl:
         usage: Mapping[str, float] | None = None,
         load: Mapping[str, float] | None = None,
     ) -> ReconcileResult:
-        """Store the measurements, note the agent is alive, then reconcile the ledger."""
+        """Store the measurements, note the agent is alive, and reconcile the ledger with
+        ``running`` (None: a report of measurements only).
+
+        A report that says nothing new is a heartbeat: the same VMs, the same launches and
+        the same ``seen_generation`` as the last report this process reconciled for the
+        host, whose generation has not moved since, would change nothing in the ledger, so
+        no ledger transaction is opened for it. Everything is checked before anything is
+        written; a ``seen_generation`` beyond the host's generation is refused (a report
+        may only claim to know what the server has said)."""
         if seen_generation is not None and (
             isinstance(seen_generation, bool)
             or not isinstance(seen_generation, int)
@@ -347,25 +379,46 @@ class HostControl:
                 "seen_generation must be a host generation (an integer of at least 0)",
                 field="seen_generation",
             )
-        if seen_generation is None:
+        measures = check_measures(usage or {}, load or {})
+        if running is not None and seen_generation is None:
             # Judged by the clock: a time the server cannot believe is refused before
             # anything is stored. By sequence the clock plays no part.
             as_of = check_as_of(as_of)
-        self._scheduler.record_report(host, usage or {}, load or {}, running)
-        result = self._ledger.reconcile(
-            host, running, as_of=as_of, seen_generation=seen_generation, launching=launching
-        )
-        self._seen(host, seen_generation)
+        result = ReconcileResult()
+        new_vms = False
+        if running is not None:
+            said = _Said.of(running, launching, seen_generation)
+            last = self._reconciled.get(host)
+            new_vms = last is None or last[0] != said or self._generation_now(host) != last[1]
+            if new_vms:
+                result = self._ledger.reconcile(
+                    host,
+                    running,
+                    as_of=as_of,
+                    seen_generation=seen_generation,
+                    launching=launching,
+                )
+                self._reconciled[host] = (said, result.generation)
+        if new_vms or usage or load:
+            self._scheduler.record_report(host, *measures, running if new_vms else None)
+        self._heard(host)
         return result
 
-    def _seen(self, host: str, generation: int | None) -> None:
+    def _generation_now(self, host: str) -> int:
+        cached = self.watch.cached_generation(host) if self.watch is not None else None
+        return cached if cached is not None else self.generation(host)
+
+    def _heard(self, host: str) -> None:
+        if self.watch is not None:
+            found = self.watch.cached_host(host)
+            if found is not None:
+                self.watch.heard(found.id)
+                return
         with self._store.write() as session:
             row = lookup.host_row(session, host)
             agent = session.get(HostAgentRow, row.id)
             if agent is not None:
                 agent.last_seen_at = now()
-                if generation is not None:
-                    agent.seen_generation = max(agent.seen_generation, generation)
 
     def launch_failed(self, vm: str, host: str, reason: str) -> LaunchFailure:
         """The host refused ``vm`` or could not start it: give the claim up and place the VM

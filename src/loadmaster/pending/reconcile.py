@@ -15,7 +15,7 @@ from loadmaster.cluster import lookup
 from loadmaster.errors import ValidationError
 from loadmaster.pending.lifecycle import activate_row, release_row
 from loadmaster.pending.trees import tree_ids
-from loadmaster.store.locking import now
+from loadmaster.store.locking import generation_of, now
 from loadmaster.store.schema import AllocationRow, VmRow
 
 
@@ -25,6 +25,8 @@ class ReconcileResult:
     released: tuple[str, ...] = ()
     stopped: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
+    # The root host's generation once the reconciliation commits.
+    generation: int = 0
 
 
 def reconcile(
@@ -71,6 +73,14 @@ def reconcile(
         return since <= as_of
 
     root = lookup.host_row(session, host)
+    if seen_generation is not None and seen_generation > root.generation:
+        # A report may only claim to know what the server has said: one beyond would let
+        # it end claims its agent never saw.
+        raise ValidationError(
+            f"seen_generation {seen_generation} is beyond host {root.name}'s generation "
+            f"({root.generation}): a report may only say it saw a work list the server gave",
+            field="seen_generation",
+        )
     tree = tree_ids(session, root.root_id or root.id)
     # Lock the VMs first, then read their records: an activation or a claim that
     # committed while we waited is seen, not overwritten with what it replaced.
@@ -107,7 +117,13 @@ def reconcile(
             release_row(session, vm, root)
             stopped.append(vm.uuid)
     unexpected = sorted(seen - {vm.uuid for vm, _ in by_vm.values()})
-    return ReconcileResult(tuple(activated), tuple(released), tuple(stopped), tuple(unexpected))
+    return ReconcileResult(
+        tuple(activated),
+        tuple(released),
+        tuple(stopped),
+        tuple(unexpected),
+        generation_of(session, root.id),
+    )
 
 
 # How far a report's ``as_of`` may stray from the server's clock. A report from the future

@@ -12,7 +12,7 @@ from loadmaster.scheduler.plugins import (
     WeigherSetting,
 )
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
-from loadmaster.scheduler.reports import record_report
+from loadmaster.scheduler.reports import check_measures, record_report
 from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.results import (
     CapacityReport,
@@ -51,6 +51,7 @@ __all__ = [
     "VmRequest",
     "Weigher",
     "WeigherSetting",
+    "check_measures",
     "decide",
     "record_report",
 ]

@@ -33,22 +33,30 @@ def _measures(data: object, field: str) -> dict[str, float]:
     return out
 
 
+def check_measures(
+    usage: Mapping[str, float], load: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``usage`` and ``load`` as numbers, or a ``ValidationError`` naming the entry."""
+    return _measures(usage, "usage"), _measures(load, "load")
+
+
 def record_report(
     store: Store,
     host: str,
     usage: Mapping[str, float],
     load: Mapping[str, float],
-    running_vms: Sequence[str],
+    running_vms: Sequence[str] | None,
     *,
     at: datetime | None = None,
 ) -> None:
     """Keep the latest report of ``host``: measured ``usage`` per class, ``load`` per
-    dimension as a fraction of the host (cpu 0.7 = 70 % busy), the VMs it runs. The
-    caller reconciles the ledger with ``running_vms`` (``lm.allocations.reconcile``);
-    this only feeds the scheduler."""
-    usage_values = _measures(usage, "usage")
-    load_values = _measures(load, "load")
-    if isinstance(running_vms, str) or not all(isinstance(v, str) for v in running_vms):
+    dimension as a fraction of the host (cpu 0.7 = 70 % busy), the VMs it runs (None:
+    those of the report before; empty figures, likewise). The caller reconciles the ledger with ``running_vms``
+    (``lm.allocations.reconcile``); this only feeds the scheduler."""
+    usage_values, load_values = check_measures(usage, load)
+    if running_vms is not None and (
+        isinstance(running_vms, str) or not all(isinstance(v, str) for v in running_vms)
+    ):
         raise ValidationError("running_vms must be a list of VM uuids", field="running_vms")
     with store.write() as session:
         row = lookup.host_row(session, host)
@@ -57,6 +65,12 @@ def record_report(
             report = HostReportRow(host_id=row.id)
             session.add(report)
         report.reported_at = at or now()
-        report.usage = usage_values
-        report.load = load_values
-        report.running_vms = [lookup.canonical_uuid(v) for v in running_vms]
+        # A report without figures (the host manager's: VMs only) keeps the last ones.
+        if usage_values or report.usage is None:
+            report.usage = usage_values
+        if load_values or report.load is None:
+            report.load = load_values
+        if running_vms is not None:
+            report.running_vms = [lookup.canonical_uuid(v) for v in running_vms]
+        elif report.running_vms is None:
+            report.running_vms = []

@@ -228,7 +228,7 @@ class Scheduler:
         host: str,
         usage: Mapping[str, float],
         load: Mapping[str, float],
-        running_vms: Sequence[str],
+        running_vms: Sequence[str] | None,
     ) -> None:
         """Store a host agent's latest measurements (see ``reports.record_report``)."""
         record_report(self._store, host, usage, load, running_vms)

@@ -33,6 +33,10 @@ log = logging.getLogger("loadmaster.store")
 _LOST_TO_ANOTHER = {"40P01": "deadlock", "40001": "serialization failure", "55P03": "lock timeout"}
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _SQLITE_BEGIN = "loadmaster_sqlite_begin"
+# Where a write transaction collects the hosts it stamped on the cluster clock
+# (``locking.mark_changed``), for the listeners told once it commits.
+CHANGED_HOSTS = "loadmaster_changed_hosts"
+ChangeListener = Callable[[frozenset[int]], None]
 
 
 def _sqlite_engine(url: str) -> Engine:
@@ -88,6 +92,15 @@ class Store:
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
         # An in-memory SQLite database lives in one connection; serialise its users.
         self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None
+        self._listeners: list[ChangeListener] = []
+
+    def listen(self, listener: ChangeListener) -> Callable[[], None]:
+        """Call ``listener(host_ids)`` after every write transaction of this process that
+        stamped hosts on the cluster clock commits (in the committing thread, so it must be
+        quick and thread-safe); returns the function that stops it. Other processes'
+        changes are not seen here: the clock says which hosts they changed."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     @contextmanager
     def read(self, session: Session | None = None) -> Iterator[Session]:
@@ -112,6 +125,11 @@ class Store:
         """A transaction that commits on success and rolls back on any exception."""
         with self._guard(), self._unavailable_as_503(), self._write_sessions.begin() as session:
             yield session
+        changed = session.info.get(CHANGED_HOSTS)
+        if changed:
+            hosts = frozenset(changed)
+            for listener in list(self._listeners):
+                listener(hosts)
 
     def refresh_statistics(self, *tables: type[Base]) -> None:
         """After a bulk load: PostgreSQL's ANALYZE of ``tables`` now, as after a restore,

@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.engine import CHANGED_HOSTS
 from loadmaster.store.schema import (
     ClusterClockRow,
     FlavorRow,
@@ -154,6 +155,7 @@ def bump_generations(
         pairs = [(i, expected[i]) for i in chunk]
         if stamp:
             stamped = _execute(session, _CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
+            _changed(session, chunk)
             guessed.update(stamped)
             landed = len(stamped)
         else:
@@ -207,6 +209,12 @@ def _advance(session: Session, *, layout: bool) -> int:
 def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
     for chunk in in_chunks(host_ids):
         _execute(session, _STAMP, {"ids": chunk, "seq": seq})
+    _changed(session, host_ids)
+
+
+def _changed(session: Session, host_ids: Iterable[int]) -> None:
+    """Noted for ``Store.listen``'s listeners, told once the transaction commits."""
+    session.info.setdefault(CHANGED_HOSTS, set()).update(host_ids)
 
 
 def clock(session: Session) -> tuple[int, int]:

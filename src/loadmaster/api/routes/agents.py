@@ -7,11 +7,10 @@ write only under ``/hosts/<its host>/`` and to a VM's ``up``, ``launch-failed``,
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from loadmaster.api import views
@@ -25,13 +24,13 @@ from loadmaster.api.responses import (
     WorkListOut,
 )
 from loadmaster.api.schemas import AgentRegistration, HostFailure, HostReport
+from loadmaster.hostcontrol import HostWatch, WatchedHost, WorkList
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["host agents"])
 # Long enough that an idle agent costs a request a minute at most, short enough that
 # proxies and the agent's own timeout do not cut it.
 MAX_WAIT_S = 55.0
-POLL_S = 0.1
 
 
 def agent_host(request: Request) -> str | None:
@@ -48,6 +47,15 @@ def check_vm_of_agent(lm: Loadmaster, request: Request, vm: str) -> None:
     record = lm.vms.get(vm)
     if host not in (record.host, record.target_host):
         raise Forbidden(f"VM {vm} is not on host {host}; its agent may not act on it")
+
+
+def _speaks_for(request: Request, host: str) -> bool:
+    """Whether the caller may be the host's agent: its own agent, an admin, or anyone
+    on a server without authentication; a reader watching a work list is not."""
+    bound = agent_host(request)
+    if bound is not None:
+        return bound == host
+    return getattr(request.state, "role", "admin") == "admin"
 
 
 def _check_host_of_agent(request: Request, host: str) -> None:
@@ -83,25 +91,76 @@ def agent_status(lm: LM, host_name: str) -> dict[str, Any]:
     return lm.host_agents.status(host_name).to_dict()
 
 
-@router.get("/hosts/{host_name}/work", response_model=WorkListOut)
+@router.get(
+    "/hosts/{host_name}/work",
+    response_model=WorkListOut,
+    responses={304: {"description": "the wait ended with the generation still ``after``"}},
+)
 async def work(
     request: Request,
+    response: Response,
     host_name: str,
     after: Annotated[int, Query(ge=-1, le=2**62, description="generation already seen")] = -1,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait")] = 0.0,
-) -> dict[str, Any]:
+) -> Any:
     """Every VM the ledger puts on the host and what its agent must do about it, once the
     host's generation is past ``after`` (or ``wait`` seconds passed: then the list as it
-    is). An agent that read generation G knows every claim stamped G or before."""
+    is, or 304 with no body if the request says ``If-None-Match: "<after>"``: the
+    agent's list is still the one it has). An agent that read generation G knows every
+    claim stamped G or before; the answer's ``ETag`` is ``"G"``.
+
+    Waiting costs the server a connection and nothing else: the process's ``HostWatch``
+    wakes the request when the host changes, and a client that hangs up ends it at once."""
     lm: Loadmaster = request.app.state.lm
+    watch: HostWatch = request.app.state.watch
+    host = await watch.host(host_name)
+    agent = _speaks_for(request, host.name)
+    if agent:
+        watch.heard(host.id)
     deadline = time.monotonic() + wait
     while True:
-        generation = await run_in_threadpool(lm.host_agents.generation, host_name)
-        if generation > after or time.monotonic() >= deadline:
+        if watch.generation(host.id) > after:
+            work_list = await _work_list(lm, watch, host)
+            if work_list.generation > after:
+                return _answer(response, work_list)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             break
-        await asyncio.sleep(POLL_S)
-    work_list = await run_in_threadpool(lm.host_agents.work, host_name)
+        if not await watch.wait(host.id, remaining, _hung_up(request), agent=agent):
+            if deadline - time.monotonic() > 0:
+                # The client is gone: nobody reads an answer, stop here.
+                return Response(status_code=204)
+            break
+        if watch.generation(host.id) <= after:
+            # Woken by a commit of this process, whose generation is not cached yet.
+            work_list = await _work_list(lm, watch, host)
+            if work_list.generation > after:
+                return _answer(response, work_list)
+    if request.headers.get("if-none-match") == _etag(after):
+        return Response(status_code=304, headers={"ETag": _etag(after)})
+    return _answer(response, await _work_list(lm, watch, host))
+
+
+async def _work_list(lm: Loadmaster, watch: HostWatch, host: WatchedHost) -> WorkList:
+    work_list = await run_in_threadpool(lm.host_agents.work, host.name)
+    watch.saw(host.id, work_list.generation)
+    return work_list
+
+
+def _answer(response: Response, work_list: WorkList) -> dict[str, Any]:
+    response.headers["ETag"] = _etag(work_list.generation)
     return work_list.to_dict()
+
+
+def _etag(generation: int) -> str:
+    return f'"{generation}"'
+
+
+async def _hung_up(request: Request) -> None:
+    """Returns when the client closes its connection (the server's receive channel says
+    ``http.disconnect``; the request itself has no body left to read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
 
 
 @router.post("/hosts/{host_name}/report", response_model=ReconcileOut)

@@ -1,0 +1,268 @@
+"""One watcher per server process, where every host agent's long-poll waits and where the
+process hears from agents.
+
+A waiting agent costs a connection and a future: no thread, no database connection, no
+polling of its own. What wakes it:
+
+- a write transaction of this process that stamped its host on the cluster clock (a
+  claim, an activation, new tags): ``Store.listen`` tells the watcher once it commits, and
+  the host's waiters wake at once;
+- a change made by another process (``serve --workers N``, another ``serve`` on the same
+  PostgreSQL): one query per tick for the whole process reads the hosts stamped since the
+  last tick (``locking.clock_and_changed``), whatever the number of waiters.
+
+The same query keeps a cache of every root host's generation, so a long-poll that arrives
+with nothing new to tell waits without reading the database, and one that times out
+answers "unchanged" without reading it either.
+
+Liveness: every request of an agent, and every long-poll it holds open (the server keeps
+TCP keep-alive probes on its connections, so a dead peer's connection ends), counts as
+hearing from it. What was heard is written in bulk, one statement per flush for the whole
+process, and a held poll only every ``refresh_s``: an idle fleet costs the database a
+statement every few seconds, not one per agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import bindparam, select, update
+
+from loadmaster.cluster import lookup
+from loadmaster.errors import ValidationError
+from loadmaster.store import Store
+from loadmaster.store.locking import clock_and_changed, now
+from loadmaster.store.schema import HostAgentRow, HostRow
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TICK_S = 0.05
+DEFAULT_FLUSH_S = 2.0
+# A held long-poll is written as "heard" this often; well inside the shortest
+# ``--agent-silent-after`` (1 s is allowed, 60 s is the default).
+DEFAULT_REFRESH_S = 10.0
+
+
+@dataclass(frozen=True)
+class WatchedHost:
+    id: int
+    name: str
+
+
+class HostWatch:
+    """``await start()`` in the server's event loop, ``await stop()`` at its end."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        tick_s: float = DEFAULT_TICK_S,
+        flush_s: float = DEFAULT_FLUSH_S,
+        refresh_s: float = DEFAULT_REFRESH_S,
+    ) -> None:
+        self._store = store
+        self.tick_s = tick_s
+        self.flush_s = flush_s
+        self.refresh_s = refresh_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._unlisten: object = None
+        self._since = 0
+        self._layout = -1
+        # Root hosts by name and by uuid, and their generations as last read.
+        self._hosts: dict[str, WatchedHost] = {}
+        self._generations: dict[int, int] = {}
+        self._waiters: dict[int, set[asyncio.Future[None]]] = {}
+        self._heard: set[int] = set()
+        # Long-polls held open by hosts' own agents, by host.
+        self._held: dict[int, int] = {}
+        self._written: dict[int, float] = {}
+
+    # -- life -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._poll)
+        stop_listening = self._store.listen(self._committed)
+        self._unlisten = stop_listening
+        self._task = asyncio.create_task(self._run(), name="host-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if callable(self._unlisten):
+            self._unlisten()
+        for futures in self._waiters.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+        with contextlib.suppress(Exception):  # the database may be what is going away
+            await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
+
+    # -- what long-polls ask --------------------------------------------------------------
+    async def host(self, ident: str) -> WatchedHost:
+        """The root host named (or with the uuid) ``ident``; read once, then cached."""
+        found = self._hosts.get(ident)
+        if found is not None:
+            return found
+        found = await asyncio.to_thread(self._read_host, ident)
+        self._hosts[ident] = found
+        return found
+
+    def generation(self, host_id: int) -> int:
+        """The host's generation as last read (-1 before it is known)."""
+        return self._generations.get(host_id, -1)
+
+    def cached_host(self, ident: str) -> WatchedHost | None:
+        return self._hosts.get(ident)
+
+    def cached_generation(self, ident: str) -> int | None:
+        found = self._hosts.get(ident)
+        return None if found is None else self._generations.get(found.id)
+
+    def saw(self, host_id: int, generation: int) -> None:
+        """A generation read from the database by a caller (a work list): never older."""
+        if generation > self._generations.get(host_id, -1):
+            self._generations[host_id] = generation
+
+    async def wait(
+        self, host_id: int, timeout: float, gone: Awaitable[object], *, agent: bool = False
+    ) -> bool:
+        """Until the host may have changed (True), ``timeout`` passes or ``gone`` (the
+        client hung up) completes (False). The caller checks the generation. ``agent``:
+        the host's agent is the one waiting, which counts as hearing from it."""
+        assert self._loop is not None, "HostWatch.start() first"
+        future: asyncio.Future[None] = self._loop.create_future()
+        waiters = self._waiters.setdefault(host_id, set())
+        waiters.add(future)
+        hung_up = asyncio.ensure_future(gone)
+        if agent:
+            self._held[host_id] = self._held.get(host_id, 0) + 1
+        try:
+            done, _ = await asyncio.wait(
+                (future, hung_up), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            hung_up.cancel()
+            if agent:
+                held = self._held.pop(host_id) - 1
+                if held:
+                    self._held[host_id] = held
+            waiters.discard(future)
+            if not waiters:
+                self._waiters.pop(host_id, None)
+        return future in done
+
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiters.values())
+
+    # -- liveness -------------------------------------------------------------------------
+    def heard(self, host_id: int) -> None:
+        """The host's agent said something: written with the next flush."""
+        self._heard.add(host_id)
+
+    # -- the loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        next_flush = time.monotonic() + self.flush_s
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                changed = await asyncio.to_thread(self._poll)
+                self._apply(changed)
+                current = time.monotonic()
+                if current >= next_flush:
+                    next_flush = current + self.flush_s
+                    await asyncio.to_thread(self._write_heard, self._due(current))
+            except Exception as exc:  # the database away: keep the waiters, try again
+                log.warning("host watch: %s", exc)
+                await asyncio.sleep(1.0)
+
+    def _poll(self) -> list[tuple[int, int]]:
+        """(host id, generation) of the root hosts stamped since the last poll; the whole
+        set of root hosts again when providers were added, removed or moved."""
+        with self._store.read() as session:
+            (seq, layout), changed = clock_and_changed(session, self._since)
+            if layout != self._layout:
+                hosts: dict[str, WatchedHost] = {}
+                generations: dict[int, int] = {}
+                for host_id, name, uuid, generation in session.execute(
+                    select(HostRow.id, HostRow.name, HostRow.uuid, HostRow.generation).where(
+                        HostRow.parent_id.is_(None)
+                    )
+                ):
+                    hosts[name] = hosts[uuid] = WatchedHost(host_id, name)
+                    generations[host_id] = generation
+                # Replaced whole (one assignment each): the event loop reads them meanwhile.
+                self._hosts, self._generations = hosts, generations
+                self._layout = layout
+        self._since = seq
+        return [(host_id, generation) for host_id, _seq, generation in changed]
+
+    def _apply(self, changed: Iterable[tuple[int, int]]) -> None:
+        for host_id, generation in changed:
+            if host_id in self._generations:
+                self.saw(host_id, generation)
+                self._wake(host_id)
+
+    def _committed(self, host_ids: frozenset[int]) -> None:
+        # In the committing thread: hand over to the event loop.
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._wake_all, host_ids)
+
+    def _wake_all(self, host_ids: Iterable[int]) -> None:
+        for host_id in host_ids:
+            self._wake(host_id)
+
+    def _wake(self, host_id: int) -> None:
+        for future in self._waiters.get(host_id, ()):
+            if not future.done():
+                future.set_result(None)
+
+    def _due(self, current: float) -> list[int]:
+        """The hosts to write as heard now (on the event loop: the sets are its own)."""
+        due = {
+            host_id
+            for host_id in self._held
+            if current - self._written.get(host_id, -self.refresh_s) >= self.refresh_s
+        }
+        ids = sorted(self._heard | due)
+        self._heard = set()
+        for host_id in ids:
+            self._written[host_id] = current
+        return ids
+
+    def _write_heard(self, ids: list[int]) -> None:
+        if not ids:
+            return
+        at = now()
+        with self._store.write() as session:
+            session.execute(
+                _HEARD,
+                [{"host": host_id, "at": at} for host_id in ids],
+                execution_options={"synchronize_session": False},
+            )
+
+    def _read_host(self, ident: str) -> WatchedHost:
+        with self._store.read() as session:
+            row = lookup.host_row(session, ident)
+            if row.parent_id is not None:
+                raise ValidationError(f"host {ident} is a child provider", field="host")
+            self.saw(row.id, row.generation)
+            return WatchedHost(row.id, row.name)
+
+
+_AGENTS = HostAgentRow.metadata.tables["host_agents"]
+# One executemany for the whole flush.
+_HEARD = (
+    update(_AGENTS)
+    .where(_AGENTS.c.host_id == bindparam("host"))
+    .values(last_seen_at=bindparam("at"))
+)
