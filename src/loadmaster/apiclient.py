@@ -6,7 +6,9 @@
   agent's long-poll must not hold up its launches' announcements); idle ones are reused.
   A connection the server closed while idle is opened again.
 - A 503 (the store away) or 429 is tried again after the ``Retry-After`` the server sends
-  (at most 30 s, a few times): loadmaster answers so only when it did not do the work.
+  (at most 30 s, a few times), stretched by a random fraction of up to a half, so that
+  thousands of agents refused together do not come back together: loadmaster answers so
+  only when it did not do the work.
 - An error answer becomes ``ApiError`` with the server's ``detail``, ``field`` and
   ``code`` and a message a person can act on; no answer at all, ``ApiUnreachable``.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import random
 import socket
 import threading
 import time
@@ -113,9 +116,10 @@ class ApiClient:
         body: Any = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
-        """The decoded JSON answer (None for 204 or an empty body); ``params`` whose value
-        is None are left out. Raises ``ApiError`` or ``ApiUnreachable``."""
+        """The decoded JSON answer (None for 204, 304 or an empty body); ``params`` whose
+        value is None are left out. Raises ``ApiError`` or ``ApiUnreachable``."""
         query = {
             k: str(v).lower() if isinstance(v, bool) else v
             for k, v in (params or {}).items()
@@ -124,7 +128,7 @@ class ApiClient:
         target = self._parts.path + quote(path, safe="/")
         if query:
             target += "?" + urlencode(query, doseq=True)
-        headers = dict(self._headers)
+        headers = {**self._headers, **(headers or {})}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
@@ -135,9 +139,11 @@ class ApiClient:
             )
             if status not in RETRY_STATUSES or attempt == self.retries:
                 break
-            time.sleep(retry_after)
+            time.sleep(retry_after * random.uniform(1.0, 1.5))
         if 200 <= status < 300:
             return answer
+        if status == 304:  # the caller's copy is current (If-None-Match)
+            return None
         raise ApiError(method, path, status, answer, text, self.hint(method, path, status))
 
     def hint(self, method: str, path: str, status: int) -> str:

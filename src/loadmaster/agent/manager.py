@@ -28,7 +28,9 @@ One responsibility, over 400 lines: making the host's hypervisor match its work 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 import tomllib
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +45,21 @@ log = logging.getLogger(__name__)
 
 STANDARD_DISCOVERED = ("VCPU", "MEMORY_MB")
 KIB_PER_MB = 1024
+# The long-poll of the work list: a change ends it at once, so this is how often an idle
+# agent asks again. Measured (bench/fleet.py, issue #24): 10,000 idle agents at this
+# cadence cost one server process about a fifth of a core.
+DEFAULT_WAIT_S = 50.0
+# An unchanged host still reports this often: the ledger has the last word restated even
+# if a report was lost between a server and its database.
+REPORT_AT_LEAST_EVERY_S = 600.0
+MAX_BACKOFF_S = 10.0
+
+
+def backoff(failures: int) -> float:
+    """Seconds to wait after ``failures`` failed passes in a row: 0.5, 1, 2, ... up to
+    ``MAX_BACKOFF_S``, each drawn at random from the upper half of its step."""
+    step = min(MAX_BACKOFF_S, 0.25 * 2.0**failures)
+    return step * random.uniform(0.5, 1.0)
 
 
 class ManagerApi(Protocol):
@@ -50,7 +67,9 @@ class ManagerApi(Protocol):
 
     def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
-    def work(self, host: str, after: int, wait: float) -> dict[str, Any]: ...
+    def work(self, host: str, after: int, wait: float) -> dict[str, Any] | None:
+        """None: the wait ended with generation ``after`` still current."""
+        ...
 
     def up(self, vm: str, host: str) -> None:
         """``host``: where the VM now runs."""
@@ -209,6 +228,11 @@ class HostManager:
         # what a report may claim to know.
         self.acted_generation = -1
         self._seen = -1
+        # The items of the work list last acted on, for a wait that ends unchanged.
+        self._items: list[Mapping[str, Any]] = []
+        # What the last report sent said, and when.
+        self._reported: tuple[frozenset[str], frozenset[str], int] | None = None
+        self._reported_at = 0.0
         self._lock = threading.Lock()
         self._launching: dict[str, Future[None]] = {}
         self._migrating: dict[str, Future[None]] = {}
@@ -231,19 +255,32 @@ class HostManager:
         return answer
 
     # -- the loop --------------------------------------------------------------------------
-    def run_forever(self, stop: threading.Event, *, wait: float = 20.0) -> None:
-        """Act on the work list whenever it changes, until ``stop``; ``register`` first."""
+    def run_forever(self, stop: threading.Event, *, wait: float = DEFAULT_WAIT_S) -> None:
+        """Act on the work list whenever it changes, until ``stop``; ``register`` first.
+
+        Each long-poll waits a random 80-100 % of ``wait``, and a failed pass is tried
+        again after a delay that doubles up to ``MAX_BACKOFF_S``, drawn at random from its
+        upper half: agents started together, or cut off together by a server restart, do
+        not keep arriving together."""
+        failures = 0
         while not stop.is_set():
             try:
-                self.step(wait=wait)
+                self.step(wait=wait * random.uniform(0.8, 1.0))
                 self.report()
+                failures = 0
             except Exception as exc:  # the API or the hypervisor away: try again shortly
-                log.warning("host manager step failed: %s", exc)
-                stop.wait(1.0)
+                failures += 1
+                delay = backoff(failures)
+                log.warning("host manager step failed (again in %.1f s): %s", delay, exc)
+                stop.wait(delay)
 
     def step(self, *, wait: float = 0.0) -> StepReport:
         """Read the work list (waiting up to ``wait`` s for a change) and act on it."""
         work = self.api.work(self.host_name, self._seen, wait)
+        if work is None:
+            # Nothing changed since the list last acted on: that one again, so a guest that
+            # vanished meanwhile is still noticed.
+            work = {"generation": self._seen, "items": self._items}
         generation = int(work["generation"])
         report = StepReport(generation)
         guests = {g.uuid: g for g in self.hypervisor.list_guests()}
@@ -278,8 +315,9 @@ class HostManager:
             # The work list was read before the guests were listed: a guest that arrived in
             # between (a migration claimed and carried out meanwhile) is not on it. Only
             # what a list read after the listing still leaves out is removed.
-            fresh = {str(i["vm"]).lower() for i in self.api.work(self.host_name, -1, 0)["items"]}
-            doomed = [u for u in doomed if u not in fresh]
+            fresh = self.api.work(self.host_name, -1, 0) or {"items": ()}
+            still = {str(i["vm"]).lower() for i in fresh["items"]}
+            doomed = [u for u in doomed if u not in still]
         for uuid in doomed:
             try:
                 self.hypervisor.remove_guest(uuid)
@@ -289,6 +327,7 @@ class HostManager:
         # Only now is this work list seen: a pass that failed half way (the hypervisor
         # away) is read and carried out again at once, not after the next change.
         self._seen = self.acted_generation = generation
+        self._items = list(work["items"])
         return report
 
     def report_context(self) -> dict[str, Any]:
@@ -299,13 +338,25 @@ class HostManager:
         # leaving it out would have the report judged by the clock.
         return {"launching": launching, "seen_generation": max(0, self.acted_generation)}
 
-    def report(self) -> None:
+    def report(self) -> bool:
+        """Report the host's VMs if they, the launches under way or the generation seen
+        differ from the last report sent (or that is ``REPORT_AT_LEAST_EVERY_S`` old):
+        liveness is the long-poll's, so an unchanged host sends nothing. Returns whether a
+        report went out."""
         context = self.report_context()
         running = [g.uuid for g in self.hypervisor.list_guests()]
         with self._lock:
             # A launch that finished between the two reads is running or still listed.
             context["launching"] = sorted(set(context["launching"]) | set(self._launching))
+        said = (frozenset(running), frozenset(context["launching"]), context["seen_generation"])
+        if (
+            said == self._reported
+            and time.monotonic() - self._reported_at < REPORT_AT_LEAST_EVERY_S
+        ):
+            return False
         self.api.report(self.host_name, {"running_vms": running, **context})
+        self._reported, self._reported_at = said, time.monotonic()
+        return True
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait for every launch and migration under way (tests, shutdown)."""

@@ -16,14 +16,12 @@ from loadmaster.agent.libvirt_hv import GuestImage
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor
+from loadmaster.agent.reporting import MeasurementReporter
 from loadmaster.apiclient import ApiClient as HttpClient
 from loadmaster.apiclient import ApiError
 from loadmaster.errors import InvalidTransition
 
 log = logging.getLogger(__name__)
-# The manager's long-poll of its work list: a change returns it at once, so this only
-# bounds how long the agent takes to stop.
-MANAGER_POLL_S = 5.0
 
 
 class ApiClient(HttpClient):
@@ -64,12 +62,14 @@ class ApiClient(HttpClient):
         answer: dict[str, Any] = self.put(f"/hosts/{host}/agent", body)
         return answer
 
-    def work(self, host: str, after: int, wait: float) -> dict[str, Any]:
-        answer: dict[str, Any] = self.request(
+    def work(self, host: str, after: int, wait: float) -> dict[str, Any] | None:
+        # None: the wait ended with generation ``after`` still current (304).
+        answer: dict[str, Any] | None = self.request(
             "GET",
             f"/hosts/{host}/work",
             params={"after": after, "wait": wait},
             timeout=wait + self.timeout + 5,
+            headers={"If-None-Match": f'"{after}"'} if after >= 0 else None,
         )
         return answer
 
@@ -160,7 +160,6 @@ def run_agent(
             manager_thread = threading.Thread(
                 target=manager.run_forever,
                 args=(stop,),
-                kwargs={"wait": MANAGER_POLL_S},
                 name="host-manager",
                 daemon=True,
             )
@@ -169,11 +168,10 @@ def run_agent(
             hypervisor,
             policy_dir,
             interval,
-            reporter=client.report if client else None,
+            reporter=MeasurementReporter(client.report) if client else None,
             host_name=host_name,
             migration_sender=client.request_migration if client else None,
             journal=journal,
-            report_context=manager.report_context if manager else None,
             collectors=collectors,
         )
         if cycles is not None:
@@ -190,10 +188,14 @@ def run_agent(
         return []
     finally:
         stop.set()
-        # The manager's pass ends (its long-poll returns) before the connections it uses
-        # close: else it would act, or hold a request open on the API, after we returned.
+        # The manager's pass ends before the connections it uses close: else it would act,
+        # or hold a request open on the API, after we returned. A long-poll it is waiting
+        # in is cut off (closing its client), not waited for.
         if manager_thread is not None:
-            manager_thread.join(timeout=MANAGER_POLL_S + 30.0)
+            manager_thread.join(timeout=1.0)
+            if manager_thread.is_alive() and manager_client is not None:
+                manager_client.close()
+            manager_thread.join(timeout=30.0)
         if manager is not None:
             manager.close()
         if manager_client is not None:

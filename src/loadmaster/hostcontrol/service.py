@@ -165,7 +165,7 @@ class HostControl:
         self.watch: HostWatch | None = None
         # Per host: what the last report this process reconciled said, and the host's
         # generation after it (see ``report``).
-        self._reconciled: dict[str, tuple[_Said, int]] = {}
+        self._reconciled: dict[str, tuple[_Said, tuple[int, int]]] = {}
 
     # -- registration ----------------------------------------------------------------------
     def register(
@@ -389,7 +389,14 @@ class HostControl:
         if running is not None:
             said = _Said.of(running, launching, seen_generation)
             last = self._reconciled.get(host)
-            new_vms = last is None or last[0] != said or self._generation_now(host) != last[1]
+            # Judged by the clock, a later ``as_of`` may end claims an earlier one could
+            # not: only reports judged by sequence are ever taken as heartbeats.
+            new_vms = (
+                seen_generation is None
+                or last is None
+                or last[0] != said
+                or self._generation_now(host) != last[1]
+            )
             if new_vms:
                 result = self._ledger.reconcile(
                     host,
@@ -398,15 +405,25 @@ class HostControl:
                     seen_generation=seen_generation,
                     launching=launching,
                 )
-                self._reconciled[host] = (said, result.generation)
+                self._reconciled[host] = (said, (result.generation, self._commits(host)))
         if new_vms or usage or load:
             self._scheduler.record_report(host, *measures, running if new_vms else None)
         self._heard(host)
         return result
 
-    def _generation_now(self, host: str) -> int:
-        cached = self.watch.cached_generation(host) if self.watch is not None else None
-        return cached if cached is not None else self.generation(host)
+    def _generation_now(self, host: str) -> tuple[int, int]:
+        """The host's generation, and how many commits of this process stamped it: from
+        the watcher's cache in a server (one tick behind other processes at most; a
+        report that repeats the last one is a no-op whatever changed since, this only
+        narrows it further), else from the database."""
+        found = self.watch.cached_host(host) if self.watch is not None else None
+        if self.watch is not None and found is not None:
+            return self.watch.cached_generation(host) or 0, self.watch.commits(found.id)
+        return self.generation(host), 0
+
+    def _commits(self, host: str) -> int:
+        found = self.watch.cached_host(host) if self.watch is not None else None
+        return self.watch.commits(found.id) if self.watch is not None and found else 0
 
     def _heard(self, host: str) -> None:
         if self.watch is not None:

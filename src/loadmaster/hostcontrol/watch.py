@@ -79,6 +79,10 @@ class HostWatch:
         self._generations: dict[int, int] = {}
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self._heard: set[int] = set()
+        # Per host: commits of this process that stamped it, and how many of them the
+        # last read of its work list had seen.
+        self._commits: dict[int, int] = {}
+        self._read: dict[int, int] = {}
         # Long-polls held open by hosts' own agents, by host.
         self._held: dict[int, int] = {}
         self._written: dict[int, float] = {}
@@ -115,9 +119,16 @@ class HostWatch:
         self._hosts[ident] = found
         return found
 
-    def generation(self, host_id: int) -> int:
-        """The host's generation as last read (-1 before it is known)."""
-        return self._generations.get(host_id, -1)
+    def maybe_newer(self, host_id: int, after: int) -> bool:
+        """Whether the host may be past generation ``after``: its cached generation is,
+        or a commit of this process stamped it since the caller's last read (``saw``)."""
+        return self._generations.get(host_id, -1) > after or self._commits.get(
+            host_id, 0
+        ) != self._read.get(host_id, 0)
+
+    def commits(self, host_id: int) -> int:
+        """How many commits of this process stamped the host: taken before a read."""
+        return self._commits.get(host_id, 0)
 
     def cached_host(self, ident: str) -> WatchedHost | None:
         return self._hosts.get(ident)
@@ -126,17 +137,21 @@ class HostWatch:
         found = self._hosts.get(ident)
         return None if found is None else self._generations.get(found.id)
 
-    def saw(self, host_id: int, generation: int) -> None:
-        """A generation read from the database by a caller (a work list): never older."""
+    def saw(self, host_id: int, generation: int, commits: int | None = None) -> None:
+        """A generation read from the database by a caller (a work list): never older.
+        ``commits``: ``commits(host_id)`` as taken before the read, all of them seen."""
         if generation > self._generations.get(host_id, -1):
             self._generations[host_id] = generation
+        if commits is not None:
+            self._read[host_id] = commits
 
     async def wait(
         self, host_id: int, timeout: float, gone: Awaitable[object], *, agent: bool = False
-    ) -> bool:
-        """Until the host may have changed (True), ``timeout`` passes or ``gone`` (the
-        client hung up) completes (False). The caller checks the generation. ``agent``:
-        the host's agent is the one waiting, which counts as hearing from it."""
+    ) -> str:
+        """Until the host may have changed (``"changed"``; the caller checks its
+        generation), ``timeout`` passes (``"timeout"``) or ``gone`` completes (``"gone"``:
+        the client hung up). ``agent``: the host's agent is the one waiting, which counts
+        as hearing from it."""
         assert self._loop is not None, "HostWatch.start() first"
         future: asyncio.Future[None] = self._loop.create_future()
         waiters = self._waiters.setdefault(host_id, set())
@@ -157,7 +172,9 @@ class HostWatch:
             waiters.discard(future)
             if not waiters:
                 self._waiters.pop(host_id, None)
-        return future in done
+        if future in done:
+            return "changed"
+        return "gone" if hung_up in done else "timeout"
 
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
@@ -211,7 +228,11 @@ class HostWatch:
                 self._wake(host_id)
 
     def _committed(self, host_ids: frozenset[int]) -> None:
-        # In the committing thread: hand over to the event loop.
+        # In the committing thread, before its caller hears of the commit: counted here,
+        # a long-poll arriving next reads the host (``maybe_newer``) even before the event
+        # loop runs the wake-up handed to it.
+        for host_id in host_ids:
+            self._commits[host_id] = self._commits.get(host_id, 0) + 1
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile

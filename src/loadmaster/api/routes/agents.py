@@ -119,31 +119,27 @@ async def work(
         watch.heard(host.id)
     deadline = time.monotonic() + wait
     while True:
-        if watch.generation(host.id) > after:
+        if watch.maybe_newer(host.id, after):
             work_list = await _work_list(lm, watch, host)
             if work_list.generation > after:
                 return _answer(response, work_list)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        if not await watch.wait(host.id, remaining, _hung_up(request), agent=agent):
-            if deadline - time.monotonic() > 0:
-                # The client is gone: nobody reads an answer, stop here.
-                return Response(status_code=204)
+        woke = await watch.wait(host.id, remaining, _hung_up(request), agent=agent)
+        if woke == "gone":
+            return Response(status_code=204)  # nobody reads it: the client hung up
+        if woke == "timeout":
             break
-        if watch.generation(host.id) <= after:
-            # Woken by a commit of this process, whose generation is not cached yet.
-            work_list = await _work_list(lm, watch, host)
-            if work_list.generation > after:
-                return _answer(response, work_list)
     if request.headers.get("if-none-match") == _etag(after):
         return Response(status_code=304, headers={"ETag": _etag(after)})
     return _answer(response, await _work_list(lm, watch, host))
 
 
 async def _work_list(lm: Loadmaster, watch: HostWatch, host: WatchedHost) -> WorkList:
+    commits = watch.commits(host.id)
     work_list = await run_in_threadpool(lm.host_agents.work, host.name)
-    watch.saw(host.id, work_list.generation)
+    watch.saw(host.id, work_list.generation, commits)
     return work_list
 
 

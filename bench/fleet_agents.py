@@ -1,0 +1,281 @@
+"""Simulated host agents by the thousand, for bench/fleet.py and the fleet tests.
+
+Each agent does over HTTP what the shipped agent's host manager does (``HostManager``):
+it long-polls its work list, asking ``If-None-Match`` with the generation it holds, says
+``up`` for every VM it is given to launch, and reports its VMs when they change. Every
+wait is drawn from 80-100 % of ``wait``, and a failure backs off as the shipped agent
+does (``manager.backoff``), after the server's ``Retry-After`` on 503 or 429. The
+``legacy`` cadence is the one of the commit issue #24 starts from: a 5 s long-poll with no
+``If-None-Match``, a full report after every pass, and the SLA loop's full report every
+15 s.
+
+HTTP/1.1 is spoken over asyncio streams directly: httpx's pool, with thousands of
+connections in one process, spent more time on itself than on the server (300 waits of
+3 s took up to 7 s through it, 3.1 s this way). Loopback only.
+
+    python bench/fleet_agents.py --url URL --token T --hosts h0,h1,... --duration S
+        [--wait 50] [--legacy] [--start-at MONOTONIC] [--spread 5]
+
+prints one JSON object: requests by status, errors, wake-ups (VM uuid -> monotonic
+time its agent read it), and when each agent last completed a poll.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from loadmaster.agent.manager import backoff
+
+LEGACY_WAIT_S = 5.0
+LEGACY_SLA_REPORT_S = 15.0
+
+
+class HttpError(Exception):
+    """No answer: the connection failed, closed or timed out."""
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection, reopened after a failure."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, dict[str, str], bytes]:
+        try:
+            return await asyncio.wait_for(self._exchange(method, path, body, headers), timeout)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            self.close()
+            raise HttpError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+
+    async def _exchange(
+        self, method: str, path: str, body: Any, headers: dict[str, str] | None
+    ) -> tuple[int, dict[str, str], bytes]:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        assert self._reader is not None
+        payload = json.dumps(body).encode() if body is not None else b""
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self.auth}"
+            "Accept: application/json\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+            + (
+                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                if body is not None
+                else ""
+            )
+            + "\r\n"
+        )
+        self._writer.write(head.encode() + payload)
+        status_line = await self._reader.readuntil(b"\r\n")
+        status = int(status_line.split(b" ", 2)[1])
+        answer: dict[str, str] = {}
+        while (line := await self._reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.decode("latin-1").partition(":")
+            answer[name.strip().lower()] = value.strip()
+        length = int(answer.get("content-length", "0"))
+        data = await self._reader.readexactly(length) if length else b""
+        if answer.get("connection", "").lower() == "close":
+            self.close()
+        return status, answer, data
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._reader = self._writer = None
+
+
+@dataclass
+class FleetStats:
+    statuses: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    # VM uuid -> when its agent read it on a work list (time.monotonic, system-wide).
+    woken: dict[str, float] = field(default_factory=dict)
+    # Host -> when its agent last completed a poll.
+    polled: dict[str, float] = field(default_factory=dict)
+    reports: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "statuses": dict(self.statuses),
+            "errors": dict(self.errors),
+            "woken": self.woken,
+            "polled": self.polled,
+            "reports": self.reports,
+        }
+
+
+class SimAgent:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        host: str,
+        stats: FleetStats,
+        *,
+        wait: float,
+        legacy: bool = False,
+    ) -> None:
+        self.host, self.stats, self.legacy = host, stats, legacy
+        self.wait = LEGACY_WAIT_S if legacy else wait
+        # A poll and the rest on connections of their own, as the shipped agent does.
+        self.poll = Connection(url, token)
+        self.calls = Connection(url, token)
+        self.seen = -1
+        self.running: set[str] = set()
+        self.reported: tuple[frozenset[str], int] | None = None
+
+    async def run(self, until: float) -> None:
+        failures = 0
+        sla = asyncio.create_task(self._legacy_sla(until)) if self.legacy else None
+        try:
+            while time.monotonic() < until:
+                try:
+                    await self._pass(until)
+                    failures = 0
+                except HttpError as exc:
+                    failures += 1
+                    self.stats.errors[str(exc).split(":")[0] + ": no answer"] += 1
+                    await asyncio.sleep(backoff(failures))
+        finally:
+            if sla is not None:
+                sla.cancel()
+            self.poll.close()
+            self.calls.close()
+
+    async def _pass(self, until: float) -> None:
+        wait = min(self.wait * random.uniform(0.8, 1.0), max(0.0, until - time.monotonic()))
+        headers = {} if self.legacy or self.seen < 0 else {"If-None-Match": f'"{self.seen}"'}
+        status, answer, body = await self.poll.request(
+            "GET",
+            f"/hosts/{self.host}/work?after={self.seen}&wait={wait:.2f}",
+            headers=headers,
+            timeout=wait + 30,
+        )
+        self.stats.statuses[f"work {status}"] += 1
+        if status in (429, 503):
+            await asyncio.sleep(float(answer.get("retry-after", "1")) * random.uniform(1, 1.5))
+            return
+        if status not in (200, 304):
+            raise HttpError(f"work {status}")
+        now = time.monotonic()
+        self.stats.polled[self.host] = now
+        if status == 200:
+            work = json.loads(body)
+            for item in work["items"]:
+                vm = item["vm"]
+                if vm not in self.stats.woken:
+                    self.stats.woken[vm] = now
+                if item["action"] in ("launch", "migrate_in") and vm not in self.running:
+                    await self._call("POST", f"/vms/{vm}/up", {"host": self.host})
+                    self.running.add(vm)
+            self.running &= {i["vm"] for i in work["items"]}
+            self.seen = int(work["generation"])
+        said = (frozenset(self.running), self.seen)
+        if self.legacy or said != self.reported:
+            await self._report()
+            self.reported = said
+
+    async def _report(self, **measures: Any) -> None:
+        body = {
+            "running_vms": sorted(self.running),
+            "launching": [],
+            "seen_generation": max(0, self.seen),
+            **measures,
+        }
+        await self._call("POST", f"/hosts/{self.host}/report", body)
+        self.stats.reports += 1
+
+    async def _call(self, method: str, path: str, body: Any) -> None:
+        status, _, text = await self.calls.request(method, path, body)
+        self.stats.statuses[f"{path.rsplit('/', 1)[1]} {status}"] += 1
+        if status >= 500 or status in (429, 503):
+            raise HttpError(f"{method} {path}: {status} {text[:200]!r}")
+
+    async def _legacy_sla(self, until: float) -> None:
+        """The old SLA loop: the whole VM list with usage and load every 15 s."""
+        await asyncio.sleep(random.uniform(0, LEGACY_SLA_REPORT_S))
+        while time.monotonic() < until:
+            try:
+                await self._report(usage={"VCPU": len(self.running)}, load={"cpu": 0.1})
+            except HttpError as exc:
+                self.stats.errors[f"sla report: {exc}"[:60]] += 1
+            await asyncio.sleep(LEGACY_SLA_REPORT_S)
+
+
+async def run_fleet(
+    url: str,
+    token: str | None,
+    hosts: list[str],
+    *,
+    duration: float,
+    wait: float,
+    legacy: bool = False,
+    start_at: float | None = None,
+    spread: float = 5.0,
+) -> FleetStats:
+    """Every agent runs until ``duration`` s after ``start_at`` (default now), the first
+    polls spread at random over ``spread`` s, as agents started by their hosts would."""
+    stats = FleetStats()
+    begin = start_at if start_at is not None else time.monotonic()
+    until = begin + duration
+
+    async def one(host: str) -> None:
+        await asyncio.sleep(max(0.0, begin - time.monotonic()) + random.uniform(0, spread))
+        await SimAgent(url, token, host, stats, wait=wait, legacy=legacy).run(until)
+
+    await asyncio.gather(*(one(h) for h in hosts))
+    return stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--token")
+    parser.add_argument("--hosts", required=True, help="comma-separated host names")
+    parser.add_argument("--duration", type=float, required=True)
+    parser.add_argument("--wait", type=float, default=50.0)
+    parser.add_argument("--legacy", action="store_true")
+    parser.add_argument("--start-at", type=float)
+    parser.add_argument("--spread", type=float, default=5.0)
+    args = parser.parse_args()
+    from loadmaster.api.server import raise_open_files_limit
+
+    raise_open_files_limit()
+    stats = asyncio.run(
+        run_fleet(
+            args.url,
+            args.token,
+            args.hosts.split(","),
+            duration=args.duration,
+            wait=args.wait,
+            legacy=args.legacy,
+            start_at=args.start_at,
+            spread=args.spread,
+        )
+    )
+    json.dump(stats.as_dict(), sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()

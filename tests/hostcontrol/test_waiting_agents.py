@@ -1,0 +1,299 @@
+"""Waiting costs nothing, reports cost what changed (issue #24): hundreds of agents
+long-polling one in-process server, with the SQL statements it runs counted by
+SQLAlchemy's own events."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event, select
+
+from fleet_agents import Connection
+from loadmaster.api.app import create_app
+from loadmaster.api.server import ThreadedServer, serve_in_thread
+from loadmaster.hostcontrol import HostWatch
+from loadmaster.pending import audit
+from loadmaster.service import Loadmaster
+from loadmaster.store.locking import now
+from loadmaster.store.schema import HostAgentRow, HostRow
+
+NODE = {"VCPU": {"total": 64}, "MEMORY_MB": {"total": 262144}}
+WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+@dataclass
+class Statements:
+    """Every statement the database is sent, from the moment ``counting`` starts."""
+
+    seen: list[str] = field(default_factory=list)
+    counting: bool = False
+
+    def __call__(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if self.counting:
+            self.seen.append(statement)
+
+    @contextmanager
+    def window(self) -> Iterator[list[str]]:
+        self.seen = []
+        self.counting = True
+        try:
+            yield self.seen
+        finally:
+            self.counting = False
+
+    def writes(self) -> list[str]:
+        return [s for s in self.seen if s.lstrip().upper().startswith(WRITES)]
+
+
+@dataclass
+class Served:
+    lm: Loadmaster
+    server: ThreadedServer
+    watch: HostWatch
+    statements: Statements
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@pytest.fixture
+def served(lm: Loadmaster) -> Iterator[Served]:
+    hosts = [{"name": f"h{i}", "inventories": NODE} for i in range(300)]
+    lm.hosts.create_many(hosts)
+    with lm.store.write() as session:
+        stamp = now()
+        for host_id in session.scalars(select(HostRow.id)):
+            session.add(
+                HostAgentRow(
+                    host_id=host_id,
+                    hypervisor_uri="test:///default",
+                    registered_at=stamp,
+                    last_seen_at=stamp,
+                    seen_generation=0,
+                )
+            )
+    lm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+    app = create_app(lm)
+    statements = Statements()
+    event.listen(lm.store.engine, "before_cursor_execute", statements)
+    server = serve_in_thread(app)
+    try:
+        yield Served(lm, server, app.state.watch, statements)
+    finally:
+        server.stop()
+        event.remove(lm.store.engine, "before_cursor_execute", statements)
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
+class Pollers:
+    """``count`` long-polls, one per host, each waiting ``wait`` s, in a thread of their own
+    (an event loop and one HTTP connection each)."""
+
+    def __init__(self, url: str, count: int, wait: float, after: int = 10**6) -> None:
+        self.url, self.count, self.wait, self.after = url, count, wait, after
+        self.took: list[float] = []
+        self.statuses: list[int] = []
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self) -> Pollers:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.thread.join(timeout=self.wait + 30)
+
+    async def _run(self) -> None:
+        await asyncio.gather(*(self._one(i) for i in range(self.count)))
+
+    async def _one(self, i: int) -> None:
+        connection = Connection(self.url, None)
+        started = time.monotonic()
+        # Beyond the host's generation: nothing wakes it but the deadline. Asked as the
+        # shipped agent asks: a wait that ends unchanged answers 304.
+        status, _, _ = await connection.request(
+            "GET",
+            f"/hosts/h{i}/work?after={self.after}&wait={self.wait}",
+            headers={"If-None-Match": f'"{self.after}"'},
+            timeout=self.wait + 30,
+        )
+        self.took.append(time.monotonic() - started)
+        self.statuses.append(status)
+        connection.close()
+
+
+def _statements_per_second(served: Served, waiters: int, seconds: float) -> float:
+    with Pollers(served.url, waiters, wait=seconds + 8):
+        wait_until(lambda: served.watch.waiting() == waiters, 30, f"{waiters} waiting")
+        with served.statements.window() as seen:
+            time.sleep(seconds)
+        return len(seen) / seconds
+
+
+def test_idle_waiters_cost_a_constant_number_of_statements(served: Served) -> None:
+    """The old long-poll read its host's generation every 0.1 s: 300 waiters, about 3,000
+    statements a second. Now one watcher per process reads the clock once a tick."""
+    few = _statements_per_second(served, 30, 2.0)
+    many = _statements_per_second(served, 300, 2.0)
+    ticks = 1 / served.watch.tick_s
+    # A tick is one read (its statement and, on SQLite, nothing else); the liveness flush
+    # one executemany every flush_s. Whatever the number of waiters.
+    bound = 2 * ticks + 5
+    assert many <= bound, f"{many:.0f} statements/s with 300 waiters (bound {bound:.0f})"
+    assert many <= few * 1.5 + 5, f"{few:.0f}/s with 30 waiters, {many:.0f}/s with 300"
+
+
+def test_waits_end_within_a_second_of_their_deadline_with_300_waiters(served: Served) -> None:
+    with Pollers(served.url, 300, wait=3.0) as pollers:
+        pass
+    assert len(pollers.took) == 300
+    assert set(pollers.statuses) == {304}
+    assert min(pollers.took) >= 2.9, min(pollers.took)
+    assert max(pollers.took) <= 4.0, f"a 3 s wait took {max(pollers.took):.2f} s"
+
+
+def test_a_waiter_whose_client_hangs_up_stops_at_once(served: Served) -> None:
+    port = int(served.url.rsplit(":", 1)[1])
+    sockets = []
+    for i in range(20):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(
+            f"GET /hosts/h{i}/work?after=999999&wait=55 HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+        sockets.append(sock)
+    wait_until(lambda: served.watch.waiting() == 20, 10, "20 waiting")
+    for sock in sockets:
+        sock.close()
+    started = time.monotonic()
+    wait_until(lambda: served.watch.waiting() == 0, 2, "every hung-up waiter gone")
+    assert time.monotonic() - started < 2
+    # Gone means costing nothing: the process serves its readers as fast as before.
+    with httpx.Client(base_url=served.url) as http:
+        assert http.get("/vms").status_code == 200
+
+
+def test_a_claim_wakes_its_hosts_waiter_at_once(served: Served) -> None:
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        seen = http.get("/hosts/h7/work").json()["generation"]
+        answers: list[tuple[float, dict[str, Any]]] = []
+
+        def poll() -> None:
+            response = http.get("/hosts/h7/work", params={"after": seen, "wait": 20})
+            answers.append((time.monotonic(), response.json()))
+
+        thread = threading.Thread(target=poll)
+        thread.start()
+        wait_until(lambda: served.watch.waiting() == 1, 10, "the agent waiting")
+        vm = served.lm.vms.create("v", "small")
+        claimed = time.monotonic()
+        served.lm.allocations.claim(vm.uuid, "h7")
+        thread.join(timeout=20)
+    [(woken, body)] = answers
+    assert [i["vm"] for i in body["items"]] == [vm.uuid]
+    assert body["generation"] > seen
+    assert woken - claimed < 5.0, "woken by the claim, not by the deadline"
+
+
+def test_a_timed_out_wait_answers_not_modified_without_reading(served: Served) -> None:
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        first = http.get("/hosts/h3/work")
+        generation = first.json()["generation"]
+        assert first.headers["etag"] == f'"{generation}"'
+        with served.statements.window() as seen:
+            again = http.get(
+                "/hosts/h3/work",
+                params={"after": generation, "wait": 0.5},
+                headers={"If-None-Match": f'"{generation}"'},
+            )
+        assert again.status_code == 304
+        assert not [s for s in seen if "vms" in s.lower()], "the work list was read"
+        # Without If-None-Match (an older agent, a person) the list as it is.
+        plain = http.get("/hosts/h3/work", params={"after": generation, "wait": 0.2})
+        assert plain.status_code == 200 and plain.json()["generation"] == generation
+
+
+def _report(http: httpx.Client, host: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = http.post(f"/hosts/{host}/report", json=body)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def test_an_unchanged_report_writes_nothing_to_the_ledger(served: Served) -> None:
+    served.watch.flush_s = 3600.0  # liveness is written in bulk, later: not counted here
+    vm = served.lm.vms.create("v", "small")
+    served.lm.allocations.claim(vm.uuid, "h1")
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        seen = http.get("/hosts/h1/work").json()["generation"]
+        body = {"running_vms": [vm.uuid], "launching": [], "seen_generation": seen}
+        with served.statements.window():
+            assert _report(http, "h1", body)["activated"] == [vm.uuid]
+        assert served.statements.writes(), "the first report reconciles (the counter works)"
+        seen = http.get("/hosts/h1/work").json()["generation"]
+        body["seen_generation"] = seen
+        _report(http, "h1", body)
+        time.sleep(2 * served.watch.tick_s)  # the cache has the generation it left
+        with served.statements.window():
+            assert _report(http, "h1", body) == {
+                "activated": [],
+                "released": [],
+                "stopped": [],
+                "unexpected": [],
+            }
+            writes = served.statements.writes()
+        assert writes == [], f"an unchanged report wrote: {writes}"
+        # Something new is reconciled again: the VM is gone from the host.
+        gone = {**body, "running_vms": []}
+        assert _report(http, "h1", gone)["stopped"] == [vm.uuid]
+    assert served.lm.vms.get(vm.uuid).state == "stopped"
+
+
+def test_a_report_beyond_the_hosts_generation_is_refused_and_changes_nothing(
+    served: Served,
+) -> None:
+    vm = served.lm.vms.create("v", "small")
+    served.lm.allocations.claim(vm.uuid, "h0")
+    before = served.lm.vms.get(vm.uuid)
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        body = {"running_vms": [], "seen_generation": 4611686018427387904}
+        response = http.post("/hosts/h0/report", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == "seen_generation"
+    after = served.lm.vms.get(vm.uuid)
+    assert after.state == "pending" and after.generation == before.generation
+    assert audit(served.lm.store) == []
+
+
+def test_a_held_long_poll_keeps_its_agent_heard(served: Served) -> None:
+    served.watch.flush_s = 0.2
+    served.watch.refresh_s = 0.5
+    with served.lm.store.write() as session:
+        host_id = session.scalar(select(HostRow.id).where(HostRow.name == "h9"))
+        row = session.get(HostAgentRow, host_id)
+        assert row is not None
+        row.last_seen_at = row.last_seen_at.replace(year=2000)
+    with Pollers(served.url, 10, wait=3.0):
+        wait_until(lambda: served.watch.waiting() == 10, 10, "10 waiting")
+
+        def heard() -> Any:
+            return served.lm.host_agents.status("h9").last_seen_at
+
+        wait_until(lambda: heard().year > 2000, 5, "the poll's arrival written")
+        first = heard()
+        time.sleep(1.5)
+        assert heard() > first, "a held wait is refreshed"
