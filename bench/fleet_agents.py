@@ -182,11 +182,13 @@ class SimAgent:
         if status == 200:
             work = json.loads(body)
             for item in work["items"]:
-                vm = item["vm"]
+                vm, action = item["vm"], item["action"]
                 if vm not in self.stats.woken:
                     self.stats.woken[vm] = now
-                if item["action"] in ("launch", "migrate_in") and vm not in self.running:
+                if action in ("launch", "migrate_in") and vm not in self.running:
                     await self._call("POST", f"/vms/{vm}/up", {"host": self.host})
+                # The simulated hypervisor runs what the ledger says runs here.
+                if action != "migrate_in":
                     self.running.add(vm)
             self.running &= {i["vm"] for i in work["items"]}
             self.seen = int(work["generation"])

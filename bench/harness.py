@@ -89,12 +89,16 @@ class ServedApi:
         workers: int,
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
+        *,
+        port: int | None = None,
+        token: str | None = None,
     ) -> None:
         """``env``: the server's environment (default: this process's), e.g. another
-        build's ``PYTHONPATH``."""
-        self.port = free_port()
+        build's ``PYTHONPATH``. ``port`` and ``token``: those of a server this one
+        replaces (a restart), else new ones."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.token = secrets.token_urlsafe(24)
+        self.token = token or secrets.token_urlsafe(24)
         self.workers = workers
         loadmaster = shutil.which("loadmaster", path=str(Path(sys.executable).parent))
         if loadmaster is None:

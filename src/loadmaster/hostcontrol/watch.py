@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ from loadmaster.store.schema import HostAgentRow, HostRow
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TICK_S = 0.05
+# How often other processes' changes are looked for: the cross-process wake-up's delay,
+# and on SQLite about 0.8 ms of CPU a tick (0.8 % of a core at this rate).
+DEFAULT_TICK_S = 0.1
 DEFAULT_FLUSH_S = 2.0
 # A held long-poll is written as "heard" this often; well inside the shortest
 # ``--agent-silent-after`` (1 s is allowed, 60 s is the default).
@@ -71,6 +74,8 @@ class HostWatch:
         self.refresh_s = refresh_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._ticker: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._unlisten: object = None
         self._since = 0
         self._layout = -1
@@ -91,15 +96,21 @@ class HostWatch:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._poll)
-        stop_listening = self._store.listen(self._committed)
-        self._unlisten = stop_listening
-        self._task = asyncio.create_task(self._run(), name="host-watch")
+        self._unlisten = self._store.listen(self._committed)
+        # The tick runs in a thread of its own, not as a task handing each poll to a
+        # thread pool: measured on SQLite, 0.78 against 1.05 ms of CPU a tick.
+        self._ticker = threading.Thread(target=self._tick, name="host-watch", daemon=True)
+        self._ticker.start()
+        self._task = asyncio.create_task(self._flush_every(), name="host-watch-flush")
 
     async def stop(self) -> None:
+        self._stopping.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._ticker is not None:
+            await asyncio.to_thread(self._ticker.join)
         if callable(self._unlisten):
             self._unlisten()
         for futures in self._waiters.values():
@@ -185,20 +196,27 @@ class HostWatch:
         self._heard.add(host_id)
 
     # -- the loop -------------------------------------------------------------------------
-    async def _run(self) -> None:
-        next_flush = time.monotonic() + self.flush_s
-        while True:
-            await asyncio.sleep(self.tick_s)
+    def _tick(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        while not self._stopping.wait(self.tick_s):
             try:
-                changed = await asyncio.to_thread(self._poll)
-                self._apply(changed)
-                current = time.monotonic()
-                if current >= next_flush:
-                    next_flush = current + self.flush_s
-                    await asyncio.to_thread(self._write_heard, self._due(current))
+                changed = self._poll()
             except Exception as exc:  # the database away: keep the waiters, try again
                 log.warning("host watch: %s", exc)
-                await asyncio.sleep(1.0)
+                self._stopping.wait(1.0)
+                continue
+            if changed:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._apply, changed)
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            try:
+                await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
+            except Exception as exc:  # written with the next flush
+                log.warning("host watch: liveness not written: %s", exc)
 
     def _poll(self) -> list[tuple[int, int]]:
         """(host id, generation) of the root hosts stamped since the last poll; the whole

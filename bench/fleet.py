@@ -1,0 +1,406 @@
+"""A fleet of host agents against the API (issue #24): what an idle fleet costs the server,
+how fast a claim reaches its host's agent, and what the fleet does to placements.
+
+Usage: .venv/bin/python bench/fleet.py [--hosts 1000 10000] [--backends sqlite postgres]
+       [--idle 30] [--placements 200] [--processes 4] [--baseline-hosts 200 1000]
+       [--baseline-ref REF] [--no-baseline] [--png bench/out/fleet.png]
+
+Per run: ``--hosts`` root hosts with an agent registered each (VCPU 64, MEMORY_MB 256 GiB);
+``loadmaster serve`` on SQLite (one process), or two ``serve`` processes on two ports
+sharing one private PostgreSQL, as two machines would. Simulated agents
+(bench/fleet_agents.py: the shipped host manager's cadence, asyncio over raw HTTP, in
+``--processes`` client processes, loopback only, bounded in time) start with their first
+polls spread over a few seconds; with two servers each client process talks to one of
+them. Then:
+
+1. ``--placements`` ``POST /schedule`` calls of one VM each, one at a time, *before* the
+   agents start: the latency without the fleet;
+2. the fleet settles, then ``--idle`` seconds in which nothing changes: the CPU the
+   server processes spent (utime + stime from /proc, loadmaster's processes only, as %
+   of one core) and the requests they answered (their own /metrics);
+3. the same placements *with* the fleet waiting; on PostgreSQL through the two servers in
+   turn. Wake-up: from the start of the ``POST /schedule`` to the moment the host's agent
+   read the VM on its work list (time.monotonic is one clock for every process here); on
+   two servers, split into the agent's own server and the other one.
+
+Printed per run: hosts, backend, build, idle CPU % of one core (per 1,000 hosts too),
+requests/s while idle, wake-up p50/p99 ms, ``POST /schedule`` p50/p99 ms without and with
+the fleet (and the ratio), the servers' peak RSS, errors (agents' failed or refused
+requests, failed placements), VMs left unclaimed or not running, and the audit's problems.
+The baseline (``--baseline-ref``, default the commit issue #24 starts from) runs the same
+with its own agent cadence (``--legacy`` in fleet_agents.py: a 5 s long-poll, a report
+every pass, the SLA loop's full report every 15 s) at ``--baseline-hosts``. The figures
+are plotted (idle CPU and wake-up p99 against hosts) to ``--png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import insert, select
+
+import loadmaster
+from harness import ROOT, PrivatePostgres, ServedApi
+from loadmaster.cluster import VmSpec
+from loadmaster.pending import audit
+from loadmaster.store.locking import now
+from loadmaster.store.schema import HostAgentRow, HostRow
+
+ISSUE_START = "2f2a0d7"
+NODE = {"VCPU": {"total": 64}, "MEMORY_MB": {"total": 262144}}
+AGENT_WAIT_S = 50.0  # the shipped agent's (manager.DEFAULT_WAIT_S)
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Build:
+    name: str
+    src: Path | None = None  # None: this checkout
+    legacy: bool = False
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.src is not None:
+            env["PYTHONPATH"] = str(self.src)
+        return env
+
+
+@dataclass
+class Result:
+    hosts: int
+    backend: str
+    build: str
+    idle_cpu_pct: float = 0.0
+    idle_rps: float = 0.0
+    wake_ms: list[float] = field(default_factory=list)
+    wake_other_ms: list[float] = field(default_factory=list)
+    schedule_alone_ms: list[float] = field(default_factory=list)
+    schedule_fleet_ms: list[float] = field(default_factory=list)
+    rss_mib: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)
+    lost: int = 0
+    audit_problems: int = 0
+    agents_back: int = 0
+
+
+def machine() -> str:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    return f"{model}, {os.cpu_count()} cores, load average {' '.join(load)}"
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / TICKS
+
+
+def peak_rss_mib(pids: list[int]) -> float:
+    peak = 0.0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peak = max(peak, int(line.split()[1]) / 1024)
+    return peak
+
+
+def requests_answered(api: ServedApi) -> float:
+    with api.client() as http:
+        text = http.get("/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("loadmaster_http_requests_total{")
+    )
+
+
+def prepare(url: str, hosts: int, vms: int) -> list[str]:
+    """Hosts with agents registered, and ``vms`` requested VMs to place."""
+    with loadmaster.open(url) as lm:
+        lm.hosts.create_many([{"name": f"h{i}", "inventories": NODE} for i in range(hosts)])
+        stamp = now()
+        with lm.store.write() as session:
+            ids = session.scalars(select(HostRow.id)).all()
+            session.execute(
+                insert(HostAgentRow),
+                [
+                    {
+                        "host_id": i,
+                        "hypervisor_uri": "test:///default",
+                        "registered_at": stamp,
+                        "last_seen_at": stamp,
+                        "seen_generation": 0,
+                    }
+                    for i in ids
+                ],
+            )
+        lm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+        return [v.uuid for v in lm.vms.create_many([VmSpec(f"v{i}", "small") for i in range(vms)])]
+
+
+def place(
+    apis: list[ServedApi], uuids: list[str], started: dict[str, tuple[float, int]]
+) -> tuple[list[float], int]:
+    """One VM per ``POST /schedule``, through the servers in turn; latencies in ms."""
+    latencies, failed = [], 0
+    clients = [api.client(timeout=15) for api in apis]
+    try:
+        for n, uuid in enumerate(uuids):
+            which = n % len(clients)
+            begun = time.monotonic()
+            started[uuid] = (begun, which)
+            try:
+                response = clients[which].post("/schedule", json={"requests": [{"vms": [uuid]}]})
+                ok = response.status_code == 200 and response.json()["placements"][0]["host"]
+            except Exception:
+                ok = False
+            latencies.append((time.monotonic() - begun) * 1000)
+            failed += 0 if ok else 1
+            time.sleep(0.02)
+    finally:
+        for client in clients:
+            client.close()
+    return latencies, failed
+
+
+def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: Path) -> Result:
+    result = Result(hosts, backend, build.name)
+    placements = args.placements if not build.legacy else min(args.placements, 50)
+    postgres = PrivatePostgres() if backend == "postgres" else None
+    url = postgres.url if postgres else f"sqlite:///{work / f'fleet-{hosts}.db'}"
+    apis: list[ServedApi] = []
+    agents: list[subprocess.Popen[str]] = []
+    try:
+        uuids = prepare(url, hosts, 2 * placements)
+        for n in range(2 if postgres else 1):
+            apis.append(ServedApi(url, 1, log_path=work / f"serve-{n}.log", env=build.env()))
+        pids = [api.process.pid for api in apis]
+        started: dict[str, tuple[float, int]] = {}
+        result.schedule_alone_ms, failed = place(apis, uuids[:placements], started)
+        spread = max(3.0, hosts / 1000)
+        settle = spread + 5
+        duration = settle + args.idle + placements * 0.2 + 30
+        begin = time.monotonic() + 2
+        names = [f"h{i}" for i in range(hosts)]
+        for p in range(args.processes):
+            api = apis[p % len(apis)]
+            command = [
+                sys.executable,
+                str(ROOT / "bench/fleet_agents.py"),
+                "--url",
+                api.url,
+                "--token",
+                api.token,
+                "--hosts",
+                ",".join(names[p :: args.processes]),
+                "--duration",
+                f"{duration:.1f}",
+                "--wait",
+                str(AGENT_WAIT_S),
+                "--start-at",
+                f"{begin:.3f}",
+                "--spread",
+                f"{spread:.1f}",
+                *(["--legacy"] if build.legacy else []),
+            ]
+            agents.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+        time.sleep(max(0.0, begin + settle - time.monotonic()))
+        cpu0, req0, t0 = cpu_seconds(pids), sum(map(requests_answered, apis)), time.monotonic()
+        time.sleep(args.idle)
+        seconds = time.monotonic() - t0
+        result.idle_cpu_pct = 100 * (cpu_seconds(pids) - cpu0) / seconds
+        result.idle_rps = (sum(map(requests_answered, apis)) - req0 - len(apis)) / seconds
+        result.schedule_fleet_ms, failed_later = place(apis, uuids[placements:], started)
+        result.rss_mib = peak_rss_mib(pids)
+        outputs = [json.loads(a.communicate(timeout=duration + 120)[0]) for a in agents]
+        woken: dict[str, float] = {}
+        for n, out in enumerate(outputs):
+            for vm, at in out["woken"].items():
+                woken[vm] = at
+                began, via = started.get(vm, (None, 0))
+                if began is None or vm not in set(uuids[placements:]):
+                    continue
+                mine = n % len(apis) == via
+                (result.wake_ms if mine else result.wake_other_ms).append((at - began) * 1000)
+            for status, count in out["statuses"].items():
+                if not status.endswith((" 200", " 304")):
+                    result.errors[status] = result.errors.get(status, 0) + count
+            for error, count in out["errors"].items():
+                result.errors[error] = result.errors.get(error, 0) + count
+        result.agents_back = sum(len(out["polled"]) for out in outputs)
+        if failed or failed_later:
+            result.errors["failed placements"] = failed + failed_later
+        for api in apis:
+            api.close()
+        with loadmaster.open(url) as lm:
+            states = [lm.vms.get(u).state for u in uuids[placements:]]
+            # With the fleet, every VM placed must have been started by its agent.
+            result.lost = sum(1 for s in states if s != "running")
+            result.audit_problems = len(audit(lm.store))
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+        for api in apis:
+            api.close()
+        if postgres is not None:
+            postgres.close()
+    return result
+
+
+def q(values: list[float], p: float) -> str:
+    return f"{float(np.percentile(values, p)):.1f}" if values else "-"
+
+
+def report(results: list[Result]) -> None:
+    head = (
+        f"{'hosts':>6} {'backend':8} {'build':16} {'idle CPU %':>10} {'/1k hosts':>9} "
+        f"{'req/s':>7} {'wake p50':>8} {'p99':>7} {'other p50':>9} {'p99':>7} "
+        f"{'sched alone p50':>15} {'p99':>6} {'fleet p50':>9} {'p99':>6} {'x p99':>6} "
+        f"{'RSS MiB':>7} {'errors':>6} {'lost':>4} {'audit':>5}"
+    )
+    print(head)
+    for r in results:
+        ratio = (
+            float(np.percentile(r.schedule_fleet_ms, 99))
+            / float(np.percentile(r.schedule_alone_ms, 99))
+            if r.schedule_fleet_ms and r.schedule_alone_ms
+            else float("nan")
+        )
+        print(
+            f"{r.hosts:>6} {r.backend:8} {r.build:16} {r.idle_cpu_pct:>10.1f} "
+            f"{r.idle_cpu_pct * 1000 / r.hosts:>9.2f} {r.idle_rps:>7.1f} "
+            f"{q(r.wake_ms, 50):>8} {q(r.wake_ms, 99):>7} "
+            f"{q(r.wake_other_ms, 50):>9} {q(r.wake_other_ms, 99):>7} "
+            f"{q(r.schedule_alone_ms, 50):>15} {q(r.schedule_alone_ms, 99):>6} "
+            f"{q(r.schedule_fleet_ms, 50):>9} {q(r.schedule_fleet_ms, 99):>6} {ratio:>6.2f} "
+            f"{r.rss_mib:>7.0f} {sum(r.errors.values()):>6} {r.lost:>4} {r.audit_problems:>5}"
+        )
+        if r.errors:
+            print(f"{'':>6} errors: {r.errors}")
+
+
+def plot(results: list[Result], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (cpu, wake) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key in sorted({(r.build, r.backend) for r in results}):
+        rows = sorted((r for r in results if (r.build, r.backend) == key), key=lambda r: r.hosts)
+        label = f"{key[0]}, {key[1]}"
+        cpu.plot([r.hosts for r in rows], [r.idle_cpu_pct for r in rows], "o-", label=label)
+        points = [
+            (r.hosts, float(np.percentile(r.wake_other_ms or r.wake_ms, 99)))
+            for r in rows
+            if r.wake_other_ms or r.wake_ms
+        ]
+        if points:
+            wake.plot(*zip(*points, strict=True), "o-", label=label)
+    cpu.axhline(50, color="grey", lw=0.8, ls="--")
+    cpu.set(xscale="log", xlabel="hosts (agents)", ylabel="% of one core", title="Idle server CPU")
+    wake.axhline(100, color="grey", lw=0.8, ls="--")
+    wake.set(
+        xscale="log",
+        yscale="log",
+        xlabel="hosts (agents)",
+        ylabel="ms",
+        title="Claim to agent woken, p99 (other server on PostgreSQL)",
+    )
+    for ax in (cpu, wake):
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(machine(), fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    print(f"plot: {png}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"])
+    parser.add_argument("--idle", type=float, default=30.0)
+    parser.add_argument("--placements", type=int, default=200)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--baseline-hosts", type=int, nargs="*", default=[200, 1000])
+    parser.add_argument("--baseline-ref", default=ISSUE_START)
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--png", type=Path, default=ROOT / "bench/out/fleet.png")
+    args = parser.parse_args()
+    from loadmaster.api.server import raise_open_files_limit
+
+    raise_open_files_limit()
+    print(machine())
+    results = []
+    with tempfile.TemporaryDirectory(prefix="loadmaster-fleet-") as tmp:
+        work = Path(tmp)
+        runs = [(Build("current"), b, h) for h in args.hosts for b in args.backends]
+        if not args.no_baseline:
+            where = work / "baseline"
+            subprocess.run(
+                [
+                    "git",
+                    "-C",
+                    str(ROOT),
+                    "worktree",
+                    "add",
+                    "--detach",
+                    str(where),
+                    args.baseline_ref,
+                ],
+                check=True,
+                capture_output=True,
+            )
+            old = Build(f"baseline {args.baseline_ref}", where / "src", legacy=True)
+            runs = [(old, "sqlite", h) for h in args.baseline_hosts] + runs
+        try:
+            for build, backend, hosts in runs:
+                started = time.monotonic()
+                results.append(run(args, build, backend, hosts, work))
+                print(
+                    f"  {build.name}, {backend}, {hosts} hosts: {time.monotonic() - started:.0f} s "
+                    f"({machine()})",
+                    flush=True,
+                )
+        finally:
+            if not args.no_baseline:
+                subprocess.run(
+                    [
+                        "git",
+                        "-C",
+                        str(ROOT),
+                        "worktree",
+                        "remove",
+                        "--force",
+                        str(work / "baseline"),
+                    ],
+                    check=False,
+                    capture_output=True,
+                )
+    report(results)
+    plot(results, args.png)
+
+
+if __name__ == "__main__":
+    main()
