@@ -90,6 +90,8 @@ class Result:
     lost: int = 0
     audit_problems: int = 0
     agents_back: int = 0
+    settle_s: float = 0.0
+    shed: int = 0
 
 
 def machine() -> str:
@@ -122,14 +124,26 @@ def peak_rss_mib(pids: list[int]) -> float:
     return peak
 
 
-def requests_answered(api: ServedApi) -> float:
-    with api.client() as http:
+def requests_answered(api: ServedApi, *only: str) -> float:
+    """Requests the server answered (its /metrics), those whose labels say all of ``only``."""
+    with api.client(timeout=120) as http:
         text = http.get("/metrics").text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("loadmaster_http_requests_total{")
+        if line.startswith("loadmaster_http_requests_total{") and all(o in line for o in only)
     )
+
+
+def settle(apis: list[ServedApi], hosts: int, timeout: float) -> float:
+    """Until every agent has read its first work list; the seconds it took."""
+    started = time.monotonic()
+    first_lists = ('route="/hosts/{host_name}/work"', 'status="200"')
+    while time.monotonic() - started < timeout:
+        if sum(requests_answered(api, *first_lists) for api in apis) >= hosts:
+            break
+        time.sleep(2)
+    return time.monotonic() - started
 
 
 def prepare(url: str, hosts: int, vms: int) -> list[str]:
@@ -195,9 +209,11 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         pids = [api.process.pid for api in apis]
         started: dict[str, tuple[float, int]] = {}
         result.schedule_alone_ms, failed = place(apis, uuids[:placements], started)
-        spread = max(3.0, hosts / 1000)
-        settle = spread + 5
-        duration = settle + args.idle + placements * 0.2 + 30
+        # First polls read each agent's work list once: spread as hosts booting would be,
+        # at about what one server reads in a second (the rest are told to come back).
+        spread = max(3.0, hosts / 250)
+        settle_limit = 300.0
+        duration = spread + settle_limit + 5 + args.idle + placements * 0.2 + 30
         begin = time.monotonic() + 2
         names = [f"h{i}" for i in range(hosts)]
         for p in range(args.processes):
@@ -222,12 +238,16 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
                 *(["--legacy"] if build.legacy else []),
             ]
             agents.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
-        time.sleep(max(0.0, begin + settle - time.monotonic()))
-        cpu0, req0, t0 = cpu_seconds(pids), sum(map(requests_answered, apis)), time.monotonic()
+        time.sleep(max(0.0, begin + spread - time.monotonic()))
+        result.settle_s = settle(apis, hosts, timeout=settle_limit)
+        time.sleep(5)
+        req0 = sum(map(requests_answered, apis))
+        cpu0, t0 = cpu_seconds(pids), time.monotonic()
         time.sleep(args.idle)
         seconds = time.monotonic() - t0
         result.idle_cpu_pct = 100 * (cpu_seconds(pids) - cpu0) / seconds
-        result.idle_rps = (sum(map(requests_answered, apis)) - req0 - len(apis)) / seconds
+        # The two /metrics reads are in the count: requests (not the CPU window) span them.
+        result.idle_rps = (sum(map(requests_answered, apis)) - req0) / (time.monotonic() - t0)
         result.schedule_fleet_ms, failed_later = place(apis, uuids[placements:], started)
         result.rss_mib = peak_rss_mib(pids)
         outputs = [json.loads(a.communicate(timeout=duration + 120)[0]) for a in agents]
@@ -241,7 +261,10 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
                 mine = n % len(apis) == via
                 (result.wake_ms if mine else result.wake_other_ms).append((at - began) * 1000)
             for status, count in out["statuses"].items():
-                if not status.endswith((" 200", " 304")):
+                if status.endswith(" 503"):
+                    # Turned away with a later turn (HostWatch.reading): shed, not failed.
+                    result.shed += count
+                elif not status.endswith((" 200", " 304")):
                     result.errors[status] = result.errors.get(status, 0) + count
             for error, count in out["errors"].items():
                 result.errors[error] = result.errors.get(error, 0) + count
@@ -276,7 +299,7 @@ def report(results: list[Result]) -> None:
         f"{'hosts':>6} {'backend':8} {'build':16} {'idle CPU %':>10} {'/1k hosts':>9} "
         f"{'req/s':>7} {'wake p50':>8} {'p99':>7} {'other p50':>9} {'p99':>7} "
         f"{'sched alone p50':>15} {'p99':>6} {'fleet p50':>9} {'p99':>6} {'x p99':>6} "
-        f"{'RSS MiB':>7} {'errors':>6} {'lost':>4} {'audit':>5}"
+        f"{'RSS MiB':>7} {'errors':>6} {'lost':>4} {'audit':>5} {'settled s':>9} {'503s':>6}"
     )
     print(head)
     for r in results:
@@ -293,7 +316,8 @@ def report(results: list[Result]) -> None:
             f"{q(r.wake_other_ms, 50):>9} {q(r.wake_other_ms, 99):>7} "
             f"{q(r.schedule_alone_ms, 50):>15} {q(r.schedule_alone_ms, 99):>6} "
             f"{q(r.schedule_fleet_ms, 50):>9} {q(r.schedule_fleet_ms, 99):>6} {ratio:>6.2f} "
-            f"{r.rss_mib:>7.0f} {sum(r.errors.values()):>6} {r.lost:>4} {r.audit_problems:>5}"
+            f"{r.rss_mib:>7.0f} {sum(r.errors.values()):>6} {r.lost:>4} {r.audit_problems:>5} "
+            f"{r.settle_s:>9.0f} {r.shed:>6}"
         )
         if r.errors:
             print(f"{'':>6} errors: {r.errors}")

@@ -61,11 +61,18 @@ class Connection:
         headers: dict[str, str] | None = None,
         timeout: float = 30.0,
     ) -> tuple[int, dict[str, str], bytes]:
-        try:
-            return await asyncio.wait_for(self._exchange(method, path, body, headers), timeout)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            self.close()
-            raise HttpError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        for reused in (self._writer is not None, False):
+            try:
+                return await asyncio.wait_for(self._exchange(method, path, body, headers), timeout)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                self.close()
+                if reused:
+                    continue  # the server closed the idle connection: open a new one
+                raise HttpError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            except (TimeoutError, ValueError) as exc:
+                self.close()
+                raise HttpError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     async def _exchange(
         self, method: str, path: str, body: Any, headers: dict[str, str] | None
@@ -154,7 +161,8 @@ class SimAgent:
                     failures = 0
                 except HttpError as exc:
                     failures += 1
-                    self.stats.errors[str(exc).split(":")[0] + ": no answer"] += 1
+                    request, _, why = str(exc).partition(": ")
+                    self.stats.errors[f"{request.split('?')[0]}: {why.split(':')[0]}"] += 1
                     await asyncio.sleep(backoff(failures))
         finally:
             if sla is not None:
@@ -173,7 +181,8 @@ class SimAgent:
         )
         self.stats.statuses[f"work {status}"] += 1
         if status in (429, 503):
-            await asyncio.sleep(float(answer.get("retry-after", "1")) * random.uniform(1, 1.5))
+            pause = float(answer.get("retry-after", "1")) * random.uniform(1, 1.5)
+            await asyncio.sleep(min(pause, max(0.0, until - time.monotonic())))
             return
         if status not in (200, 304):
             raise HttpError(f"work {status}")
@@ -234,6 +243,7 @@ async def run_fleet(
     legacy: bool = False,
     start_at: float | None = None,
     spread: float = 5.0,
+    verbose: bool = False,
 ) -> FleetStats:
     """Every agent runs until ``duration`` s after ``start_at`` (default now), the first
     polls spread at random over ``spread`` s, as agents started by their hosts would."""
@@ -245,7 +255,20 @@ async def run_fleet(
         await asyncio.sleep(max(0.0, begin - time.monotonic()) + random.uniform(0, spread))
         await SimAgent(url, token, host, stats, wait=wait, legacy=legacy).run(until)
 
+    async def progress() -> None:
+        while True:
+            await asyncio.sleep(10)
+            print(
+                f"{len(stats.polled)} agents polled; {dict(stats.statuses)}; "
+                f"{sum(stats.errors.values())} errors, e.g. {list(stats.errors)[:2]}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    reporter = asyncio.create_task(progress()) if verbose else None
     await asyncio.gather(*(one(h) for h in hosts))
+    if reporter is not None:
+        reporter.cancel()
     return stats
 
 
@@ -259,6 +282,7 @@ def main() -> None:
     parser.add_argument("--legacy", action="store_true")
     parser.add_argument("--start-at", type=float)
     parser.add_argument("--spread", type=float, default=5.0)
+    parser.add_argument("--verbose", action="store_true", help="progress every 10 s")
     args = parser.parse_args()
     from loadmaster.api.server import raise_open_files_limit
 
@@ -273,6 +297,7 @@ def main() -> None:
             legacy=args.legacy,
             start_at=args.start_at,
             spread=args.spread,
+            verbose=args.verbose,
         )
     )
     json.dump(stats.as_dict(), sys.stdout)

@@ -100,6 +100,20 @@ class StoreUnavailable(LoadmasterError):
     title = "Store unavailable"
 
 
+class Busy(LoadmasterError):
+    """The server sheds this request to keep the others answered (a fleet of agents
+    reading their work lists at once); nothing was done. Try again after
+    ``retry_after_s``, which is drawn at random so that those turned away together do
+    not come back together."""
+
+    code = "loadmaster.busy"
+    title = "Busy"
+
+    def __init__(self, detail: str, *, retry_after_s: int, field: str | None = None) -> None:
+        super().__init__(detail, field=field)
+        self.retry_after_s = retry_after_s
+
+
 class PluginFailed(LoadmasterError):
     """A scheduler filter or weigher raised: the server's fault, named so that an operator
     knows which plugin to look at (its traceback is in the server log)."""

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loadmaster.api import microversion
 from loadmaster.api.observability import request_id_var
 from loadmaster.errors import (
+    Busy,
     ConcurrentUpdate,
     Conflict,
     DuplicateName,
@@ -145,6 +146,7 @@ STATUS_OF: tuple[tuple[type[LoadmasterError], int], ...] = (
     (InternalError, 500),
     (PluginFailed, 500),
     (StoreUnavailable, 503),
+    (Busy, 503),
     (NotFound, 404),
     (Conflict, 409),
     (NoValidHost, 409),
@@ -191,6 +193,8 @@ def error_response(
 ) -> JSONResponse:
     if isinstance(error, StoreUnavailable):
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
+    elif isinstance(error, Busy):
+        headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}
     body = {**error.to_dict(), "errors": [placement_error(error)]}
     return JSONResponse(body, status_code=status_of(error), headers=headers)
 

@@ -406,8 +406,10 @@ class HostControl:
                     launching=launching,
                 )
                 self._reconciled[host] = (said, (result.generation, self._commits(host)))
-        if new_vms or usage or load:
-            self._scheduler.record_report(host, *measures, running if new_vms else None)
+        if usage or load:
+            # Only the measurements feed the scheduler (its load weigher); a list of VMs
+            # alone is the ledger's business, reconciled above.
+            self._scheduler.record_report(host, *measures, running)
         self._heard(host)
         return result
 

@@ -27,15 +27,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select, update
 
 from loadmaster.cluster import lookup
-from loadmaster.errors import ValidationError
+from loadmaster.errors import Busy, ValidationError
 from loadmaster.store import Store
 from loadmaster.store.locking import clock_and_changed, now
 from loadmaster.store.schema import HostAgentRow, HostRow
@@ -46,6 +47,14 @@ log = logging.getLogger(__name__)
 # and on SQLite about 0.8 ms of CPU a tick (0.8 % of a core at this rate).
 DEFAULT_TICK_S = 0.1
 DEFAULT_FLUSH_S = 2.0
+# Work lists one process reads at once, and how many more may wait for a turn: past
+# that an agent is told to come back later (503), so a fleet starting together cannot
+# queue the placements and reads of everyone else behind its first reads. Each agent
+# turned away is given a later turn of its own (``Retry-After``), one read-time after the
+# last one given: ten thousand agents refused in the same second come back spread over
+# the time the server needs to read their lists, not all again a second later.
+READS_AT_ONCE = 4
+MAX_QUEUED_READS = 64
 # A held long-poll is written as "heard" this often; well inside the shortest
 # ``--agent-silent-after`` (1 s is allowed, 60 s is the default).
 DEFAULT_REFRESH_S = 10.0
@@ -84,6 +93,11 @@ class HostWatch:
         self._generations: dict[int, int] = {}
         self._waiters: dict[int, set[asyncio.Future[None]]] = {}
         self._heard: set[int] = set()
+        self._reads = asyncio.Semaphore(READS_AT_ONCE)
+        self._queued = 0
+        # How long a work list takes to read (moving average), and the latest turn given.
+        self._read_s = 0.005
+        self._next_turn = 0.0
         # Per host: commits of this process that stamped it, and how many of them the
         # last read of its work list had seen.
         self._commits: dict[int, int] = {}
@@ -129,6 +143,29 @@ class HostWatch:
         found = await asyncio.to_thread(self._read_host, ident)
         self._hosts[ident] = found
         return found
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[None]:
+        """A turn to read a work list, or ``Busy`` when too many wait for one."""
+        if self._queued >= MAX_QUEUED_READS:
+            raise Busy(
+                f"{self._queued} work lists are waiting to be read; come back later",
+                retry_after_s=self._later_turn(),
+            )
+        self._queued += 1
+        try:
+            async with self._reads:
+                started = time.monotonic()
+                yield
+                self._read_s += 0.1 * (time.monotonic() - started - self._read_s)
+        finally:
+            self._queued -= 1
+
+    def _later_turn(self) -> int:
+        """Seconds until a turn no other refused agent was given (at least 1)."""
+        current = time.monotonic()
+        self._next_turn = max(self._next_turn, current + 1) + self._read_s / READS_AT_ONCE
+        return math.ceil(self._next_turn - current)
 
     def maybe_newer(self, host_id: int, after: int) -> bool:
         """Whether the host may be past generation ``after``: its cached generation is,

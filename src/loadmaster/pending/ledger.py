@@ -106,6 +106,22 @@ class Ledger:
         seen_generation: int | None = None,
         launching: Iterable[str] = (),
     ) -> ReconcileResult:
+        """See ``reconcile.reconcile``. Judged first in a read transaction: a report that
+        changes nothing (a host starting with nothing to say, a repeated list) takes no
+        write transaction, which SQLite would serialise with every claim."""
+        present, launching = list(present), list(launching)
+        with self._store.read() as session:
+            judged = reconcile.reconcile(
+                session,
+                host,
+                present,
+                as_of=as_of,
+                seen_generation=seen_generation,
+                launching=launching,
+                dry_run=True,
+            )
+        if not (judged.activated or judged.released or judged.stopped):
+            return judged
         with self._store.write() as session:
             return reconcile.reconcile(
                 session,

@@ -16,7 +16,7 @@ from loadmaster.errors import ValidationError
 from loadmaster.pending.lifecycle import activate_row, release_row
 from loadmaster.pending.trees import tree_ids
 from loadmaster.store.locking import generation_of, now
-from loadmaster.store.schema import AllocationRow, VmRow
+from loadmaster.store.schema import AllocationRow, HostRow, VmRow
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,10 @@ def reconcile(
     as_of: datetime | None = None,
     seen_generation: int | None = None,
     launching: Iterable[str] = (),
+    dry_run: bool = False,
 ) -> ReconcileResult:
-    """Align the records with what the host reports running.
+    """Align the records with what the host reports running (``dry_run``: say what that
+    would do, in a read transaction, changing nothing).
 
     A pending VM that is there has started (activate). A VM the report may speak for and
     that is neither there nor ``launching`` has ended: a pending one never started
@@ -59,11 +61,49 @@ def reconcile(
     """
     seen = {lookup.canonical_uuid(u) for u in present}
     busy = {lookup.canonical_uuid(u) for u in launching}
-    # By sequence the clock plays no part, so a host's skewed clock is no error.
-    as_of = now() if seen_generation is not None else check_as_of(as_of)
+    root, verdicts, unexpected = _judge(
+        session, host, seen, busy, as_of, seen_generation, lock=not dry_run
+    )
     activated: list[str] = []
     released: list[str] = []
     stopped: list[str] = []
+    for vm, verdict in verdicts:
+        if verdict == "activate":
+            if not dry_run:
+                activate_row(session, vm)
+            activated.append(vm.uuid)
+        elif verdict == "release":
+            if not dry_run:
+                release_row(session, vm, root)
+                vm.fault = f"host {root.name} reported it neither running nor launching"
+            released.append(vm.uuid)
+        else:
+            if not dry_run:
+                release_row(session, vm, root)
+            stopped.append(vm.uuid)
+    return ReconcileResult(
+        tuple(activated),
+        tuple(released),
+        tuple(stopped),
+        tuple(unexpected),
+        generation_of(session, root.id),
+    )
+
+
+def _judge(
+    session: Session,
+    host: str,
+    seen: set[str],
+    busy: set[str],
+    as_of: datetime | None,
+    seen_generation: int | None,
+    *,
+    lock: bool,
+) -> tuple[HostRow, list[tuple[VmRow, str]], list[str]]:
+    """The host, what becomes of each of its VMs the report decides (``activate``,
+    ``release`` or ``stop``), and the VMs it runs that the ledger does not put there."""
+    # By sequence the clock plays no part, so a host's skewed clock is no error.
+    as_of = now() if seen_generation is not None else check_as_of(as_of)
 
     def known(vm: VmRow, since: datetime) -> bool:
         if seen_generation is not None:
@@ -85,10 +125,10 @@ def reconcile(
     # Lock the VMs first, then read their records: an activation or a claim that
     # committed while we waited is seen, not overwritten with what it replaced.
     here = select(AllocationRow.consumer_id).where(AllocationRow.host_id.in_(tree))
-    vms = session.scalars(
-        select(VmRow).where(VmRow.consumer_id.in_(here)).order_by(VmRow.id).with_for_update()
-    ).all()
-    lookup.share_groups(session, vms)
+    query = select(VmRow).where(VmRow.consumer_id.in_(here)).order_by(VmRow.id)
+    vms = session.scalars(query.with_for_update() if lock else query).all()
+    if lock:
+        lookup.share_groups(session, vms)
     by_vm: dict[int, tuple[VmRow, list[AllocationRow]]] = {v.consumer_id: (v, []) for v in vms}
     for alloc in session.scalars(
         select(AllocationRow).where(
@@ -96,34 +136,25 @@ def reconcile(
         )
     ):
         by_vm[alloc.consumer_id][1].append(alloc)
+    verdicts: list[tuple[VmRow, str]] = []
     for vm, allocs in by_vm.values():
         if not allocs or vm.state == "migrating":
             continue  # left this host meanwhile, or a migration (its executor's)
         pending_here = [a for a in allocs if a.state == "pending"]
         if vm.uuid in seen:
             if pending_here:
-                activate_row(session, vm)
-                activated.append(vm.uuid)
+                verdicts.append((vm, "activate"))
         elif vm.uuid in busy:
             continue
         elif pending_here:
             if known(vm, max(a.created_at for a in pending_here)):
-                release_row(session, vm, root)
-                vm.fault = f"host {root.name} reported it neither running nor launching"
-                released.append(vm.uuid)
+                verdicts.append((vm, "release"))
         elif vm.state == "running" and known(vm, vm.updated_at):
             # Only a VM already running here when the host listed its VMs is proven
             # gone; one that came up (or finished migrating here) since is spared.
-            release_row(session, vm, root)
-            stopped.append(vm.uuid)
+            verdicts.append((vm, "stop"))
     unexpected = sorted(seen - {vm.uuid for vm, _ in by_vm.values()})
-    return ReconcileResult(
-        tuple(activated),
-        tuple(released),
-        tuple(stopped),
-        tuple(unexpected),
-        generation_of(session, root.id),
-    )
+    return root, verdicts, unexpected
 
 
 # How far a report's ``as_of`` may stray from the server's clock. A report from the future

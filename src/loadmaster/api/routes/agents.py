@@ -137,8 +137,9 @@ async def work(
 
 
 async def _work_list(lm: Loadmaster, watch: HostWatch, host: WatchedHost) -> WorkList:
-    commits = watch.commits(host.id)
-    work_list = await run_in_threadpool(lm.host_agents.work, host.name)
+    async with watch.reading():
+        commits = watch.commits(host.id)
+        work_list = await run_in_threadpool(lm.host_agents.work, host.name)
     watch.saw(host.id, work_list.generation, commits)
     return work_list
 
