@@ -199,13 +199,14 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
     result = Result(hosts, backend, build.name)
     placements = args.placements if not build.legacy else min(args.placements, 50)
     postgres = PrivatePostgres() if backend == "postgres" else None
-    url = postgres.url if postgres else f"sqlite:///{work / f'fleet-{hosts}.db'}"
+    name = f"fleet-{hosts}-{build.name.split()[0]}"
+    url = postgres.url if postgres else f"sqlite:///{work / f'{name}.db'}"
     apis: list[ServedApi] = []
     agents: list[subprocess.Popen[str]] = []
     try:
         uuids = prepare(url, hosts, 2 * placements)
         for n in range(2 if postgres else 1):
-            apis.append(ServedApi(url, 1, log_path=work / f"serve-{n}.log", env=build.env()))
+            apis.append(ServedApi(url, 1, log_path=work / f"{name}-{n}.log", env=build.env()))
         pids = [api.process.pid for api in apis]
         started: dict[str, tuple[float, int]] = {}
         result.schedule_alone_ms, failed = place(apis, uuids[:placements], started)
@@ -239,7 +240,11 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
             ]
             agents.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
         time.sleep(max(0.0, begin + spread - time.monotonic()))
-        result.settle_s = settle(apis, hosts, timeout=settle_limit)
+        if build.legacy:  # its agents read their list on every poll: no first reads to await
+            result.settle_s = 10.0
+            time.sleep(result.settle_s)
+        else:
+            result.settle_s = settle(apis, hosts, timeout=settle_limit)
         time.sleep(5)
         req0 = sum(map(requests_answered, apis))
         cpu0, t0 = cpu_seconds(pids), time.monotonic()

@@ -147,6 +147,7 @@ class SimAgent:
         # A poll and the rest on connections of their own, as the shipped agent does.
         self.poll = Connection(url, token)
         self.calls = Connection(url, token)
+        self.sla = Connection(url, token)  # the legacy SLA loop's own, as its client was
         self.seen = -1
         self.running: set[str] = set()
         self.reported: tuple[frozenset[str], int] | None = None
@@ -169,6 +170,7 @@ class SimAgent:
                 sla.cancel()
             self.poll.close()
             self.calls.close()
+            self.sla.close()
 
     async def _pass(self, until: float) -> None:
         wait = min(self.wait * random.uniform(0.8, 1.0), max(0.0, until - time.monotonic()))
@@ -206,18 +208,20 @@ class SimAgent:
             await self._report()
             self.reported = said
 
-    async def _report(self, **measures: Any) -> None:
+    async def _report(self, connection: Connection | None = None, **measures: Any) -> None:
         body = {
             "running_vms": sorted(self.running),
             "launching": [],
             "seen_generation": max(0, self.seen),
             **measures,
         }
-        await self._call("POST", f"/hosts/{self.host}/report", body)
+        await self._call("POST", f"/hosts/{self.host}/report", body, connection)
         self.stats.reports += 1
 
-    async def _call(self, method: str, path: str, body: Any) -> None:
-        status, _, text = await self.calls.request(method, path, body)
+    async def _call(
+        self, method: str, path: str, body: Any, connection: Connection | None = None
+    ) -> None:
+        status, _, text = await (connection or self.calls).request(method, path, body)
         self.stats.statuses[f"{path.rsplit('/', 1)[1]} {status}"] += 1
         if status >= 500 or status in (429, 503):
             raise HttpError(f"{method} {path}: {status} {text[:200]!r}")
@@ -227,7 +231,7 @@ class SimAgent:
         await asyncio.sleep(random.uniform(0, LEGACY_SLA_REPORT_S))
         while time.monotonic() < until:
             try:
-                await self._report(usage={"VCPU": len(self.running)}, load={"cpu": 0.1})
+                await self._report(self.sla, usage={"VCPU": len(self.running)}, load={"cpu": 0.1})
             except HttpError as exc:
                 self.stats.errors[f"sla report: {exc}"[:60]] += 1
             await asyncio.sleep(LEGACY_SLA_REPORT_S)
