@@ -255,7 +255,9 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         result.idle_rps = (sum(map(requests_answered, apis)) - req0) / (time.monotonic() - t0)
         result.schedule_fleet_ms, failed_later = place(apis, uuids[placements:], started)
         result.rss_mib = peak_rss_mib(pids)
-        outputs = [json.loads(a.communicate(timeout=duration + 120)[0]) for a in agents]
+        for agent in agents:
+            agent.terminate()
+        outputs = [json.loads(a.communicate(timeout=120)[0]) for a in agents]
         woken: dict[str, float] = {}
         for n, out in enumerate(outputs):
             for vm, at in out["woken"].items():

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -249,8 +250,9 @@ async def run_fleet(
     spread: float = 5.0,
     verbose: bool = False,
 ) -> FleetStats:
-    """Every agent runs until ``duration`` s after ``start_at`` (default now), the first
-    polls spread at random over ``spread`` s, as agents started by their hosts would."""
+    """Every agent runs until ``duration`` s after ``start_at`` (default now), or SIGTERM,
+    the first polls spread at random over ``spread`` s, as agents started by their hosts
+    would."""
     stats = FleetStats()
     begin = start_at if start_at is not None else time.monotonic()
     until = begin + duration
@@ -270,9 +272,18 @@ async def run_fleet(
             )
 
     reporter = asyncio.create_task(progress()) if verbose else None
-    await asyncio.gather(*(one(h) for h in hosts))
+    agents = [asyncio.create_task(one(h)) for h in hosts]
+    # SIGTERM ends the run early (the benchmark is done with the fleet): what was
+    # counted so far is the answer.
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: [a.cancel() for a in agents])
+    outcomes = await asyncio.gather(*agents, return_exceptions=True)
+    loop.remove_signal_handler(signal.SIGTERM)
     if reporter is not None:
         reporter.cancel()
+    failures = [o for o in outcomes if isinstance(o, Exception)]
+    if failures:
+        raise failures[0]
     return stats
 
 
