@@ -175,7 +175,7 @@ class Ledger:
         with self._store.read() as session:
             return usage.consumer(session, uuid)
 
-    def provider_allocations(self, provider: str) -> tuple[int, dict[str, dict[str, int]]]:
+    def provider_allocations(self, provider: str) -> tuple[int, dict[str, usage.Holding]]:
         with self._store.read() as session:
             return usage.provider_allocations(session, provider)
 

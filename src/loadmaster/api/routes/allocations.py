@@ -117,13 +117,21 @@ def delete_allocations(lm: LM, consumer_uuid: str) -> Response:
     return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/allocations", response_model=ProviderAllocationsOut)
+@router.get(
+    PROVIDER + "/allocations",
+    response_model=ProviderAllocationsOut,
+    response_model_exclude_unset=True,
+)
 def provider_allocations(lm: LM, provider: str) -> dict[str, Any]:
     generation, held = lm.allocations.provider_allocations(provider)
-    return {
-        "resource_provider_generation": generation,
-        "allocations": {uuid: {"resources": amounts} for uuid, amounts in held.items()},
-    }
+    with_generation = microversion.current().matches(*CONSUMER_GENERATION_SINCE)
+    allocations: dict[str, Any] = {}
+    for uuid, holding in held.items():
+        entry: dict[str, Any] = {"resources": holding.resources}
+        if with_generation:
+            entry["consumer_generation"] = holding.consumer_generation
+        allocations[uuid] = entry
+    return {"resource_provider_generation": generation, "allocations": allocations}
 
 
 @router.get("/usages", openapi_extra=USAGES_SINCE, response_model=UsagesOut)
