@@ -31,9 +31,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loadmaster.api import microversion
 from loadmaster.api.observability import request_id_var
 from loadmaster.errors import (
+    BadQueryValue,
     ConcurrentUpdate,
     Conflict,
     DuplicateName,
+    DuplicateQueryKey,
     HostHasChildren,
     HostInUse,
     InventoryInUse,
@@ -167,6 +169,8 @@ PLACEMENT_CODES = {
     HostHasChildren.code: "placement.resource_provider.cannot_delete_parent",
     HostInUse.code: "placement.resource_provider.inuse",
     InventoryInUse.code: "placement.inventory.inuse",
+    BadQueryValue.code: "placement.query.bad_value",
+    DuplicateQueryKey.code: "placement.query.duplicate_key",
 }
 UNDEFINED_CODE = "placement.undefined_code"
 ERROR_CODE_SINCE = (1, 23)

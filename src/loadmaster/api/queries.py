@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
 
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import Version
+from loadmaster.resources.selectors import MemberOf, Required
 
 MEMBER_OF_SINCE = (1, 3)  # member_of=in:A,B
 MEMBER_OF_REPEATED_SINCE = (1, 24)  # several member_of, all must hold
@@ -18,20 +18,6 @@ REQUIRED_SINCE = (1, 18)  # required=A,B on GET /resource_providers
 REQUIRED_CANDIDATES_SINCE = (1, 17)  # required=A,B on GET /allocation_candidates, a step earlier
 REQUIRED_FORBIDDEN_SINCE = (1, 22)  # required=!A
 REQUIRED_ANY_SINCE = (1, 39)  # required=in:A,B, and several required params
-
-
-@dataclass(frozen=True)
-class MemberOf:
-    """``any_of``: each set must share an aggregate with the provider; ``none_of``: the
-    provider must be in none of these."""
-
-    any_of: tuple[frozenset[str], ...] = ()
-    none_of: frozenset[str] = frozenset()
-
-    def admits(self, aggregates: Set[str]) -> bool:
-        return all(aggregates & wanted for wanted in self.any_of) and not (
-            aggregates & self.none_of
-        )
 
 
 def _bad(detail: str) -> ValidationError:
@@ -95,26 +81,6 @@ def member_of(values: Sequence[str], version: Version) -> MemberOf:
     return MemberOf(tuple(any_of), frozenset(none_of))
 
 
-@dataclass(frozen=True)
-class Required:
-    """``all_of``: traits the provider must have; ``any_of``: of each set, at least one;
-    ``none_of``: traits it must not have."""
-
-    all_of: frozenset[str] = frozenset()
-    any_of: tuple[frozenset[str], ...] = ()
-    none_of: frozenset[str] = frozenset()
-
-    def names(self) -> set[str]:
-        return set(self.all_of | self.none_of).union(*self.any_of)
-
-    def admits(self, traits: Set[str]) -> bool:
-        return (
-            self.all_of <= traits
-            and all(traits & wanted for wanted in self.any_of)
-            and not traits & self.none_of
-        )
-
-
 def too_new(name: str) -> ValidationError:
     """A parameter the request's microversion does not have, as Placement's schema says it."""
     return ValidationError(
@@ -130,6 +96,11 @@ def resources(value: str | None, version: Version, known: Set[str]) -> dict[str,
         return {}
     if not version.matches(*RESOURCES_SINCE):
         raise too_new("resources")
+    if not value:
+        raise _bad_resources(
+            "Badly formed resources parameter. Expected resources query string parameter in "
+            "form: ?resources=VCPU:2,MEMORY_MB:1024. Got: empty string."
+        )
     amounts: dict[str, int] = {}
     for item in value.split(","):
         name, colon, amount = item.partition(":")

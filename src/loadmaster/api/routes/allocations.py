@@ -25,12 +25,12 @@ from loadmaster.api.responses import (
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.api.schemas import ReshaperIn
 from loadmaster.cluster.host_rows import parse_inventories
-from loadmaster.errors import NotFound, ValidationError
+from loadmaster.errors import BadQueryValue, DuplicateQueryKey, NotFound, ValidationError
 from loadmaster.microversions import Version
 from loadmaster.pending.candidates import RequestGroup
 from loadmaster.pending.consumers import UNCHECKED, ConsumerWrite
 from loadmaster.pending.reshape import ProviderInventories
-from loadmaster.resources import summed
+from loadmaster.resources import in_class_order, summed
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["allocations"])
@@ -301,6 +301,8 @@ IN_TREE_CANDIDATES_SINCE = (1, 31)
 ROOT_REQUIRED_SINCE = (1, 35)
 SAME_SUBTREE_SINCE = (1, 36)
 TREE_IN_SUMMARIES_SINCE = (1, 29)
+ALL_CLASSES_IN_SUMMARIES_SINCE = (1, 27)
+CUSTOM_TRAIT_PREFIX = "CUSTOM_"
 _SUFFIXED = re.compile(r"^(resources|required|member_of|in_tree)([A-Za-z0-9_-]{1,64})$")
 
 
@@ -317,11 +319,11 @@ def allocation_candidates(
     required: list[str] = Query([], description="traits: A,B (all), !A (not), in:A,B"),
     member_of: list[str] = Query([], description="aggregates: in:A,B, !A, repeated: all"),
     in_tree: str | None = Query(None, description="only this provider's tree (1.31)"),
-    limit: int | None = Query(None, ge=1, description="at most this many candidates (1.16)"),
+    limit: list[str] = Query([], description="at most this many candidates (1.16); the first"),
     group_policy: str | None = Query(
         None, description="none or isolate: may numbered groups share a provider (1.25)"
     ),
-    root_required: str | None = Query(None, description="traits of the root: A,!B (1.35)"),
+    root_required: list[str] = Query([], description="traits of the root: A,!B (1.35), once"),
     same_subtree: list[str] = Query(
         [], description="suffixes whose providers form one subtree: _A,_B (1.36)"
     ),
@@ -331,9 +333,11 @@ def allocation_candidates(
     Numbered groups (``resources1=...`` and their ``required1``, ``member_of1``,
     ``in_tree1``; 1.25) each come from one provider."""
     version = microversion.current()
-    if limit is not None and not version.matches(*LIMIT_SINCE):
-        raise queries.too_new("limit")
-    groups, traits = _request_groups(lm, request, version)
+    most = _limit(limit, version)
+    subtrees = [value.split(",") for value in same_subtree]
+    if subtrees and not version.matches(*SAME_SUBTREE_SINCE):
+        raise queries.too_new("same_subtree")
+    groups, traits = _request_groups(lm, request, version, subtrees)
     if len([g for g in groups if g.suffix]) > 1 and group_policy is None:
         raise ValidationError(
             'The "group_policy" parameter is required when specifying more than one '
@@ -350,34 +354,36 @@ def allocation_candidates(
                 field="query.group_policy",
             )
     root = None
-    if root_required is not None:
+    if root_required:
         if not version.matches(*ROOT_REQUIRED_SINCE):
-            raise queries.too_new("root_required")
-        root = queries.required([root_required], version)
+            raise ValidationError(
+                "Invalid query string parameters: Additional properties are not allowed "
+                "('root_required' does not match any of the regexes)",
+                field="query.root_required",
+            )
+        if len(root_required) > 1:
+            raise DuplicateQueryKey(
+                "Query parameter 'root_required' may be specified only once.",
+                field="query.root_required",
+            )
+        root = queries.required(root_required, version)
+        both = sorted(root.all_of & root.none_of)
+        if both:
+            raise BadQueryValue(
+                "Conflicting required and forbidden traits found in root_required: "
+                + ", ".join(both),
+                field="query.root_required",
+            )
         traits |= root.names()
     if traits:
         queries.known_traits(traits, set(lm.traits.list(names=traits)))
-    subtrees = []
-    if same_subtree:
-        if not version.matches(*SAME_SUBTREE_SINCE):
-            raise queries.too_new("same_subtree")
-        suffixes = {g.suffix for g in groups}
-        for value in same_subtree:
-            names = value.split(",")
-            unknown = [n for n in names if n not in suffixes or not n]
-            if unknown:
-                raise ValidationError(
-                    f"Real suffixes should be specified in `same_subtree`: {unknown} not "
-                    f"found in {sorted(s for s in suffixes if s)}.",
-                    field="query.same_subtree",
-                )
-            subtrees.append(names)
     found = lm.allocations.candidates(
         groups,
         isolate=group_policy == "isolate",
         root_ok=root.admits if root is not None else None,
         same_subtree=subtrees,
-        limit=limit,
+        limit=most,
+        nested_aware=version.matches(*TREE_IN_SUMMARIES_SINCE),
     )
     dict_form = version.matches(*DICT_FORM_SINCE)
     requests: list[dict[str, Any]] = []
@@ -399,6 +405,12 @@ def allocation_candidates(
                 }
             )
     in_requests = {u for c in found.requests for u in c.allocations}
+    # Before 1.27 a summary shows only the classes the request names.
+    shown = (
+        None
+        if version.matches(*ALL_CLASSES_IN_SUMMARIES_SINCE)
+        else summed(g.amounts for g in groups)
+    )
     summaries: dict[str, Any] = {}
     for uuid, provider in found.providers.items():
         if uuid not in in_requests and not version.matches(*TREE_IN_SUMMARIES_SINCE):
@@ -406,11 +418,15 @@ def allocation_candidates(
         summary: dict[str, Any] = {
             "resources": {
                 name: {"capacity": inv.capacity, "used": provider.used.get(name, 0)}
-                for name, inv in sorted(provider.inventories.items())
+                for name, inv in in_class_order(provider.inventories).items()
+                if shown is None or name in shown
             }
         }
         if version.matches(*SUMMARY_TRAITS_SINCE):
-            summary["traits"] = sorted(provider.traits)
+            # Placement's order: its standard traits (made first) before custom ones.
+            summary["traits"] = sorted(
+                provider.traits, key=lambda t: (t.startswith(CUSTOM_TRAIT_PREFIX), t)
+            )
         if version.matches(*TREE_IN_SUMMARIES_SINCE):
             summary["parent_provider_uuid"] = provider.parent_uuid
             summary["root_provider_uuid"] = found.roots[provider.id]
@@ -426,12 +442,28 @@ def allocation_candidates(
 allocation_candidates.query_pattern = _SUFFIXED  # type: ignore[attr-defined]
 
 
+def _limit(values: list[str], version: Version) -> int | None:
+    """``limit`` as Placement reads it: the first one given, a positive integer."""
+    if not values:
+        return None
+    if not version.matches(*LIMIT_SINCE):
+        raise queries.too_new("limit")
+    if not values[0].isdigit() or int(values[0]) < 1:
+        raise ValidationError(
+            f"Invalid query string parameters: {values[0]!r} does not match '^[1-9][0-9]*$'",
+            field="query.limit",
+        )
+    return int(values[0])
+
+
 def _request_groups(
-    lm: Loadmaster, request: Request, version: Version
+    lm: Loadmaster, request: Request, version: Version, subtrees: list[list[str]]
 ) -> tuple[list[RequestGroup], set[str]]:
     """The unnumbered group from ``resources``, ``required``, ``member_of``, ``in_tree``,
     and each numbered one from the same names with its suffix (1.25; any suffix from
-    1.33, numbers before); and every trait their ``required`` names."""
+    1.33, numbers before); and every trait their ``required`` names. A group without
+    resources is refused in Placement's words, but from 1.36 a numbered one that
+    ``same_subtree`` names (it then only places its provider in the subtree)."""
     params = request.query_params
     known = {rc.name for rc in lm.resource_classes.list()}
     suffixes: list[str] = []
@@ -453,32 +485,90 @@ def _request_groups(
         traits = params.getlist(f"required{suffix}")
         aggregates = params.getlist(f"member_of{suffix}")
         tree = params.get(f"in_tree{suffix}")
-        if not amounts:
-            if suffix and (traits or aggregates or tree):
-                raise ValidationError(
-                    f"All request groups must specify resources: group {suffix!r} has none.",
-                    field=f"query.resources{suffix}",
-                )
-            if suffix or not (traits or aggregates or tree):
-                continue
+        if not (amounts or traits or aggregates or tree is not None):
+            continue
         if tree is not None:
             if not version.matches(*IN_TREE_CANDIDATES_SINCE):
                 raise queries.too_new(f"in_tree{suffix}")
-            tree = queries.uuid_param(tree, f"in_tree{suffix}")
+            try:
+                tree = str(uuidlib.UUID(tree))
+            except ValueError:
+                raise ValidationError(
+                    "Invalid query string parameters: Expected 'in_tree' parameter to be a "
+                    f"format of uuid. Got: {tree}",
+                    field=f"query.in_tree{suffix}",
+                ) from None
         wanted = queries.required(traits, version, since=queries.REQUIRED_CANDIDATES_SINCE)
+        conflicting = [w for w in (wanted.all_of, *wanted.any_of) if w and w <= wanted.none_of]
+        if conflicting and version.matches(*queries.REQUIRED_FORBIDDEN_SINCE):
+            raise ValidationError(
+                "Conflicting required and forbidden traits found in the following traits "
+                "keys: "
+                + ", ".join(
+                    sorted(f"required{suffix}: ({', '.join(sorted(c))})" for c in conflicting)
+                ),
+                field=f"query.required{suffix}",
+            )
         named |= wanted.names()
         groups.append(
-            RequestGroup(
-                suffix,
-                amounts,
-                wanted.admits,
-                queries.member_of(aggregates, version).admits,
-                tree,
-            )
+            RequestGroup(suffix, amounts, wanted, queries.member_of(aggregates, version), tree)
         )
-    if not any(g.amounts for g in groups):
+    _check_resourceless(groups, version, subtrees)
+    return groups, named
+
+
+def _check_resourceless(
+    groups: list[RequestGroup], version: Version, subtrees: list[list[str]]
+) -> None:
+    """Placement's rules for groups without ``resources``, and for ``same_subtree``'s
+    suffixes, in its words."""
+    resourceless = [g for g in groups if not g.amounts]
+    if version.matches(*SAME_SUBTREE_SINCE):
+        if len(resourceless) == len(groups):
+            raise ValidationError(
+                "There must be at least one resources or resources[$S] parameter.",
+                field="query.resources",
+            )
+        in_subtrees = {n for names in subtrees for n in names}
+        bad = [g.suffix for g in resourceless if g.suffix not in in_subtrees]
+        if bad:
+            raise ValidationError(
+                "Resourceless suffixed group request should be specified in `same_subtree` "
+                f"query param: bad group(s) - {bad}.",
+                field="query.same_subtree",
+            )
+        suffixes = {g.suffix for g in groups}
+        unknown = [n for names in subtrees for n in names if n not in suffixes or not n]
+        if unknown:
+            raise ValidationError(
+                f"Real suffixes should be specified in `same_subtree`: {unknown} not found "
+                f"in {sorted(s for s in suffixes if s)}.",
+                field="query.same_subtree",
+            )
+        return
+    for group in resourceless:
+        if group.required.names():
+            raise ValidationError(
+                "All traits parameters must be associated with resources.  Found the "
+                f"following orphaned traits keys: required{group.suffix}",
+                field=f"query.required{group.suffix}",
+            )
+        if group.member_of.any_of or group.member_of.none_of:
+            raise ValidationError(
+                "All member_of parameters must be associated with resources. Found the "
+                f"following orphaned member_of keys: member_of{group.suffix}",
+                field=f"query.member_of{group.suffix}",
+            )
+        raise ValidationError(
+            "All request groups must specify resources.", field=f"query.resources{group.suffix}"
+        )
+    if not groups and not version.matches(*GRANULAR_SINCE):
+        raise ValidationError(
+            "Invalid query string parameters: 'resources' is a required property",
+            field="query.resources",
+        )
+    if not groups:
         raise ValidationError(
             "At least one request group (`resources` or `resources{N}`) is required.",
             field="query.resources",
         )
-    return groups, named
