@@ -36,6 +36,12 @@ class BadQueryValue(ValidationError):
     code = "loadmaster.query.bad_value"
 
 
+class MissingQueryValue(ValidationError):
+    """A request lacks a query parameter it needs."""
+
+    code = "loadmaster.query.missing_value"
+
+
 class DuplicateQueryKey(ValidationError):
     """A query parameter given more than once where it may be given once."""
 

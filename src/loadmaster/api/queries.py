@@ -46,9 +46,12 @@ def _uuids(text: str, raw: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def member_of(values: Sequence[str], version: Version) -> MemberOf:
-    """Every ``member_of`` value of a request, as the request's microversion allows."""
-    if values and not version.matches(*MEMBER_OF_SINCE):
+def member_of(
+    values: Sequence[str], version: Version, since: tuple[int, int] = MEMBER_OF_SINCE
+) -> MemberOf:
+    """Every ``member_of`` value of a request, as the request's microversion allows
+    (``since``: the version the route gained ``member_of``)."""
+    if values and not version.matches(*since):
         raise _bad("Additional properties are not allowed ('member_of' was unexpected)")
     if len(values) > 1 and not version.matches(*MEMBER_OF_REPEATED_SINCE):
         raise _bad("Multiple member_of parameters are not supported")
@@ -79,6 +82,16 @@ def member_of(values: Sequence[str], version: Version) -> MemberOf:
         else:
             any_of.append(uuids)
     return MemberOf(tuple(any_of), frozenset(none_of))
+
+
+def unmatched(name: str) -> ValidationError:
+    """A parameter none of a route's open-ended name patterns takes (``resources1@``), as
+    Placement's schema with ``patternProperties`` says it."""
+    return ValidationError(
+        "Invalid query string parameters: Additional properties are not allowed "
+        f"({name!r} does not match any of the regexes)",
+        field=f"query.{name}",
+    )
 
 
 def too_new(name: str) -> ValidationError:
@@ -166,8 +179,15 @@ def required(
         raise too_new("required")
     forbidding = version.matches(*REQUIRED_FORBIDDEN_SINCE)
     form = "HW_CPU_X86_VMX,!CUSTOM_MAGIC" if forbidding else "HW_CPU_X86_VMX,CUSTOM_MAGIC"
-    if len(values) > 1 and not version.matches(*REQUIRED_ANY_SINCE):
-        raise too_new("required")
+    if not version.matches(*REQUIRED_ANY_SINCE):
+        # Placement read one ``required`` before 1.39: the last one given.
+        values = values[-1:]
+        if values[0].startswith("in:"):
+            raise ValidationError(
+                f"Invalid query string parameters: The format 'in:HW_CPU_X86_VMX,CUSTOM_MAGIC' "
+                f"only supported since microversion 1.39. Got: {values[0]}",
+                field="query.required",
+            )
     all_of: set[str] = set()
     any_of: list[frozenset[str]] = []
     none_of: set[str] = set()

@@ -153,7 +153,8 @@ def _write_plain(
             uuid=item.consumer,
             project_id=item.project_id,
             user_id=item.user_id,
-            consumer_type=item.consumer_type or "INSTANCE",
+            # Written without a type (before 1.38): Placement's "unknown" type.
+            consumer_type=item.consumer_type or "unknown",
             generation=0,
             created_at=stamp,
             updated_at=stamp,

@@ -25,7 +25,13 @@ from loadmaster.api.responses import (
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.api.schemas import ReshaperIn
 from loadmaster.cluster.host_rows import parse_inventories
-from loadmaster.errors import BadQueryValue, DuplicateQueryKey, NotFound, ValidationError
+from loadmaster.errors import (
+    BadQueryValue,
+    DuplicateQueryKey,
+    MissingQueryValue,
+    NotFound,
+    ValidationError,
+)
 from loadmaster.microversions import Version
 from loadmaster.pending.candidates import RequestGroup
 from loadmaster.pending.consumers import UNCHECKED, ConsumerWrite
@@ -43,6 +49,9 @@ CONSUMER_GENERATION_SINCE = (1, 28)
 MAPPINGS_SINCE = (1, 34)
 CONSUMER_TYPE_SINCE = (1, 38)
 USAGES_SINCE = microversion.since(1, 9)
+# The owner Placement gives a consumer written without one (before 1.8): its
+# ``incomplete_consumer_project_id`` and ``..._user_id`` defaults.
+INCOMPLETE_CONSUMER = "00000000-0000-0000-0000-000000000000"
 # Placement's schema for a class name in an allocation: standard or custom, upper case.
 CLASS_NAME = re.compile(r"^[A-Z0-9_]+$")
 
@@ -216,8 +225,8 @@ def _parse(consumer: str, body: Any, where: str, *, empty_ok: bool) -> ConsumerW
     return ConsumerWrite(
         consumer,
         allocations,
-        _text(body.get("project_id", "default"), where + "project_id"),
-        _text(body.get("user_id", "default"), where + "user_id"),
+        _text(body.get("project_id", INCOMPLETE_CONSUMER), where + "project_id"),
+        _text(body.get("user_id", INCOMPLETE_CONSUMER), where + "user_id"),
         generation,
         _text(body["consumer_type"], where + "consumer_type") if "consumer_type" in body else None,
     )
@@ -302,7 +311,9 @@ ROOT_REQUIRED_SINCE = (1, 35)
 SAME_SUBTREE_SINCE = (1, 36)
 TREE_IN_SUMMARIES_SINCE = (1, 29)
 ALL_CLASSES_IN_SUMMARIES_SINCE = (1, 27)
+MEMBER_OF_CANDIDATES_SINCE = (1, 21)
 CUSTOM_TRAIT_PREFIX = "CUSTOM_"
+_NUMBERED = re.compile(r"^[1-9][0-9]*$")  # suffixes before 1.33
 _SUFFIXED = re.compile(r"^(resources|required|member_of|in_tree)([A-Za-z0-9_-]{1,64})$")
 
 
@@ -320,8 +331,8 @@ def allocation_candidates(
     member_of: list[str] = Query([], description="aggregates: in:A,B, !A, repeated: all"),
     in_tree: str | None = Query(None, description="only this provider's tree (1.31)"),
     limit: list[str] = Query([], description="at most this many candidates (1.16); the first"),
-    group_policy: str | None = Query(
-        None, description="none or isolate: may numbered groups share a provider (1.25)"
+    group_policy: list[str] = Query(
+        [], description="none or isolate: may numbered groups share a provider (1.25); the first"
     ),
     root_required: list[str] = Query([], description="traits of the root: A,!B (1.35), once"),
     same_subtree: list[str] = Query(
@@ -334,23 +345,28 @@ def allocation_candidates(
     ``in_tree1``; 1.25) each come from one provider."""
     version = microversion.current()
     most = _limit(limit, version)
-    subtrees = [value.split(",") for value in same_subtree]
+    subtrees = [[name.strip() for name in value.split(",")] for value in same_subtree]
     if subtrees and not version.matches(*SAME_SUBTREE_SINCE):
         raise queries.too_new("same_subtree")
+    if any("" in names for names in subtrees):
+        raise BadQueryValue(
+            "Empty string (unsuffixed group) can not be specified in `same_subtree` ",
+            field="query.same_subtree",
+        )
     groups, traits = _request_groups(lm, request, version, subtrees)
-    if len([g for g in groups if g.suffix]) > 1 and group_policy is None:
+    policy = group_policy[0] if group_policy else None
+    if len([g for g in groups if g.suffix]) > 1 and policy is None:
         raise ValidationError(
             'The "group_policy" parameter is required when specifying more than one '
             '"resources{N}" parameter.',
             field="query.group_policy",
         )
-    if group_policy is not None:
+    if policy is not None:
         if not version.matches(*GRANULAR_SINCE):
             raise queries.too_new("group_policy")
-        if group_policy not in ("none", "isolate"):
+        if policy not in ("none", "isolate"):
             raise ValidationError(
-                f"Invalid query string parameters: {group_policy!r} is not one of "
-                "['none', 'isolate']",
+                f"Invalid query string parameters: {policy!r} is not one of ['none', 'isolate']",
                 field="query.group_policy",
             )
     root = None
@@ -379,7 +395,7 @@ def allocation_candidates(
         queries.known_traits(traits, set(lm.traits.list(names=traits)))
     found = lm.allocations.candidates(
         groups,
-        isolate=group_policy == "isolate",
+        isolate=policy == "isolate",
         root_ok=root.admits if root is not None else None,
         same_subtree=subtrees,
         limit=most,
@@ -450,7 +466,8 @@ def _limit(values: list[str], version: Version) -> int | None:
         raise queries.too_new("limit")
     if not values[0].isdigit() or int(values[0]) < 1:
         raise ValidationError(
-            f"Invalid query string parameters: {values[0]!r} does not match '^[1-9][0-9]*$'",
+            f"Invalid query string parameters: {values[0]!r} does not match '^[1-9][0-9]*$'. "
+            "Failed validating 'pattern'",
             field="query.limit",
         )
     return int(values[0])
@@ -472,10 +489,10 @@ def _request_groups(
         if match is None:
             continue  # the route's own parameters; no_unknown_query refused the rest
         suffix = match.group(2)
-        if not version.matches(*GRANULAR_SINCE) or (
-            not suffix.isdigit() and not version.matches(*ANY_SUFFIX_SINCE)
-        ):
+        if not version.matches(*GRANULAR_SINCE):
             raise queries.too_new(key)
+        if not version.matches(*ANY_SUFFIX_SINCE) and not _NUMBERED.match(suffix):
+            raise queries.unmatched(key)
         if suffix not in suffixes:
             suffixes.append(suffix)
     groups = []
@@ -510,9 +527,8 @@ def _request_groups(
                 field=f"query.required{suffix}",
             )
         named |= wanted.names()
-        groups.append(
-            RequestGroup(suffix, amounts, wanted, queries.member_of(aggregates, version), tree)
-        )
+        rule = queries.member_of(aggregates, version, since=MEMBER_OF_CANDIDATES_SINCE)
+        groups.append(RequestGroup(suffix, amounts, wanted, rule, tree))
     _check_resourceless(groups, version, subtrees)
     return groups, named
 
@@ -525,42 +541,48 @@ def _check_resourceless(
     resourceless = [g for g in groups if not g.amounts]
     if version.matches(*SAME_SUBTREE_SINCE):
         if len(resourceless) == len(groups):
-            raise ValidationError(
+            raise MissingQueryValue(
                 "There must be at least one resources or resources[$S] parameter.",
                 field="query.resources",
             )
         in_subtrees = {n for names in subtrees for n in names}
         bad = [g.suffix for g in resourceless if g.suffix not in in_subtrees]
         if bad:
-            raise ValidationError(
+            raise BadQueryValue(
                 "Resourceless suffixed group request should be specified in `same_subtree` "
                 f"query param: bad group(s) - {bad}.",
                 field="query.same_subtree",
             )
         suffixes = {g.suffix for g in groups}
-        unknown = [n for names in subtrees for n in names if n not in suffixes or not n]
+        unknown = [n for names in subtrees for n in names if n not in suffixes]
         if unknown:
-            raise ValidationError(
+            raise BadQueryValue(
                 f"Real suffixes should be specified in `same_subtree`: {unknown} not found "
                 f"in {sorted(s for s in suffixes if s)}.",
                 field="query.same_subtree",
             )
         return
-    for group in resourceless:
-        if group.required.names():
+    orphans = {
+        "traits": [f"required{g.suffix}" for g in resourceless if g.required.names()],
+        "member_of": [
+            f"member_of{g.suffix}"
+            for g in resourceless
+            if g.member_of.any_of or g.member_of.none_of
+        ],
+    }
+    for kind, keys in orphans.items():
+        if keys:
+            # Placement's two sentences, spaced as it spaces them.
+            gap = "  " if kind == "traits" else " "
             raise ValidationError(
-                "All traits parameters must be associated with resources.  Found the "
-                f"following orphaned traits keys: required{group.suffix}",
-                field=f"query.required{group.suffix}",
+                f"All {kind} parameters must be associated with resources.{gap}Found the "
+                f"following orphaned {kind} keys: {', '.join(keys)}",
+                field=f"query.{keys[0]}",
             )
-        if group.member_of.any_of or group.member_of.none_of:
-            raise ValidationError(
-                "All member_of parameters must be associated with resources. Found the "
-                f"following orphaned member_of keys: member_of{group.suffix}",
-                field=f"query.member_of{group.suffix}",
-            )
+    if resourceless:
         raise ValidationError(
-            "All request groups must specify resources.", field=f"query.resources{group.suffix}"
+            "All request groups must specify resources.",
+            field=f"query.resources{resourceless[0].suffix}",
         )
     if not groups and not version.matches(*GRANULAR_SINCE):
         raise ValidationError(
@@ -569,6 +591,6 @@ def _check_resourceless(
         )
     if not groups:
         raise ValidationError(
-            "At least one request group (`resources` or `resources{N}`) is required.",
+            "At least one request group (`resources` or `resources{$S}`) is required.",
             field="query.resources",
         )
