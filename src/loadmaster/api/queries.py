@@ -196,7 +196,7 @@ def required(
         grouped = value.startswith("in:") and version.matches(*REQUIRED_ANY_SINCE)
         if grouped:
             value = value[3:]
-        names = value.split(",")
+        names = [n.strip() for n in value.split(",")]  # Placement trims each name
         if not value or any(not n or n == "!" for n in names):
             raise ValidationError(
                 "Invalid query string parameters: Expected 'required' parameter value of "
