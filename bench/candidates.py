@@ -16,8 +16,8 @@ compute node without inventory of its own and two NUMA children (VCPU 32 at rati
 MEMORY_MB 131,072 each, the second with ``HW_CPU_X86_AVX512F``), and one sharing provider
 (DISK_GB 100,000, ``MISC_SHARES_VIA_AGGREGATE``) per 100 hosts in their aggregate. Its
 queries: the same resources (every NUMA combination of each host: 4 candidates a host),
-the same with ``required=HW_CPU_X86_AVX512F`` (the VCPU and memory on the second node
-only), and with ``limit=50``. Each line prints how many candidates the query gave.
+the same with ``required=HW_CPU_X86_AVX512F`` (the combinations that take VCPU or memory
+from the second node: 3 a host), and with ``limit=50``. Each line prints how many candidates the query gave.
 """
 
 from __future__ import annotations
