@@ -350,7 +350,10 @@ class _Search:
             return None
         seen.add(key)
         allocations: dict[str, dict[str, int]] = {}
-        for (provider_id, name), amount in sorted(summed.items()):
+        # Providers in creation order, each one's classes in Placement's order.
+        for (provider_id, name), amount in sorted(
+            summed.items(), key=lambda item: (item[0][0], class_order(item[0][1]), item[0][1])
+        ):
             allocations.setdefault(self.world.by_id[provider_id].uuid, {})[name] = amount
         mappings = {
             suffix: [self.world.by_id[p].uuid for p in providers]
