@@ -1,6 +1,7 @@
 """``GET /allocation_candidates`` over HTTP at 1,000 and 10,000 hosts (issue #12).
 
 Usage: .venv/bin/python bench/candidates.py [--hosts 1000 10000] [--requests 20]
+                                           [--workload flat trees]
 
 The cluster is Placement's benchmark's: per host VCPU 64 at ratio 4.0, MEMORY_MB 262,144
 with 4,096 reserved, DISK_GB 2,000, CUSTOM_GPU 4 on 10 % of the hosts; a fifth of the
@@ -9,15 +10,25 @@ The request is ``resources=VCPU:4,MEMORY_MB:8192,DISK_GB:40`` with no limit (eve
 is a candidate), then with ``limit=50`` as Nova asks. One ``loadmaster serve`` worker on
 SQLite; medians and p95 of ``--requests`` calls after one warm-up. OpenStack Placement
 measured on this machine: about 176 ms at 1,000 hosts and 640 ms at 5,000.
+
+The ``trees`` workload (issue #25) is Nova's NUMA-and-shared-storage layout: each host a
+compute node without inventory of its own and two NUMA children (VCPU 32 at ratio 4.0,
+MEMORY_MB 131,072 each, the second with ``HW_CPU_X86_AVX512F``), and one sharing provider
+(DISK_GB 100,000, ``MISC_SHARES_VIA_AGGREGATE``) per 100 hosts in their aggregate. Its
+queries: the same resources (every NUMA combination of each host: 4 candidates a host),
+the same with ``required=HW_CPU_X86_AVX512F`` (the combinations that take VCPU or memory
+from the second node: 3 a host), and with ``limit=50``. Each line prints how many candidates the query gave.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +40,15 @@ from harness import ServedApi  # noqa: E402
 from single_placement import FLAVOR, host_spec  # noqa: E402
 
 QUERY = {"resources": "VCPU:4,MEMORY_MB:8192,DISK_GB:40"}
+QUERIES = {
+    "flat": (("all", QUERY), ("limit=50", {**QUERY, "limit": 50})),
+    "trees": (
+        ("all", QUERY),
+        ("AVX512F", {**QUERY, "required": "HW_CPU_X86_AVX512F"}),
+        ("limit=50", {**QUERY, "limit": 50}),
+    ),
+}
+HOSTS_PER_SHARE = 100
 
 
 def build(db: str, hosts: int) -> None:
@@ -48,18 +68,54 @@ def build(db: str, hosts: int) -> None:
     lm.close()
 
 
+def build_trees(db: str, hosts: int) -> None:
+    """Compute nodes with two NUMA children each, and a sharing disk per 100 hosts."""
+    import loadmaster
+
+    lm = loadmaster.open(db)
+    aggregate = [str(uuid.uuid4()) for _ in range(0, hosts, HOSTS_PER_SHARE)]
+    for k, agg in enumerate(aggregate):
+        lm.hosts.create(
+            f"share-{k:04d}",
+            traits=["MISC_SHARES_VIA_AGGREGATE"],
+            aggregates=[agg],
+            inventories={"DISK_GB": {"total": 100_000}},
+        )
+    roots = lm.hosts.create_many(
+        [
+            {"name": f"cn-{i:06d}", "aggregates": [aggregate[i // HOSTS_PER_SHARE]]}
+            for i in range(hosts)
+        ]
+    )
+    numa = {"VCPU": {"total": 32, "allocation_ratio": 4.0}, "MEMORY_MB": {"total": 131_072}}
+    for root in roots:
+        for node in range(2):
+            lm.hosts.create(
+                f"{root.name}-numa{node}",
+                parent=root.uuid,
+                inventories=numa,
+                traits=["HW_CPU_X86_AVX512F"] if node else [],
+            )
+    lm.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[1000, 10_000])
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--workload", nargs="+", choices=tuple(QUERIES), default=list(QUERIES))
     args = parser.parse_args()
-    print(f"{'hosts':>7} {'query':>10} {'candidates':>11} {'median ms':>10} {'p95 ms':>8}")
+    print(
+        f"{'workload':>8} {'hosts':>7} {'query':>10} {'candidates':>11} "
+        f"{'median ms':>10} {'p95 ms':>8}"
+    )
+    builders = {"flat": build, "trees": build_trees}
     with tempfile.TemporaryDirectory() as work:
-        for hosts in args.hosts:
-            db = f"sqlite:///{Path(work) / f'c{hosts}.db'}"
-            build(db, hosts)
+        for workload, hosts in itertools.product(args.workload, args.hosts):
+            db = f"sqlite:///{Path(work) / f'{workload}{hosts}.db'}"
+            builders[workload](db, hosts)
             with ServedApi(db, 1) as api, api.client(timeout=120) as http:
-                for label, params in (("all", QUERY), ("limit=50", {**QUERY, "limit": 50})):
+                for label, params in QUERIES[workload]:
                     http.get("/allocation_candidates", params=params).raise_for_status()
                     times = []
                     count = 0
@@ -70,7 +126,7 @@ def main() -> None:
                         answer.raise_for_status()
                         count = len(answer.json()["allocation_requests"])
                     print(
-                        f"{hosts:>7,} {label:>10} {count:>11,} "
+                        f"{workload:>8} {hosts:>7,} {label:>10} {count:>11,} "
                         f"{statistics.median(times) * 1000:>10.0f} "
                         f"{float(np.percentile(times, 95)) * 1000:>8.0f}"
                     )

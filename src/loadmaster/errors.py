@@ -30,6 +30,24 @@ class ValidationError(LoadmasterError):
     title = "Invalid input"
 
 
+class BadQueryValue(ValidationError):
+    """A query parameter's value that contradicts itself (a trait required and forbidden)."""
+
+    code = "loadmaster.query.bad_value"
+
+
+class MissingQueryValue(ValidationError):
+    """A request lacks a query parameter it needs."""
+
+    code = "loadmaster.query.missing_value"
+
+
+class DuplicateQueryKey(ValidationError):
+    """A query parameter given more than once where it may be given once."""
+
+    code = "loadmaster.query.duplicate_key"
+
+
 class NotFound(LoadmasterError):
     code = "loadmaster.not_found"
     title = "Not found"

@@ -25,7 +25,8 @@ class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
     ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
     ``lm.maintenance`` (drain a host). ``settings`` (default: the environment's) choose the
-    scheduler's default policy and policy file, and how flavors treat unknown extra specs."""
+    scheduler's default policy and policy file, how flavors treat unknown extra specs, and
+    whether allocation candidates are shuffled."""
 
     def __init__(self, store: Store, settings: Settings | None = None) -> None:
         settings = settings or load_settings()
@@ -35,7 +36,9 @@ class Loadmaster:
         self.hosts = HostService(store)
         self.flavors = FlavorService(store, settings.unknown_specs)
         self.vms = VmService(store)
-        self.allocations = Ledger(store)
+        self.allocations = Ledger(
+            store, randomize_candidates=settings.randomize_allocation_candidates
+        )
         self.groups = GroupService(store)
         self.scheduler = Scheduler(
             store,

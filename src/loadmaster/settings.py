@@ -62,6 +62,11 @@ OPTIONS = {
         "refuse",
         "flavor extra specs loadmaster does not know: refuse the flavor, or warn and ignore them",
     ),
+    "randomize_allocation_candidates": Option(
+        False,
+        "GET /allocation_candidates shuffles its answer (Placement's option of that name), so "
+        "schedulers that take the first candidate do not all pick the same host",
+    ),
 }
 
 

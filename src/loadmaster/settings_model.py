@@ -35,3 +35,4 @@ class Settings(BaseSettings):
     scheduler_policy: str = _field("scheduler_policy")
     policies_file: Path | None = _field("policies_file")
     unknown_specs: Literal["refuse", "warn"] = _field("unknown_specs")
+    randomize_allocation_candidates: bool = _field("randomize_allocation_candidates")

@@ -28,10 +28,11 @@ def test_vm_lifecycle_over_http(live: Live) -> None:
     assert entry["pending"] == {"MEMORY_MB": 4096, "VCPU": 2} and entry["active"] == {}
     usages = ok(reader.get(f"/resource_providers/{host}/usages"))
     assert usages["usages"]["VCPU"] == 2  # Placement's figure counts pending as used
-    assert usages["classes"]["VCPU"]["pending"] == 2
+    split = ok(reader.get(f"/hosts/{host}/usages"))["classes"]
+    assert split["VCPU"]["pending"] == 2
 
     assert ok(admin.post(f"/vms/{uuid}/up"))["state"] == "running"
-    assert ok(reader.get(f"/resource_providers/{host}/usages"))["classes"]["VCPU"]["active"] == 2
+    assert ok(reader.get(f"/hosts/{host}/usages"))["classes"]["VCPU"]["active"] == 2
     by_type = ok(reader.get("/usages", params={"project_id": "default"}))["usages"]
     assert by_type["INSTANCE"] == {"VCPU": 2, "MEMORY_MB": 4096, "consumer_count": 1}
 

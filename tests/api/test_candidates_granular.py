@@ -71,13 +71,17 @@ def _named(candidate: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_numbered_group_comes_from_one_provider_with_its_traits(live: Live) -> None:
     _build(live)
-    [found] = _candidates(
+    found = _candidates(
         live, resources="VCPU:1", resources1="SRIOV_NET_VF:1", required1="CUSTOM_PHYSNET_A"
     )
-    assert _named(found) == {
-        "allocations": {"cnA": {"VCPU": 1}, "pf0": {"SRIOV_NET_VF": 1}},
-        "mappings": {"": ["cnA"], "1": ["pf0"]},
-    }
+    # Each of cnA's PFs on physnet A, in creation order (pfB's physnet is B).
+    assert [_named(c) for c in found] == [
+        {
+            "allocations": {"cnA": {"VCPU": 1}, pf: {"SRIOV_NET_VF": 1}},
+            "mappings": {"": ["cnA"], "1": [pf]},
+        }
+        for pf in ("pf0", "pf1")
+    ]
     physnet_b = _candidates(live, resources1="SRIOV_NET_VF:3", required1="CUSTOM_PHYSNET_B")
     assert [_named(c)["mappings"] for c in physnet_b] == [{"1": ["pfB"]}]
     # No single PF of cnA has 3 VFs, though the tree has 4.
@@ -92,11 +96,16 @@ def test_group_policy_isolate_keeps_groups_on_different_providers(live: Live) ->
         "resources2": "SRIOV_NET_VF:1",
         "required2": "CUSTOM_PHYSNET_A",
     }
-    [shared] = _candidates(live, group_policy="none", **two)
-    assert _named(shared)["mappings"] == {"1": ["pf0"], "2": ["pf0"]}
-    assert _named(shared)["allocations"] == {"pf0": {"SRIOV_NET_VF": 2}}
-    [isolated] = _candidates(live, group_policy="isolate", **two)
-    assert _named(isolated)["mappings"] == {"1": ["pf0"], "2": ["pf1"]}
+    shared = [_named(c) for c in _candidates(live, group_policy="none", **two)]
+    assert [c["mappings"] for c in shared] == [
+        {"1": [a], "2": [b]} for a in ("pf0", "pf1") for b in ("pf0", "pf1")
+    ]
+    assert shared[0]["allocations"] == {"pf0": {"SRIOV_NET_VF": 2}}
+    isolated = _candidates(live, group_policy="isolate", **two)
+    assert [_named(c)["mappings"] for c in isolated] == [
+        {"1": ["pf0"], "2": ["pf1"]},
+        {"1": ["pf1"], "2": ["pf0"]},
+    ]
     refused = live.admin.get("/allocation_candidates", params=two, headers=V)
     assert refused.status_code == 400
     assert '"group_policy" parameter is required' in refused.json()["detail"]
@@ -137,8 +146,10 @@ def test_same_subtree_and_pending_use_steer_the_numa_node(live: Live) -> None:
         "required_NET": "CUSTOM_PHYSNET_A",
         "group_policy": "none",
     }
-    [anywhere] = _candidates(live, **params)
-    assert _named(anywhere)["mappings"] == {"_MEM": ["numa0"], "_NET": ["pf1"]}
+    anywhere = _candidates(live, **params)
+    assert [_named(c)["mappings"] for c in anywhere] == [
+        {"_MEM": [numa], "_NET": ["pf1"]} for numa in ("numa0", "numa1")
+    ]
     [together] = _candidates(live, same_subtree="_MEM,_NET", **params)
     assert _named(together)["mappings"] == {"_MEM": ["numa1"], "_NET": ["pf1"]}
     unknown = live.admin.get(
@@ -152,9 +163,12 @@ def test_same_subtree_and_pending_use_steer_the_numa_node(live: Live) -> None:
     [
         ("1.24", {"resources1": "VCPU:1"}, "resources1"),
         ("1.32", {"resources_A": "VCPU:1"}, "resources_A"),
-        ("1.39", {"required1": "CUSTOM_PHYSNET_A"}, "must specify resources"),
+        ("1.39", {"required1": "CUSTOM_PHYSNET_A"}, "at least one resources"),
+        ("1.35", {"required1": "CUSTOM_PHYSNET_A"}, "orphaned traits keys: required1"),
+        ("1.35", {"resources": "VCPU:1", "in_tree1": IDS["cnA"]}, "must specify resources"),
         ("1.39", {"resources1": "VCPU:1", "group_policy": "sometimes"}, "sometimes"),
-        ("1.39", {"required": "HW_CPU_X86_AVX2"}, "At least one request group"),
+        ("1.39", {"required": "HW_CPU_X86_AVX2"}, "at least one resources"),
+        ("1.35", {}, "At least one request group"),
         ("1.39", {"resources": "VCPU:1", "colour": "blue"}, "colour"),
     ],
 )

@@ -3,13 +3,16 @@
 The YAML files come from the ``openstack-placement`` package, installed (without its
 dependencies: only the files are used) with ``gabbi`` into a throw-away virtual environment
 under the clone (``.cache/placement-venv``), never copied into the repository. Only the files
-that need nothing but Placement's basic ``APIFixture`` run: the others build providers
-through Placement's Python objects, which loadmaster does not have. Each file gets a fresh
-server on a fresh SQLite database, as the fixture gives each file a fresh database, and the
-environment values the fixture sets.
+that need Placement's basic ``APIFixture`` run, and those that need one of its data
+fixtures (``SharedStorageFixture``, ``GranularFixture``, ...), which build providers
+through Placement's Python objects: ``gabbi_fixtures.py`` builds the same data through
+loadmaster's HTTP API before the file runs. Each file gets a fresh server on a fresh
+SQLite database, as the fixture gives each file a fresh database, and the environment
+values the fixture sets. (The policy and CORS fixtures' files are not run.)
 
-Run it alone (``bash scripts/placement-gabbi.sh [FILE ...]``) for the per-file table and
-the failures; ``tests/placement/test_gabbi.py`` holds the pass count to a ratchet.
+Run it alone (``bash scripts/placement-gabbi.sh [FILE ...]``) for the per-file tables and
+the failures; ``tests/placement/test_gabbi.py`` and ``test_gabbi_fixtures.py`` hold the
+pass counts to a ratchet.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from gabbi_fixtures import FIXTURES, build
 from live_server import start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,13 +78,22 @@ def gabbits_dir(venv: Path) -> Path:
     return found[0]
 
 
+def _fixture_of(path: Path) -> str | None:
+    """The one fixture a file names (None: several or none)."""
+    fixtures = yaml.safe_load(path.read_text()).get("fixtures")
+    return fixtures[0] if isinstance(fixtures, list) and len(fixtures) == 1 else None
+
+
 def basic_fixture_files(venv: Path) -> list[Path]:
     """The files whose only fixture is ``APIFixture``."""
-    files = []
-    for path in sorted(gabbits_dir(venv).glob("*.yaml")):
-        if yaml.safe_load(path.read_text()).get("fixtures") == BASIC_FIXTURE:
-            files.append(path)
-    return files
+    return [
+        p for p in sorted(gabbits_dir(venv).glob("*.yaml")) if [_fixture_of(p)] == BASIC_FIXTURE
+    ]
+
+
+def data_fixture_files(venv: Path) -> list[Path]:
+    """The files whose one fixture is a data fixture ``gabbi_fixtures`` builds."""
+    return [p for p in sorted(gabbits_dir(venv).glob("*.yaml")) if _fixture_of(p) in FIXTURES]
 
 
 def fixture_env() -> dict[str, str]:
@@ -118,9 +131,13 @@ def run_file(venv: Path, path: Path) -> FileResult:
     with tempfile.TemporaryDirectory(prefix="lm-gabbi-") as tmp:
         server, port = start_server(Path(tmp), GABBI_TOKENS, {"user": "member"})
         try:
+            env = fixture_env()
+            fixture = _fixture_of(path)
+            if fixture in FIXTURES:
+                env = build(fixture, f"http://127.0.0.1:{port}", GABBI_TOKENS[0], env)
             run = subprocess.run(
                 [str(venv / "bin/gabbi-run"), f"127.0.0.1:{port}", "--", str(path)],
-                env={**os.environ, **fixture_env()},
+                env={**os.environ, **env},
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -134,9 +151,15 @@ def run_file(venv: Path, path: Path) -> FileResult:
     return FileResult(path.name, sum(mark in _PASSED for mark in marks), len(marks), output)
 
 
-def run_all(files: list[Path] | None = None, jobs: int = 2) -> list[FileResult]:
+def run_all(
+    files: list[Path] | None = None, jobs: int = 2, *, data_fixtures: bool = False
+) -> list[FileResult]:
+    """``files``, or every basic-fixture file (``data_fixtures``: every data-fixture one)."""
     venv = ensure_venv()
-    chosen = files if files is not None else basic_fixture_files(venv)
+    if files is not None:
+        chosen = files
+    else:
+        chosen = (data_fixture_files if data_fixtures else basic_fixture_files)(venv)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(lambda path: run_file(venv, path), chosen))
 
@@ -155,16 +178,24 @@ def main() -> int:
     parser.add_argument("files", nargs="*", help="gabbit names (e.g. traits.yaml); default all")
     parser.add_argument("-v", "--verbose", action="store_true", help="print gabbi's output")
     parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument(
+        "--set",
+        choices=("basic", "fixtures", "all"),
+        default="all",
+        help="the basic-fixture files, the data-fixture ones, or both (default)",
+    )
     args = parser.parse_args()
-    files = None
     if args.files:
         where = gabbits_dir(ensure_venv())
-        files = [where / name for name in args.files]
-    results = run_all(files, jobs=args.jobs)
-    if args.verbose:
-        for result in results:
-            print(f"===== {result.name}\n{result.output}")
-    print(table(results))
+        runs = [run_all([where / name for name in args.files], jobs=args.jobs)]
+    else:
+        sets = {"basic": [False], "fixtures": [True], "all": [False, True]}[args.set]
+        runs = [run_all(jobs=args.jobs, data_fixtures=data) for data in sets]
+    for results in runs:
+        if args.verbose:
+            for result in results:
+                print(f"===== {result.name}\n{result.output}")
+        print(table(results))
     return 0
 
 

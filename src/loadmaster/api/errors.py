@@ -28,17 +28,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loadmaster.api import microversion
+from loadmaster.api import microversion, queries
 from loadmaster.api.observability import request_id_var
 from loadmaster.errors import (
+    BadQueryValue,
     Busy,
     ConcurrentUpdate,
     Conflict,
     DuplicateName,
+    DuplicateQueryKey,
     HostHasChildren,
     HostInUse,
     InventoryInUse,
     LoadmasterError,
+    MissingQueryValue,
     NotFound,
     NoValidHost,
     PluginFailed,
@@ -169,8 +172,14 @@ PLACEMENT_CODES = {
     HostHasChildren.code: "placement.resource_provider.cannot_delete_parent",
     HostInUse.code: "placement.resource_provider.inuse",
     InventoryInUse.code: "placement.inventory.inuse",
+    MissingQueryValue.code: "placement.query.missing_value",
+    BadQueryValue.code: "placement.query.bad_value",
+    DuplicateQueryKey.code: "placement.query.duplicate_key",
 }
 UNDEFINED_CODE = "placement.undefined_code"
+# From this version Placement's candidates schema names its groups' parameters by pattern,
+# and refuses others as matching none of them.
+PATTERN_PARAMS_SINCE = (1, 25)
 ERROR_CODE_SINCE = (1, 23)
 
 # Documented on every route: schemathesis and client authors see the real error shape.
@@ -494,6 +503,8 @@ async def no_unknown_query(request: Request) -> None:
     pattern = getattr(route.endpoint, "query_pattern", None)
     for name in request.query_params:
         if name not in known and not (pattern is not None and pattern.match(name)):
+            if pattern is not None and microversion.current().matches(*PATTERN_PARAMS_SINCE):
+                raise queries.unmatched(name)
             raise ValidationError(
                 # Placement's words first, which its clients look for.
                 "Invalid query string parameters: Additional properties are not allowed "

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
 
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import Version
+from loadmaster.resources.selectors import MemberOf, Required
 
 MEMBER_OF_SINCE = (1, 3)  # member_of=in:A,B
 MEMBER_OF_REPEATED_SINCE = (1, 24)  # several member_of, all must hold
@@ -18,20 +18,6 @@ REQUIRED_SINCE = (1, 18)  # required=A,B on GET /resource_providers
 REQUIRED_CANDIDATES_SINCE = (1, 17)  # required=A,B on GET /allocation_candidates, a step earlier
 REQUIRED_FORBIDDEN_SINCE = (1, 22)  # required=!A
 REQUIRED_ANY_SINCE = (1, 39)  # required=in:A,B, and several required params
-
-
-@dataclass(frozen=True)
-class MemberOf:
-    """``any_of``: each set must share an aggregate with the provider; ``none_of``: the
-    provider must be in none of these."""
-
-    any_of: tuple[frozenset[str], ...] = ()
-    none_of: frozenset[str] = frozenset()
-
-    def admits(self, aggregates: Set[str]) -> bool:
-        return all(aggregates & wanted for wanted in self.any_of) and not (
-            aggregates & self.none_of
-        )
 
 
 def _bad(detail: str) -> ValidationError:
@@ -60,9 +46,12 @@ def _uuids(text: str, raw: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def member_of(values: Sequence[str], version: Version) -> MemberOf:
-    """Every ``member_of`` value of a request, as the request's microversion allows."""
-    if values and not version.matches(*MEMBER_OF_SINCE):
+def member_of(
+    values: Sequence[str], version: Version, since: tuple[int, int] = MEMBER_OF_SINCE
+) -> MemberOf:
+    """Every ``member_of`` value of a request, as the request's microversion allows
+    (``since``: the version the route gained ``member_of``)."""
+    if values and not version.matches(*since):
         raise _bad("Additional properties are not allowed ('member_of' was unexpected)")
     if len(values) > 1 and not version.matches(*MEMBER_OF_REPEATED_SINCE):
         raise _bad("Multiple member_of parameters are not supported")
@@ -95,24 +84,14 @@ def member_of(values: Sequence[str], version: Version) -> MemberOf:
     return MemberOf(tuple(any_of), frozenset(none_of))
 
 
-@dataclass(frozen=True)
-class Required:
-    """``all_of``: traits the provider must have; ``any_of``: of each set, at least one;
-    ``none_of``: traits it must not have."""
-
-    all_of: frozenset[str] = frozenset()
-    any_of: tuple[frozenset[str], ...] = ()
-    none_of: frozenset[str] = frozenset()
-
-    def names(self) -> set[str]:
-        return set(self.all_of | self.none_of).union(*self.any_of)
-
-    def admits(self, traits: Set[str]) -> bool:
-        return (
-            self.all_of <= traits
-            and all(traits & wanted for wanted in self.any_of)
-            and not traits & self.none_of
-        )
+def unmatched(name: str) -> ValidationError:
+    """A parameter none of a route's open-ended name patterns takes (``resources1@``), as
+    Placement's schema with ``patternProperties`` says it."""
+    return ValidationError(
+        "Invalid query string parameters: Additional properties are not allowed "
+        f"({name!r} does not match any of the regexes)",
+        field=f"query.{name}",
+    )
 
 
 def too_new(name: str) -> ValidationError:
@@ -130,6 +109,11 @@ def resources(value: str | None, version: Version, known: Set[str]) -> dict[str,
         return {}
     if not version.matches(*RESOURCES_SINCE):
         raise too_new("resources")
+    if not value:
+        raise _bad_resources(
+            "Badly formed resources parameter. Expected resources query string parameter in "
+            "form: ?resources=VCPU:2,MEMORY_MB:1024. Got: empty string."
+        )
     amounts: dict[str, int] = {}
     for item in value.split(","):
         name, colon, amount = item.partition(":")
@@ -195,8 +179,15 @@ def required(
         raise too_new("required")
     forbidding = version.matches(*REQUIRED_FORBIDDEN_SINCE)
     form = "HW_CPU_X86_VMX,!CUSTOM_MAGIC" if forbidding else "HW_CPU_X86_VMX,CUSTOM_MAGIC"
-    if len(values) > 1 and not version.matches(*REQUIRED_ANY_SINCE):
-        raise too_new("required")
+    if not version.matches(*REQUIRED_ANY_SINCE):
+        # Placement read one ``required`` before 1.39: the last one given.
+        values = values[-1:]
+        if values[0].startswith("in:"):
+            raise ValidationError(
+                f"Invalid query string parameters: The format 'in:HW_CPU_X86_VMX,CUSTOM_MAGIC' "
+                f"only supported since microversion 1.39. Got: {values[0]}",
+                field="query.required",
+            )
     all_of: set[str] = set()
     any_of: list[frozenset[str]] = []
     none_of: set[str] = set()
@@ -205,7 +196,7 @@ def required(
         grouped = value.startswith("in:") and version.matches(*REQUIRED_ANY_SINCE)
         if grouped:
             value = value[3:]
-        names = value.split(",")
+        names = [n.strip() for n in value.split(",")]  # Placement trims each name
         if not value or any(not n or n == "!" for n in names):
             raise ValidationError(
                 "Invalid query string parameters: Expected 'required' parameter value of "

@@ -387,7 +387,13 @@ class AggregatesOut(Out):
 class ProviderUsagesOut(Out):
     resource_provider_generation: int
     usages: dict[str, int] = Field(description="used per class, pending claims counted")
-    classes: dict[str, ClassUsageOut] = Field(description="loadmaster's split of each")
+
+
+class HostClassUsages(Out):
+    resource_provider_generation: int
+    classes: dict[str, ClassUsageOut] = Field(
+        description="per class: capacity, active, pending, used and free"
+    )
 
 
 class PlacementClassOut(Out):
@@ -431,9 +437,13 @@ class ConsumerAllocationsOut(Out):
     consumer_type: str | None = Field(default=None, description="1.38 and later")
 
 
+class ConsumerHoldingOut(ResourcesOut):
+    consumer_generation: int | None = Field(default=None, description="from 1.28")
+
+
 class ProviderAllocationsOut(Out):
     resource_provider_generation: int
-    allocations: dict[str, ResourcesOut] = Field(description="by consumer uuid")
+    allocations: dict[str, ConsumerHoldingOut] = Field(description="by consumer uuid")
 
 
 class UsagesOut(Out):

@@ -33,7 +33,7 @@ from loadmaster.cluster import (
 )
 from loadmaster.microversions import Version
 from loadmaster.pending import ReconcileResult
-from loadmaster.resources import ResourceClass
+from loadmaster.resources import ResourceClass, in_class_order
 
 
 def resource_class(rc: ResourceClass) -> ResourceClassOut:
@@ -99,7 +99,7 @@ def inventories(host: HostRecord) -> InventoriesOut:
     """Placement's inventory set (capacity is in loadmaster's usage views)."""
     return InventoriesOut(
         resource_provider_generation=host.generation,
-        inventories=dict(sorted(host.inventories.items())),
+        inventories=in_class_order(host.inventories),
     )
 
 
@@ -114,7 +114,7 @@ def inventory_of(host: HostRecord, resource_class: str) -> OneInventoryOut:
 def usage(usages: Mapping[str, ClassUsage]) -> dict[str, ClassUsageOut]:
     return {
         name: ClassUsageOut.model_validate(u, from_attributes=True)
-        for name, u in sorted(usages.items())
+        for name, u in in_class_order(usages).items()
     }
 
 

@@ -21,6 +21,7 @@ from loadmaster.resources import (
     UNKNOWN_SPECS,
     ResourceClass,
     UnknownSpecs,
+    class_order,
     extra_spec_names,
     parse_flavor,
     validate_custom_name,
@@ -85,7 +86,11 @@ class ResourceClassService:
 
     def list(self) -> list[ResourceClass]:
         with self._store.read() as session:
-            rows = session.scalars(select(ResourceClassRow).order_by(ResourceClassRow.name))
+            # Custom classes in creation order (ids), after the standard ones.
+            rows = sorted(
+                session.scalars(select(ResourceClassRow).order_by(ResourceClassRow.id)),
+                key=lambda r: class_order(r.name),
+            )
             return [ResourceClass(r.name, r.kind, r.unit, r.description) for r in rows]
 
     def get(self, name: str) -> ResourceClass:

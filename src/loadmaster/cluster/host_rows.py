@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import HOST_STATES, HostRecord
 from loadmaster.errors import ConcurrentUpdate, Conflict, InventoryInUse, ValidationError
-from loadmaster.resources import Inventory, validate_trait_name
+from loadmaster.resources import Inventory, in_class_order, validate_trait_name
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
     AllocationRow,
@@ -184,19 +184,24 @@ def write_inventories(
         ):
             used = in_use[names[class_id]]
             used[state] = used.get(state, 0) - int(amount)
-    for name, used in sorted(in_use.items()):
-        total_used = used.get("active", 0) + used.get("pending", 0)
-        if total_used <= 0:
-            continue
-        if name not in wanted:
-            # Placement's words first: its clients (nova's report client) read its code.
-            raise InventoryInUse(
-                f"Inventory for '{name}' on resource provider '{row.uuid}' in use. "
-                f"(inventories.{name}: cannot remove, {total_used} is allocated on host "
-                f"{row.name})",
-                field=f"inventories.{name}",
-            )
+    held = {
+        name: total
+        for name, used in in_class_order(in_use).items()
+        if (total := used.get("active", 0) + used.get("pending", 0)) > 0
+    }
+    dropped = [name for name in held if name not in wanted]
+    if dropped:
+        # Placement's words first, every class in use named: its clients (nova's report
+        # client) read its code.
+        raise InventoryInUse(
+            f"Inventory for '{', '.join(dropped)}' on resource provider '{row.uuid}' in use. "
+            f"(inventories.{dropped[0]}: cannot remove, {held[dropped[0]]} is allocated on "
+            f"host {row.name})",
+            field=f"inventories.{dropped[0]}",
+        )
+    for name, total_used in held.items():
         capacity = wanted[name].capacity
+        used = in_use[name]
         if capacity < total_used:
             raise Conflict(
                 f"inventories.{name}: new capacity {capacity} is below the {total_used} allocated "

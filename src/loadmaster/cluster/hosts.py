@@ -65,12 +65,14 @@ class HostService:
         name: str | None = None,
         uuid: str | None = None,
         in_tree: str | None = None,
+        by_creation: bool = False,
     ) -> list[HostRecord]:
-        """Hosts and child providers by name; the filters are applied by the database, so
+        """Hosts and child providers by name (``by_creation``: in the order they were
+        created, as Placement lists providers); the filters are applied by the database, so
         asking for one provider of 100,000 reads one (``in_tree``: the providers of the
         tree that provider ``in_tree``, a uuid, belongs to)."""
         with self._store.read() as session:
-            query = select(HostRow).order_by(HostRow.name)
+            query = select(HostRow).order_by(HostRow.id if by_creation else HostRow.name)
             if name is not None:
                 query = query.where(HostRow.name == name)
             if uuid is not None:
@@ -430,21 +432,36 @@ class HostService:
     def set_traits(
         self, ident: str, traits: Iterable[str], *, generation: int | None = None
     ) -> HostRecord:
+        """Replace the host's traits. As Placement, the same set again changes nothing and
+        moves no generation, so a writer holding the generation it read does not lose."""
         names = [validate_trait_name(t, f"traits[{i}]") for i, t in enumerate(traits)]
         with self._store.write() as session:
             row = locked_host(session, ident, generation)
-            self._write_traits(session, row, names)
+            if not self._write_traits(session, row, names):
+                return self._record(session, row)
             return self._bump(session, row)
 
     def set_aggregates(
-        self, ident: str, aggregates: Iterable[str], *, generation: int | None = None
+        self,
+        ident: str,
+        aggregates: Iterable[str],
+        *,
+        generation: int | None = None,
+        bump: bool = True,
     ) -> HostRecord:
+        """Replace the host's aggregates. ``bump=False``: its generation stays (Placement
+        before 1.19, whose aggregate writes carry no generation); schedulers still learn
+        of the change from the clock."""
         aggs = validate_aggregates(aggregates)
         with self._store.write() as session:
             row = locked_host(session, ident, generation)
             session.execute(delete(HostAggregateRow).where(HostAggregateRow.host_id == row.id))
             session.add_all(HostAggregateRow(host_id=row.id, aggregate=a) for a in aggs)
-            return self._bump(session, row)
+            if bump:
+                return self._bump(session, row)
+            session.flush()
+            mark_changed(session, {row.id})
+            return self._record(session, row)
 
     # -- helpers -----------------------------------------------------------------------
     def _bump(self, session: Session, row: HostRow, *, touch: Iterable[int] = ()) -> HostRecord:
@@ -455,12 +472,17 @@ class HostService:
         session.refresh(row)
         return self._record(session, row)
 
-    def _write_traits(self, session: Session, row: HostRow, names: builtins.list[str]) -> None:
-        trait_ids = lookup.require_traits(session, names, "traits")
-        session.execute(delete(HostTraitRow).where(HostTraitRow.host_id == row.id))
-        session.add_all(
-            HostTraitRow(host_id=row.id, trait_id=t) for t in sorted(set(trait_ids.values()))
+    def _write_traits(self, session: Session, row: HostRow, names: builtins.list[str]) -> bool:
+        """Whether the host's trait set changed."""
+        wanted = set(lookup.require_traits(session, names, "traits").values())
+        held = set(
+            session.scalars(select(HostTraitRow.trait_id).where(HostTraitRow.host_id == row.id))
         )
+        if wanted == held:
+            return False
+        session.execute(delete(HostTraitRow).where(HostTraitRow.host_id == row.id))
+        session.add_all(HostTraitRow(host_id=row.id, trait_id=t) for t in sorted(wanted))
+        return True
 
     def _inventories(self, session: Session, row: HostRow) -> dict[str, Inventory]:
         names = lookup.class_names(session)

@@ -1,30 +1,43 @@
-"""Placement's allocation candidates: where a request's amounts could be allocated now,
-each candidate a set of providers (one host's tree, plus sharing providers that host
-reaches through an aggregate), with pending claims counted as used.
+"""Placement's allocation candidates: every way a request's groups could be allocated now,
+with pending claims counted as used.
 
-A request is Placement's request groups. A numbered group (``resources1=...``, with its
-own ``required1``, ``member_of1``, ``in_tree1``) comes whole from one provider with those
-traits and aggregates; with ``group_policy=isolate`` no two numbered groups share one;
-``same_subtree`` makes the providers of the named groups one subtree (one of them an
-ancestor of the others); ``root_required`` judges the root's traits. The unnumbered group
-then places every class by the tree-fit rule (``resources/tree_fit.py``), the same one
-claims follow, with the sharing providers after the tree's own: a class the tree offers
-comes from the tree, one it lacks from a sharing provider. Each tree gives at most one
-candidate, its first fit in provider order (Placement lists every combination; Nova takes
-the first). Hosts that are not ``up`` offer nothing: loadmaster places nothing new there.
+A candidate is anchored at one tree's root: it takes from that tree's providers and from
+sharing providers (trait ``MISC_SHARES_VIA_AGGREGATE``) that share an aggregate with a
+provider of the tree (a sharing provider anchors at its own tree too). Per group, as
+Placement's ``allocation_candidate.py`` judges it:
+
+- a numbered group (``resources1=...``) comes whole from one provider that itself has the
+  group's traits and aggregates, in ``in_tree1``'s tree if named; a resourceless one
+  (1.36, only inside ``same_subtree``) names a provider with those traits;
+- the unnumbered group takes each class from one provider of the tree or a sharing one,
+  each with room for it and none with a forbidden trait, each in ``member_of``'s
+  aggregates or under a root that is, and the providers it allocates from must have its
+  required traits between them;
+- ``group_policy=isolate``: numbered groups on different providers; ``same_subtree``: the
+  named groups' providers under one of them; ``root_required``: the anchor root's traits.
+
+Every distinct combination is a candidate, once (a sharing provider reached from two
+trees gives one): anchors in creation order, each group's choices in provider creation
+order, so the order is stable and ``limit`` stops the search instead of trimming a list
+built whole. With a random generator the anchors and choices are shuffled (Placement's
+``randomize_allocation_candidates``), which samples trees evenly but keeps one tree's
+candidates together. Hosts that are not ``up`` offer nothing: loadmaster places nothing
+new there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence, Set
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from itertools import product
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.resources import Inventory
-from loadmaster.resources.tree_fit import fit_in_tree
+from loadmaster.resources import Inventory, class_order
+from loadmaster.resources.selectors import MemberOf, Required
 from loadmaster.store.schema import (
     AllocationRow,
     HostAggregateRow,
@@ -48,17 +61,18 @@ class Provider:
     traits: set[str] = field(default_factory=set)
     aggregates: set[str] = field(default_factory=set)
 
-    def problem(self, name: str, amount: int, taken: int = 0) -> str:
-        """Why ``amount`` does not fit ("" if it does), with ``taken`` more in use by the
-        candidate's other groups."""
+    def room(self, name: str, amount: int) -> bool:
+        """Whether ``amount`` fits now: the unit rules, and capacity less what is used."""
         inventory = self.inventories.get(name)
-        if inventory is None:
-            return f"{name}: no inventory"
-        return inventory.room_problem(amount, self.used.get(name, 0) + taken) or ""
+        return inventory is not None and not inventory.room_problem(amount, self.used.get(name, 0))
 
-
-def _anything(_: Set[str]) -> bool:
-    return True
+    def room_for_sum(self, name: str, amount: int) -> bool:
+        """Whether the amounts several groups take, summed, fit: capacity and ``max_unit``
+        (each group's own amount met the other unit rules already), as Placement checks."""
+        inventory = self.inventories[name]
+        return (
+            amount <= inventory.max_unit and self.used.get(name, 0) + amount <= inventory.capacity
+        )
 
 
 @dataclass(frozen=True)
@@ -67,8 +81,8 @@ class RequestGroup:
 
     suffix: str
     amounts: Mapping[str, int]
-    traits_ok: Callable[[Set[str]], bool] = _anything
-    aggregates_ok: Callable[[Set[str]], bool] = _anything
+    required: Required = field(default_factory=Required)
+    member_of: MemberOf = field(default_factory=MemberOf)
     in_tree: str | None = None
 
 
@@ -88,163 +102,271 @@ class Candidates:
     roots: dict[int, str]  # provider id -> uuid of its root
 
 
+# What makes two candidates the same (Placement's ``AllocationRequest.__eq__``): the
+# amounts per provider and class, and each group's providers.
+_Key = tuple[frozenset[tuple[int, str, int]], tuple[tuple[str, tuple[int, ...]], ...]]
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """One way one group is served at one anchor: (provider id, class, amount) each, and
+    the providers the group maps to."""
+
+    amounts: tuple[tuple[int, str, int], ...]
+    providers: tuple[int, ...]
+
+
 def find(
     session: Session,
     groups: Sequence[RequestGroup],
     *,
     isolate: bool = False,
-    root_ok: Callable[[Set[str]], bool] = _anything,
+    root_ok: Callable[[Set[str]], bool] = lambda _: True,
     same_subtree: Sequence[Sequence[str]] = (),
     limit: int | None = None,
+    nested_aware: bool = True,
+    rng: random.Random | None = None,
 ) -> Candidates:
-    providers = _load(session)
-    by_id = {p.id: p for p in providers}
-    by_uuid = {p.uuid: p for p in providers}
-    trees: dict[int, list[Provider]] = {}
-    for p in providers:
-        trees.setdefault(p.root_id, []).append(p)  # id order: the root first
-    sharing = [p for p in providers if SHARING_TRAIT in p.traits and p.up]
-    search = _Search(
-        [g for g in groups if g.suffix],
-        next((g for g in groups if not g.suffix), None),
-        isolate,
-        [list(names) for names in same_subtree],
-        {uuid: (by_uuid[uuid].root_id if uuid in by_uuid else -1) for uuid in _trees(groups)},
-        by_uuid,
-    )
+    """``nested_aware=False`` (before 1.29): no candidate takes from two providers of one
+    tree. ``rng``: shuffle, as Placement's ``randomize_allocation_candidates``."""
+    world = _World(_load(session))
+    search = _Search(world, groups, isolate, root_ok, same_subtree, nested_aware, rng)
     requests = []
-    used_trees: set[int] = set()
-    for root_id, tree in sorted(trees.items()):
-        root = by_id[root_id]
-        if not root.up or not root_ok(root.traits):
-            continue
-        aggregates = set().union(*(p.aggregates for p in tree))
-        shared = [s for s in sharing if s.root_id != root_id and s.aggregates & aggregates]
-        candidate = search.tree(root_id, tree, shared)
-        if candidate is None:
-            continue
-        used_trees.update(by_uuid[u].root_id for u in candidate.allocations)
+    for candidate in search.candidates():
         requests.append(candidate)
         if limit is not None and len(requests) >= limit:
             break
-    kept = {p.uuid: p for p in providers if p.root_id in used_trees}
-    return Candidates(requests, kept, {p.id: by_id[p.root_id].uuid for p in providers})
+    used_trees = {world.by_uuid[u].root_id for c in requests for u in c.allocations}
+    return Candidates(
+        requests,
+        {p.uuid: p for p in world.providers if p.root_id in used_trees},
+        {p.id: world.by_id[p.root_id].uuid for p in world.providers},
+    )
 
 
-def _trees(groups: Sequence[RequestGroup]) -> set[str]:
-    return {g.in_tree for g in groups if g.in_tree is not None}
+class _World:
+    """Every provider, with the trees and the anchors of sharing providers."""
+
+    def __init__(self, providers: list[Provider]) -> None:
+        self.providers = providers  # id order
+        self.by_id = {p.id: p for p in providers}
+        self.by_uuid = {p.uuid: p for p in providers}
+        self.trees: dict[int, list[Provider]] = {}
+        roots_in: dict[str, set[int]] = {}
+        for p in providers:
+            self.trees.setdefault(p.root_id, []).append(p)
+            for aggregate in p.aggregates:
+                roots_in.setdefault(aggregate, set()).add(p.root_id)
+        self.roots = sorted(r for r in self.trees if self.by_id[r].up)
+        # Anchor root id -> the sharing providers of other trees it reaches, id order.
+        self.shared_at: dict[int, list[Provider]] = {}
+        self.sharing_anchors: dict[int, set[int]] = {}
+        for p in providers:
+            if SHARING_TRAIT not in p.traits or not self.usable(p):
+                continue
+            anchors = {p.root_id}.union(*(roots_in[a] for a in p.aggregates))
+            self.sharing_anchors[p.id] = anchors
+            for root in anchors - {p.root_id}:
+                self.shared_at.setdefault(root, []).append(p)
+
+    def usable(self, provider: Provider) -> bool:
+        return self.by_id[provider.root_id].up
+
+    def root_of(self, uuid: str | None) -> int | None:
+        """The root id of ``in_tree``'s provider; -1 when there is no such provider."""
+        if uuid is None:
+            return None
+        found = self.by_uuid.get(uuid)
+        return found.root_id if found is not None else -1
+
+    def ancestry(self, provider_id: int) -> set[int]:
+        provider = self.by_id[provider_id]
+        line = {provider.id}
+        while provider.parent_uuid is not None:
+            provider = self.by_uuid[provider.parent_uuid]
+            line.add(provider.id)
+        return line
 
 
 @dataclass
 class _Search:
-    """The first way one tree (and the sharing providers it reaches) serves every group."""
-
-    numbered: list[RequestGroup]
-    unnumbered: RequestGroup | None
+    world: _World
+    groups: Sequence[RequestGroup]
     isolate: bool
-    same_subtree: list[list[str]]
-    root_of_tree: dict[str, int]  # in_tree uuid -> its root's id (-1: no such provider)
-    by_uuid: dict[str, Provider]
+    root_ok: Callable[[Set[str]], bool]
+    same_subtree: Sequence[Sequence[str]]
+    nested_aware: bool
+    rng: random.Random | None
 
-    def tree(self, root_id: int, tree: list[Provider], shared: list[Provider]) -> Candidate | None:
-        group = self.unnumbered
-        if group is not None:
-            if group.in_tree is not None and self.root_of_tree[group.in_tree] != root_id:
-                return None
-            if not group.traits_ok(set().union(*(p.traits for p in tree))):
-                return None
-            if not group.aggregates_ok(set().union(*(p.aggregates for p in tree))):
-                return None
-        elif not self.numbered:
-            return None
-        return self._assign(0, tree + shared, {}, {})
-
-    def _assign(
-        self,
-        index: int,
-        reachable: list[Provider],
-        chosen: dict[str, Provider],
-        taken: dict[tuple[str, str], int],
-    ) -> Candidate | None:
-        if index == len(self.numbered):
-            return self._finish(reachable, chosen, taken)
-        group = self.numbered[index]
-        for provider in reachable:
-            if self.isolate and any(p is provider for p in chosen.values()):
+    def candidates(self) -> Iterator[Candidate]:
+        """Each distinct candidate once, anchor by anchor."""
+        unnumbered = next((g for g in self.groups if not g.suffix), None)
+        numbered = [g for g in self.groups if g.suffix]
+        by_anchor = [self._single(g) for g in numbered]
+        suffixes = ([""] if unnumbered is not None else []) + [g.suffix for g in numbered]
+        anchors = [r for r in self.world.roots if self.root_ok(self.world.by_id[r].traits)]
+        if self.rng is not None:
+            self.rng.shuffle(anchors)
+        seen: set[_Key] = set()
+        for anchor in anchors:
+            lists = [choices.get(anchor, []) for choices in by_anchor]
+            if unnumbered is not None:
+                lists.insert(0, self._spread(unnumbered, anchor))
+            if not all(lists):
                 continue
-            if not self._serves(group, provider, taken):
+            if self.rng is not None:
+                lists = [self.rng.sample(choices, len(choices)) for choices in lists]
+            for picked in self._combinations(lists, suffixes):
+                candidate = self._candidate(picked, suffixes, seen)
+                if candidate is not None:
+                    yield candidate
+
+    def _single(self, group: RequestGroup) -> dict[int, list[_Choice]]:
+        """A numbered group: per anchor root, the providers that serve it whole."""
+        tree = self.world.root_of(group.in_tree)
+        found: dict[int, list[_Choice]] = {}
+        for p in self.world.providers:
+            if not self.world.usable(p) or (tree is not None and p.root_id != tree):
                 continue
-            chosen[group.suffix] = provider
-            for name, amount in group.amounts.items():
-                taken[(provider.uuid, name)] = taken.get((provider.uuid, name), 0) + amount
-            found = self._assign(index + 1, reachable, chosen, taken)
-            if found is not None:
-                return found
-            del chosen[group.suffix]
-            for name, amount in group.amounts.items():
-                taken[(provider.uuid, name)] -= amount
-        return None
+            if not group.required.admits(p.traits) or not group.member_of.admits(p.aggregates):
+                continue
+            if not all(p.room(name, amount) for name, amount in group.amounts.items()):
+                continue
+            choice = _Choice(tuple((p.id, n, a) for n, a in group.amounts.items()), (p.id,))
+            for anchor in self.world.sharing_anchors.get(p.id, {p.root_id}):
+                found.setdefault(anchor, []).append(choice)
+        return found
 
-    def _serves(
-        self, group: RequestGroup, provider: Provider, taken: dict[tuple[str, str], int]
-    ) -> bool:
-        if group.in_tree is not None and self.root_of_tree[group.in_tree] != provider.root_id:
-            return False
-        if not group.traits_ok(provider.traits) or not group.aggregates_ok(provider.aggregates):
-            return False
-        return not any(
-            provider.problem(name, amount, taken.get((provider.uuid, name), 0))
-            for name, amount in group.amounts.items()
-        )
-
-    def _finish(
-        self,
-        reachable: list[Provider],
-        chosen: dict[str, Provider],
-        taken: dict[tuple[str, str], int],
-    ) -> Candidate | None:
-        for names in self.same_subtree:
-            if not self._one_subtree([chosen[n] for n in names if n in chosen]):
-                return None
-        allocations: dict[str, dict[str, int]] = {}
-        mappings: dict[str, list[str]] = {}
-        for group in self.numbered:
-            provider = chosen[group.suffix]
-            mappings[group.suffix] = [provider.uuid]
-            for name, amount in group.amounts.items():
-                mine = allocations.setdefault(provider.uuid, {})
-                mine[name] = mine.get(name, 0) + amount
-        unnumbered = self.unnumbered
-        if unnumbered is not None and unnumbered.amounts:
-            fit = fit_in_tree(
-                reachable,
-                unnumbered.amounts,
-                one_node=False,
-                offers=lambda p, name: name in p.inventories,
-                problem=lambda p, name, amount: p.problem(
-                    name, amount, taken.get((p.uuid, name), 0)
-                ),
+    def _spread(self, group: RequestGroup, anchor: int) -> list[_Choice]:
+        """The unnumbered group at one anchor: each class from one provider of the tree or
+        a sharing one, every combination whose providers have the required traits."""
+        tree = self.world.root_of(group.in_tree)
+        if tree is not None and tree != anchor:
+            return []
+        root = self.world.by_id[anchor]
+        rule = group.member_of
+        under_root = rule.within(root.aggregates)
+        if not rule.outside(root.aggregates):
+            return []
+        forbidden = group.required.none_of
+        own = [
+            p
+            for p in self.world.trees[anchor]
+            if not p.traits & forbidden
+            and (under_root or rule.within(p.aggregates))
+            and rule.outside(p.aggregates)
+        ]
+        # ``in_tree`` keeps the request in that tree: no sharing provider of another.
+        shared = [
+            s
+            for s in (self.world.shared_at.get(anchor, []) if tree is None else [])
+            if not s.traits & forbidden and rule.admits(s.aggregates)
+        ]
+        names = sorted(group.amounts, key=lambda n: (class_order(n), n))
+        options = []
+        for name in names:
+            amount = group.amounts[name]
+            offering = [p for p in own + shared if p.room(name, amount)]
+            if not offering:
+                return []
+            options.append(offering)
+        choices = []
+        for combination in product(*options):
+            traits = set().union(*(p.traits for p in combination))
+            if not group.required.admits(traits):
+                continue
+            amounts = tuple(
+                (p.id, name, group.amounts[name])
+                for p, name in zip(combination, names, strict=True)
             )
-            if fit.misfit is not None:
+            choices.append(_Choice(amounts, tuple(sorted({p.id for p in combination}))))
+        return choices
+
+    def _combinations(
+        self, lists: list[list[_Choice]], suffixes: list[str]
+    ) -> Iterator[list[_Choice]]:
+        """One choice per group, depth first, leaving out as soon as a prefix takes more
+        than a provider has or (``isolate``) puts two numbered groups on one provider."""
+        picked: list[_Choice] = []
+        taken: dict[tuple[int, str], int] = {}
+        isolated: set[int] = set()
+
+        def walk(index: int) -> Iterator[list[_Choice]]:
+            if index == len(lists):
+                yield list(picked)
+                return
+            numbered = bool(suffixes[index])
+            for choice in lists[index]:
+                if self.isolate and numbered and isolated.intersection(choice.providers):
+                    continue
+                if not all(
+                    self.world.by_id[p].room_for_sum(name, taken[(p, name)] + amount)
+                    for p, name, amount in choice.amounts
+                    if (p, name) in taken
+                ):
+                    continue
+                for provider_id, name, amount in choice.amounts:
+                    taken[(provider_id, name)] = taken.get((provider_id, name), 0) + amount
+                if self.isolate and numbered:
+                    isolated.update(choice.providers)
+                picked.append(choice)
+                yield from walk(index + 1)
+                picked.pop()
+                if self.isolate and numbered:
+                    isolated.difference_update(choice.providers)
+                for provider_id, name, amount in choice.amounts:
+                    taken[(provider_id, name)] -= amount
+                    if not taken[(provider_id, name)]:
+                        del taken[(provider_id, name)]
+
+        yield from walk(0)
+
+    def _candidate(
+        self,
+        picked: list[_Choice],
+        suffixes: list[str],
+        seen: set[_Key],
+    ) -> Candidate | None:
+        """The picked choices as one candidate, or None: another subtree than
+        ``same_subtree`` asks, two providers of one tree before 1.29, or seen already."""
+        mapped = {suffix: choice.providers for suffix, choice in zip(suffixes, picked, strict=True)}
+        for names in self.same_subtree:
+            chosen = set().union(*(mapped[n] for n in names if n in mapped))
+            if not self._one_subtree(chosen):
                 return None
-            for provider, name, amount in fit.plan:
-                mine = allocations.setdefault(provider.uuid, {})
-                mine[name] = mine.get(name, 0) + amount
-                if provider.uuid not in mappings.setdefault("", []):
-                    mappings[""].append(provider.uuid)
+        summed: dict[tuple[int, str], int] = {}
+        for choice in picked:
+            for provider_id, name, amount in choice.amounts:
+                summed[(provider_id, name)] = summed.get((provider_id, name), 0) + amount
+        if not self.nested_aware:
+            roots = [self.world.by_id[p].root_id for p in {p for p, _ in summed}]
+            if len(roots) != len(set(roots)):
+                return None
+        key = (
+            frozenset((p, n, a) for (p, n), a in summed.items()),
+            tuple(sorted(mapped.items())),
+        )
+        if key in seen:
+            return None
+        seen.add(key)
+        allocations: dict[str, dict[str, int]] = {}
+        # Providers in creation order, each one's classes in Placement's order.
+        for (provider_id, name), amount in sorted(
+            summed.items(), key=lambda item: (item[0][0], class_order(item[0][1]), item[0][1])
+        ):
+            allocations.setdefault(self.world.by_id[provider_id].uuid, {})[name] = amount
+        mappings = {
+            suffix: [self.world.by_id[p].uuid for p in providers]
+            for suffix, providers in mapped.items()
+        }
         return Candidate(allocations, mappings)
 
-    def _one_subtree(self, providers: list[Provider]) -> bool:
+    def _one_subtree(self, providers: set[int]) -> bool:
         """One of them is an ancestor of (or the same as) every other."""
-        lines = [self._ancestry(p) for p in providers]
-        return any(all(p.uuid in line for line in lines) for p in providers)
-
-    def _ancestry(self, provider: Provider) -> set[str]:
-        line = {provider.uuid}
-        while provider.parent_uuid is not None:
-            provider = self.by_uuid[provider.parent_uuid]
-            line.add(provider.uuid)
-        return line
+        if len(providers) <= 1:
+            return True
+        common = set.intersection(*(self.world.ancestry(p) for p in providers))
+        return bool(common & providers)
 
 
 def _load(session: Session) -> list[Provider]:

@@ -12,7 +12,7 @@ and the generations of the providers written, in the same transaction.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import delete, exists, insert, select
 from sqlalchemy.orm import Session
@@ -46,6 +46,7 @@ class ConsumerWrite:
 
 def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
     """All the consumers' new records, or none of them (the caller's transaction)."""
+    touched = _Touched()
     if len(writes) > 1 and not lock_vms(session, [w.consumer for w in writes]):
         # Several plain consumers: their rows, then every host any of them touches, each
         # kind locked in one pass in id order, so two writes over crossing consumers or
@@ -67,7 +68,22 @@ def write(session: Session, writes: Sequence[ConsumerWrite]) -> None:
         if vm is not None:
             _write_vm(session, vm, item)
         else:
-            _write_plain(session, consumer, item)
+            _write_plain(session, consumer, item, touched)
+    # As Placement: the providers allocated from move on once per call, however many of
+    # the consumers use them; those only freed do not.
+    if touched.written:
+        bump_generations(session, {}, touch=touched.written)
+    if touched.changed:
+        mark_changed(session, with_roots(session, touched.changed))
+
+
+@dataclass
+class _Touched:
+    """The providers a call allocates from (``written``) and every one whose usage it
+    changes, freed ones included (``changed``)."""
+
+    written: set[int] = field(default_factory=set)
+    changed: set[int] = field(default_factory=set)
 
 
 def lock_consumers(session: Session, uuids: Sequence[str]) -> list[int]:
@@ -113,7 +129,9 @@ def _check_generation(consumer: ConsumerRow | None, item: ConsumerWrite) -> None
         )
 
 
-def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerWrite) -> None:
+def _write_plain(
+    session: Session, consumer: ConsumerRow | None, item: ConsumerWrite, touched: _Touched
+) -> None:
     stamp = now()
     old = (
         list(session.scalars(select(AllocationRow).where(AllocationRow.consumer_id == consumer.id)))
@@ -122,12 +140,11 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
     )
     if not item.allocations:
         if consumer is not None:
-            freed = with_roots(session, {r.host_id for r in old})
             session.delete(consumer)  # its records go with it (cascade)
             session.flush()
             # As Placement: freeing capacity moves no provider generation; schedulers
             # learn of it from the clock.
-            mark_changed(session, freed)
+            touched.changed.update(r.host_id for r in old)
         return
     providers = _providers(session, item.allocations)
     class_ids = _classes(session, item.consumer, item.allocations)
@@ -136,7 +153,8 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
             uuid=item.consumer,
             project_id=item.project_id,
             user_id=item.user_id,
-            consumer_type=item.consumer_type or "INSTANCE",
+            # Written without a type (before 1.38): Placement's "unknown" type.
+            consumer_type=item.consumer_type or "unknown",
             generation=0,
             created_at=stamp,
             updated_at=stamp,
@@ -191,10 +209,9 @@ def _write_plain(session: Session, consumer: ConsumerRow | None, item: ConsumerW
     consumer.generation += 1
     consumer.updated_at = stamp
     session.flush()
-    # As Placement: the providers allocated from move on; those only freed do not.
     written = {p.id for p in providers.values()}
-    bump_generations(session, {}, touch=written)
-    mark_changed(session, with_roots(session, {r.host_id for r in old} | written))
+    touched.written |= written
+    touched.changed |= {r.host_id for r in old} | written
 
 
 def _classes(

@@ -13,6 +13,7 @@ report) and ``usage`` (reads). Locks and generations are ``store.locking``'s.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence, Set
 from datetime import datetime
 
@@ -30,9 +31,16 @@ DEFAULT_CONFLICT_RETRIES = 10
 
 
 class Ledger:
-    def __init__(self, store: Store, *, conflict_retries: int = DEFAULT_CONFLICT_RETRIES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        conflict_retries: int = DEFAULT_CONFLICT_RETRIES,
+        randomize_candidates: bool = False,
+    ) -> None:
         self._store = store
         self._retries = conflict_retries
+        self._randomize = randomize_candidates
 
     # -- claiming ----------------------------------------------------------------------
     def claim(
@@ -174,9 +182,11 @@ class Ledger:
         root_ok: Callable[[Set[str]], bool] | None = None,
         same_subtree: Sequence[Sequence[str]] = (),
         limit: int | None = None,
+        nested_aware: bool = True,
     ) -> candidates.Candidates:
         """Placement's allocation candidates for these request groups, read in one
-        transaction (see ``pending/candidates.py``)."""
+        transaction (see ``pending/candidates.py``); shuffled when the ledger was made
+        with ``randomize_candidates``."""
         with self._store.read() as session:
             return candidates.find(
                 session,
@@ -185,13 +195,15 @@ class Ledger:
                 root_ok=root_ok or (lambda _: True),
                 same_subtree=same_subtree,
                 limit=limit,
+                nested_aware=nested_aware,
+                rng=random.Random() if self._randomize else None,
             )
 
     def consumer(self, uuid: str) -> usage.ConsumerView | None:
         with self._store.read() as session:
             return usage.consumer(session, uuid)
 
-    def provider_allocations(self, provider: str) -> tuple[int, dict[str, dict[str, int]]]:
+    def provider_allocations(self, provider: str) -> tuple[int, dict[str, usage.Holding]]:
         with self._store.read() as session:
             return usage.provider_allocations(session, provider)
 

@@ -133,17 +133,31 @@ def consumer(session: Session, uuid: str) -> ConsumerView | None:
     )
 
 
-def provider_allocations(session: Session, provider: str) -> tuple[int, dict[str, dict[str, int]]]:
+@dataclass(frozen=True)
+class Holding:
+    """What one consumer holds on one provider, with the consumer's generation."""
+
+    consumer_generation: int
+    resources: dict[str, int]
+
+
+def provider_allocations(session: Session, provider: str) -> tuple[int, dict[str, Holding]]:
     """The provider's generation and, per consumer uuid, what it holds there."""
     host = lookup.host_row(session, provider)
     names = lookup.class_names(session)
-    held: dict[str, dict[str, int]] = {}
-    for uuid, class_id, amount in session.execute(
-        select(ConsumerRow.uuid, AllocationRow.resource_class_id, AllocationRow.amount)
+    held: dict[str, Holding] = {}
+    for uuid, generation, class_id, amount in session.execute(
+        select(
+            ConsumerRow.uuid,
+            ConsumerRow.generation,
+            AllocationRow.resource_class_id,
+            AllocationRow.amount,
+        )
         .join(ConsumerRow, ConsumerRow.id == AllocationRow.consumer_id)
         .where(AllocationRow.host_id == host.id)
+        .order_by(AllocationRow.id)
     ):
-        held.setdefault(uuid, {})[names[class_id]] = amount
+        held.setdefault(uuid, Holding(generation, {})).resources[names[class_id]] = amount
     return host.generation, held
 
 

@@ -5,6 +5,8 @@ from loadmaster.resources.classes import (
     STANDARD_BY_NAME,
     STANDARD_CLASSES,
     ResourceClass,
+    class_order,
+    in_class_order,
     validate_custom_name,
 )
 from loadmaster.resources.inventory import Inventory, parse_amounts, summed
@@ -32,7 +34,9 @@ __all__ = [
     "ResourceClass",
     "UnknownSpecs",
     "aggregate_specs",
+    "class_order",
     "extra_spec_names",
+    "in_class_order",
     "one_numa_node",
     "parse_amounts",
     "parse_flavor",

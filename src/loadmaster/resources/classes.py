@@ -7,7 +7,9 @@ their own as ``CUSTOM_*`` (a GPU model, a licence, "one of these per host").
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import os_resource_classes
 
@@ -16,6 +18,7 @@ from loadmaster.errors import ValidationError
 CUSTOM_PREFIX = "CUSTOM_"
 _CUSTOM_NAME = re.compile(r"^CUSTOM_[A-Z0-9_]+$")
 MAX_NAME_LENGTH = 255
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,19 @@ STANDARD_CLASSES: tuple[ResourceClass, ...] = tuple(
 )
 
 STANDARD_BY_NAME = {rc.name: rc for rc in STANDARD_CLASSES}
+_STANDARD_INDEX = {rc.name: i for i, rc in enumerate(STANDARD_CLASSES)}
+
+
+def class_order(name: str) -> int:
+    """Sort key of Placement's order: standard classes as os-resource-classes lists them
+    (their ids in Placement), custom ones after. Among custom ones a stable sort keeps
+    the caller's order (creation, where it has it)."""
+    return _STANDARD_INDEX.get(name, len(_STANDARD_INDEX))
+
+
+def in_class_order(by_class: Mapping[str, V]) -> dict[str, V]:
+    """A per-class mapping in Placement's order, custom classes by name after the rest."""
+    return dict(sorted(by_class.items(), key=lambda item: (class_order(item[0]), item[0])))
 
 
 def validate_custom_name(name: object, field: str = "name") -> str:

@@ -25,12 +25,18 @@ from loadmaster.api.responses import (
 from loadmaster.api.routes.providers import PROVIDER
 from loadmaster.api.schemas import ReshaperIn
 from loadmaster.cluster.host_rows import parse_inventories
-from loadmaster.errors import NotFound, ValidationError
+from loadmaster.errors import (
+    BadQueryValue,
+    DuplicateQueryKey,
+    MissingQueryValue,
+    NotFound,
+    ValidationError,
+)
 from loadmaster.microversions import Version
 from loadmaster.pending.candidates import RequestGroup
 from loadmaster.pending.consumers import UNCHECKED, ConsumerWrite
 from loadmaster.pending.reshape import ProviderInventories
-from loadmaster.resources import summed
+from loadmaster.resources import in_class_order, summed
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["allocations"])
@@ -43,6 +49,9 @@ CONSUMER_GENERATION_SINCE = (1, 28)
 MAPPINGS_SINCE = (1, 34)
 CONSUMER_TYPE_SINCE = (1, 38)
 USAGES_SINCE = microversion.since(1, 9)
+# The owner Placement gives a consumer written without one (before 1.8): its
+# ``incomplete_consumer_project_id`` and ``..._user_id`` defaults.
+INCOMPLETE_CONSUMER = "00000000-0000-0000-0000-000000000000"
 # Placement's schema for a class name in an allocation: standard or custom, upper case.
 CLASS_NAME = re.compile(r"^[A-Z0-9_]+$")
 
@@ -117,13 +126,21 @@ def delete_allocations(lm: LM, consumer_uuid: str) -> Response:
     return Response(status_code=204)
 
 
-@router.get(PROVIDER + "/allocations", response_model=ProviderAllocationsOut)
+@router.get(
+    PROVIDER + "/allocations",
+    response_model=ProviderAllocationsOut,
+    response_model_exclude_unset=True,
+)
 def provider_allocations(lm: LM, provider: str) -> dict[str, Any]:
     generation, held = lm.allocations.provider_allocations(provider)
-    return {
-        "resource_provider_generation": generation,
-        "allocations": {uuid: {"resources": amounts} for uuid, amounts in held.items()},
-    }
+    with_generation = microversion.current().matches(*CONSUMER_GENERATION_SINCE)
+    allocations: dict[str, Any] = {}
+    for uuid, holding in held.items():
+        entry: dict[str, Any] = {"resources": holding.resources}
+        if with_generation:
+            entry["consumer_generation"] = holding.consumer_generation
+        allocations[uuid] = entry
+    return {"resource_provider_generation": generation, "allocations": allocations}
 
 
 @router.get("/usages", openapi_extra=USAGES_SINCE, response_model=UsagesOut)
@@ -208,8 +225,8 @@ def _parse(consumer: str, body: Any, where: str, *, empty_ok: bool) -> ConsumerW
     return ConsumerWrite(
         consumer,
         allocations,
-        _text(body.get("project_id", "default"), where + "project_id"),
-        _text(body.get("user_id", "default"), where + "user_id"),
+        _text(body.get("project_id", INCOMPLETE_CONSUMER), where + "project_id"),
+        _text(body.get("user_id", INCOMPLETE_CONSUMER), where + "user_id"),
         generation,
         _text(body["consumer_type"], where + "consumer_type") if "consumer_type" in body else None,
     )
@@ -293,6 +310,10 @@ IN_TREE_CANDIDATES_SINCE = (1, 31)
 ROOT_REQUIRED_SINCE = (1, 35)
 SAME_SUBTREE_SINCE = (1, 36)
 TREE_IN_SUMMARIES_SINCE = (1, 29)
+ALL_CLASSES_IN_SUMMARIES_SINCE = (1, 27)
+MEMBER_OF_CANDIDATES_SINCE = (1, 21)
+CUSTOM_TRAIT_PREFIX = "CUSTOM_"
+_NUMBERED = re.compile(r"^[1-9][0-9]*$")  # suffixes before 1.33
 _SUFFIXED = re.compile(r"^(resources|required|member_of|in_tree)([A-Za-z0-9_-]{1,64})$")
 
 
@@ -309,11 +330,11 @@ def allocation_candidates(
     required: list[str] = Query([], description="traits: A,B (all), !A (not), in:A,B"),
     member_of: list[str] = Query([], description="aggregates: in:A,B, !A, repeated: all"),
     in_tree: str | None = Query(None, description="only this provider's tree (1.31)"),
-    limit: int | None = Query(None, ge=1, description="at most this many candidates (1.16)"),
-    group_policy: str | None = Query(
-        None, description="none or isolate: may numbered groups share a provider (1.25)"
+    limit: list[str] = Query([], description="at most this many candidates (1.16); the first"),
+    group_policy: list[str] = Query(
+        [], description="none or isolate: may numbered groups share a provider (1.25); the first"
     ),
-    root_required: str | None = Query(None, description="traits of the root: A,!B (1.35)"),
+    root_required: list[str] = Query([], description="traits of the root: A,!B (1.35), once"),
     same_subtree: list[str] = Query(
         [], description="suffixes whose providers form one subtree: _A,_B (1.36)"
     ),
@@ -323,53 +344,62 @@ def allocation_candidates(
     Numbered groups (``resources1=...`` and their ``required1``, ``member_of1``,
     ``in_tree1``; 1.25) each come from one provider."""
     version = microversion.current()
-    if limit is not None and not version.matches(*LIMIT_SINCE):
-        raise queries.too_new("limit")
-    groups, traits = _request_groups(lm, request, version)
-    if len([g for g in groups if g.suffix]) > 1 and group_policy is None:
+    most = _limit(limit, version)
+    subtrees = [[name.strip() for name in value.split(",")] for value in same_subtree]
+    if subtrees and not version.matches(*SAME_SUBTREE_SINCE):
+        raise queries.too_new("same_subtree")
+    if any("" in names for names in subtrees):
+        raise BadQueryValue(
+            "Empty string (unsuffixed group) can not be specified in `same_subtree` ",
+            field="query.same_subtree",
+        )
+    groups, traits = _request_groups(lm, request, version, subtrees)
+    policy = group_policy[0] if group_policy else None
+    if len([g for g in groups if g.suffix]) > 1 and policy is None:
         raise ValidationError(
             'The "group_policy" parameter is required when specifying more than one '
             '"resources{N}" parameter.',
             field="query.group_policy",
         )
-    if group_policy is not None:
+    if policy is not None:
         if not version.matches(*GRANULAR_SINCE):
             raise queries.too_new("group_policy")
-        if group_policy not in ("none", "isolate"):
+        if policy not in ("none", "isolate"):
             raise ValidationError(
-                f"Invalid query string parameters: {group_policy!r} is not one of "
-                "['none', 'isolate']",
+                f"Invalid query string parameters: {policy!r} is not one of ['none', 'isolate']",
                 field="query.group_policy",
             )
     root = None
-    if root_required is not None:
+    if root_required:
         if not version.matches(*ROOT_REQUIRED_SINCE):
-            raise queries.too_new("root_required")
-        root = queries.required([root_required], version)
+            raise ValidationError(
+                "Invalid query string parameters: Additional properties are not allowed "
+                "('root_required' does not match any of the regexes)",
+                field="query.root_required",
+            )
+        if len(root_required) > 1:
+            raise DuplicateQueryKey(
+                "Query parameter 'root_required' may be specified only once.",
+                field="query.root_required",
+            )
+        root = queries.required(root_required, version)
+        both = sorted(root.all_of & root.none_of)
+        if both:
+            raise BadQueryValue(
+                "Conflicting required and forbidden traits found in root_required: "
+                + ", ".join(both),
+                field="query.root_required",
+            )
         traits |= root.names()
     if traits:
         queries.known_traits(traits, set(lm.traits.list(names=traits)))
-    subtrees = []
-    if same_subtree:
-        if not version.matches(*SAME_SUBTREE_SINCE):
-            raise queries.too_new("same_subtree")
-        suffixes = {g.suffix for g in groups}
-        for value in same_subtree:
-            names = value.split(",")
-            unknown = [n for n in names if n not in suffixes or not n]
-            if unknown:
-                raise ValidationError(
-                    f"Real suffixes should be specified in `same_subtree`: {unknown} not "
-                    f"found in {sorted(s for s in suffixes if s)}.",
-                    field="query.same_subtree",
-                )
-            subtrees.append(names)
     found = lm.allocations.candidates(
         groups,
-        isolate=group_policy == "isolate",
+        isolate=policy == "isolate",
         root_ok=root.admits if root is not None else None,
         same_subtree=subtrees,
-        limit=limit,
+        limit=most,
+        nested_aware=version.matches(*TREE_IN_SUMMARIES_SINCE),
     )
     dict_form = version.matches(*DICT_FORM_SINCE)
     requests: list[dict[str, Any]] = []
@@ -391,6 +421,12 @@ def allocation_candidates(
                 }
             )
     in_requests = {u for c in found.requests for u in c.allocations}
+    # Before 1.27 a summary shows only the classes the request names.
+    shown = (
+        None
+        if version.matches(*ALL_CLASSES_IN_SUMMARIES_SINCE)
+        else summed(g.amounts for g in groups)
+    )
     summaries: dict[str, Any] = {}
     for uuid, provider in found.providers.items():
         if uuid not in in_requests and not version.matches(*TREE_IN_SUMMARIES_SINCE):
@@ -398,11 +434,15 @@ def allocation_candidates(
         summary: dict[str, Any] = {
             "resources": {
                 name: {"capacity": inv.capacity, "used": provider.used.get(name, 0)}
-                for name, inv in sorted(provider.inventories.items())
+                for name, inv in in_class_order(provider.inventories).items()
+                if shown is None or name in shown
             }
         }
         if version.matches(*SUMMARY_TRAITS_SINCE):
-            summary["traits"] = sorted(provider.traits)
+            # Placement's order: its standard traits (made first) before custom ones.
+            summary["traits"] = sorted(
+                provider.traits, key=lambda t: (t.startswith(CUSTOM_TRAIT_PREFIX), t)
+            )
         if version.matches(*TREE_IN_SUMMARIES_SINCE):
             summary["parent_provider_uuid"] = provider.parent_uuid
             summary["root_provider_uuid"] = found.roots[provider.id]
@@ -418,12 +458,29 @@ def allocation_candidates(
 allocation_candidates.query_pattern = _SUFFIXED  # type: ignore[attr-defined]
 
 
+def _limit(values: list[str], version: Version) -> int | None:
+    """``limit`` as Placement reads it: the first one given, a positive integer."""
+    if not values:
+        return None
+    if not version.matches(*LIMIT_SINCE):
+        raise queries.too_new("limit")
+    if not values[0].isdigit() or int(values[0]) < 1:
+        raise ValidationError(
+            f"Invalid query string parameters: {values[0]!r} does not match '^[1-9][0-9]*$'. "
+            "Failed validating 'pattern'",
+            field="query.limit",
+        )
+    return int(values[0])
+
+
 def _request_groups(
-    lm: Loadmaster, request: Request, version: Version
+    lm: Loadmaster, request: Request, version: Version, subtrees: list[list[str]]
 ) -> tuple[list[RequestGroup], set[str]]:
     """The unnumbered group from ``resources``, ``required``, ``member_of``, ``in_tree``,
     and each numbered one from the same names with its suffix (1.25; any suffix from
-    1.33, numbers before); and every trait their ``required`` names."""
+    1.33, numbers before); and every trait their ``required`` names. A group without
+    resources is refused in Placement's words, but from 1.36 a numbered one that
+    ``same_subtree`` names (it then only places its provider in the subtree)."""
     params = request.query_params
     known = {rc.name for rc in lm.resource_classes.list()}
     suffixes: list[str] = []
@@ -432,10 +489,10 @@ def _request_groups(
         if match is None:
             continue  # the route's own parameters; no_unknown_query refused the rest
         suffix = match.group(2)
-        if not version.matches(*GRANULAR_SINCE) or (
-            not suffix.isdigit() and not version.matches(*ANY_SUFFIX_SINCE)
-        ):
+        if not version.matches(*GRANULAR_SINCE):
             raise queries.too_new(key)
+        if not version.matches(*ANY_SUFFIX_SINCE) and not _NUMBERED.match(suffix):
+            raise queries.unmatched(key)
         if suffix not in suffixes:
             suffixes.append(suffix)
     groups = []
@@ -445,32 +502,95 @@ def _request_groups(
         traits = params.getlist(f"required{suffix}")
         aggregates = params.getlist(f"member_of{suffix}")
         tree = params.get(f"in_tree{suffix}")
-        if not amounts:
-            if suffix and (traits or aggregates or tree):
-                raise ValidationError(
-                    f"All request groups must specify resources: group {suffix!r} has none.",
-                    field=f"query.resources{suffix}",
-                )
-            if suffix or not (traits or aggregates or tree):
-                continue
+        if not (amounts or traits or aggregates or tree is not None):
+            continue
         if tree is not None:
             if not version.matches(*IN_TREE_CANDIDATES_SINCE):
                 raise queries.too_new(f"in_tree{suffix}")
-            tree = queries.uuid_param(tree, f"in_tree{suffix}")
+            try:
+                tree = str(uuidlib.UUID(tree))
+            except ValueError:
+                raise ValidationError(
+                    "Invalid query string parameters: Expected 'in_tree' parameter to be a "
+                    f"format of uuid. Got: {tree}",
+                    field=f"query.in_tree{suffix}",
+                ) from None
         wanted = queries.required(traits, version, since=queries.REQUIRED_CANDIDATES_SINCE)
-        named |= wanted.names()
-        groups.append(
-            RequestGroup(
-                suffix,
-                amounts,
-                wanted.admits,
-                queries.member_of(aggregates, version).admits,
-                tree,
+        conflicting = [w for w in (wanted.all_of, *wanted.any_of) if w and w <= wanted.none_of]
+        if conflicting and version.matches(*queries.REQUIRED_FORBIDDEN_SINCE):
+            raise ValidationError(
+                "Conflicting required and forbidden traits found in the following traits "
+                "keys: "
+                + ", ".join(
+                    sorted(f"required{suffix}: ({', '.join(sorted(c))})" for c in conflicting)
+                ),
+                field=f"query.required{suffix}",
             )
-        )
-    if not any(g.amounts for g in groups):
+        named |= wanted.names()
+        rule = queries.member_of(aggregates, version, since=MEMBER_OF_CANDIDATES_SINCE)
+        groups.append(RequestGroup(suffix, amounts, wanted, rule, tree))
+    _check_resourceless(groups, version, subtrees)
+    return groups, named
+
+
+def _check_resourceless(
+    groups: list[RequestGroup], version: Version, subtrees: list[list[str]]
+) -> None:
+    """Placement's rules for groups without ``resources``, and for ``same_subtree``'s
+    suffixes, in its words."""
+    resourceless = [g for g in groups if not g.amounts]
+    if version.matches(*SAME_SUBTREE_SINCE):
+        if len(resourceless) == len(groups):
+            raise MissingQueryValue(
+                "There must be at least one resources or resources[$S] parameter.",
+                field="query.resources",
+            )
+        in_subtrees = {n for names in subtrees for n in names}
+        bad = [g.suffix for g in resourceless if g.suffix not in in_subtrees]
+        if bad:
+            raise BadQueryValue(
+                "Resourceless suffixed group request should be specified in `same_subtree` "
+                f"query param: bad group(s) - {bad}.",
+                field="query.same_subtree",
+            )
+        suffixes = {g.suffix for g in groups}
+        unknown = [n for names in subtrees for n in names if n not in suffixes]
+        if unknown:
+            raise BadQueryValue(
+                f"Real suffixes should be specified in `same_subtree`: {unknown} not found "
+                f"in {sorted(s for s in suffixes if s)}.",
+                field="query.same_subtree",
+            )
+        return
+    orphans = {
+        "traits": [f"required{g.suffix}" for g in resourceless if g.required.names()],
+        "member_of": [
+            f"member_of{g.suffix}"
+            for g in resourceless
+            if g.member_of.any_of or g.member_of.none_of
+        ],
+    }
+    for kind, keys in orphans.items():
+        if keys:
+            # Placement's two sentences, spaced as it spaces them.
+            gap = "  " if kind == "traits" else " "
+            raise ValidationError(
+                f"All {kind} parameters must be associated with resources.{gap}Found the "
+                f"following orphaned {kind} keys: {', '.join(keys)}",
+                field=f"query.{keys[0]}",
+            )
+    if resourceless:
         raise ValidationError(
-            "At least one request group (`resources` or `resources{N}`) is required.",
+            "All request groups must specify resources.",
+            field=f"query.resources{resourceless[0].suffix}",
+        )
+    if not groups and not version.matches(*GRANULAR_SINCE):
+        raise ValidationError(
+            "Invalid query string parameters: 'resources' is a required property",
             field="query.resources",
         )
-    return groups, named
+    if not groups:
+        raise ValidationError(
+            "At least one request group (`resources` or `resources{$S}`) is required.",
+            field="query.resources",
+        )

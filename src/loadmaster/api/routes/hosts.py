@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
-from loadmaster.api.responses import HostList, HostOut
+from loadmaster.api.responses import HostClassUsages, HostList, HostOut
 from loadmaster.api.schemas import (
     HostAggregatesPut,
     HostCreate,
@@ -69,3 +69,13 @@ def set_host_aggregates(lm: LM, host_name: str, body: HostAggregatesPut) -> Host
     aggregates need not be uuids, as Placement's must."""
     generation = body.resource_provider_generation
     return views.host(lm.hosts.set_aggregates(host_name, body.aggregates, generation=generation))
+
+
+@router.get("/hosts/{host_name}/usages", response_model=HostClassUsages)
+def host_usages(lm: LM, host_name: str) -> HostClassUsages:
+    """Per class: capacity, and what is used split into active and pending records."""
+    host = lm.hosts.get(host_name)
+    return HostClassUsages(
+        resource_provider_generation=host.generation,
+        classes=views.usage(lm.hosts.usage(host.uuid)),
+    )

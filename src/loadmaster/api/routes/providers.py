@@ -132,7 +132,7 @@ def list_providers(
         if not version.matches(*queries.IN_TREE_SINCE):
             raise queries.too_new("in_tree")
         tree = queries.uuid_param(in_tree, "in_tree")
-    hosts = lm.hosts.list(name=name, uuid=wanted_uuid, in_tree=tree)
+    hosts = lm.hosts.list(name=name, uuid=wanted_uuid, in_tree=tree, by_creation=True)
     return {
         "resource_providers": [
             views.provider(h, version)
@@ -357,7 +357,7 @@ def put_aggregates(lm: LM, provider: str, body: AggregatesPut | list[Name]) -> d
             "validating 'uniqueItems'",
             field="aggregates",
         )
-    host = lm.hosts.set_aggregates(provider, uuids, generation=generation)
+    host = lm.hosts.set_aggregates(provider, uuids, generation=generation, bump=with_generation)
     return _aggregates_view(host, uuids)  # in the order written, as Placement echoes them
 
 
@@ -372,11 +372,11 @@ def _aggregates_view(host: HostRecord, aggregates: Sequence[str] | None = None) 
 
 @router.get(PROVIDER + "/usages", response_model=ProviderUsagesOut)
 def get_usages(lm: LM, provider: str) -> dict[str, Any]:
-    """Placement's ``usages`` (used per class, pending counted), plus the split."""
+    """Placement's ``usages``: used per class, pending counted (the split of each into
+    active and pending is loadmaster's ``GET /hosts/{host}/usages``)."""
     host = lm.hosts.get(provider)
     split = views.usage(lm.hosts.usage(host.uuid))
     return {
         "resource_provider_generation": host.generation,
         "usages": {name: u.used for name, u in split.items()},
-        "classes": split,
     }

@@ -81,7 +81,7 @@ def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
     """Inventories, usage per class (pending counted as used) and its agent's status."""
     client = api()
     host = client.get(f"/hosts/{name}")
-    usages = client.get(f"/resource_providers/{name}/usages")
+    usages = client.get(f"/hosts/{name}/usages")
     inventories = client.get(f"/resource_providers/{name}/inventories")["inventories"]
     agent = client.get(f"/hosts/{name}/agent")
     data = {**host, "inventories": inventories, "usages": usages["classes"], "agent": agent}
