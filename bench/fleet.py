@@ -409,6 +409,7 @@ def main() -> None:
             for build, backend, hosts in runs:
                 started = time.monotonic()
                 results.append(run(args, build, backend, hosts, work))
+                report(results[-1:])  # as it comes: a run cut short keeps the others
                 print(
                     f"  {build.name}, {backend}, {hosts} hosts: {time.monotonic() - started:.0f} s "
                     f"({machine()})",
