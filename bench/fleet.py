@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
 from sqlalchemy import insert, select
 
@@ -125,9 +126,17 @@ def peak_rss_mib(pids: list[int]) -> float:
 
 
 def requests_answered(api: ServedApi, *only: str) -> float:
-    """Requests the server answered (its /metrics), those whose labels say all of ``only``."""
-    with api.client(timeout=120) as http:
-        text = http.get("/metrics").text
+    """Requests the server answered (its /metrics), those whose labels say all of ``only``.
+    A server busy with a fleet's first contacts may not accept at once: asked again."""
+    for attempt in range(10):
+        try:
+            with api.client(timeout=60) as http:
+                text = http.get("/metrics").text
+            break
+        except httpx.TransportError:
+            if attempt == 9:
+                raise
+            time.sleep(2)
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
