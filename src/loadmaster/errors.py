@@ -48,6 +48,13 @@ class DuplicateQueryKey(ValidationError):
     code = "loadmaster.query.duplicate_key"
 
 
+class UnknownProviderInBody(ValidationError):
+    """A request body names a provider that does not exist, where the request itself is
+    then wrong (a reshape), not a path to nothing."""
+
+    code = "loadmaster.invalid.unknown_provider"
+
+
 class NotFound(LoadmasterError):
     code = "loadmaster.not_found"
     title = "Not found"

@@ -46,6 +46,7 @@ from loadmaster.errors import (
     NoValidHost,
     PluginFailed,
     StoreUnavailable,
+    UnknownProviderInBody,
     ValidationError,
 )
 from loadmaster.shapes import field_path
@@ -172,6 +173,7 @@ PLACEMENT_CODES = {
     HostHasChildren.code: "placement.resource_provider.cannot_delete_parent",
     HostInUse.code: "placement.resource_provider.inuse",
     InventoryInUse.code: "placement.inventory.inuse",
+    UnknownProviderInBody.code: "placement.resource_provider.not_found",
     MissingQueryValue.code: "placement.query.missing_value",
     BadQueryValue.code: "placement.query.bad_value",
     DuplicateQueryKey.code: "placement.query.duplicate_key",
@@ -503,8 +505,10 @@ async def no_unknown_query(request: Request) -> None:
     pattern = getattr(route.endpoint, "query_pattern", None)
     for name in request.query_params:
         if name not in known and not (pattern is not None and pattern.match(name)):
-            if pattern is not None and microversion.current().matches(*PATTERN_PARAMS_SINCE):
-                raise queries.unmatched(name)
+            version = microversion.current()
+            if pattern is not None and version.matches(*PATTERN_PARAMS_SINCE):
+                regexes = getattr(route.endpoint, "query_regexes", None)
+                raise queries.unmatched(name, regexes(version) if regexes else ())
             raise ValidationError(
                 # Placement's words first, which its clients look for.
                 "Invalid query string parameters: Additional properties are not allowed "

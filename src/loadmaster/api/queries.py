@@ -71,7 +71,8 @@ def member_of(
             value = value[3:]
         elif "," in value:
             raise _bad(
-                "Multiple values for 'member_of' must be prefixed with the 'in:' keyword. "
+                "Multiple values for 'member_of' must be prefixed with the 'in:' or '!in:' "
+                "keyword using the valid microversion. "
                 f"Got: {raw}"
             )
         if forbidden and value.startswith("!"):
@@ -84,12 +85,14 @@ def member_of(
     return MemberOf(tuple(any_of), frozenset(none_of))
 
 
-def unmatched(name: str) -> ValidationError:
+def unmatched(name: str, patterns: Sequence[str] = ()) -> ValidationError:
     """A parameter none of a route's open-ended name patterns takes (``resources1@``), as
-    Placement's schema with ``patternProperties`` says it."""
+    Placement's schema with ``patternProperties`` says it: jsonschema's words, the
+    patterns (Placement's regexes for the request's microversion) sorted and quoted."""
+    listed = ", ".join(repr(p) for p in sorted(patterns))
     return ValidationError(
-        "Invalid query string parameters: Additional properties are not allowed "
-        f"({name!r} does not match any of the regexes)",
+        f"Invalid query string parameters: {name!r} does not match any of the regexes"
+        + (f": {listed}" if listed else ""),
         field=f"query.{name}",
     )
 

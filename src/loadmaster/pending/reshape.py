@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.host_rows import locked_host, write_inventories
-from loadmaster.errors import Conflict
+from loadmaster.errors import Conflict, NotFound, UnknownProviderInBody, ValidationError
 from loadmaster.pending import consumers
 from loadmaster.pending.trees import with_roots
 from loadmaster.resources import Inventory
@@ -56,10 +56,19 @@ def reshape(
         session,
         with_roots(
             session,
-            {lookup.host_row(session, i.provider).id for i in inventories}
+            {_provider(session, i.provider).id for i in inventories}
             | consumers.hosts_touched(session, writes, moving),
         ),
     )
+    known = lookup.class_ids(session)
+    for item in inventories:
+        for name in item.inventories:
+            if name not in known:
+                # The body is wrong, not a path to nothing: Placement's 400 and words.
+                raise ValidationError(
+                    f"No such resource class {name}.",
+                    field=f"inventories.{item.provider}.inventories.{name}",
+                )
     reshaped = []
     for item in sorted(inventories, key=lambda i: i.provider):
         row = locked_host(session, item.provider, item.generation)
@@ -68,3 +77,12 @@ def reshape(
         reshaped.append(row.id)
     consumers.write(session, writes)
     mark_changed(session, with_roots(session, set(reshaped)))
+
+
+def _provider(session: Session, uuid: str) -> lookup.HostRow:
+    """A provider whose inventories the reshape replaces; one that does not exist makes
+    the body wrong (Placement answers 400 ``placement.resource_provider.not_found``)."""
+    try:
+        return lookup.host_row(session, uuid, field=f"inventories.{uuid}")
+    except NotFound as error:
+        raise UnknownProviderInBody(error.detail, field=error.field) from None

@@ -219,6 +219,8 @@ def _parse(consumer: str, body: Any, where: str, *, empty_ok: bool) -> ConsumerW
             where + "allocations",
             "minProperties",
         )
+    if "mappings" in body:
+        _mappings(body["mappings"], where + "mappings")
     generation = body.get("consumer_generation", UNCHECKED)
     if generation is not None and not isinstance(generation, int):
         raise _invalid(f"{generation!r} is not of type 'integer'", where + "consumer_generation")
@@ -228,8 +230,46 @@ def _parse(consumer: str, body: Any, where: str, *, empty_ok: bool) -> ConsumerW
         _text(body.get("project_id", INCOMPLETE_CONSUMER), where + "project_id"),
         _text(body.get("user_id", INCOMPLETE_CONSUMER), where + "user_id"),
         generation,
-        _text(body["consumer_type"], where + "consumer_type") if "consumer_type" in body else None,
+        _consumer_type(body["consumer_type"], where + "consumer_type")
+        if "consumer_type" in body
+        else None,
     )
+
+
+def _consumer_type(value: Any, field: str) -> str:
+    """A consumer type as Placement's schema takes it: upper-case letters, digits, ``_``."""
+    text = _text(value, field)
+    if not CLASS_NAME.match(text):
+        raise _invalid(f"{text!r} does not match {CLASS_NAME.pattern!r}", field, "pattern")
+    return text
+
+
+def _mappings(raw: Any, field: str) -> None:
+    """``mappings`` (1.34) as Placement's schema judges it: request group suffixes to
+    non-empty lists of provider uuids. loadmaster keeps no mappings; a malformed one is
+    still refused, before any generation is compared, as Placement refuses it."""
+    if not isinstance(raw, dict):
+        raise _invalid(f"{raw!r} is not of type 'object'", field, "type")
+    if not raw:
+        raise _invalid(
+            "{} does not have enough properties (should be non-empty)", field, "minProperties"
+        )
+    for suffix, uuids in raw.items():
+        # Placement's pattern is unanchored: a key with any such character is a group.
+        if not _GROUP_CHAR.search(suffix):
+            continue
+        where = f"{field}.{suffix}"
+        if not isinstance(uuids, list):
+            raise _invalid(f"{uuids!r} is not of type 'array'", where, "type")
+        if not uuids:
+            raise _invalid("[] is too short", where, "minItems")
+        for item in uuids:
+            if not isinstance(item, str):
+                raise _invalid(f"{item!r} is not of type 'string'", where, "type")
+            try:
+                uuidlib.UUID(item)
+            except ValueError:
+                raise _invalid(f"{item!r} is not a 'uuid'", where, "format") from None
 
 
 def _allocations(raw: Any, dict_form: bool, where: str) -> dict[str, dict[str, int]]:
@@ -314,7 +354,18 @@ ALL_CLASSES_IN_SUMMARIES_SINCE = (1, 27)
 MEMBER_OF_CANDIDATES_SINCE = (1, 21)
 CUSTOM_TRAIT_PREFIX = "CUSTOM_"
 _NUMBERED = re.compile(r"^[1-9][0-9]*$")  # suffixes before 1.33
+_GROUP_CHAR = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # Placement's mappings key pattern
 _SUFFIXED = re.compile(r"^(resources|required|member_of|in_tree)([A-Za-z0-9_-]{1,64})$")
+
+
+def _group_regexes(version: Version) -> list[str]:
+    """The name patterns Placement's schema gives request groups at ``version``, which
+    its message for a parameter none of them takes lists."""
+    kinds = ["resources", "required", "member_of"]
+    if version.matches(*IN_TREE_CANDIDATES_SINCE):
+        kinds.append("in_tree")
+    suffix = "[a-zA-Z0-9_-]{1,64}" if version.matches(*ANY_SUFFIX_SINCE) else "[1-9][0-9]*"
+    return [f"^{kind}({suffix})?$" for kind in kinds]
 
 
 @router.get(
@@ -372,11 +423,7 @@ def allocation_candidates(
     root = None
     if root_required:
         if not version.matches(*ROOT_REQUIRED_SINCE):
-            raise ValidationError(
-                "Invalid query string parameters: Additional properties are not allowed "
-                "('root_required' does not match any of the regexes)",
-                field="query.root_required",
-            )
+            raise queries.unmatched("root_required", _group_regexes(version))
         if len(root_required) > 1:
             raise DuplicateQueryKey(
                 "Query parameter 'root_required' may be specified only once.",
@@ -456,6 +503,7 @@ def allocation_candidates(
 
 
 allocation_candidates.query_pattern = _SUFFIXED  # type: ignore[attr-defined]
+allocation_candidates.query_regexes = _group_regexes  # type: ignore[attr-defined]
 
 
 def _limit(values: list[str], version: Version) -> int | None:
@@ -492,7 +540,7 @@ def _request_groups(
         if not version.matches(*GRANULAR_SINCE):
             raise queries.too_new(key)
         if not version.matches(*ANY_SUFFIX_SINCE) and not _NUMBERED.match(suffix):
-            raise queries.unmatched(key)
+            raise queries.unmatched(key, _group_regexes(version))
         if suffix not in suffixes:
             suffixes.append(suffix)
     groups = []
