@@ -249,10 +249,11 @@ async def run_fleet(
     start_at: float | None = None,
     spread: float = 5.0,
     verbose: bool = False,
+    stop_on: int | None = None,
 ) -> FleetStats:
-    """Every agent runs until ``duration`` s after ``start_at`` (default now), or SIGTERM,
-    the first polls spread at random over ``spread`` s, as agents started by their hosts
-    would."""
+    """Every agent runs until ``duration`` s after ``start_at`` (default now), or the
+    signal ``stop_on`` (main thread only), the first polls spread at random over
+    ``spread`` s, as agents started by their hosts would."""
     stats = FleetStats()
     begin = start_at if start_at is not None else time.monotonic()
     until = begin + duration
@@ -273,12 +274,14 @@ async def run_fleet(
 
     reporter = asyncio.create_task(progress()) if verbose else None
     agents = [asyncio.create_task(one(h)) for h in hosts]
-    # SIGTERM ends the run early (the benchmark is done with the fleet): what was
-    # counted so far is the answer.
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, lambda: [a.cancel() for a in agents])
+    if stop_on is not None:
+        # The signal ends the run early (the benchmark is done with the fleet): what was
+        # counted so far is the answer.
+        loop.add_signal_handler(stop_on, lambda: [a.cancel() for a in agents])
     outcomes = await asyncio.gather(*agents, return_exceptions=True)
-    loop.remove_signal_handler(signal.SIGTERM)
+    if stop_on is not None:
+        loop.remove_signal_handler(stop_on)
     if reporter is not None:
         reporter.cancel()
     failures = [o for o in outcomes if isinstance(o, Exception)]
@@ -313,6 +316,7 @@ def main() -> None:
             start_at=args.start_at,
             spread=args.spread,
             verbose=args.verbose,
+            stop_on=signal.SIGTERM,
         )
     )
     json.dump(stats.as_dict(), sys.stdout)

@@ -110,7 +110,9 @@ def test_agents_come_back_after_the_server_is_killed_and_restarted(tmp_path: Pat
     assert stats is not None
     back = {h: t - restarted for h, t in stats.polled.items() if t > restarted}
     assert len(back) == hosts, f"{hosts - len(back)} agents never came back"
-    assert not [s for s in stats.statuses if s.split()[-1].startswith("5")], stats.statuses
+    # 503 is a turn given for later (Retry-After), never a failure; anything else 5xx is.
+    failed = [s for s in stats.statuses if s.split()[-1].startswith("5")]
+    assert [s for s in failed if not s.endswith(" 503")] == [], stats.statuses
     with loadmaster.open(url) as lm:
         assert {v.state for v in lm.vms.list()} == {"running"}, "a VM was stopped or lost"
         assert audit(lm.store) == []
