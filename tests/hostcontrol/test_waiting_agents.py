@@ -181,8 +181,9 @@ def test_a_waiter_whose_client_hangs_up_stops_at_once(served: Served) -> None:
     for sock in sockets:
         sock.close()
     started = time.monotonic()
-    wait_until(lambda: served.watch.waiting() == 0, 2, "every hung-up waiter gone")
-    assert time.monotonic() - started < 2
+    # At once, against the 55 s they asked for; the bound leaves room for a loaded machine.
+    wait_until(lambda: served.watch.waiting() == 0, 5, "every hung-up waiter gone")
+    assert time.monotonic() - started < 5
     # Gone means costing nothing: the process serves its readers as fast as before.
     with httpx.Client(base_url=served.url) as http:
         assert http.get("/vms").status_code == 200

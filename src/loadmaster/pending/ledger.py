@@ -13,6 +13,7 @@ report) and ``usage`` (reads). Locks and generations are ``store.locking``'s.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterable, Sequence, Set
 from datetime import datetime
@@ -118,27 +119,20 @@ class Ledger:
         changes nothing (a host starting with nothing to say, a repeated list) takes no
         write transaction, which SQLite would serialise with every claim."""
         present, launching = list(present), list(launching)
+        judge = functools.partial(
+            reconcile.reconcile,
+            host=host,
+            present=present,
+            as_of=as_of,
+            seen_generation=seen_generation,
+            launching=launching,
+        )
         with self._store.read() as session:
-            judged = reconcile.reconcile(
-                session,
-                host,
-                present,
-                as_of=as_of,
-                seen_generation=seen_generation,
-                launching=launching,
-                dry_run=True,
-            )
+            judged = judge(session, dry_run=True)
         if not (judged.activated or judged.released or judged.stopped):
             return judged
         with self._store.write() as session:
-            return reconcile.reconcile(
-                session,
-                host,
-                present,
-                as_of=as_of,
-                seen_generation=seen_generation,
-                launching=launching,
-            )
+            return judge(session)
 
     # -- reading -----------------------------------------------------------------------
     def allocations(
