@@ -24,7 +24,7 @@ from loadmaster.cluster.host_rows import parse_inventories
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
-from loadmaster.hostcontrol.watch import HostWatch
+from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import Inventory
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
@@ -418,21 +418,26 @@ class HostControl:
         the watcher's cache in a server (one tick behind other processes at most; a
         report that repeats the last one is a no-op whatever changed since, this only
         narrows it further), else from the database."""
-        found = self.watch.cached_host(host) if self.watch is not None else None
-        if self.watch is not None and found is not None:
-            return self.watch.cached_generation(host) or 0, self.watch.commits(found.id)
-        return self.generation(host), 0
+        watched = self._watched(host)
+        if watched is None:
+            return self.generation(host), 0
+        watch, found = watched
+        return watch.cached_generation(host) or 0, watch.commits(found.id)
 
     def _commits(self, host: str) -> int:
+        watched = self._watched(host)
+        return watched[0].commits(watched[1].id) if watched is not None else 0
+
+    def _watched(self, host: str) -> tuple[HostWatch, WatchedHost] | None:
+        """The server's watcher and its cached host, if there is one of each."""
         found = self.watch.cached_host(host) if self.watch is not None else None
-        return self.watch.commits(found.id) if self.watch is not None and found else 0
+        return (self.watch, found) if self.watch is not None and found is not None else None
 
     def _heard(self, host: str) -> None:
-        if self.watch is not None:
-            found = self.watch.cached_host(host)
-            if found is not None:
-                self.watch.heard(found.id)
-                return
+        watched = self._watched(host)
+        if watched is not None:
+            watched[0].heard(watched[1].id)
+            return
         with self._store.write() as session:
             row = lookup.host_row(session, host)
             agent = session.get(HostAgentRow, row.id)
