@@ -54,6 +54,11 @@ class Connection:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
+    async def connect(self) -> None:
+        """Open the connection now, so that a caller can time a request without its connect."""
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+
     async def request(
         self,
         method: str,
@@ -78,9 +83,8 @@ class Connection:
     async def _exchange(
         self, method: str, path: str, body: Any, headers: dict[str, str] | None
     ) -> tuple[int, dict[str, str], bytes]:
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
-        assert self._reader is not None
+        await self.connect()
+        assert self._reader is not None and self._writer is not None
         payload = json.dumps(body).encode() if body is not None else b""
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self.auth}"
