@@ -1,7 +1,8 @@
-"""``GET /allocation_candidates`` over HTTP at 1,000 and 10,000 hosts (issue #12).
+"""``GET /allocation_candidates`` over HTTP at 1,000 and 10,000 hosts (issues #12, #25).
 
 Usage: .venv/bin/python bench/candidates.py [--hosts 1000 10000] [--requests 20]
                                            [--workload flat trees]
+                                           [--baseline-ref REF | --no-baseline]
 
 The cluster is Placement's benchmark's: per host VCPU 64 at ratio 4.0, MEMORY_MB 262,144
 with 4,096 reserved, DISK_GB 2,000, CUSTOM_GPU 4 on 10 % of the hosts; a fifth of the
@@ -18,13 +19,21 @@ MEMORY_MB 131,072 each, the second with ``HW_CPU_X86_AVX512F``), and one sharing
 queries: the same resources (every NUMA combination of each host: 4 candidates a host),
 the same with ``required=HW_CPU_X86_AVX512F`` (the combinations that take VCPU or memory
 from the second node: 3 a host), and with ``limit=50``. Each line prints how many candidates the query gave.
+
+Two builds run side by side on the same cluster: this checkout and ``--baseline-ref``
+(default: the commit issue #25 starts from, whose tree search gave one candidate a tree).
+Each build builds its own database with its own code, then serves it; the ratio column is
+current / baseline of the medians. The CPU model and load average are printed with each row.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +45,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import ServedApi  # noqa: E402
-from single_placement import FLAVOR, host_spec  # noqa: E402
+from harness import ServedApi, machine, run_worker  # noqa: E402
+from single_placement import FLAVOR, Build, baseline_checkout, host_spec  # noqa: E402
+
+ISSUE_START = "2f2a0d7"
 
 QUERY = {"resources": "VCPU:4,MEMORY_MB:8192,DISK_GB:40"}
 QUERIES = {
@@ -99,37 +110,72 @@ def build_trees(db: str, hosts: int) -> None:
     lm.close()
 
 
+BUILDERS = {"flat": build, "trees": build_trees}
+
+
+def measure(api: ServedApi, params: dict[str, object], requests: int) -> tuple[int, list[float]]:
+    """How many candidates the query gives, and the seconds each of ``requests`` calls took
+    after one warm-up call."""
+    with api.client(timeout=300) as http:
+        http.get("/allocation_candidates", params=params).raise_for_status()
+        times = []
+        count = 0
+        for _ in range(requests):
+            started = time.perf_counter()
+            answer = http.get("/allocation_candidates", params=params)
+            times.append(time.perf_counter() - started)
+            answer.raise_for_status()
+            count = len(answer.json()["allocation_requests"])
+    return count, times
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        # The database is built by the build under test, with its own schema and code.
+        _, workload, hosts, db = sys.argv[1:]
+        BUILDERS[workload](db, int(hosts))
+        print(json.dumps({"built": db}))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[1000, 10_000])
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--workload", nargs="+", choices=tuple(QUERIES), default=list(QUERIES))
+    parser.add_argument("--baseline-ref", default=ISSUE_START)
+    parser.add_argument("--no-baseline", action="store_true")
     args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lm-candidates-"))
+    builds = [Build("current", ROOT / "src")]
+    if not args.no_baseline:
+        builds.insert(0, baseline_checkout(args.baseline_ref, work / "baseline"))
     print(
-        f"{'workload':>8} {'hosts':>7} {'query':>10} {'candidates':>11} "
-        f"{'median ms':>10} {'p95 ms':>8}"
+        f"{'workload':>8} {'hosts':>7} {'query':>10} {'build':>16} {'candidates':>11} "
+        f"{'median ms':>10} {'p95 ms':>8} {'x baseline':>10}  machine"
     )
-    builders = {"flat": build, "trees": build_trees}
-    with tempfile.TemporaryDirectory() as work:
+    try:
         for workload, hosts in itertools.product(args.workload, args.hosts):
-            db = f"sqlite:///{Path(work) / f'{workload}{hosts}.db'}"
-            builders[workload](db, hosts)
-            with ServedApi(db, 1) as api, api.client(timeout=120) as http:
-                for label, params in QUERIES[workload]:
-                    http.get("/allocation_candidates", params=params).raise_for_status()
-                    times = []
-                    count = 0
-                    for _ in range(args.requests):
-                        started = time.perf_counter()
-                        answer = http.get("/allocation_candidates", params=params)
-                        times.append(time.perf_counter() - started)
-                        answer.raise_for_status()
-                        count = len(answer.json()["allocation_requests"])
-                    print(
-                        f"{workload:>8} {hosts:>7,} {label:>10} {count:>11,} "
-                        f"{statistics.median(times) * 1000:>10.0f} "
-                        f"{float(np.percentile(times, 95)) * 1000:>8.0f}"
-                    )
+            medians: dict[str, float] = {}
+            for n, build_ in enumerate(builds):
+                db = f"sqlite:///{work / f'{workload}{hosts}-{n}.db'}"
+                run_worker(__file__, workload, str(hosts), db, env=build_.env(), label=build_.name)
+                with ServedApi(db, 1, env=build_.env()) as api:
+                    for label, params in QUERIES[workload]:
+                        count, times = measure(api, params, args.requests)
+                        median = statistics.median(times) * 1000
+                        base = medians.setdefault(label, median)
+                        print(
+                            f"{workload:>8} {hosts:>7,} {label:>10} {build_.name:>16} "
+                            f"{count:>11,} {median:>10.0f} "
+                            f"{float(np.percentile(times, 95)) * 1000:>8.0f} "
+                            f"{median / base:>10.2f}  {machine()}",
+                            flush=True,
+                        )
+    finally:
+        if not args.no_baseline:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")],
+                check=False,
+            )
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

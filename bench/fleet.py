@@ -50,7 +50,7 @@ import numpy as np
 from sqlalchemy import insert, select
 
 import loadmaster
-from harness import ROOT, PrivatePostgres, ServedApi
+from harness import ROOT, PrivatePostgres, ServedApi, machine
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 from loadmaster.store.locking import now
@@ -93,19 +93,6 @@ class Result:
     agents_back: int = 0
     settle_s: float = 0.0
     shed: int = 0
-
-
-def machine() -> str:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown CPU",
-    )
-    load = Path("/proc/loadavg").read_text().split()[:3]
-    return f"{model}, {os.cpu_count()} cores, load average {' '.join(load)}"
 
 
 def cpu_seconds(pids: list[int]) -> float:

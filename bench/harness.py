@@ -46,6 +46,19 @@ def run_worker(
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def machine() -> str:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    return f"{model}, {os.cpu_count()} cores, load average {' '.join(load)}"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
