@@ -305,3 +305,41 @@ def test_a_held_long_poll_keeps_its_agent_heard(served: Served) -> None:
         first = heard()
         time.sleep(1.5)
         assert heard() > first, "a held wait is refreshed"
+
+
+@pytest.mark.postgres
+def test_a_commit_of_another_process_wakes_a_waiter_before_any_tick_on_postgresql(
+    pg_url: str,
+) -> None:
+    """Another process's claim is noticed through PostgreSQL's NOTIFY, not at the next read
+    of the clock: with the tick at a minute, the waiter still wakes at once."""
+    import loadmaster
+
+    with loadmaster.open(pg_url) as here, loadmaster.open(pg_url) as elsewhere:
+        here.hosts.create_many([{"name": "h0", "inventories": NODE}])
+        here.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+        watch = HostWatch(here.store, tick_s=60.0)
+
+        async def scenario() -> tuple[str, float]:
+            await watch.start()
+            try:
+                host = await watch.host("h0")
+                never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                waiting = asyncio.create_task(watch.wait(host.id, 50.0, never))
+                while watch.waiting() == 0:
+                    await asyncio.sleep(0.01)
+                # A write of the other Store (its own engine and connections) is not
+                # heard through this one's Store.listen: only the database can tell.
+                vm = await asyncio.to_thread(elsewhere.vms.create, "v0", "small")
+                claimed = time.monotonic()
+                await asyncio.to_thread(elsewhere.allocations.claim, vm.uuid, "h0")
+                outcome = await waiting
+                return outcome, time.monotonic() - claimed
+            finally:
+                await watch.stop()
+
+        started = time.monotonic()
+        outcome, after = asyncio.run(scenario())
+    assert outcome == "changed"
+    assert after < 10.0, f"woken {after:.1f} s after the claim: at a tick, not by a notice"
+    assert time.monotonic() - started < 30.0, "stopping the watcher waited for its tick"
