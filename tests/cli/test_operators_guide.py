@@ -102,3 +102,17 @@ def start(command: str, cwd: Path, env: dict[str, str], port: str) -> subprocess
         stderr=subprocess.DEVNULL,
     )
     return wait_until_healthy(process, port)
+
+
+def test_the_drain_section_names_the_vm_its_run_leaves() -> None:
+    """The prose says which VM cannot move; the run checks the name, not only a count."""
+    section = GUIDE.read_text().split("## Drain a host for maintenance", 1)[1].split("\n## ", 1)[0]
+    prose, _, block = section.partition("```console")
+    drain = next(
+        s for s in steps(f"```console{block}") if s.command.startswith("loadmaster host drain")
+    )
+    stuck = [
+        m.group(1) for line in drain.expected if (m := re.match(r"VM (\S+) fits nowhere", line))
+    ]
+    assert stuck, f"the drain's output in the guide names no VM left: {drain.expected}"
+    assert re.search(rf"`{re.escape(stuck[0])}` cannot move", prose), prose
