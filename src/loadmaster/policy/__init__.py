@@ -52,8 +52,9 @@ Snapshot JSON (``eval_files``; the CLI's ``policy eval --snapshot``)::
 
 Stat values are finite numbers or null (null = the collector could not read it). The
 io_tune limit objects use MOM's six keys: total/read/write_bytes_sec, total/read/write_iops_sec.
-A ``maximum`` or ``guaranteed`` object lacking one of them refuses that guest's IO tune (it
-is listed under ``refused``; the rest of the cycle runs). Every field MOM's collectors
+The policy reading a key a ``maximum`` or ``guaranteed`` object lacks refuses that guest's
+IO tune (it is listed under ``refused``; the rest of the cycle runs); a key never read is
+no problem, as in MOM. Every field MOM's collectors
 know is readable here; the agent narrows that to its configured collectors'
 (``EntitySnapshot.declared``).
 
