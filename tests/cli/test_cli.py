@@ -181,6 +181,8 @@ def test_policy_commands(tmp_path: Path) -> None:
         "missing_stats",
         "left_out",
         "refused",
+        "tick_skipped",
+        "stop_or_migrate",
     }
 
 

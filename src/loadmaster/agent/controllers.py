@@ -13,7 +13,7 @@ One responsibility, over 400 lines: the controllers, one class per control, as M
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -32,7 +32,7 @@ from loadmaster.agent.hypervisor import (
 )
 from loadmaster.agent.plugins import CONTROLLER_GROUP, registered
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
-from loadmaster.tiers import priority_of, tier_of
+from loadmaster.tiers import Tier, priority_of, tier_of
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,7 @@ class StopController(HypervisorController):
             tier = tier_of(guest.tags)
             if not tier.stoppable:
                 out.failures.append(
-                    Failure(self.name, guest.name, f"refused: a {tier.name} VM is never stopped")
+                    Failure(self.name, guest.name, f"refused: {_never_stopped(tier)}")
                 )
                 continue
             force = self._applied.get((guest.uuid, "stop")) == "shutdown"
@@ -368,6 +368,23 @@ class StopController(HypervisorController):
             self._applied[(guest.uuid, "stop")] = how
             out.applied(Action(self.name, guest.name, "stop", how, guest.uuid))
         return out
+
+
+def _never_stopped(tier: Tier) -> str:
+    return f"a {tier.name} VM is never stopped"
+
+
+def stop_or_migrate(tags: Collection[str]) -> str:
+    """Which of ``stop`` and ``migrate``, both set on one guest in a cycle, the agent
+    carries out, and why: its stop controller runs first (``order``) and powers off a VM
+    of a stoppable tier; for any other tier it refuses, and the migration goes ahead."""
+    tier = tier_of(tags)
+    if tier.stoppable:
+        return (
+            f"stop: a {tier.name} VM is powered off; the agent's {StopController.name} "
+            f"controller runs before its {MigrationController.name} controller"
+        )
+    return f"migrate: {_never_stopped(tier)}, so the agent refuses stop and asks to move it"
 
 
 class MigrationController(Controller):
