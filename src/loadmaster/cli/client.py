@@ -74,7 +74,8 @@ class ApiClient(HttpClient):
             fail(str(exc), Exit.UNREACHABLE)
         except ApiError as exc:
             if exc.code:
-                where = f" ({exc.field})" if exc.field else ""
+                # Said once: a detail that names its field already is not followed by it.
+                where = f" ({exc.field})" if exc.field and exc.field not in exc.detail else ""
                 message = f"{exc.detail}{where} [{exc.code}]"
                 explanation = exc.body.get("explanation")
                 if isinstance(explanation, dict):
