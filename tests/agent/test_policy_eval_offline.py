@@ -15,7 +15,12 @@ from test_incomplete_samples import full, without
 from typer.testing import CliRunner
 
 from loadmaster.agent import Agent
-from loadmaster.agent.collectors import CollectorSources, Declaration, named_collectors
+from loadmaster.agent.collectors import (
+    DEFAULT_HISTORY,
+    CollectorSources,
+    Declaration,
+    named_collectors,
+)
 from loadmaster.cli import app
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.policy.entities import HOST_MEMORY_STATS
@@ -89,6 +94,17 @@ def test_statavg_sees_only_the_samples_the_agent_accepted(tmp_path: Path) -> Non
     assert policy_eval(tmp_path, policy, snapshot)["guests"] == {
         "vm-1": {"balloon_target": 433.3333333333333}
     }
+
+
+def test_statavg_sees_as_many_samples_as_an_agent_keeps(tmp_path: Path) -> None:
+    policy = '(with Guests g (g.Control "balloon_target" (g.StatAvg "mem_unused")))'
+    history = [full(mem_unused=1_000_000), *(full(mem_unused=100) for _ in range(DEFAULT_HISTORY))]
+    snapshot = {
+        "host": {"stats": HOST},
+        "guests": [{"name": "vm-1", "stats": history[-1], "history": history}],
+    }
+    out = policy_eval(tmp_path, policy, snapshot, "--collectors", "mom-libvirt")
+    assert out["guests"] == {"vm-1": {"balloon_target": 100.0}}
 
 
 def test_only_the_collectors_fields_are_readable(tmp_path: Path) -> None:

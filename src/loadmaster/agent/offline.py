@@ -5,7 +5,7 @@ applied to the snapshot as ``loop.Agent`` applies it to what its collectors read
 the fields the collectors declare are readable; a host sample lacking a mandatory field
 skips the tick (no control at all); a guest sample lacking one is left out as not
 ready; and ``StatAvg`` sees only the samples of the history the agent would have
-accepted. Without one, every field MOM's collectors know is readable and nothing is
+accepted, the last ``DEFAULT_HISTORY`` of them. Without one, every field MOM's collectors know is readable and nothing is
 left out for readiness (``loadmaster.policy.eval_files``).
 
 Either way, a guest the policy asks both to ``stop`` and to ``migrate`` is given the
@@ -19,7 +19,12 @@ from collections.abc import Iterable, Mapping
 from os import PathLike
 from typing import Any
 
-from loadmaster.agent.collectors import PROPERTY_FIELDS, Declaration, declarations
+from loadmaster.agent.collectors import (
+    DEFAULT_HISTORY,
+    PROPERTY_FIELDS,
+    Declaration,
+    declarations,
+)
 from loadmaster.agent.controllers import stop_or_migrate
 from loadmaster.policy.engine import load_policy_files
 from loadmaster.policy.jsonio import result_to_json, snapshot_from_json
@@ -33,6 +38,8 @@ def _as_collected(
     stats = {k: v for k, v in entity.stats.items() if k not in PROPERTY_FIELDS}
     history = entity.history or (entity.stats,)
     accepted = tuple(s for s in history if declaration.unready(s, entity.properties) is None)
+    # An agent keeps the last DEFAULT_HISTORY of them (its command line cannot change that).
+    accepted = accepted[-DEFAULT_HISTORY:]
     collected = dataclasses.replace(
         entity, stats=stats, history=accepted, declared=declaration.fields
     )
