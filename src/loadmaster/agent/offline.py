@@ -5,8 +5,9 @@ applied to the snapshot as ``loop.Agent`` applies it to what its collectors read
 the fields the collectors declare are readable; a host sample lacking a mandatory field
 skips the tick (no control at all); a guest sample lacking one is left out as not
 ready; and ``StatAvg`` sees only the samples of the history the agent would have
-accepted, the last ``DEFAULT_HISTORY`` of them. Without one, every field MOM's collectors know is readable and nothing is
-left out for readiness (``loadmaster.policy.eval_files``).
+accepted, the last ``DEFAULT_HISTORY`` of them. Without one, every field MOM's
+collectors know is readable and nothing is left out for readiness
+(``loadmaster.policy.eval_files``).
 
 Either way, a guest the policy asks both to ``stop`` and to ``migrate`` is given the
 one the agent's controllers carry out (``controllers.stop_or_migrate``).
