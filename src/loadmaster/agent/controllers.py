@@ -374,16 +374,28 @@ def _never_stopped(tier: Tier) -> str:
     return f"a {tier.name} VM is never stopped"
 
 
-def stop_or_migrate(tags: Collection[str]) -> str:
-    """Which of ``stop`` and ``migrate``, both set on one guest in a cycle, the agent
-    carries out, and why: its stop controller runs first (``order``) and powers off a VM
-    of a stoppable tier; for any other tier it refuses, and the migration goes ahead."""
+def asks(controls: Mapping[str, Any], control: str) -> bool:
+    """Whether the policy requests ``control`` (``stop``, ``migrate``): the value 1,
+    truncated as MOM's controllers do."""
+    value = controls.get(control)
+    return isinstance(value, int | float) and int(value) == 1
+
+
+def stop_wins(controls: Mapping[str, Any], tags: Collection[str]) -> bool:
+    """The policy asks to stop a VM of a stoppable tier: it is powered off and not also
+    sent away, since a move of a VM shutting down would be left in flight, its source
+    no longer running it. Any other tier is never stopped, so a move it is asked goes on."""
+    return asks(controls, "stop") and tier_of(tags).stoppable
+
+
+def stop_or_migrate(controls: Mapping[str, Any], tags: Collection[str]) -> str | None:
+    """For a guest the policy asks both to stop and to migrate, which the agent carries
+    out and why; None when it does not ask both."""
+    if not (asks(controls, "stop") and asks(controls, "migrate")):
+        return None
     tier = tier_of(tags)
-    if tier.stoppable:
-        return (
-            f"stop: a {tier.name} VM is powered off; the agent's {StopController.name} "
-            f"controller runs before its {MigrationController.name} controller"
-        )
+    if stop_wins(controls, tags):
+        return f"stop: a {tier.name} VM is powered off, and not also asked to move"
     return f"migrate: {_never_stopped(tier)}, so the agent refuses stop and asks to move it"
 
 
@@ -406,7 +418,7 @@ class MigrationController(Controller):
         out = ctx.outcome()
         asking = set()
         for guest, _snap, value in self._guest_controls(ctx, "migrate"):
-            if int(value) != 1:
+            if int(value) != 1 or stop_wins(ctx.result.guest_controls[guest.name], guest.tags):
                 continue
             asking.add(guest.uuid)
             if (guest.uuid, "migrate") in self._applied:

@@ -16,7 +16,7 @@ one the agent's controllers carry out (``controllers.stop_or_migrate``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from os import PathLike
 from typing import Any
 
@@ -76,15 +76,6 @@ def evaluate_snapshot(
     out["left_out"] = {**not_ready, **out["left_out"]}
     out["tick_skipped"] = skipped
     tags = {g.name: g.tags for g in guests}
-    out["stop_or_migrate"] = {
-        name: stop_or_migrate(tags[name])
-        for name, controls in result.guest_controls.items()
-        if _asks(controls, "stop") and _asks(controls, "migrate")
-    }
+    decided = {n: stop_or_migrate(c, tags[n]) for n, c in result.guest_controls.items()}
+    out["stop_or_migrate"] = {name: why for name, why in decided.items() if why is not None}
     return out
-
-
-def _asks(controls: Mapping[str, Any], control: str) -> bool:
-    # As the controllers read it: a request is the value 1, truncated like MOM's.
-    value = controls.get(control)
-    return isinstance(value, int | float) and int(value) == 1
