@@ -65,6 +65,11 @@ def test_the_table_puts_every_subclass_before_its_base() -> None:
         ("/flavors", {"name": "f", "resources": {}, "colour": 1}, "colour: is not a field"),
         ("/flavors", {"resources": {}}, "name: is required"),
         (
+            "/flavors",
+            {"name": "n" * 300, "resources": {}},
+            f"name: String should have at most 255 characters, got '{'n' * 56}...",
+        ),
+        (
             "/hosts",
             {"name": "h", "inventories": {"VCPU": {"total": -1}}},
             "inventories.VCPU.total: must be at least 1, got -1",

@@ -283,6 +283,7 @@ def from_validation(
     return ValidationError(f"{field or 'body'}: {message}{suffix}", field=field)
 
 
+_SHOWN_INPUT = 60
 _PLAIN_TYPES = {
     "int_type": "a whole number",
     "int_parsing": "a whole number",
@@ -303,14 +304,17 @@ def _plain_words(error: Mapping[str, Any]) -> str:
     """pydantic's complaint as the reason after the field's name: what was given and
     what is wanted, without schema paths."""
     kind = str(error.get("type"))
-    given = error.get("input")
+    given = repr(error.get("input"))
+    if len(given) > _SHOWN_INPUT:
+        # A reason is one line: a long value is shown by its start.
+        given = given[: _SHOWN_INPUT - 3] + "..."
     ctx = error.get("ctx", {})
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         return "is not a field"
     if kind == "missing":
         return "is required"
     if kind in _PLAIN_TYPES:
-        return f"must be {_PLAIN_TYPES[kind]}, got {given!r}"
+        return f"must be {_PLAIN_TYPES[kind]}, got {given}"
     bounds = {
         "greater_than_equal": ("at least", "ge"),
         "greater_than": ("above", "gt"),
@@ -319,8 +323,8 @@ def _plain_words(error: Mapping[str, Any]) -> str:
     }
     if kind in bounds:
         words, key = bounds[kind]
-        return f"must be {words} {ctx.get(key)}, got {given!r}"
-    return f"{error.get('msg', 'invalid value')}, got {given!r}"
+        return f"must be {words} {ctx.get(key)}, got {given}"
+    return f"{error.get('msg', 'invalid value')}, got {given}"
 
 
 def _schema_words(error: Mapping[str, Any]) -> str:
