@@ -60,6 +60,13 @@ def now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+def iso_utc(stamp: datetime) -> str:
+    """A time as ISO 8601 with its offset, in UTC, as the API and CLI show every time:
+    a reader must not have to guess the zone. A naive time is a stored one, UTC."""
+    aware = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
+    return aware.isoformat()
+
+
 def lock_vms(session: Session, uuids: Iterable[str]) -> dict[str, VmRow]:
     """The VMs by (canonical) uuid, locked in id order; their groups key-shared after."""
     found: dict[str, VmRow] = {}
