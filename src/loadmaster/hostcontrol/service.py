@@ -300,6 +300,9 @@ class HostControl:
                 )
                 .order_by(VmRow.id)
             ).all()
+            if not rows:
+                # Most hosts of an idle fleet: their agents' first reads after a restart.
+                return WorkList(root.name, root.generation, root.state, ())
             flavors = {
                 f.id: f
                 for f in session.scalars(
