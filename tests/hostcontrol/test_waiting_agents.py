@@ -367,3 +367,13 @@ def test_a_commit_of_another_process_wakes_a_waiter_before_any_tick_on_postgresq
     assert outcome == "changed"
     assert after < 10.0, f"woken {after:.1f} s after the claim: at a tick, not by a notice"
     assert time.monotonic() - started < 30.0, "stopping the watcher waited for its tick"
+
+
+def test_metrics_count_the_polls_waiting(served: Served) -> None:
+    """What an operator (and bench/fleet.py after a restart) reads to see the fleet back."""
+    with Pollers(served.url, 40, wait=8.0):
+        wait_until(lambda: served.watch.waiting() == 40, 30, "40 waiting")
+        text = httpx.get(f"{served.url}/metrics", timeout=30).text
+    assert "loadmaster_agent_polls_waiting 40.0" in text, [
+        line for line in text.splitlines() if "polls_waiting" in line
+    ]

@@ -97,7 +97,7 @@ def create_app(
     app.state.lm = service
     # The process's one watcher of host changes, where agents' long-polls wait.
     app.state.watch = HostWatch(service.store)
-    app.state.metrics = Metrics(service)
+    app.state.metrics = Metrics(service, app.state.watch)
     errors.install(app)
     routers = [
         *(

@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loadmaster.hostcontrol import HostWatch
 from loadmaster.scheduler import ScheduleResult
 from loadmaster.service import Loadmaster
 
@@ -86,8 +87,22 @@ class _PendingRecords(Collector):
         return [total, by_host]
 
 
+class _WaitingPolls(Collector):
+    def __init__(self, watch: HostWatch) -> None:
+        self._watch = watch
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        waiting = GaugeMetricFamily(
+            "loadmaster_agent_polls_waiting",
+            "Host agents' long-polls this process holds open now (after a restart: how many "
+            "agents are back in their wait)",
+        )
+        waiting.add_metric([], self._watch.waiting())
+        return [waiting]
+
+
 class Metrics:
-    def __init__(self, lm: Loadmaster) -> None:
+    def __init__(self, lm: Loadmaster, watch: HostWatch) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "loadmaster_http_requests",
@@ -125,6 +140,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_PendingRecords(lm))
+        self.registry.register(_WaitingPolls(watch))
 
     def observe_schedule(self, result: ScheduleResult) -> None:
         for placement in result.placements:
