@@ -21,14 +21,20 @@ them. Then:
 3. the same placements *with* the fleet waiting; on PostgreSQL through the two servers in
    turn. Wake-up: from the start of the ``POST /schedule`` to the moment the host's agent
    read the VM on its work list (time.monotonic is one clock for every process here); on
-   two servers, split into the agent's own server and the other one.
+   two servers, split into the agent's own server and the other one;
+4. (this checkout only) the first server is killed (``kill -9``) and started again on its
+   port: the seconds until all its agents wait on it again (its
+   ``loadmaster_agent_polls_waiting``), with every error they met counted, and every VM
+   placed still running at the end.
 
 Printed per run: hosts, backend, build, idle CPU % of one core (per 1,000 hosts too),
 requests/s while idle, wake-up p50/p99 ms, ``POST /schedule`` p50/p99 ms without and with
-the fleet (and the ratio), the servers' peak RSS, errors (agents' failed or refused
-requests, failed placements), VMs left unclaimed or not running, and the audit's problems.
-The baseline (``--baseline-ref``, default the commit issue #24 starts from) runs the same
-with its own agent cadence (``--legacy`` in fleet_agents.py: a 5 s long-poll, a report
+the fleet (and the ratio), the servers' peak RSS, errors (answers other than
+200, 304 and 503, failed placements; requests no server answered, as when it restarts,
+are listed apart), VMs left unclaimed or not running, the audit's problems,
+and the seconds the agents took to be back after the restart. The baseline
+(``--baseline-ref``, default the commit issue #24 starts from) runs the same with its own
+agent cadence (``--legacy`` in fleet_agents.py: a 5 s long-poll, a report
 every pass, the SLA loop's full report every 15 s) at ``--baseline-hosts``. The figures
 are plotted (idle CPU and wake-up p99 against hosts) to ``--png``.
 """
@@ -50,7 +56,7 @@ import numpy as np
 from sqlalchemy import insert, select
 
 import loadmaster
-from harness import ROOT, PrivatePostgres, ServedApi, machine
+from harness import ROOT, PrivatePostgres, ServedApi, machine, run_worker
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 from loadmaster.store.locking import now
@@ -59,6 +65,14 @@ from loadmaster.store.schema import HostAgentRow, HostRow
 ISSUE_START = "2f2a0d7"
 NODE = {"VCPU": {"total": 64}, "MEMORY_MB": {"total": 262144}}
 AGENT_WAIT_S = 50.0  # the shipped agent's (manager.DEFAULT_WAIT_S)
+RESTART_LIMIT_S = 120.0
+TRANSPORT_ERRORS = (
+    "ConnectionRefusedError",
+    "ConnectionResetError",
+    "IncompleteReadError",
+    "TimeoutError",
+    "BrokenPipeError",
+)
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -88,11 +102,15 @@ class Result:
     schedule_fleet_ms: list[float] = field(default_factory=list)
     rss_mib: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
+    unanswered: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     audit_problems: int = 0
     agents_back: int = 0
     settle_s: float = 0.0
     shed: int = 0
+    # After a kill -9 and restart of the first server: seconds until its agents all wait
+    # again (None: not measured, or not all came back within RESTART_LIMIT_S).
+    back_s: float | None = None
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -131,6 +149,38 @@ def requests_answered(api: ServedApi, *only: str) -> float:
     )
 
 
+def polls_waiting(api: ServedApi) -> float:
+    """The long-polls the server holds open (its /metrics); 0 while it does not answer."""
+    try:
+        with api.client(timeout=10) as http:
+            text = http.get("/metrics").text
+    except httpx.TransportError:
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("loadmaster_agent_polls_waiting ")
+    )
+
+
+def restart(
+    api: ServedApi, url: str, agents: int, env: dict[str, str], log: Path
+) -> tuple[ServedApi, float]:
+    """``kill -9`` the server and start it again on its port, as a crash and its service
+    manager would; the new server, and the seconds until its ``agents`` all wait again
+    (``nan`` if not within ``RESTART_LIMIT_S``)."""
+    api.process.kill()
+    api.process.wait()
+    api.close()
+    begun = time.monotonic()
+    again = ServedApi(url, 1, log_path=log, env=env, port=api.port, token=api.token)
+    while time.monotonic() - begun < RESTART_LIMIT_S:
+        if polls_waiting(again) >= agents:
+            return again, time.monotonic() - begun
+        time.sleep(1)
+    return again, float("nan")
+
+
 def settle(apis: list[ServedApi], hosts: int, timeout: float) -> float:
     """Until every agent has read its first work list; the seconds it took."""
     started = time.monotonic()
@@ -142,7 +192,14 @@ def settle(apis: list[ServedApi], hosts: int, timeout: float) -> float:
     return time.monotonic() - started
 
 
-def prepare(url: str, hosts: int, vms: int) -> list[str]:
+def prepare(build: Build, url: str, hosts: int, vms: int) -> list[str]:
+    """``prepare_here`` in a process of the build under test: its own schema migrations
+    make the database, so that it can serve it."""
+    out = run_worker(__file__, "prepare", url, str(hosts), str(vms), env=build.env())
+    return list(out["uuids"])
+
+
+def prepare_here(url: str, hosts: int, vms: int) -> list[str]:
     """Hosts with agents registered, and ``vms`` requested VMs to place."""
     with loadmaster.open(url) as lm:
         lm.hosts.create_many([{"name": f"h{i}", "inventories": NODE} for i in range(hosts)])
@@ -200,7 +257,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
     apis: list[ServedApi] = []
     agents: list[subprocess.Popen[str]] = []
     try:
-        uuids = prepare(url, hosts, 2 * placements)
+        uuids = prepare(build, url, hosts, 2 * placements)
         for n in range(2 if postgres else 1):
             apis.append(ServedApi(url, 1, log_path=work / f"{name}-{n}.log", env=build.env()))
         pids = [api.process.pid for api in apis]
@@ -210,7 +267,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         # at about what one server reads in a second (the rest are told to come back).
         spread = max(3.0, hosts / 250)
         settle_limit = 300.0
-        duration = spread + settle_limit + 5 + args.idle + placements * 0.2 + 30
+        duration = spread + settle_limit + 5 + args.idle + placements * 0.2 + 30 + RESTART_LIMIT_S
         begin = time.monotonic() + 2
         names = [f"h{i}" for i in range(hosts)]
         for p in range(args.processes):
@@ -251,6 +308,13 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         result.idle_rps = (sum(map(requests_answered, apis)) - req0) / (time.monotonic() - t0)
         result.schedule_fleet_ms, failed_later = place(apis, uuids[placements:], started)
         result.rss_mib = peak_rss_mib(pids)
+        if not build.legacy:
+            mine = sum(
+                len(names[p :: args.processes]) for p in range(args.processes) if p % len(apis) == 0
+            )
+            apis[0], result.back_s = restart(
+                apis[0], url, mine, build.env(), work / f"{name}-0-restarted.log"
+            )
         for agent in agents:
             agent.terminate()
         outputs = [json.loads(a.communicate(timeout=120)[0]) for a in agents]
@@ -270,7 +334,11 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
                 elif not status.endswith((" 200", " 304")):
                     result.errors[status] = result.errors.get(status, 0) + count
             for error, count in out["errors"].items():
-                result.errors[error] = result.errors.get(error, 0) + count
+                if error.endswith(TRANSPORT_ERRORS):
+                    # The server down (its restart) or dropping a connection: no answer.
+                    result.unanswered[error] = result.unanswered.get(error, 0) + count
+                else:
+                    result.errors[error] = result.errors.get(error, 0) + count
         result.agents_back = sum(len(out["polled"]) for out in outputs)
         if failed or failed_later:
             result.errors["failed placements"] = failed + failed_later
@@ -302,7 +370,8 @@ def report(results: list[Result]) -> None:
         f"{'hosts':>6} {'backend':8} {'build':16} {'idle CPU %':>10} {'/1k hosts':>9} "
         f"{'req/s':>7} {'wake p50':>8} {'p99':>7} {'other p50':>9} {'p99':>7} "
         f"{'sched alone p50':>15} {'p99':>6} {'fleet p50':>9} {'p99':>6} {'x p99':>6} "
-        f"{'RSS MiB':>7} {'errors':>6} {'lost':>4} {'audit':>5} {'settled s':>9} {'503s':>6}"
+        f"{'RSS MiB':>7} {'errors':>6} {'lost':>4} {'audit':>5} {'settled s':>9} {'503s':>6} "
+        f"{'back s':>6}"
     )
     print(head)
     for r in results:
@@ -320,10 +389,13 @@ def report(results: list[Result]) -> None:
             f"{q(r.schedule_alone_ms, 50):>15} {q(r.schedule_alone_ms, 99):>6} "
             f"{q(r.schedule_fleet_ms, 50):>9} {q(r.schedule_fleet_ms, 99):>6} {ratio:>6.2f} "
             f"{r.rss_mib:>7.0f} {sum(r.errors.values()):>6} {r.lost:>4} {r.audit_problems:>5} "
-            f"{r.settle_s:>9.0f} {r.shed:>6}"
+            f"{r.settle_s:>9.0f} {r.shed:>6} "
+            f"{'-' if r.back_s is None else f'{r.back_s:.1f}':>6}"
         )
         if r.errors:
             print(f"{'':>6} errors: {r.errors}")
+        if r.unanswered:
+            print(f"{'':>6} not answered (a server down or restarting): {r.unanswered}")
 
 
 def plot(results: list[Result], png: Path) -> None:
@@ -364,6 +436,10 @@ def plot(results: list[Result], png: Path) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:3] == ["--worker", "prepare"]:
+        url, hosts, vms = sys.argv[3:]
+        print(json.dumps({"uuids": prepare_here(url, int(hosts), int(vms))}))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"])

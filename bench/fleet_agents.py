@@ -168,7 +168,9 @@ class SimAgent:
                 except HttpError as exc:
                     failures += 1
                     request, _, why = str(exc).partition(": ")
-                    self.stats.errors[f"{request.split('?')[0]}: {why.split(':')[0]}"] += 1
+                    # By route, not by host: ten thousand hosts make one line each.
+                    route = request.split("?")[0].replace(f"/{self.host}/", "/{host}/")
+                    self.stats.errors[f"{route}: {why.split(':')[0]}"] += 1
                     await asyncio.sleep(backoff(failures))
         finally:
             if sla is not None:
