@@ -21,6 +21,8 @@ from loadmaster.agent.runner import ApiClient
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
+from loadmaster.apiclient import ApiError
+from loadmaster.errors import InvalidTransition
 from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.service import Loadmaster
@@ -31,6 +33,17 @@ ADMIN_TOKEN = "demo-admin"
 
 def agent_token(host: str) -> str:
     return f"demo-agent-{host}"
+
+
+@dataclass(frozen=True)
+class MigrationRequest:
+    """A migration a host's SLA policy asked for, and the server's answer: ``began``, or
+    the code of the error that refused it (``loadmaster.invalid_transition``: the VM was
+    already moving; ``loadmaster.no_valid_host``: no host could take it)."""
+
+    vm: str
+    host: str
+    answer: str
 
 
 @dataclass(frozen=True)
@@ -140,7 +153,7 @@ class SimulatedCloud:
         )
         self.hosts: dict[str, SimHost] = {}
         self.sims: dict[str, SimulatedHypervisor] = {}
-        self.migration_requests: list[tuple[str, str]] = []
+        self.migration_requests: list[MigrationRequest] = []
 
     def add_host(self, plan: HostPlan, *, start: bool = True) -> SimHost:
         if agent_token(plan.name) not in self._tokens:
@@ -195,8 +208,13 @@ class SimulatedCloud:
 
     def _sender(self, client: ApiClient, host: str) -> Callable[[str, str], None]:
         def send(vm: str, reason: str) -> None:
-            self.migration_requests.append((vm, host))
-            client.request_migration(vm, reason)
+            try:
+                began = client.request_migration(vm, reason)
+            except ApiError as exc:
+                self.migration_requests.append(MigrationRequest(vm, host, exc.code or exc.detail))
+                raise
+            answer = "began" if began else InvalidTransition.code
+            self.migration_requests.append(MigrationRequest(vm, host, answer))
 
         return send
 
