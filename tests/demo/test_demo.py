@@ -303,11 +303,14 @@ document.body.appendChild(out);
 """
 
 
-def _measured(report: Path, tmp_path: Path) -> dict[str, Any]:
-    page = tmp_path / "measured.html"
-    page.write_text(report.read_text().replace("</body>", MEASURE + "</body>"))
+@pytest.fixture(scope="module")
+def measured(report: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What Chromium measured of the report (see ``MEASURE``)."""
+    directory = tmp_path_factory.mktemp("measured")
+    page = directory / "measured.html"
+    page.write_text(report[0].read_text().replace("</body>", MEASURE + "</body>"))
     dom = _chromium(
-        tmp_path / "profile", "--window-size=1280,2000", "--dump-dom", page.resolve().as_uri()
+        directory / "profile", "--window-size=1280,2000", "--dump-dom", page.resolve().as_uri()
     )
     found = re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)
     assert found, dom[-2000:]
@@ -327,34 +330,56 @@ def _rgb_of(css: str) -> tuple[int, ...]:
     return tuple(int(v) for v in re.findall(r"\d+", css)[:3])
 
 
-def test_report_is_legible_as_chromium_draws_it(report: tuple[Path, str], tmp_path: Path) -> None:
-    measured = _measured(report[0], tmp_path)
-    charts = measured["charts"]
+def _charts(measured: dict[str, Any]) -> list[dict[str, Any]]:
+    charts: list[dict[str, Any]] = measured["charts"]
     assert [c["id"] for c in charts] == ["chart-states", "chart-tiers", "chart-hosts"]
-    for chart in charts:
-        # Every chart is captioned, and its legend lies off its plot area (where the host
-        # chart's 80-100 % band is).
+    return charts
+
+
+def test_every_chart_is_captioned(measured: dict[str, Any]) -> None:
+    for chart in _charts(measured):
         assert len(chart["caption"]) > 40, chart["id"]
+
+
+def test_legends_lie_off_the_plot_area(measured: dict[str, Any]) -> None:
+    """Beside the data, not on it: the host chart's legend covered its 80-100 % band."""
+    for chart in _charts(measured):
         assert chart["plot"] and chart["legend"], chart["id"]
         assert not _overlap(chart["legend"], chart["plot"]), chart
-        # Every series its own colour, told apart from every other.
+
+
+def test_every_series_has_a_colour_of_its_own(measured: dict[str, Any]) -> None:
+    """12 hosts shared 10 colours: each series is now told apart from every other."""
+    charts = _charts(measured)
+    for chart in charts:
         colours = [_rgb_of(c) for _, c in chart["series"]]
         assert len(colours) >= 3, chart["series"]
         for a, b in itertools.combinations(colours, 2):
             assert np.linalg.norm(np.subtract(a, b)) > 40, (chart["id"], chart["series"])
     hosts = next(c for c in charts if c["id"] == "chart-hosts")
     assert len(hosts["series"]) == 6
-    # One time axis: the plot areas span the same columns of the page, and each time tick
-    # lies at the same place in all three charts.
-    first = charts[0]
-    for chart in charts[1:]:
+
+
+def test_the_charts_share_one_time_axis(measured: dict[str, Any]) -> None:
+    """The plot areas span the same columns of the page, and each time tick lies at the
+    same place in all three charts: one moment, one place."""
+    first, *others = _charts(measured)
+    for chart in others:
         assert abs(chart["plot"]["left"] - first["plot"]["left"]) <= 1, chart["id"]
         assert abs(chart["plot"]["right"] - first["plot"]["right"]) <= 1, chart["id"]
         assert len(chart["ticks"]) == len(first["ticks"]) >= 3
         assert np.allclose(chart["ticks"], first["ticks"], atol=1), chart["id"]
-    # Printed, no table row is cut off by a scroll box or hidden.
+
+
+def test_tables_print_whole(measured: dict[str, Any]) -> None:
+    """With the page's print rules in force, no table row is hidden or cut off by a box
+    around it (the migrations sat in a 420 px scroll box: 17 of 63 rows printed)."""
+    assert len(measured["rows"]) > 10
+    assert not any(measured["rows"]), f"{sum(measured['rows'])} rows cut off"
     assert measured["print"] > 0, "the page has print rules"
-    assert len(measured["rows"]) > 10 and not any(measured["rows"])
-    # VMs by name: the text named giant-1, so does the explanation.
+
+
+def test_vms_are_named_not_numbered(measured: dict[str, Any]) -> None:
+    """The text named giant-1; the explanation named a uuid. No uuid is left anywhere."""
     assert UUID.findall(measured["text"]) == []
     assert "VM giant-1: no host fits" in measured["text"]
