@@ -8,17 +8,20 @@ host before it changes the state) are not mistaken for changes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import event, insert, inspect
+from sqlalchemy import event, insert, inspect, select
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.util import identity_key
 
 from loadmaster.store.locking import now
 from loadmaster.store.schema import HostRow, VmEventRow, VmRow
 
 _WATCHED = ("state", "host_id", "target_host_id")
 _CHANGES = "loadmaster_vm_changes"
+_NAMES = "loadmaster_host_names"
 
 
 @dataclass
@@ -49,34 +52,51 @@ def _after_flush(session: Session, _context: Any) -> None:
                 for h in histories
             )
             change = changes[obj.id] = _Change(obj, before)
-        if change is not None and fault:
-            change.fault = fault[0]
-        elif fault:
+        elif change is None and fault:
             # A failure is written before the VM's claim is released (a flush may come
             # between): it belongs to the change that follows in this transaction.
-            changes[obj.id] = _Change(obj, (obj.state, obj.host_id, obj.target_host_id), fault[0])
+            change = changes[obj.id] = _Change(obj, (obj.state, obj.host_id, obj.target_host_id))
+        if change is None:
+            continue
+        if fault:
+            change.fault = fault[0]
+        _name_hosts(session, (*change.before[1:], obj.host_id, obj.target_host_id))
+
+
+def _name_hosts(session: Session, host_ids: Iterable[int | None]) -> None:
+    """Named now, from the hosts the transaction has loaded: once their generations are
+    bumped they are expired, and naming them at commit would cost a query."""
+    names: dict[int, str] = session.info.setdefault(_NAMES, {})
+    for host_id in host_ids:
+        if host_id is not None and host_id not in names:
+            host = session.identity_map.get(identity_key(HostRow, host_id))
+            name = inspect(host).dict.get("name") if host is not None else None
+            if name is not None:
+                names[host_id] = name
 
 
 def _before_commit(session: Session) -> None:
     session.flush()  # what is still unflushed is part of the account too
-    changes: dict[int, _Change] = session.info.pop(_CHANGES, {})
-    names: dict[int, str] = {}
-
-    def name(host_id: int | None) -> str | None:
-        if host_id is None:
-            return None
-        if host_id not in names:
-            host = session.get(HostRow, host_id)
-            names[host_id] = host.name if host is not None else str(host_id)
-        return names[host_id]
-
+    changes = {
+        vm_id: change
+        for vm_id, change in session.info.pop(_CHANGES, {}).items()
+        if (change.row.state, change.row.host_id, change.row.target_host_id) != change.before
+    }
+    names: dict[int, str] = session.info.pop(_NAMES, {})
+    if not changes:
+        return
+    ids = {
+        h for c in changes.values() for h in (*c.before[1:], c.row.host_id, c.row.target_host_id)
+    }
+    missing = {h for h in ids if h is not None and h not in names}
+    if missing:
+        # Hosts the transaction never loaded (a stop, a migration's source): one query.
+        query = select(HostRow.id, HostRow.name).where(HostRow.id.in_(missing))
+        names.update((host_id, name) for host_id, name in session.execute(query))
     stamp = now()
     rows = []
     for vm_id, change in changes.items():
         row = change.row
-        after = (row.state, row.host_id, row.target_host_id)
-        if after == change.before:
-            continue
         state, host, target = change.before
         rows.append(
             {
@@ -84,12 +104,11 @@ def _before_commit(session: Session) -> None:
                 "at": stamp,
                 "old_state": state,
                 "state": row.state,
-                "old_host": name(host),
-                "host": name(row.host_id),
-                "old_target": name(target),
-                "target": name(row.target_host_id),
+                "old_host": names.get(host) if host is not None else None,
+                "host": names.get(row.host_id) if row.host_id is not None else None,
+                "old_target": names.get(target) if target is not None else None,
+                "target": names.get(row.target_host_id) if row.target_host_id is not None else None,
                 "fault": change.fault,
             }
         )
-    if rows:
-        session.connection().execute(insert(VmEventRow), rows)
+    session.connection().execute(insert(VmEventRow), rows)
