@@ -65,7 +65,15 @@ def _run_demo(directory: Path, args: list[str]) -> tuple[Path, str]:
 def test_demo_runs_the_whole_loop(report: tuple[Path, str]) -> None:
     _, text = report
     assert "6 hosts registered by their agents, 60 VMs requested" in text
-    assert re.search(r"mass start: 60 VMs up in [\d.]+ s", text), text
+    started = re.search(
+        r"mass start: (\d+) VMs up in [\d.]+ s .*; (?:no launch was refused|\d+ launches "
+        r"refused by their hosts, \d+ of them placed again on another host, (\d+) not)$",
+        text,
+        re.M,
+    )
+    # A VM whose host refused its launch and that no other host took is not up, and the
+    # line says so.
+    assert started and int(started.group(1)) + int(started.group(2) or 0) == 60, text
     moved = re.search(r"memory pressure: (\d+) migration requests .*; (\d+) VMs moved", text)
     assert moved and int(moved.group(2)) > 0, text
     drained = re.search(
@@ -205,6 +213,13 @@ def test_the_demos_figures_are_the_ledgers(report: tuple[Path, str]) -> None:
         assert Counter(row[0] for row in refusals) == Counter(e.name for e in refused)
     else:
         assert refusals == [["none"]]
+    # "Every VM found a host" only if every refused VM was placed again.
+    no_host = re.search(r"VMs that found no host</h2>\s*<pre>(.*?)</pre>", page, re.S)
+    assert no_host
+    stranded = {e.name for e in refused if e not in retried}
+    assert ("every VM found a host" in no_host.group(1)) == (not stranded), no_host.group(1)
+    for name in stranded:
+        assert f"{name}: its launch was refused" in no_host.group(1)
 
 
 def _chromium(profile: Path, *args: str) -> str:

@@ -96,7 +96,7 @@ def demo(
         _say(f"no host in the mass start: {line}")
     for r in account.refusals:
         again = f"placed again on {r.placed_again}" if r.placed_again else "not placed again"
-        _say(f"launch refused: {r.name} by {r.host} at {r.at:.1f} s, {again} (why: the report)")
+        _say(f"launch refused: {r.name} by {r.host} at {r.at:.1f} s, {again}")
     _say(
         f"ledger: {account.placements} placements, {account.launches} launches; "
         f"{refusals_line(account)}; {len(account.moves)} migrations: "

@@ -26,8 +26,12 @@ def render(result: DemoResult, subtitle: str, facts: Sequence[tuple[str, str]]) 
     template = Template(resources.files(__package__).joinpath("report.html").read_text())
     samples = result.samples
     times = [s.t for s in samples]
-    # One time span for the three charts: a moment lies at the same place in each.
-    span = (0.0, max([*times, *(end for _, _, end in result.phases), 1.0]))
+    # One time span for the three charts, from the first sample or act to the last: a
+    # moment lies at the same place in each.
+    span = (
+        min([*times, *(start for _, start, _ in result.phases)], default=0.0),
+        max([*times, *(end for _, _, end in result.phases), 1.0]),
+    )
     counts = {state: [s.states.get(state, 0) for s in samples] for state in VM_STATES}
     tiers = sorted({t for s in samples for t in s.tier_min})
     minimum = {t: [s.tier_min.get(t, 1.0) for s in samples] for t in tiers}
@@ -50,8 +54,13 @@ def render(result: DemoResult, subtitle: str, facts: Sequence[tuple[str, str]]) 
         (r.name, r.host, f"{r.at:.1f}", r.fault, r.placed_again or "not placed again")
         for r in account.refusals
     ]
-    no_host = "\n".join(result.no_host) or "every VM found a host"
-    if account.refusals:
+    stranded = [
+        f"{r.name}: its launch was refused by {r.host}, and no other host took it"
+        for r in account.refusals
+        if r.placed_again is None
+    ]
+    no_host = "\n".join([*result.no_host, *stranded]) or "every VM found a host"
+    if account.refusals and not stranded:
         no_host += f", not always the first: {refusals_line(account)} (the table below)"
     return template.substitute(
         subtitle=html.escape(subtitle),

@@ -97,15 +97,16 @@ def vm_states(
     """Stacked VM counts by state over time, phases shaded behind."""
     figure, ax = _figure("states", 3.6)
     shown = [s for s in STATE_COLOURS if any(counts.get(s, ()))]
-    areas = ax.stackplot(
-        times,
-        [counts[s] for s in shown],
-        labels=shown,
-        colors=[STATE_COLOURS[s] for s in shown],
-        zorder=2,
-    )
-    for state, area in zip(shown, areas, strict=True):
-        area.set_gid(f"states-series-{state}")
+    if shown:  # matplotlib refuses a stack of nothing (a run without a sample)
+        areas = ax.stackplot(
+            times,
+            [counts[s] for s in shown],
+            labels=shown,
+            colors=[STATE_COLOURS[s] for s in shown],
+            zorder=2,
+        )
+        for state, area in zip(shown, areas, strict=True):
+            area.set_gid(f"states-series-{state}")
     ax.set_ylabel("VMs")
     _frame(ax, "states", span, phases)
     return _svg(figure)
