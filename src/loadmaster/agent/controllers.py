@@ -44,8 +44,9 @@ QUOTA_MIN, QUOTA_MAX = 1000, 17_592_186_044_415
 PERIOD_MIN, PERIOD_MAX = 1000, 1_000_000
 SHARES_MIN, SHARES_MAX = 2, 262_144
 
-MigrationSender = Callable[[str, str], None]
-"""``(vm_uuid, reason)``; raises on failure so the request is retried next cycle."""
+MigrationSender = Callable[[str, str], object]
+"""``(vm_uuid, reason)``; raises on failure so the request is retried next cycle. What it
+returns (the runner's client says whether a migration began) is not the agent's concern."""
 
 
 @dataclass(frozen=True)

@@ -50,13 +50,16 @@ class ApiClient(HttpClient):
     def report(self, host_name: str, payload: dict[str, Any]) -> None:
         self.post(f"/hosts/{host_name}/report", payload)
 
-    def request_migration(self, vm_uuid: str, reason: str) -> None:
+    def request_migration(self, vm_uuid: str, reason: str) -> bool:
+        """True: a migration began; False: the VM was already moving (or stopping)."""
         try:
             self.post(f"/vms/{vm_uuid}/migrate", {"reason": reason})
         except ApiError as exc:
             # Already being moved (or stopping): the request is answered, not failed.
             if exc.code != InvalidTransition.code:
                 raise
+            return False
+        return True
 
     def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = self.put(f"/hosts/{host}/agent", body)

@@ -24,7 +24,7 @@ def err_console() -> Console:
     # should not pay for it.
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, soft_wrap=True)  # as output.console()
 
 
 class Exit(IntEnum):

@@ -18,6 +18,7 @@ import typer
 
 from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, fail
+from loadmaster.cli.output import console
 
 if TYPE_CHECKING:
     from loadmaster.service import Loadmaster
@@ -36,10 +37,10 @@ def _log_to(path: Path) -> None:
 
 
 def _say(line: str) -> None:
-    from rich.console import Console
+    from rich.text import Text
 
     head, colon, rest = line.partition(":")
-    Console(highlight=False).print(f"[bold]{head}[/]{colon}{rest}" if colon else line)
+    console().print(Text.assemble((head, "bold"), colon + rest) if colon else line)
 
 
 def _violations(lm: Loadmaster) -> int:
@@ -68,13 +69,9 @@ def demo(
     if not db.startswith("sqlite:///") or db == "sqlite:///:memory:":
         fail("the demo recreates its database: give --db sqlite:///FILE", Exit.USAGE)
     # The scenario starts a server and threads; it loads here, not whenever the CLI starts.
-    from rich.console import Console
-
-    from loadmaster.demo.scenario import run
+    from loadmaster.demo.scenario import refusals_line, run
     from loadmaster.report import write_report
     from loadmaster.service import open_loadmaster
-
-    console = Console(highlight=False)
 
     started = time.perf_counter()
     database = Path(db.removeprefix("sqlite:///"))
@@ -94,19 +91,24 @@ def demo(
             violations=_violations,
             progress=_say,
         )
-    by_why = {
-        why: sum(1 for m in result.migrations if m.why == why and m.outcome == "done")
-        for why in ("policy", "drain")
-    }
-    rolled_back = sum(1 for m in result.migrations if m.outcome.startswith("rolled back"))
+    account = result.account
     for line in result.no_host:
-        console.print(f"no host in the mass start: {line}")
-    console.print(f"no valid host giant-1 (512 GiB): {result.explanation}")
-    console.print(
+        _say(f"no host in the mass start: {line}")
+    for r in account.refusals:
+        again = f"placed again on {r.placed_again}" if r.placed_again else "not placed again"
+        _say(f"launch refused: {r.name} by {r.host} at {r.at:.1f} s, {again}")
+    _say(
+        f"ledger: {account.placements} placements, {account.launches} launches; "
+        f"{refusals_line(account)}; {len(account.moves)} migrations: "
+        + (", ".join(f"{n} {what}" for what, n in sorted(account.outcomes().items())) or "none")
+    )
+    _say(f"no valid host giant-1 (512 GiB): {result.explanation}")
+    _say(
         f"group-rule violations: {result.peak_violations} at any sampled moment, "
         f"{result.violations} at the end"
     )
-    console.print(f"ledger audit: {len(result.audit_problems)} problem(s)")
+    _say(f"ledger audit: {len(result.audit_problems)} problem(s)")
+    policy, drain = account.outcomes("policy"), account.outcomes("drain")
     facts = [
         ("hosts, one agent each", str(len(result.hosts))),
         ("VMs mass-started", str(result.vms)),
@@ -115,11 +117,14 @@ def demo(
             "VMs/s from request to up",
             f"{result.running_after_start / max(result.mass_start_seconds, 1e-9):.0f}",
         ),
-        ("migrations asked by SLA policies", str(result.migration_requests)),
-        ("moved for memory pressure", str(by_why["policy"])),
-        (f"moved off {result.drained_host} (drain)", str(by_why["drain"])),
+        ("launches refused by their host", str(len(account.refusals))),
+        ("of them placed again", str(account.retries)),
+        ("migrations asked by SLA policies", str(sum(result.migration_requests.values()))),
+        ("of them begun", str(result.migration_requests.get("began", 0))),
+        ("moved for memory pressure", str(policy.get("done", 0))),
+        (f"moved off {result.drained_host} (drain)", str(drain.get("done", 0))),
+        ("migrations rolled back", str(account.outcomes().get("rolled back", 0))),
         ("drain time (s)", f"{result.drain_seconds:.1f}"),
-        ("migrations rolled back", str(rolled_back)),
         ("vapor VMs powered off", str(result.vapor_stopped)),
         ("group-rule violations (peak)", str(result.peak_violations)),
         ("ledger audit problems", str(len(result.audit_problems))),
@@ -137,6 +142,6 @@ def demo(
             sort_keys=True,
         )
     )
-    console.print(f"report: [bold]{report.resolve()}[/] ({time.perf_counter() - started:.1f} s)")
+    _say(f"report: {report.resolve()} ({time.perf_counter() - started:.1f} s)")
     if result.peak_violations or result.audit_problems:
         raise typer.Exit(Exit.SERVER_ERROR)

@@ -25,7 +25,10 @@ GroupArg = Annotated[str, typer.Argument(help="the server group's name or uuid")
 def console() -> Console:
     from rich.console import Console
 
-    return Console(highlight=False, markup=False)  # names from the server are not markup
+    # Names from the server are not markup. Soft wrap: a line is never broken by rich (at
+    # 80 columns when not a terminal, cutting "44 VMs moved" in two for a script or a
+    # log); a terminal wraps what is wider than itself.
+    return Console(highlight=False, markup=False, soft_wrap=True)
 
 
 def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Iterable[Any]) -> None:

@@ -60,6 +60,24 @@ class VmRecord:
 
 
 @dataclass(frozen=True)
+class VmEvent:
+    """One change of a VM's state, host or migration target, as the ledger committed it
+    (``store.history``); ``fault``: the failure that caused it, if one did."""
+
+    id: int
+    at: datetime
+    vm: str
+    name: str
+    old_state: str
+    state: str
+    old_host: str | None
+    host: str | None
+    old_target: str | None
+    target: str | None
+    fault: str | None
+
+
+@dataclass(frozen=True)
 class AllocationRecord:
     vm: str
     host: str

@@ -16,14 +16,21 @@ from sqlalchemy.orm import Session
 
 from loadmaster import shapes
 from loadmaster.cluster import lookup
-from loadmaster.cluster.records import VmRecord
+from loadmaster.cluster.records import VmEvent, VmRecord
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
 from loadmaster.shapes import Amount, Name
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import now, touch_generations
-from loadmaster.store.schema import ConsumerRow, FlavorRow, HostRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import (
+    ConsumerRow,
+    FlavorRow,
+    HostRow,
+    ServerGroupRow,
+    VmEventRow,
+    VmRow,
+)
 from loadmaster.tiers import parse_priority, tiers_in
 
 # requested -> pending on a host -> running -> stopped/deleted; migrating = active on the
@@ -268,6 +275,36 @@ class VmService:
                 raise ValidationError("limit and offset must be at least 0", field="limit")
             query = query.offset(offset).limit(limit)
             return vm_records(session, list(session.scalars(query)))
+
+    def events(self, *, vm: str | None = None, after: int = 0) -> builtins.list[VmEvent]:
+        """The changes of VMs' states, hosts and migration targets in the order they were
+        written (of one VM, by its uuid, if given); ``after``: only those past that
+        event id, so a reader can follow the history as it grows."""
+        with self._store.read() as session:
+            query = (
+                select(VmEventRow, VmRow.uuid, VmRow.name)
+                .join(VmRow, VmRow.id == VmEventRow.vm_id)
+                .where(VmEventRow.id > after)
+                .order_by(VmEventRow.id)
+            )
+            if vm is not None:
+                query = query.where(VmEventRow.vm_id == lookup.vm_row(session, vm).id)
+            return [
+                VmEvent(
+                    e.id,
+                    e.at,
+                    uuid,
+                    name,
+                    e.old_state,
+                    e.state,
+                    e.old_host,
+                    e.host,
+                    e.old_target,
+                    e.target,
+                    e.fault,
+                )
+                for e, uuid, name in session.execute(query)
+            ]
 
     def set_tags(self, ident: str, tags: Iterable[str]) -> VmRecord:
         clean = _tags(tags)

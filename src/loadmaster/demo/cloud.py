@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +22,8 @@ from loadmaster.agent.runner import ApiClient
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
+from loadmaster.apiclient import ApiError
+from loadmaster.errors import InvalidTransition
 from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.service import Loadmaster
@@ -31,6 +34,17 @@ ADMIN_TOKEN = "demo-admin"
 
 def agent_token(host: str) -> str:
     return f"demo-agent-{host}"
+
+
+@dataclass(frozen=True)
+class MigrationRequest:
+    """A migration a host's SLA policy asked for, and the server's answer: ``began``, or
+    the code of the error that refused it (``loadmaster.invalid_transition``: the VM was
+    already moving; ``loadmaster.no_valid_host``: no host could take it)."""
+
+    vm: str
+    host: str
+    answer: str
 
 
 @dataclass(frozen=True)
@@ -75,8 +89,14 @@ class SimHost:
             thread.start()
 
     def _sla_loop(self, cycle_s: float) -> None:
+        """A cycle every ``cycle_s`` from the start of the last: waiting ``cycle_s`` after
+        each cycle's work stretched every cycle by that work (0.1 s of 0.4 s on a loaded
+        machine, and the demo's memory-pressure act is 45 cycles). A cycle that overran
+        is followed at once, never by a burst to catch up."""
         assert self.sla is not None
-        while not self.stop.wait(cycle_s):
+        due = time.monotonic() + cycle_s
+        while not self.stop.wait(max(0.0, due - time.monotonic())):
+            due = max(due, time.monotonic()) + cycle_s
             self.sim.advance()
             self.sla.run_cycle()
             self.cycles += 1
@@ -140,7 +160,7 @@ class SimulatedCloud:
         )
         self.hosts: dict[str, SimHost] = {}
         self.sims: dict[str, SimulatedHypervisor] = {}
-        self.migration_requests: list[tuple[str, str]] = []
+        self.migration_requests: list[MigrationRequest] = []
 
     def add_host(self, plan: HostPlan, *, start: bool = True) -> SimHost:
         if agent_token(plan.name) not in self._tokens:
@@ -195,8 +215,13 @@ class SimulatedCloud:
 
     def _sender(self, client: ApiClient, host: str) -> Callable[[str, str], None]:
         def send(vm: str, reason: str) -> None:
-            self.migration_requests.append((vm, host))
-            client.request_migration(vm, reason)
+            try:
+                began = client.request_migration(vm, reason)
+            except ApiError as exc:
+                self.migration_requests.append(MigrationRequest(vm, host, exc.code or exc.detail))
+                raise
+            answer = "began" if began else InvalidTransition.code
+            self.migration_requests.append(MigrationRequest(vm, host, answer))
 
         return send
 

@@ -10,25 +10,31 @@
 3. **Maintenance.** The fullest host is drained: every VM on it is placed elsewhere in
    one batch, the agents migrate them, and the host ends empty in ``maintenance``.
 
-A sampler reads the ledger and the hypervisors every ``sample_s`` the whole time: VM
-states, the memory each tier keeps against its guarantee, migrations, and broken
-server-group rules (there must be none).
+A sampler reads the ledger and the hypervisors every ``sample_s`` the whole time, for the
+charts: VM states, the memory each tier keeps against its guarantee, the hosts' memory and
+broken server-group rules (there must be none). What is counted (placements, refused
+launches and their retries, every migration and how it ended) comes from the ledger's
+events instead (``demo.account``): a sample misses what begins and ends between two.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from loadmaster.agent.manager import ManagerConfig
 from loadmaster.cluster import VmSpec
+from loadmaster.demo.account import Account, account
 from loadmaster.demo.cloud import HostPlan, SimulatedCloud
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
+from loadmaster.store.locking import now
 from loadmaster.tiers import TIERS, tier_of
 
 # (name, vCPUs, MiB, share of the VMs)
@@ -58,25 +64,13 @@ class Sample:
 
 
 @dataclass
-class Migration:
-    vm: str
-    name: str
-    tier: str
-    source: str
-    destination: str
-    started: float
-    finished: float | None = None
-    why: str = "policy"
-    outcome: str = "in flight"
-
-
-@dataclass
 class DemoResult:
     hosts: list[str]
     vms: int
     samples: list[Sample] = field(default_factory=list)
     phases: list[tuple[str, float, float]] = field(default_factory=list)
-    migrations: list[Migration] = field(default_factory=list)
+    # From the ledger's events, over the whole run.
+    account: Account = field(default_factory=Account)
     mass_start_seconds: float = 0.0
     running_after_start: int = 0
     drained_host: str = ""
@@ -92,8 +86,9 @@ class DemoResult:
     batch_seeds: list[int] = field(default_factory=list)
     drain_status: str = ""
     vapor_stopped: int = 0
-    migration_requests: int = 0
-    launch_refusals: int = 0
+    # The SLA policies' migration requests by the server's answer (``began`` or the
+    # error code that refused one).
+    migration_requests: Counter[str] = field(default_factory=Counter)
     audit_problems: list[str] = field(default_factory=list)
     violations: int = 0
     explanation: str = ""
@@ -118,9 +113,9 @@ class Sampler:
         self.violations = violations
         self.every_s = every_s
         self.started = time.monotonic()
+        # The same moment by the ledger's clock, which stamps its events.
+        self.origin: datetime = now()
         self.stop = threading.Event()
-        self.drained: str | None = None
-        self._open: dict[str, Migration] = {}
         self._thread = threading.Thread(target=self._run, name="demo-sampler", daemon=True)
 
     def now(self) -> float:
@@ -151,21 +146,6 @@ class Sampler:
         self.result.samples.append(
             Sample(t, dict(states), tier_min, used, self.violations(self.cloud.lm))
         )
-        for vm in vms:
-            open_move = self._open.get(vm.uuid)
-            if vm.state == "migrating" and open_move is None and vm.host and vm.target_host:
-                why = "drain" if vm.host == self.drained else "policy"
-                move = Migration(
-                    vm.uuid, vm.name, tier_of(vm.tags).name, vm.host, vm.target_host, t, why=why
-                )
-                self._open[vm.uuid] = move
-                self.result.migrations.append(move)
-            elif open_move is not None and vm.state != "migrating":
-                open_move.finished = t
-                open_move.outcome = (
-                    "done" if vm.host == open_move.destination else f"rolled back ({vm.state})"
-                )
-                del self._open[vm.uuid]
 
 
 def build(cloud: SimulatedCloud, vm_count: int, rng: random.Random) -> list[str]:
@@ -233,9 +213,15 @@ def run(
         uuids = build(cloud, vms, rng)
         sampler.start()
         progress(f"{hosts} hosts registered by their agents, {len(uuids)} VMs requested")
+        created = lm.vms.list()
+        names_of = {vm.uuid: vm.name for vm in created}
+        tiers = {vm.uuid: tier_of(vm.tags).name for vm in created}
+        drain: tuple[str, float] | None = None
+
+        def so_far() -> Account:
+            return account(lm.vms.events(), sampler.origin, tiers, drain)
 
         began = sampler.now()
-        names_of = {vm.uuid: vm.name for vm in lm.vms.list()}
         for start in range(0, len(uuids), 50):
             # Each batch's seed comes from the demo's: the scheduler's random choices
             # among equal hosts are then the same on every run.
@@ -251,7 +237,8 @@ def run(
             for p in answer.json()["placements"]:
                 result.mass_start[names_of[p["vm"]]] = p["host"]
                 if p.get("error"):
-                    result.no_host.append(f"{names_of[p['vm']]}: {p['error']['detail']}")
+                    detail = named(p["error"]["detail"], names_of)
+                    result.no_host.append(f"{names_of[p['vm']]}: {detail}")
 
         def started() -> bool:
             states = Counter(v.state for v in lm.vms.list())
@@ -264,7 +251,8 @@ def run(
         progress(
             f"mass start: {result.running_after_start} VMs up in "
             f"{result.mass_start_seconds:.1f} s from the first request "
-            f"({result.running_after_start / max(result.mass_start_seconds, 1e-9):.0f} VMs/s)"
+            f"({result.running_after_start / max(result.mass_start_seconds, 1e-9):.0f} VMs/s); "
+            + refusals_line(so_far())
         )
 
         pressure = sampler.now()
@@ -273,24 +261,18 @@ def run(
         wait_until(lambda: min(h.cycles for h in cloud.hosts.values()) >= peak, peak * cycle_s * 4)
         wait_until(lambda: not lm.vms.list(state="migrating"), 60)
         result.phases.append(("memory pressure", pressure, sampler.now()))
-        moved = sum(1 for m in result.migrations if m.outcome == "done")
-        progress(
-            f"memory pressure: {len(cloud.migration_requests)} migration requests from the "
-            f"hosts' SLA policies, {moved} VMs moved"
-        )
+        requests = Counter(r.answer for r in list(cloud.migration_requests))
+        progress("memory pressure: " + requests_line(requests, so_far()))
 
         target = _fullest(lm, names)
-        sampler.drained = target
         drain_began = sampler.now()
-        # Counted from the records, not from the sampler: a move that begins and ends
-        # between two samples is still a move.
-        on_target = {v.uuid for v in lm.vms.list(host=target)}
+        drain = (target, drain_began)
         drained = cloud.admin.post(f"/hosts/{target}/drain", json={})
         drained.raise_for_status()
         body = drained.json()
         result.drained_host = target
         result.drain_unplaced = [
-            f"{lm.vms.get(u['vm']).name}: {u['reason']}" for u in body["unplaced"]
+            f"{names_of[u['vm']]}: {named(u['reason'], names_of)}" for u in body["unplaced"]
         ]
 
         def settled() -> bool:
@@ -307,11 +289,7 @@ def run(
             result.drain_stopped = list(forced.json()["stopped"])
             wait_until(lambda: not lm.vms.list(host=target), 30)
         result.drain_seconds = sampler.now() - drain_began
-        result.drain_moved = sum(
-            1
-            for v in lm.vms.list(state="running")
-            if v.uuid in on_target and v.host not in (None, target)
-        )
+        result.drain_moved = so_far().outcomes("drain").get("done", 0)
         status = cloud.admin.get(f"/hosts/{target}").json()
         result.drain_status = str(status.get("status", status.get("state", "")))
         result.phases.append(("drain " + target, drain_began, sampler.now()))
@@ -324,17 +302,63 @@ def run(
             progress(f"fits nowhere: {line}")
 
         giant = lm.vms.create("giant-1", "giant").uuid
+        names_of[giant] = "giant-1"
         answer = cloud.admin.post(f"/vms/{giant}/start")
-        result.explanation = str(answer.json().get("detail", ""))
+        result.explanation = named(str(answer.json().get("detail", "")), names_of)
     finally:
         sampler.close()
-        result.migration_requests = len(cloud.migration_requests)
+        result.migration_requests = Counter(r.answer for r in list(cloud.migration_requests))
         result.vapor_stopped = sum(len(s.stopped) for s in cloud.sims.values())
         cloud.close()
-    result.launch_refusals = sum(1 for v in lm.vms.list() if v.fault and "launch" in v.fault)
-    result.audit_problems = [f"{p.kind} {p.subject}: {p.detail}" for p in audit(lm.store)]
+    result.account = account(lm.vms.events(), sampler.origin, tiers, drain)
+    result.audit_problems = [
+        named(f"{p.kind} {p.subject}: {p.detail}", names_of) for p in audit(lm.store)
+    ]
     result.violations = violations(lm)
     return result
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# How the server answered a migration request, for people.
+ANSWERS = {
+    "began": "began a migration",
+    "loadmaster.invalid_transition": "found the VM already moving",
+    "loadmaster.no_valid_host": "found no host to take the VM",
+}
+
+
+def named(text: str, names: Mapping[str, str]) -> str:
+    """``text`` with each VM uuid it holds replaced by that VM's name: the demo's reader
+    knows the VMs by name (the server's messages name them by uuid)."""
+    return _UUID.sub(lambda m: names.get(m.group(), m.group()), text)
+
+
+def _counted(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda c: -c[1]))
+
+
+def refusals_line(acc: Account) -> str:
+    """The refused launches and their retries, in words."""
+    refused = len(acc.refusals)
+    if not refused:
+        return "no launch was refused"
+    return (
+        f"{refused} launches refused by their hosts, {acc.retries} of them placed again "
+        f"on another host, {refused - acc.retries} not"
+    )
+
+
+def requests_line(requests: Mapping[str, int], acc: Account) -> str:
+    """The SLA policies' migration requests by answer, and how the migrations they began
+    ended (by the ledger): the parts add up to the whole."""
+    asked = sum(requests.values())
+    answers = {ANSWERS.get(code, f"refused ({code})"): n for code, n in requests.items()}
+    moves = acc.outcomes("policy")
+    return (
+        f"{asked} migration requests from the hosts' SLA policies: {_counted(answers) or 'none'}; "
+        f"{sum(moves.values())} migrations in the ledger: {_counted(moves) or 'none'}; "
+        f"{moves.get('done', 0)} VMs moved"
+    )
 
 
 def _fullest(lm: Loadmaster, names: list[str]) -> str:

@@ -184,12 +184,15 @@ def fail(session: Session, vm: str, host: str, reason: str) -> FailOutcome:
     kind: str | None = None
     if row.state == "pending" and row.host_id == root_id:
         kind = "launch"
-        release_row(session, row, host_row)
-        row.tried_hosts = [*row.tried_hosts, host_row.name]
     elif row.state == "migrating" and root_id in (row.host_id, row.target_host_id):
         kind = "migration"
-        target = session.get(HostRow, row.target_host_id)
-        release_row(session, row, target)
-    if kind is not None:
-        row.fault = f"{kind} on {host_row.name} failed: {reason.strip()[:2000]}"
+    if kind is None:
+        return FailOutcome(vm_records(session, [row])[0], kind)
+    # Set before the release, so that the VM's event (``store.history``) carries it.
+    row.fault = f"{kind} on {host_row.name} failed: {reason.strip()[:2000]}"
+    if kind == "launch":
+        release_row(session, row, host_row)
+        row.tried_hosts = [*row.tried_hosts, host_row.name]
+    else:
+        release_row(session, row, session.get(HostRow, row.target_host_id))
     return FailOutcome(vm_records(session, [row])[0], kind)

@@ -127,6 +127,11 @@ class Store:
         )
         self._read_sessions = sessionmaker(read_engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
+        # Imported here: the history stamps events with store.locking's clock, and
+        # store.locking imports this module.
+        from loadmaster.store.history import record_vm_events
+
+        record_vm_events(self._write_sessions)
         # An in-memory SQLite database lives in one connection; serialise its users.
         self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None
         self._listeners: list[ChangeListener] = []

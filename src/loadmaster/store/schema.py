@@ -178,6 +178,26 @@ class VmRow(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime)
 
 
+class VmEventRow(Base):
+    """One change of a VM's state, host or migration target, written by the transaction
+    that made it (``store.history``): the ledger's account of what happened, which a
+    sampler reading the VMs now and then cannot give (a move that begins and ends between
+    two reads). Hosts by name: the account outlives a deleted host."""
+
+    __tablename__ = "vm_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime)
+    old_state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    old_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    old_target: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    target: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # The fault the same change set (a refused launch, a failed migration), else null.
+    fault: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
 class AllocationRow(Base):
     """One record per (consumer, provider, resource class): the pending-resource record of
     oVirt's PRM and the allocation of Placement in one table, told apart by ``state``."""
