@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import signal
 import sys
 import time
@@ -42,6 +43,9 @@ LEGACY_SLA_REPORT_S = 15.0
 
 class HttpError(Exception):
     """No answer: the connection failed, closed or timed out."""
+
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class Connection:
@@ -169,7 +173,9 @@ class SimAgent:
                     failures += 1
                     request, _, why = str(exc).partition(": ")
                     # By route, not by host: ten thousand hosts make one line each.
-                    route = request.split("?")[0].replace(f"/{self.host}/", "/{host}/")
+                    route = UUID.sub("{vm}", request.split("?")[0]).replace(
+                        f"/{self.host}/", "/{host}/"
+                    )
                     self.stats.errors[f"{route}: {why.split(':')[0]}"] += 1
                     await asyncio.sleep(backoff(failures))
         finally:
