@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import signal
 import socket
 import sys
 import threading
@@ -78,6 +79,8 @@ def run_server(config: uvicorn.Config) -> None:
 
         Supervisor(config, sockets=[config.bind_socket()]).run()
         return
+    # Until the app's lifespan takes SIGHUP as a reload (api.reload), one must not end it.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     server = uvicorn.Server(config)
     server.run()
     if not server.started:
