@@ -28,9 +28,9 @@ VMS = 2000
 CLIENTS = 4
 # Small batches: enough requests that the kills land mid-work on a fast machine.
 BATCH = 4
-# How long a client may take to place its share. About 60 s on a quiet 2-core machine;
-# loaded (two busy loops beside it, load average 11-27) it took 476 s in all, and 120 s
-# was not enough.
+# How long a client may take to place its share: on a loaded 2-core machine (two busy
+# loops beside the test, load average 11-27) 120 s was not enough, and the whole test
+# took 476 s.
 PLACE_WITHIN_S = 900
 
 
