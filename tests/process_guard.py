@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Generator, Iterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,11 @@ class WiderFixtures:
 
 def install(config: pytest.Config) -> None:
     _become_subreaper()
+    # multiprocessing's resource tracker serves the whole pytest process once a test
+    # first uses a spawn context; started now, it is the session's, not that test's.
+    before = set(_descendants(_processes(), os.getpid()))
+    resource_tracker.ensure_running()
+    _owned.update(set(_descendants(_processes(), os.getpid())) - before)
     config.pluginmanager.register(WiderFixtures(), "process-guard")
 
 
