@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -105,22 +106,25 @@ class ServedApi:
         *,
         port: int | None = None,
         token: str | None = None,
+        command: Sequence[str] | None = None,
+        options: Sequence[str] = (),
     ) -> None:
         """``env``: the server's environment (default: this process's), e.g. another
         build's ``PYTHONPATH``. ``port`` and ``token``: those of a server this one
-        replaces (a restart), else new ones."""
+        replaces (a restart), else new ones. ``command``: what runs ``loadmaster``
+        (default: the installed command); ``options``: more options for ``serve``."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token or secrets.token_urlsafe(24)
         self.workers = workers
-        loadmaster = shutil.which("loadmaster", path=str(Path(sys.executable).parent))
-        if loadmaster is None:
+        installed = shutil.which("loadmaster", path=str(Path(sys.executable).parent))
+        if command is None and installed is None:
             raise RuntimeError("the loadmaster command is not installed next to this Python")
         env = {**(os.environ if env is None else env), "LOADMASTER_TOKENS": f"{self.token}:admin"}
         self._log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
             [
-                loadmaster,
+                *(command or [str(installed)]),
                 "serve",
                 "--db",
                 db_url,
@@ -128,6 +132,7 @@ class ServedApi:
                 str(self.port),
                 "--workers",
                 str(workers),
+                *options,
             ],
             env=env,
             stdout=self._log,

@@ -21,9 +21,16 @@ from sqlalchemy import create_engine, text
 
 import loadmaster
 from loadmaster.service import Loadmaster
+from process_guard import install, no_process_outlives_its_test
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every test: no process it started may outlive it (process_guard.py).
+__all__ = ["no_process_outlives_its_test"]
 _counter = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    install(config)
 
 
 def free_port() -> int:

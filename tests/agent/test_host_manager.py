@@ -182,9 +182,9 @@ def test_discovery_from_the_hypervisor_and_the_config(cells: int) -> None:
         assert body["inventories"]["MEMORY_MB"]["reserved"] == 1024
     else:
         assert "VCPU" not in body["inventories"]
-        assert sorted(body["children"]) == ["n1-numa0", "n1-numa1"]
-        assert body["children"]["n1-numa0"]["MEMORY_MB"]["reserved"] == 1024
-        assert body["children"]["n1-numa1"]["MEMORY_MB"]["reserved"] == 0
+        assert sorted(body["children"]) == ["n1_numa0", "n1_numa1"]
+        assert body["children"]["n1_numa0"]["MEMORY_MB"]["reserved"] == 1024
+        assert body["children"]["n1_numa1"]["MEMORY_MB"]["reserved"] == 0
         assert sum(c["VCPU"]["total"] for c in body["children"].values()) == 8
 
 

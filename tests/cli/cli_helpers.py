@@ -45,7 +45,7 @@ def wait_until_healthy(process: subprocess.Popen[str], port: int | str) -> subpr
                 return process
         except httpx.TransportError:
             time.sleep(0.1)
-    process.kill()
+    stop_server(process)
     raise RuntimeError("server did not answer /healthz")
 
 

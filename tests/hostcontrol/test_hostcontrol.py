@@ -30,7 +30,7 @@ def _pending_on(lm: Loadmaster, host: str, name: str = "vm") -> str:
 
 
 def test_register_creates_then_updates_with_numa_children(lm: Loadmaster) -> None:
-    children = {"h0-numa0": {"VCPU": {"total": 4}}, "h0-numa1": {"VCPU": {"total": 4}}}
+    children = {"h0_numa0": {"VCPU": {"total": 4}}, "h0_numa1": {"VCPU": {"total": 4}}}
     first = lm.host_agents.register(
         "h0",
         hypervisor_uri="qemu:///h0",
@@ -39,8 +39,8 @@ def test_register_creates_then_updates_with_numa_children(lm: Loadmaster) -> Non
     )
     assert first.refused == {}
     assert set(first.host.inventories) == {"CUSTOM_LICENSE_X"}
-    assert lm.hosts.get("h0-numa1").parent == first.host.uuid
-    assert lm.hosts.get("h0-numa1").inventories["VCPU"].total == 4
+    assert lm.hosts.get("h0_numa1").parent == first.host.uuid
+    assert lm.hosts.get("h0_numa1").inventories["VCPU"].total == 4
     again = lm.host_agents.register(
         "h0", hypervisor_uri="qemu:///h0", inventories={"CUSTOM_LICENSE_X": {"total": 6}}
     )
@@ -73,9 +73,9 @@ def test_bad_registration_changes_nothing(lm: Loadmaster) -> None:
             "h9",
             hypervisor_uri="test:///h9",
             inventories=NODE,
-            children={"h9-numa0": {"VCPU": {"total": -1}}},
+            children={"h9_numa0": {"VCPU": {"total": -1}}},
         )
-    assert err.value.field is not None and "children.h9-numa0" in err.value.field
+    assert err.value.field is not None and "children.h9_numa0" in err.value.field
     assert lm.hosts.list() == []
     with pytest.raises(ValidationError) as err:
         lm.host_agents.register("h9", hypervisor_uri="", inventories=NODE)
@@ -237,10 +237,10 @@ def test_silent_agent_is_shown_and_keeps_its_claims(lm: Loadmaster) -> None:
 def test_registering_a_child_name_under_another_parent_is_refused(lm: Loadmaster) -> None:
     _cluster(lm, 2)
     lm.host_agents.register(
-        "h0", hypervisor_uri="x", inventories=NODE, children={"cell": {"VCPU": {"total": 1}}}
+        "h0", hypervisor_uri="x", inventories=NODE, children={"h0_cell": {"VCPU": {"total": 1}}}
     )
     with pytest.raises(LoadmasterError) as err:
         lm.host_agents.register(
-            "h1", hypervisor_uri="y", inventories=NODE, children={"cell": {"VCPU": {"total": 1}}}
+            "h1", hypervisor_uri="y", inventories=NODE, children={"h0_cell": {"VCPU": {"total": 1}}}
         )
     assert isinstance(err.value, Conflict)

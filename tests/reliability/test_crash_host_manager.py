@@ -315,7 +315,7 @@ def _converged(c: Cloud, expected: dict[str, str]) -> None:
         for record in c.lm.allocations.allocations():
             host = expected[record.vm]
             assert record.state == "active", record
-            assert record.host == host or record.host.startswith(f"{host}-numa"), record
+            assert record.host == host or record.host.startswith(f"{host}_numa"), record
         per_vm: dict[str, int] = {}
         for record in c.lm.allocations.allocations():
             per_vm[record.vm] = per_vm.get(record.vm, 0) + 1

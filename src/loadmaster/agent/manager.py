@@ -184,7 +184,8 @@ def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str,
         # The host's own reservation comes out of the first cell, where the kernel lives.
         for i, cell in enumerate(info.numa_cells):
             cell_measured = {"VCPU": cell.cpus, "MEMORY_MB": cell.memory_kib // KIB_PER_MB}
-            children[f"{host_name}-numa{cell.id}"] = {
+            # Named under the host, as the control plane requires (hostcontrol._check_names).
+            children[f"{host_name}_numa{cell.id}"] = {
                 name: inventory(name, total, config.reserved.get(name, 0) if i == 0 else 0)
                 for name, total in cell_measured.items()
                 if total > 0

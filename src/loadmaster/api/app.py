@@ -14,10 +14,11 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loadmaster.api import errors, microversion
-from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, resolve_auth
+from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, TokenTable, resolve_auth
 from loadmaster.api.deps import MetricsDep
 from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
+from loadmaster.api.reload import on_sighup, reload_tokens
 from loadmaster.api.responses import HealthOut
 from loadmaster.api.routes import (
     agents,
@@ -75,9 +76,13 @@ def create_app(
         # full collection no longer walks it mid-request (measured at 10,000 hosts:
         # 114-225 ms a full collection before, 0.0 ms after).
         gc.freeze()
+        reload = app.state.reload
+        stop_reloading = on_sighup(reload) if reload is not None else None
         try:
             yield
         finally:
+            if stop_reloading is not None:
+                stop_reloading()
             service.host_agents.watch = None
             await watch.stop()
             if owned:
@@ -98,6 +103,9 @@ def create_app(
     # The process's one watcher of host changes, where agents' long-polls wait.
     app.state.watch = HostWatch(service.store)
     app.state.metrics = Metrics(service, app.state.watch)
+    app.state.tokens = TokenTable(auth) if auth is not None else None
+    # What SIGHUP reloads (``api.reload``); ``app_from_env`` sets it, knowing the sources.
+    app.state.reload = None
     errors.install(app)
     routers = [
         *(
@@ -133,7 +141,7 @@ def create_app(
     )
     app.add_middleware(errors.BodySizeLimit, max_body_size=max_body_size)
     if auth is not None:
-        app.add_middleware(AuthMiddleware, config=auth)
+        app.add_middleware(AuthMiddleware, tokens=app.state.tokens)
     app.add_middleware(microversion.MicroversionMiddleware, render=errors.error_response)
     app.add_middleware(HtmlErrors)
     # Even refused requests get an id and a log line.
@@ -155,6 +163,7 @@ def app_from_env() -> FastAPI:
     )
     app = create_app(settings.db, auth, max_body_size=settings.max_body, settings=settings)
     app.state.lm.host_agents.silent_after = timedelta(seconds=settings.agent_silent_after)
+    app.state.reload = lambda: reload_tokens(app.state.tokens, settings)
     return app
 
 

@@ -101,16 +101,19 @@ class AuthConfig:
         path = Path(path)
         text = path.read_text()
         data: object
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        elif path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            raise ValidationError(
-                f"{path}: token files end in .toml, .yaml, .yml or .json", field="tokens"
-            )
+        try:
+            if path.suffix == ".toml":
+                data = tomllib.loads(text)
+            elif path.suffix in (".yaml", ".yml"):
+                data = yaml.safe_load(text)
+            elif path.suffix == ".json":
+                data = json.loads(text)
+            else:
+                raise ValidationError(
+                    f"{path}: token files end in .toml, .yaml, .yml or .json", field="tokens"
+                )
+        except (ValueError, yaml.YAMLError) as exc:  # TOML's and JSON's errors are ValueErrors
+            raise ValidationError(f"{path}: {exc}", field="tokens") from exc
         tokens = data.get("tokens") if isinstance(data, Mapping) else None
         if not isinstance(tokens, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in tokens.items()
@@ -121,19 +124,27 @@ class AuthConfig:
         return cls(dict(tokens))
 
 
+class TokenTable:
+    """The tokens a running server checks. A reload (SIGHUP, ``api.reload``) replaces
+    ``config`` whole, so each request sees the old tokens or the new ones, never a mix."""
+
+    def __init__(self, config: AuthConfig) -> None:
+        self.config = config
+
+
 class AuthMiddleware:
     """Refuses requests without a known bearer token (401) and writes by readers (403)."""
 
-    def __init__(self, app: ASGIApp, config: AuthConfig) -> None:
+    def __init__(self, app: ASGIApp, tokens: TokenTable) -> None:
         self.app = app
-        self.config = config
+        self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         presented = _presented_token(scope)
-        role = None if presented is None else self.config.role_of(presented)
+        role = None if presented is None else self.tokens.config.role_of(presented)
         if role is None:
             # Both are 401, but an operator fixes them differently: configure a token, or
             # correct the one configured. The token itself is never echoed.

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 
@@ -66,6 +69,22 @@ def keep_probing(sock: socket.socket) -> None:
     ):
         if hasattr(socket, option):  # Linux names; other kernels keep their defaults
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def run_server(config: uvicorn.Config) -> None:
+    """``uvicorn.run`` with ``config``, several workers under loadmaster's supervisor
+    (``api.supervisor``)."""
+    if config.workers > 1:
+        from loadmaster.api.supervisor import Supervisor
+
+        Supervisor(config, sockets=[config.bind_socket()]).run()
+        return
+    # Until the app's lifespan takes SIGHUP as a reload (api.reload), one must not end it.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
 
 
 @dataclass

@@ -89,26 +89,33 @@ def serve(
     err_console().print(
         f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
     )
+    from loadmaster.api.observability import configure_logging
     from loadmaster.api.server import (
         GRACEFUL_SHUTDOWN_S,
         LISTEN_BACKLOG,
         NoDelayHTTPProtocol,
         raise_open_files_limit,
+        run_server,
     )
+    from loadmaster.api.supervisor import HEALTHCHECK_S
 
     raise_open_files_limit()
-    uvicorn.run(
-        "loadmaster.api.app:app_from_env",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        access_log=False,  # our middleware logs each request as JSON, with its id
-        log_level="warning",
-        http=NoDelayHTTPProtocol,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        # Agents reconnecting together after a restart queue in the kernel, not refused.
-        backlog=LISTEN_BACKLOG,
+    configure_logging()  # the supervisor's lines, as the workers', are JSON
+    run_server(
+        uvicorn.Config(
+            "loadmaster.api.app:app_from_env",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            access_log=False,  # our middleware logs each request as JSON, with its id
+            log_level="warning",
+            http=NoDelayHTTPProtocol,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            timeout_worker_healthcheck=HEALTHCHECK_S,
+            # Agents reconnecting together after a restart queue in the kernel, not refused.
+            backlog=LISTEN_BACKLOG,
+        )
     )
 
 

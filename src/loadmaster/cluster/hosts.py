@@ -210,12 +210,15 @@ class HostService:
                     raise Conflict(
                         f"name {taken!r} or its uuid is already used by a host", field="name"
                     )
-            class_ids = lookup.require_classes(
-                session, {rc for h in checked for rc in h.inventories}, "inventories"
-            )
-            trait_ids = lookup.require_traits(
-                session, {t for h in checked for t in h.traits}, "traits"
-            )
+            # One query for each vocabulary, then each host's names checked as its own, so
+            # an unknown one is named under the host that holds it: hosts[1].inventories.X.
+            class_ids = lookup.class_ids(session)
+            trait_ids = lookup.trait_ids(session, {t for h in checked for t in h.traits})
+            for i, h in enumerate(checked):
+                lookup.require_classes(
+                    session, h.inventories, f"hosts[{i}].inventories", known=class_ids
+                )
+                lookup.require_traits(session, h.traits, f"hosts[{i}].traits", known=trait_ids)
             stamp = now()
             ids = session.scalars(
                 insert(HostRow).returning(HostRow.id, sort_by_parameter_order=True),

@@ -151,13 +151,19 @@ def class_names(session: Session) -> dict[int, str]:
 
 
 def require_classes(
-    session: Session, names: Iterable[str], field: str, *, lock: bool = False
+    session: Session,
+    names: Iterable[str],
+    field: str,
+    *,
+    lock: bool = False,
+    known: dict[str, int] | None = None,
 ) -> dict[str, int]:
     """Ids of the named classes; an unknown one is an error naming ``field.<class>``.
 
     ``lock``: hold the named classes FOR KEY SHARE until the transaction ends, for writes
     that name a class where no foreign key can guard it (a VM's overrides, a flavor's
-    resources, both JSON): a class delete waits for them, or they see it gone."""
+    resources, both JSON): a class delete waits for them, or they see it gone.
+    ``known``: ``class_ids`` read already (one read for many checks)."""
     names = list(names)
     if lock and names:
         session.execute(
@@ -166,27 +172,37 @@ def require_classes(
             .order_by(ResourceClassRow.id)
             .with_for_update(read=True, key_share=True)
         )
-    known = class_ids(session)
+    if known is None:
+        known = class_ids(session)
     for name in names:
         if name not in known:
             raise NotFound(f"{field}.{name}: no such resource class", field=f"{field}.{name}")
     return known
 
 
-def require_traits(session: Session, names: Iterable[str], field: str) -> dict[str, int]:
+def require_traits(
+    session: Session, names: Iterable[str], field: str, *, known: dict[str, int] | None = None
+) -> dict[str, int]:
+    """Ids of the named traits; an unknown one is an error naming ``field``. ``known``:
+    ``trait_ids`` read already for these names and more."""
     wanted = set(names)
     if not wanted:
         return {}
-    found = {
-        name: id_
-        for id_, name in session.execute(
-            select(TraitRow.id, TraitRow.name).where(TraitRow.name.in_(wanted))
-        )
-    }
+    found = trait_ids(session, wanted) if known is None else known
     missing = sorted(wanted - set(found))
     if missing:
         raise NotFound(f"{field}: no such trait {missing[0]}", field=field)
     return found
+
+
+def trait_ids(session: Session, names: Iterable[str]) -> dict[str, int]:
+    """Ids of those of ``names`` that are traits."""
+    return {
+        name: id_
+        for id_, name in session.execute(
+            select(TraitRow.id, TraitRow.name).where(TraitRow.name.in_(set(names)))
+        )
+    }
 
 
 def used_by_provider(

@@ -13,7 +13,7 @@ One responsibility, over 400 lines: the control plane's half of the host-agent p
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -33,6 +33,8 @@ from loadmaster.store.locking import iso_utc, now
 from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
+# Between a host's name and its child's own part: HOST_numa0.
+CHILD_SEPARATOR = "_"
 DEFAULT_SILENT_AFTER_S = 60.0
 # What each VM on the host's work list asks of its agent.
 ACTIONS = ("launch", "run", "migrate_out", "migrate_in")
@@ -191,6 +193,7 @@ class HostControl:
             child: parse_inventories(inv, f"children.{child}")
             for child, inv in sorted((children or {}).items())
         }
+        self._check_names(name, parsed_children)
         self._ensure_custom_classes([wanted, *parsed_children.values()])
         refused: dict[str, str] = {}
         root = self._ensure(name, None, wanted, refused)
@@ -214,6 +217,41 @@ class HostControl:
                 agent.hypervisor_uri = hypervisor_uri
                 agent.last_seen_at = stamp
         return Registration(self._hosts.get(name), refused)
+
+    def _check_names(self, name: str, children: Iterable[str]) -> None:
+        """The host must be a root provider, and each child its own: one already under the
+        host, or a new one named ``<host>_<suffix>`` (``node-3_numa0``, as Nova names a
+        compute node's children ``<node>_<device>``). A host's DNS name never holds an
+        underscore, so an agent cannot take a name a future host would use."""
+        root = self._find(name)
+        if root is not None and root.parent is not None:
+            raise Conflict(
+                f"{name} is a child provider, not a host; an agent registers a root host",
+                field="name",
+            )
+        for child in children:
+            where = f"children.{child}"
+            found = self._find(child)
+            if found is None:
+                if not child.startswith(name + CHILD_SEPARATOR) or child == name + CHILD_SEPARATOR:
+                    raise ValidationError(
+                        f"{where}: a new child provider is named after its host: "
+                        f"{name}{CHILD_SEPARATOR}<suffix>, e.g. {name}{CHILD_SEPARATOR}numa0",
+                        field=where,
+                    )
+            elif root is None or found.parent != root.uuid:
+                owner = "a root host" if found.parent is None else "a child of another host"
+                raise Conflict(
+                    f"{where}: provider {child} exists as {owner}; a host's child providers "
+                    "must have names of their own",
+                    field=where,
+                )
+
+    def _find(self, name: str) -> HostRecord | None:
+        try:
+            return self._hosts.get(name)
+        except NotFound:
+            return None
 
     def _ensure_custom_classes(self, inventories: Sequence[Mapping[str, Inventory]]) -> None:
         """Custom classes the host's config names come into being with it, as Nova's compute

@@ -1,0 +1,179 @@
+"""``loadmaster serve --workers N``: uvicorn's multiprocess supervisor, changed where it
+failed under load.
+
+uvicorn pings each worker every half second and kills one that does not answer within
+``timeout_worker_healthcheck``, starting a replacement. A worker answers from a thread it
+starts only once its spawned interpreter has unpickled its configuration, which imports
+the whole API (``NoDelayHTTPProtocol`` lives beside the app): about 3 s on an idle machine,
+11 s measured at load average 8-16. Every worker was then killed before it could answer,
+and replaced, every 5 s, with nothing logged. Here:
+
+- a worker that has not yet said it serves is waited for, however long, while it lives;
+  its start is logged, and so is a slow start every ``START_NOTE_EVERY_S``;
+- only a worker that served and then stops answering is replaced (``HEALTHCHECK_S``);
+- a worker dies with its supervisor, SIGKILL included (Linux's ``PR_SET_PDEATHSIG``):
+  orphans would keep answering on the port, with whatever tokens they started with;
+- ``SIGHUP`` is passed on to each serving worker, which reloads its tokens in place
+  (``api.reload``); uvicorn replaced every worker instead, ending agents' long-polls,
+  and gave up when a replacement took more than 5 s to start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from socket import socket
+
+from uvicorn.config import STARTUP_FAILURE, Config
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+log = logging.getLogger("loadmaster.api.supervisor")
+
+# A worker that served and then stops answering for this long is replaced. Generous: a
+# loaded machine may leave a busy worker's answering thread unscheduled for seconds.
+HEALTHCHECK_S = 30
+# How often a worker still starting is mentioned in the log.
+START_NOTE_EVERY_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent`` ends; if it already has (its
+    SIGKILL came while this process was being spawned), end now."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+class Worker(Process):
+    """One worker process, as the supervisor sees it."""
+
+    def __init__(self, config: Config, sockets: list[socket]) -> None:
+        super().__init__(config, sockets)
+        self.supervisor = os.getpid()
+        self.started_at = time.monotonic()
+        self.serving = False
+        # A SIGHUP that came while the worker was starting, passed on once it serves.
+        self.reload_pending = False
+        self._next_note = START_NOTE_EVERY_S
+        self._asked = False
+
+    def target(self, sockets: list[socket] | None = None) -> None:  # pragma: no cover
+        """Runs in the worker process."""
+        die_with(self.supervisor)
+        # Until the app's lifespan takes SIGHUP as a reload, one must not end the worker.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # uvicorn's answering thread and this one would each create the Server on first
+        # use; one made here first is the one both see.
+        _ = self.server
+        super().target(sockets)
+
+    def says_it_serves(self) -> bool:
+        """Whether the worker has answered that it serves, without waiting: one question
+        is outstanding at a time, so answers never pile up behind a slow start."""
+        try:
+            if not self._asked:
+                self.parent_conn.send(b"ping")
+                self._asked = True
+            if self.parent_conn.poll(0):
+                self._asked = False
+                self.serving = bool(self.parent_conn.recv())
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False
+        return self.serving
+
+    def note_slow_start(self) -> None:
+        waited = time.monotonic() - self.started_at
+        if waited >= self._next_note:
+            log.warning(
+                "worker [%d] still starting after %.0f s (a loaded machine imports "
+                "slowly); waiting for it",
+                self.pid,
+                waited,
+            )
+            self._next_note += START_NOTE_EVERY_S
+
+
+class Supervisor(Multiprocess):
+    # Every process this supervisor starts is a Worker (its own ``_start_worker``).
+    processes: list[Worker]  # type: ignore[assignment]
+
+    def _start_worker(self) -> Worker:
+        worker = Worker(self.config, self.sockets)
+        worker.start()
+        return worker
+
+    def init_processes(self) -> None:
+        self.processes = [self._start_worker() for _ in range(self.processes_num)]
+
+    def keep_subprocess_alive(self) -> None:
+        if self.should_exit.is_set():
+            return
+        for idx, worker in enumerate(self.processes):
+            if worker.process.is_alive():
+                if not worker.serving:
+                    self._watch_start(worker)
+                    continue
+                if worker.ping(self.config.timeout_worker_healthcheck):
+                    continue
+                log.error(
+                    "worker [%d] did not answer its health check within %d s; replacing it",
+                    worker.pid,
+                    self.config.timeout_worker_healthcheck,
+                )
+            worker.kill()
+            worker.join()
+            if worker.exitcode == STARTUP_FAILURE:
+                # The app, its settings or the socket are broken: every start would fail.
+                log.error("worker [%d] failed to start; stopping the server", worker.pid)
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            log.warning(
+                "worker [%d] ended (exit code %s); starting another", worker.pid, worker.exitcode
+            )
+            self.processes[idx] = self._start_worker()
+
+    def _watch_start(self, worker: Worker) -> None:
+        if not worker.says_it_serves():
+            worker.note_slow_start()
+            return
+        log.info(
+            "worker [%d] serving, %.1f s after it was started",
+            worker.pid,
+            time.monotonic() - worker.started_at,
+        )
+        if worker.reload_pending:
+            self._reload(worker)
+        if all(w.serving for w in self.processes):
+            log.info("all %d workers serving", len(self.processes))
+
+    def handle_hup(self) -> None:
+        log.info("SIGHUP: each worker reloads its tokens")
+        for worker in self.processes:
+            if worker.serving:
+                self._reload(worker)
+            else:
+                worker.reload_pending = True
+
+    def _reload(self, worker: Worker) -> None:
+        worker.reload_pending = False
+        if worker.pid is not None:
+            with contextlib.suppress(ProcessLookupError):  # died: its replacement reads anew
+                os.kill(worker.pid, signal.SIGHUP)
+
+    def handle_ttin(self) -> None:
+        log.info("SIGTTIN: one more worker")
+        self.processes_num += 1
+        self.processes.append(self._start_worker())

@@ -1,0 +1,176 @@
+"""``loadmaster serve`` as an operator runs it: workers that start slowly are waited for,
+workers die with their supervisor, and SIGHUP reloads the tokens while it serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from cli_helpers import run_cli
+
+from harness import ServedApi
+from loadmaster.api.auth import AuthConfig
+from loadmaster.errors import ValidationError
+from loadmaster.microversions import CLIENT_HEADERS
+
+# A spawned worker imports its parent's main module first (as ``__mp_main__``): this one
+# does so as slowly as a loaded machine imports the API (11 s measured at load 8-16),
+# past uvicorn's 5 s health check.
+SLOW_MAIN = """
+import os, time
+if __name__ == "__mp_main__":
+    time.sleep(float(os.environ["SLOW_IMPORT_S"]))
+from loadmaster.cli import main
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _log_lines(path: Path) -> list[dict[str, object]]:
+    lines = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            lines.append(json.loads(line))
+    return lines
+
+
+def _until(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state == "Z"
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/healthz", timeout=2)
+    except httpx.ConnectError:
+        return True
+    except httpx.TransportError:
+        return False
+    return False
+
+
+@pytest.mark.postgres
+def test_slow_starting_workers_are_waited_for_not_killed(pg_url: str, tmp_path: Path) -> None:
+    main = tmp_path / "slow_main.py"
+    main.write_text(SLOW_MAIN)
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "SLOW_IMPORT_S": "8"}
+    with ServedApi(pg_url, 2, log, env, command=[sys.executable, str(main)]) as api:
+        first = api.worker_pids()
+        # The supervisor learns of a worker's start at its next look, after the worker's
+        # first answer; a quick, not a fixed, wait.
+        _until(
+            lambda: any(line["message"] == "all 2 workers serving" for line in _log_lines(log)),
+            30,
+            "the supervisor did not log its workers' start",
+        )
+        lines = _log_lines(log)
+        assert api.worker_pids() == first
+    started = [str(line["message"]) for line in lines if "serving" in str(line["message"])]
+    assert (
+        sorted(
+            int(message.split("[", 1)[1].split("]")[0])
+            for message in started
+            if message.startswith("worker")
+        )
+        == first
+    ), lines
+    assert "all 2 workers serving" in started
+    # Each worker took longer than uvicorn's 5 s check, and was neither killed nor replaced.
+    assert not [line for line in lines if "ended" in str(line["message"])], lines
+
+
+@pytest.mark.postgres
+def test_workers_die_with_their_supervisor_even_by_sigkill(pg_url: str, tmp_path: Path) -> None:
+    with ServedApi(pg_url, 2, tmp_path / "serve.log") as api:
+        workers = api.worker_pids()
+        try:
+            os.kill(api.process.pid, signal.SIGKILL)
+            api.process.wait(timeout=30)
+            _until(lambda: all(_gone(pid) for pid in workers), 30, "the workers did not end")
+            _until(lambda: _refused(api.url), 30, "the port still answers")
+        finally:
+            for pid in workers:
+                if not _gone(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "workers", [1, pytest.param(2, marks=pytest.mark.postgres)], ids=["one", "workers"]
+)
+def test_sighup_reloads_the_token_file_and_keeps_serving(
+    workers: int, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    db = request.getfixturevalue("pg_url") if workers > 1 else f"sqlite:///{tmp_path / 'lm.db'}"
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[tokens]\n"first-admin" = "admin"\n')
+    log = tmp_path / "serve.log"
+    with ServedApi(db, workers, log, token="first-admin", options=["--tokens", str(tokens)]) as api:
+        pids = api.worker_pids()
+
+        def answer(token: str) -> int:
+            headers = {**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}
+            # A new connection each time, so either worker may answer.
+            return httpx.get(f"{api.url}/resource_classes/VCPU", headers=headers).status_code
+
+        assert answer("second-admin") == 401
+        tokens.write_text('[tokens]\n"second-admin" = "admin"\n')
+        os.kill(api.process.pid, signal.SIGHUP)
+
+        def reloaded() -> set[str]:
+            return {
+                str(line["message"])
+                for line in _log_lines(log)
+                if str(line["message"]).startswith("reload: 1 tokens")
+            }
+
+        _until(lambda: len(reloaded()) >= workers, 60, "not every worker reloaded")
+        assert all(answer("second-admin") == 200 for _ in range(8))
+        assert all(answer("first-admin") == 401 for _ in range(8))
+        # Still the same processes: reloaded in place, not restarted.
+        assert api.process.poll() is None
+        assert api.worker_pids() == pids
+
+        # A token file that does not parse changes nothing: the reload is refused.
+        tokens.write_text("[tokens\n")
+        os.kill(api.process.pid, signal.SIGHUP)
+        _until(
+            lambda: any("refused" in str(line["message"]) for line in _log_lines(log)),
+            60,
+            "the broken token file was not reported",
+        )
+        assert answer("second-admin") == 200
+        assert api.process.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("t.toml", "[tokens\n"), ("t.yaml", "tokens: [\n"), ("t.json", '{"tokens": ')],
+)
+def test_a_token_file_that_does_not_parse_is_refused_by_name(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    broken = tmp_path / name
+    broken.write_text(text)
+    with pytest.raises(ValidationError) as err:
+        AuthConfig.from_file(broken)
+    assert err.value.field == "tokens" and str(broken) in err.value.detail
+    served = run_cli("serve", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--tokens", str(broken))
+    assert served.returncode == 2 and str(broken) in served.stderr, served.stderr

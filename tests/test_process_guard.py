@@ -1,0 +1,103 @@
+"""The guard of tests/process_guard.py, run on a small suite of its own: a test whose
+process outlives it fails and the process is killed, an orphan included; processes of a
+wider fixture, started during a test, are that fixture's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+from process_guard import install, no_process_outlives_its_test
+
+def pytest_configure(config):
+    install(config)
+"""
+
+SUITE = """
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PIDS = Path(__file__).parent / "pids"
+
+
+def note(pid):
+    with PIDS.open("a") as f:
+        f.write(f"{pid}\\n")
+
+
+@pytest.fixture(scope="module")
+def module_sleeper():
+    process = subprocess.Popen(["sleep", "300"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_wider_fixture_starts_a_process_during_this_test(request):
+    request.getfixturevalue("module_sleeper")
+
+
+def test_stops_what_it_starts(module_sleeper):
+    process = subprocess.Popen(["sleep", "300"])
+    process.kill()
+    process.wait()
+
+
+def test_leaves_a_child():
+    note(subprocess.Popen(["sleep", "300"]).pid)
+
+
+def test_leaves_an_orphan():
+    # The shell ends at once; its background sleep loses its parent.
+    note(subprocess.check_output(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"]).strip().decode())
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_process_that_outlives_its_test_fails_it_and_is_killed(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+            "-rA",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout
+    assert "PASSED test_suite.py::test_a_wider_fixture_starts_a_process_during_this_test" in out
+    assert "PASSED test_suite.py::test_stops_what_it_starts" in out
+    assert "ERROR test_suite.py::test_leaves_a_child" in out
+    assert "ERROR test_suite.py::test_leaves_an_orphan" in out
+    assert out.count("outlived it (killed now)") == 2, out
+    assert "sleep 300" in out
+    left = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(left) == 2 and not any(_alive(pid) for pid in left)
