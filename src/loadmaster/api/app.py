@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -32,6 +33,7 @@ from loadmaster.api.routes import (
     vocabulary,
 )
 from loadmaster.hostcontrol import HostWatch
+from loadmaster.hostcontrol.evacuation import AutoEvacuation
 from loadmaster.service import Loadmaster, open_loadmaster
 from loadmaster.settings import default, load_settings
 from loadmaster.settings_model import Settings
@@ -70,9 +72,18 @@ def create_app(
         watch: HostWatch = app.state.watch
         await watch.start()
         service.host_agents.watch = watch
+        # Fencing configured: this process, like any other serving the same database,
+        # fences and evacuates hosts whose agent fell silent (hostcontrol/evacuation.py).
+        evacuation = (
+            AutoEvacuation(service.evacuation) if service.evacuation.fence_command else None
+        )
+        if evacuation is not None:
+            evacuation.start()
         try:
             yield
         finally:
+            if evacuation is not None:
+                await asyncio.to_thread(evacuation.stop)
             service.host_agents.watch = None
             await watch.stop()
             if owned:
