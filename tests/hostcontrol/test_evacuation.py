@@ -245,9 +245,7 @@ def test_a_failed_automatic_fence_is_tried_again_only_after_the_threshold(
     assert _fenced(tmp_path) == ["h0"]
     assert lm.vms.get(vm).host == "h0" and lm.hosts.get("h0").state == "up"
     with lm.store.write() as session:  # the failed try is now more than 60 s old
-        session.execute(
-            update(HostAgentRow).values(fence_claimed_at=now() - timedelta(seconds=61))
-        )
+        session.execute(update(HostAgentRow).values(fence_claimed_at=now() - timedelta(seconds=61)))
     assert failing.run_pass() == []
     assert _fenced(tmp_path) == ["h0", "h0"]
 
