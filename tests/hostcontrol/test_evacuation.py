@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from sqlalchemy import update
 from tests.foundation.dbstate import dump
 
 from loadmaster.errors import Conflict, FenceFailed, InvalidTransition
-from loadmaster.hostcontrol.evacuation import EvacuationService
+from loadmaster.hostcontrol.evacuation import AutoEvacuation, EvacuationService
 from loadmaster.pending import Claim, audit, group_rule_problems
 from loadmaster.service import Loadmaster
 from loadmaster.store.locking import now
@@ -265,3 +266,27 @@ def test_the_host_that_comes_back_stays_down_and_is_given_nothing_moved_away(
     assert said.unexpected == (vm,) and said.activated == ()
     assert lm.hosts.get("h0").state == "down"
     assert lm.vms.get(vm).host != "h0"
+
+
+def test_the_server_thread_waits_a_grace_before_its_first_pass(
+    lm: Loadmaster, tmp_path: Path
+) -> None:
+    """After every server was away, each agent's last word is old: a pass at once would
+    fence the fleet. Stopping interrupts the grace; with none, the silent host is fenced."""
+    _cluster(lm)
+    _silence(lm, "h0")
+    service = _with_fence(lm, _fence_script(tmp_path))
+    waiting = AutoEvacuation(service, every_s=0.05)
+    assert waiting.grace_s == 60 + 10 + 2  # the threshold, a held poll's refresh, a flush
+    waiting.start()
+    waiting.stop()
+    assert _fenced(tmp_path) == [] and lm.hosts.get("h0").state == "up"
+    running = AutoEvacuation(service, every_s=0.05, grace_s=0)
+    running.start()
+    try:
+        deadline = time.monotonic() + 60
+        while lm.hosts.get("h0").state != "down" and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        running.stop()
+    assert _fenced(tmp_path) == ["h0"] and lm.hosts.get("h0").state == "down"

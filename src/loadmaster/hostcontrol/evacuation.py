@@ -46,6 +46,7 @@ from loadmaster.errors import (
     ValidationError,
 )
 from loadmaster.hostcontrol.service import HostControl
+from loadmaster.hostcontrol.watch import DEFAULT_FLUSH_S, DEFAULT_REFRESH_S
 from loadmaster.scheduler.drain import Unplaced
 from loadmaster.scheduler.request import RequestSpec
 from loadmaster.scheduler.scheduler import Scheduler
@@ -237,17 +238,23 @@ class EvacuationService:
             for placement in result.failed:
                 assert placement.error is not None
                 unplaced.append(Unplaced(placement.vm, placement.error))
-        order = tuple(v.uuid for v in staying)
-        if moved:
-            log.warning("host %s: %d VMs evacuated, %d left", name, len(moved), len(unplaced))
+        seconds = time.perf_counter() - started
+        if staying:
+            log.warning(
+                "host %s: %d VMs evacuated in %.3f s, %d left",
+                name,
+                len(moved),
+                seconds,
+                len(unplaced),
+            )
         return EvacuationResult(
             name,
             known,
             moved,
             tuple(unplaced),
             in_flight,
-            order,
-            time.perf_counter() - started,
+            tuple(v.uuid for v in staying),
+            seconds,
             names,
         )
 
@@ -321,11 +328,23 @@ class EvacuationService:
 
 class AutoEvacuation:
     """The server process's thread running ``EvacuationService.run_pass`` every
-    ``every_s`` (by default a quarter of the silence threshold, at most 5 s)."""
+    ``every_s`` (by default a quarter of the silence threshold, at most 5 s).
 
-    def __init__(self, service: EvacuationService, *, every_s: float | None = None) -> None:
+    The first pass waits until the process has listened for a whole threshold plus the
+    interval at which held long-polls are written as heard: after an outage of every
+    server (or at the first start) each agent's last word is old, and a pass at once
+    would fence the whole fleet before its agents had a chance to reconnect."""
+
+    def __init__(
+        self,
+        service: EvacuationService,
+        *,
+        every_s: float | None = None,
+        grace_s: float | None = None,
+    ) -> None:
         self._service = service
         self._every_s = every_s
+        self._grace_s = grace_s
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -344,7 +363,15 @@ class AutoEvacuation:
         if self._thread is not None:
             self._thread.join()
 
+    @property
+    def grace_s(self) -> float:
+        if self._grace_s is not None:
+            return self._grace_s
+        return self._service.silent_after.total_seconds() + DEFAULT_REFRESH_S + DEFAULT_FLUSH_S
+
     def _run(self) -> None:
+        if self._stopping.wait(self.grace_s):
+            return
         while not self._stopping.wait(self.every_s):
             try:
                 self._service.run_pass()
