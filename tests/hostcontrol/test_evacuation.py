@@ -290,3 +290,22 @@ def test_the_server_thread_waits_a_grace_before_its_first_pass(
     finally:
         running.stop()
     assert _fenced(tmp_path) == ["h0"] and lm.hosts.get("h0").state == "down"
+
+
+def test_hosts_dying_together_are_evacuated_in_one_batch_ha_first_across_them(
+    lm: Loadmaster, tmp_path: Path
+) -> None:
+    _cluster(lm, hosts=3)
+    lm.hosts.set_inventories("h1", BIG)
+    plain = _running_on(lm, "h0", "plain", "big")  # the first host a pass would look at
+    ha = _running_on(lm, "h1", "ha", "big", tags=["ha"])
+    _running_on(lm, "h2", "filler", "small")  # h2 has room for one big VM only
+    _silence(lm, "h0")
+    _silence(lm, "h1")
+    results = _with_fence(lm, _fence_script(tmp_path)).run_pass()
+    assert sorted(_fenced(tmp_path)) == ["h0", "h1"]
+    by_host = {r.host: r for r in results}
+    assert by_host["h1"].moved == {ha: "h2"} and by_host["h1"].unplaced == ()
+    assert by_host["h0"].moved == {} and [u.vm for u in by_host["h0"].unplaced] == [plain]
+    assert lm.vms.get(plain).host == "h0"  # still claimed there, for the next pass
+    assert audit(lm.store) == []

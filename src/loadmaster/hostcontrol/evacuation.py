@@ -29,7 +29,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -127,34 +127,39 @@ class EvacuationService:
         if not isinstance(confirm_down, bool):
             raise ValidationError("confirm_down must be true or false", field="confirm_down")
         started = time.perf_counter()
+        name, known = self._know_down(host, confirm_down)
+        return self._place({name: known}, policy, started)[0]
+
+    def _know_down(self, host: str, confirm_down: bool) -> tuple[str, str]:
+        """The host's name once it is down, and how it is known to be (see
+        ``EvacuationResult.known_down``)."""
         with self._store.read() as session:
             row = _root(session, host)
             name, state = row.name, row.state
             heard = _heard_ago(session, row.id)
         if state == "down":
-            known = "already"
+            return name, "already"
+        if heard is not None and heard <= self.silent_after:
+            raise Conflict(
+                f"host {name}'s agent was heard {heard.total_seconds():.0f} s ago: a host "
+                f"that answers is drained (loadmaster host drain {name}), not evacuated",
+                field="host",
+            )
+        if confirm_down:
+            known = "confirmed"
+        elif self.fence_command is not None:
+            self.fence(name)
+            known = "fenced"
         else:
-            if heard is not None and heard <= self.silent_after:
-                raise Conflict(
-                    f"host {name}'s agent was heard {heard.total_seconds():.0f} s ago: a host "
-                    f"that answers is drained (loadmaster host drain {name}), not evacuated",
-                    field="host",
-                )
-            if confirm_down:
-                known = "confirmed"
-            elif self.fence_command is not None:
-                self.fence(name)
-                known = "fenced"
-            else:
-                raise Conflict(
-                    f"host {name} is not known to be down, and its VMs may still run there: "
-                    f"make sure it is off, then run loadmaster host evacuate {name} "
-                    "--confirm-down (or configure LOADMASTER_FENCE_COMMAND); nothing changed",
-                    field="confirm_down",
-                )
-            self._mark_down(name)
-            log.warning("host %s is down (%s): evacuating its VMs", name, known)
-        return self._place(name, known, policy, started)
+            raise Conflict(
+                f"host {name} is not known to be down, and its VMs may still run there: "
+                f"make sure it is off, then run loadmaster host evacuate {name} "
+                "--confirm-down (or configure LOADMASTER_FENCE_COMMAND); nothing changed",
+                field="confirm_down",
+            )
+        self._mark_down(name)
+        log.warning("host %s is down (%s): evacuating its VMs", name, known)
+        return name, known
 
     def fence(self, host: str) -> None:
         """Run the fence command with the host's name; FenceFailed unless it exits 0."""
@@ -202,21 +207,25 @@ class EvacuationService:
                 if attempt == STATE_RETRIES - 1:
                     raise
 
-    def _place(self, name: str, known: str, policy: str | None, started: float) -> EvacuationResult:
+    def _place(
+        self, known: Mapping[str, str], policy: str | None, started: float
+    ) -> list[EvacuationResult]:
+        """Place the VMs of the hosts ``known`` down (name -> how) in one scheduler batch
+        per wave, however many hosts died together; a result per host."""
         with self._store.read() as session:
-            row = _root(session, name)
+            ids = {_root(session, name).id: name for name in known}
             vms = list(
                 session.scalars(
                     select(VmRow)
                     .where(
                         VmRow.state.in_(("running", "pending", "migrating")),
-                        or_(VmRow.host_id == row.id, VmRow.target_host_id == row.id),
+                        or_(VmRow.host_id.in_(ids), VmRow.target_host_id.in_(ids)),
                     )
                     .order_by(VmRow.id)
                 )
             )
-        names = {v.uuid: v.name for v in vms}
-        in_flight = tuple(v.uuid for v in vms if v.state == "migrating")
+        # Which dead host each VM is on, or headed to (a migration in flight).
+        origin = {v.uuid: ids.get(v.host_id or 0) or ids.get(v.target_host_id or 0) for v in vms}
         staying = sorted(
             (v for v in vms if v.state != "migrating"),
             key=lambda v: (HA_TAG not in v.tags, -priority_of(v.tags), v.name, v.uuid),
@@ -241,22 +250,25 @@ class EvacuationService:
         seconds = time.perf_counter() - started
         if staying:
             log.warning(
-                "host %s: %d VMs evacuated in %.3f s, %d left",
-                name,
+                "host(s) %s: %d VMs evacuated in %.3f s, %d left",
+                ", ".join(known),
                 len(moved),
                 seconds,
                 len(unplaced),
             )
-        return EvacuationResult(
-            name,
-            known,
-            moved,
-            tuple(unplaced),
-            in_flight,
-            tuple(v.uuid for v in staying),
-            seconds,
-            names,
-        )
+        return [
+            EvacuationResult(
+                name,
+                how,
+                {vm: host for vm, host in moved.items() if origin[vm] == name},
+                tuple(u for u in unplaced if origin[u.vm] == name),
+                tuple(v.uuid for v in vms if v.state == "migrating" and origin[v.uuid] == name),
+                tuple(v.uuid for v in staying if origin[v.uuid] == name),
+                seconds,
+                {v.uuid: v.name for v in vms if origin[v.uuid] == name},
+            )
+            for name, how in known.items()
+        ]
 
     # -- the automatic pass ----------------------------------------------------------------
     def due(self) -> tuple[list[str], list[str]]:
@@ -305,25 +317,21 @@ class EvacuationService:
             return bool(getattr(claimed, "rowcount", 0) == 1)
 
     def run_pass(self) -> list[EvacuationResult]:
-        """One automatic pass (fencing configured): fence and evacuate the hosts that went
-        silent, evacuate again what is left on hosts already down."""
+        """One automatic pass (fencing configured): fence the hosts that went silent, then
+        place their VMs and what is left on hosts already down, all in one batch."""
         if self.fence_command is None:
             return []
         to_fence, again = self.due()
-        results = []
+        known: dict[str, str] = {}
         for name in to_fence:
             if not self.claim_fence(name):
                 continue
             try:
-                results.append(self.evacuate(name))
+                known.update([self._know_down(name, False)])
             except LoadmasterError as exc:
                 log.error("host %s silent, not evacuated: %s", name, exc.detail)
-        for name in again:
-            try:
-                results.append(self.evacuate(name))
-            except LoadmasterError as exc:
-                log.error("host %s down, its VMs not evacuated: %s", name, exc.detail)
-        return results
+        known.update((name, "already") for name in again if name not in known)
+        return self._place(known, None, time.perf_counter()) if known else []
 
 
 class AutoEvacuation:
