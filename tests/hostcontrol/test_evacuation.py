@@ -295,11 +295,14 @@ def test_the_server_thread_waits_a_grace_before_its_first_pass(
 def test_hosts_dying_together_are_evacuated_in_one_batch_ha_first_across_them(
     lm: Loadmaster, tmp_path: Path
 ) -> None:
-    _cluster(lm, hosts=3)
+    _cluster(lm, hosts=5)
     lm.hosts.set_inventories("h1", BIG)
     plain = _running_on(lm, "h0", "plain", "big")  # the first host a pass would look at
     ha = _running_on(lm, "h1", "ha", "big", tags=["ha"])
-    _running_on(lm, "h2", "filler", "small")  # h2 has room for one big VM only
+    # Room for one big VM in all, on h2.
+    _running_on(lm, "h2", "filler-2", "small")
+    _running_on(lm, "h3", "filler-3", "big")
+    _running_on(lm, "h4", "filler-4", "big")
     _silence(lm, "h0")
     _silence(lm, "h1")
     results = _with_fence(lm, _fence_script(tmp_path)).run_pass()
@@ -309,3 +312,21 @@ def test_hosts_dying_together_are_evacuated_in_one_batch_ha_first_across_them(
     assert by_host["h0"].moved == {} and [u.vm for u in by_host["h0"].unplaced] == [plain]
     assert lm.vms.get(plain).host == "h0"  # still claimed there, for the next pass
     assert audit(lm.store) == []
+
+
+def test_no_host_is_fenced_when_most_agents_are_silent_at_once(
+    lm: Loadmaster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two of three silent at once: this server more likely lost the network (or is
+    overloaded) than two hosts died; fencing them would kill healthy hosts."""
+    _cluster(lm, hosts=3)
+    vm = _running_on(lm, "h0", "web")
+    _silence(lm, "h0")
+    _silence(lm, "h1")
+    service = _with_fence(lm, _fence_script(tmp_path))
+    assert service.run_pass() == []
+    assert _fenced(tmp_path) == [] and lm.vms.get(vm).host == "h0"
+    assert "2 of 3 hosts' agents are silent" in caplog.text and "none fenced" in caplog.text
+    lm.host_agents.register("h1", hypervisor_uri="test:///h1", inventories=NODE)  # heard
+    assert [r.host for r in service.run_pass()] == ["h0"]
+    assert _fenced(tmp_path) == ["h0"]

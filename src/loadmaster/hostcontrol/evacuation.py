@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 HA_TAG = "ha"
 DEFAULT_FENCE_TIMEOUT_S = 60.0
 STATE_RETRIES = 20
+# More silent agents than this share of the hosts up: no host is fenced (see ``due``).
+MAX_SILENT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -273,15 +275,19 @@ class EvacuationService:
     # -- the automatic pass ----------------------------------------------------------------
     def due(self) -> tuple[list[str], list[str]]:
         """Hosts whose agent is silent past the threshold: (not yet down, to fence; down
-        with VMs still claimed there, to evacuate again)."""
+        with VMs still claimed there, to evacuate again). None to fence when more than
+        ``MAX_SILENT_SHARE`` of the hosts up with an agent are silent: as oVirt's fencing
+        policy skips fencing on cluster connectivity issues, so many silences at once say
+        more about this server (its network, its load) than about the hosts."""
         cutoff = now() - self.silent_after
         with self._store.read() as session:
-            silent = session.execute(
-                select(HostRow.id, HostRow.name, HostRow.state)
+            agents = session.execute(
+                select(HostRow.id, HostRow.name, HostRow.state, HostAgentRow.last_seen_at)
                 .join(HostAgentRow, HostAgentRow.host_id == HostRow.id)
-                .where(HostRow.parent_id.is_(None), HostAgentRow.last_seen_at < cutoff)
+                .where(HostRow.parent_id.is_(None))
                 .order_by(HostRow.id)
             ).all()
+            silent = [(i, name, state) for i, name, state, seen in agents if seen < cutoff]
             down = [i for i, _, state in silent if state == "down"]
             left = set(
                 session.scalars(
@@ -291,6 +297,15 @@ class EvacuationService:
                 )
             )
         to_fence = [name for _, name, state in silent if state != "down"]
+        watched = sum(state != "down" for _, _, state, _ in agents)
+        if len(to_fence) > MAX_SILENT_SHARE * watched:
+            log.warning(
+                "%d of %d hosts' agents are silent: more likely this server's trouble than "
+                "that many dead hosts; none fenced",
+                len(to_fence),
+                watched,
+            )
+            to_fence = []
         return to_fence, [name for i, name, _ in silent if i in left]
 
     def claim_fence(self, host: str) -> bool:
