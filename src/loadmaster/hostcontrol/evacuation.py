@@ -17,8 +17,10 @@ side (several server processes) never place a VM twice.
 ``AutoEvacuation`` runs in the server process when a fence command is configured: each
 pass, a host whose agent has been silent past ``agent_silent_after`` is fenced by one
 process (a compare-and-swap on ``host_agents.fence_claimed_at``, once per silence; a
-fence that failed is tried again after another threshold plus the fence's timeout) and
-evacuated. A host that comes back stays ``down`` until the operator sets it ``up``; its
+fence that failed is tried again after another threshold plus the fence's timeout), and
+the VMs of every host fenced in the pass are placed together. No host is fenced while
+more than half of the agents are silent, nor before the process has listened for a
+threshold. A host that comes back stays ``down`` until the operator sets it ``up``; its
 agent stops what the ledger moved away, since its work list no longer holds it.
 """
 
