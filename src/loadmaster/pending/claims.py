@@ -136,9 +136,9 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
                 )
             if claim.intent == "evacuate" and vm.id not in groups.evacuating:
                 raise InvalidTransition(
-                    f"{prefix}vm {vm.uuid} is {vm.state} and not on a host that is down; "
+                    f"{prefix[i]}vm {vm.uuid} is {vm.state} and not on a host that is down; "
                     "there is nothing to evacuate",
-                    field=f"{prefix}vm",
+                    field=f"{prefix[i]}vm",
                 )
             planned = _plan(vm, host, tree, flavor, class_ids, claim, prefix[i])
             groups.check(vm, tree.root, prefix[i], moving=moving)
