@@ -242,6 +242,17 @@ class SimAgent:
             await asyncio.sleep(LEGACY_SLA_REPORT_S)
 
 
+async def _stop_when(stopping: asyncio.Event, agents: list[asyncio.Task[None]]) -> None:
+    """Cancel the agents once ``stopping`` is set, and again while any still runs: on
+    Python 3.11 ``asyncio.wait_for`` loses a cancellation that arrives as its inner
+    request completes (gh-86296), and that agent would poll on until its deadline."""
+    await stopping.wait()
+    while not all(agent.done() for agent in agents):
+        for agent in agents:
+            agent.cancel()
+        await asyncio.sleep(0.5)
+
+
 async def run_fleet(
     url: str,
     token: str | None,
@@ -279,11 +290,14 @@ async def run_fleet(
     reporter = asyncio.create_task(progress()) if verbose else None
     agents = [asyncio.create_task(one(h)) for h in hosts]
     loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    stopper = asyncio.create_task(_stop_when(stopping, agents))
     if stop_on is not None:
         # The signal ends the run early (the benchmark is done with the fleet): what was
         # counted so far is the answer.
-        loop.add_signal_handler(stop_on, lambda: [a.cancel() for a in agents])
+        loop.add_signal_handler(stop_on, stopping.set)
     outcomes = await asyncio.gather(*agents, return_exceptions=True)
+    stopper.cancel()
     if stop_on is not None:
         loop.remove_signal_handler(stop_on)
     if reporter is not None:

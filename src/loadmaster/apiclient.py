@@ -55,7 +55,10 @@ class ApiError(Exception):
         self.code = str(self.body.get("code", ""))
         if hint:
             message = f"{hint} ({method} {path}: {self.detail})"
-        elif status in (401, 403):
+        elif status == 401:
+            # The server says whether a token was missing or unknown.
+            message = f"the loadmaster API refused the request ({method} {path}: {self.detail})"
+        elif status == 403:
             message = f"the loadmaster API refused the token ({method} {path}: {self.detail})"
         else:
             message = f"{method} {path}: {status} {self.detail}"

@@ -21,6 +21,7 @@ from loadmaster.agent.controllers import (
     libvirt_period,
     libvirt_quota,
     libvirt_shares,
+    stop_or_migrate,
 )
 from loadmaster.agent.hypervisor import GuestInfo, HypervisorError, SysfsKsm
 from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
@@ -280,6 +281,26 @@ def test_migration_asked_once_per_episode_and_retried_on_failure() -> None:
     ctl.apply(context(sim, {}))
     ctl.apply(context(sim, asking, host_stats=host))
     assert len(sent) == 2
+
+
+def test_a_vm_stopped_is_not_also_asked_to_move() -> None:
+    """Both asked of each guest: the vapor VM is stopped and not sent away (a move of a
+    VM shutting down would be left in flight); the gold VM is never stopped, so it moves."""
+    sim = two_guests()
+    sent: list[str] = []
+    both = {"be": {"stop": 1, "migrate": 1}, "gold": {"stop": 1, "migrate": 1}}
+    ctx = context(sim, both)
+    stopped = StopController(sim).apply(ctx)
+    MigrationController(lambda uuid, reason: sent.append(uuid)).apply(ctx)
+    assert [a.target for a in stopped.actions] == ["be"]
+    assert sent == [uuid_of(sim, "gold")]
+    assert stop_or_migrate(both["be"], ctx.guests["be"].tags) == (
+        "stop: a vapor VM is powered off, and not also asked to move"
+    )
+    assert stop_or_migrate(both["gold"], ctx.guests["gold"].tags) == (
+        "migrate: a gold VM is never stopped, so the agent refuses stop and asks to move it"
+    )
+    assert stop_or_migrate({"migrate": 1}, ctx.guests["be"].tags) is None
 
 
 def test_controllers_ignore_guests_that_are_gone() -> None:

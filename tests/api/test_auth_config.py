@@ -76,3 +76,21 @@ def test_no_auth_app_serves_without_tokens(tmp_path: Path) -> None:
     with TestClient(app) as client:
         assert client.put("/traits/CUSTOM_OPEN", headers=CLIENT_HEADERS).status_code == 201
         assert "securitySchemes" not in client.get("/openapi.json").json().get("components", {})
+
+
+def test_missing_and_wrong_tokens_are_told_apart(tmp_path: Path) -> None:
+    """Both 401, each saying what to fix; the token sent is never echoed."""
+    app = create_app(f"sqlite:///{tmp_path / 'auth.db'}", AuthConfig({SECRET: "admin"}))
+    with TestClient(app) as client:
+        missing = client.get("/flavors")
+        basic = client.get("/flavors", headers={"Authorization": "Basic YWRtaW46YWRtaW4="})
+        wrong = client.get("/flavors", headers={"Authorization": "Bearer wrong-token-42"})
+        wrong_x = client.get("/flavors", headers={"X-Auth-Token": "wrong-token-42"})
+    for response in (missing, basic, wrong, wrong_x):
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        assert response.json()["code"] == "loadmaster.unauthenticated"
+    assert missing.json()["detail"].startswith("no token sent: send Authorization: Bearer")
+    assert basic.json()["detail"] == missing.json()["detail"]
+    assert wrong.json()["detail"].startswith("the token sent is not one this server knows")
+    assert wrong_x.json()["detail"] == wrong.json()["detail"]
+    assert "wrong-token-42" not in wrong.text + wrong_x.text

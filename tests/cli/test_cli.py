@@ -181,6 +181,8 @@ def test_policy_commands(tmp_path: Path) -> None:
         "missing_stats",
         "left_out",
         "refused",
+        "tick_skipped",
+        "stop_or_migrate",
     }
 
 
@@ -268,3 +270,32 @@ def test_host_import_registers_a_file_of_hosts_a_chunk_a_request(
     file.write_text("[]")
     code, output = cli(server, "host", "import", str(file))
     assert code == 2 and "expected a list of hosts" in output
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("VCPU", "write CLASS=AMOUNT"),
+        ("=2", "write CLASS=AMOUNT"),
+        ("VCPU=", "the amount must be a whole number of 0 or more"),
+        ("VCPU=two", "the amount must be a whole number of 0 or more"),
+        ("VCPU=1.5", "the amount must be a whole number of 0 or more"),
+        ("VCPU=-1", "the amount must be a whole number of 0 or more"),
+        ("vcpu=2", "a resource class is upper case letters, digits and _"),
+    ],
+)
+def test_malformed_resource_values_are_usage_errors(server: str, value: str, reason: str) -> None:
+    """One code for every malformed -r, as click gives its own usage errors, and a
+    message naming the value and what is wrong with it; nothing is created."""
+    code, output = cli(server, "flavor", "create", "malformed.flavor", "-r", value)
+    assert code == 2, output
+    assert f"--resource {value!r}: {reason}" in output
+    assert cli(server, "flavor", "show", "malformed.flavor")[0] == 3
+
+
+def test_a_refused_amount_names_its_field_and_reason_once(server: str) -> None:
+    code, output = cli(server, "host", "create", "refused-host", "-i", "VCPU=-1")
+    assert code == 1, output
+    assert output.strip() == (
+        "error: inventories.VCPU.total: must be at least 1, got -1 [loadmaster.invalid]"
+    )

@@ -204,6 +204,17 @@ def test_agent_takes_url_and_the_old_api_name() -> None:
     assert "--api" not in ok("agent", "--help")
 
 
+def test_trait_list_custom_leaves_the_standard_traits_out(server: str) -> None:
+    base = ["--url", server, "--token", ADMIN]
+    ok(*base, "trait", "create", "CUSTOM_ONLY_MINE")
+    everything = json.loads(ok(*base, "trait", "list", "--json"))["traits"]
+    assert "HW_CPU_X86_AVX2" in everything and "CUSTOM_ONLY_MINE" in everything
+    custom = json.loads(ok(*base, "trait", "list", "--custom", "--json"))["traits"]
+    assert "CUSTOM_ONLY_MINE" in custom
+    assert custom == [t for t in everything if t.startswith("CUSTOM_")]
+    assert "HW_CPU_X86_AVX2" not in ok(*base, "trait", "list", "--custom")
+
+
 HEAVY = {
     "sqlalchemy",
     "fastapi",

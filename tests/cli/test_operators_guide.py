@@ -102,3 +102,36 @@ def start(command: str, cwd: Path, env: dict[str, str], port: str) -> subprocess
         stderr=subprocess.DEVNULL,
     )
     return wait_until_healthy(process, port)
+
+
+def test_the_drain_section_names_the_vm_its_run_leaves() -> None:
+    """The prose says which VM cannot move; the run checks the name, not only a count."""
+    section = GUIDE.read_text().split("## Drain a host for maintenance", 1)[1].split("\n## ", 1)[0]
+    prose, _, block = section.partition("```console")
+    drain = next(
+        s for s in steps(f"```console{block}") if s.command.startswith("loadmaster host drain")
+    )
+    stuck = [
+        m.group(1) for line in drain.expected if (m := re.match(r"VM (\S+) fits nowhere", line))
+    ]
+    assert stuck, f"the drain's output in the guide names no VM left: {drain.expected}"
+    assert re.search(rf"`{re.escape(stuck[0])}` cannot move", prose), prose
+
+
+def test_the_flavor_section_names_every_extra_spec_applied() -> None:
+    """The guide once said only trait: specs are applied while hw:cpu_policy=dedicated
+    turned VCPU into PCPU; its console block now runs that flavor and checks PCPU."""
+    section = GUIDE.read_text().split("## Flavors and extra specs", 1)[1].split("\n## ", 1)[0]
+    prose = " ".join(section.partition("```console")[0].split())
+    for applied in (
+        "trait:NAME=required|forbidden",
+        "resources:CLASS=N",
+        "member_of",
+        "hw:cpu_policy=dedicated",
+        "hw:mem_page_size=small|any",
+        "hw:numa_nodes=1",
+    ):
+        assert applied in prose, applied
+    assert "other keys are stored and shown" not in prose
+    pinned = next(s for s in steps(section) if "hw:cpu_policy=dedicated" in s.command)
+    assert any("PCPU=2" in line for line in pinned.expected)

@@ -17,6 +17,7 @@ import json
 import uuid
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 import loadmaster
 from loadmaster.cluster import VmSpec
 from loadmaster.errors import LoadmasterError
-from loadmaster.pending.candidates import SHARING_TRAIT, RequestGroup
+from loadmaster.pending.candidates import SHARING_TRAIT, RequestGroup, _World
 from loadmaster.resources.selectors import MemberOf, Required
 
 CLASSES = ("VCPU", "MEMORY_MB", "DISK_GB")
@@ -99,13 +100,7 @@ def test_every_candidate_meets_the_definition_once(
     lm = loadmaster.open(f"sqlite:///{tmp_path / f'c-{uuid.uuid4().hex}.db'}")
     try:
         _build(lm, providers, claims)
-        groups = []
-        for suffix, group in (("", unnumbered), ("1", numbered)):
-            if group is None:
-                continue
-            amounts, required, forbidden, aggregate = group
-            member_of = MemberOf((frozenset({aggregate}),)) if aggregate else MemberOf()
-            groups.append(RequestGroup(suffix, amounts, _rule(required, forbidden), member_of))
+        groups = _groups(unnumbered, numbered)
         found = lm.allocations.candidates(groups)
         usages = lm.allocations.usages()
         hosts = {h.uuid: h for h in lm.hosts.list()}
@@ -150,5 +145,46 @@ def test_every_candidate_meets_the_definition_once(
                     assert group.member_of.within(set(host.aggregates)) or group.member_of.within(
                         set(root.aggregates)
                     )
+    finally:
+        lm.close()
+
+
+def _groups(unnumbered: Any, numbered: Any) -> list[RequestGroup]:
+    groups = []
+    for suffix, group in (("", unnumbered), ("1", numbered)):
+        if group is None:
+            continue
+        amounts, required, forbidden, aggregate = group
+        member_of = MemberOf((frozenset({aggregate}),)) if aggregate else MemberOf()
+        groups.append(RequestGroup(suffix, amounts, _rule(required, forbidden), member_of))
+    return groups
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    providers=st.lists(PROVIDER, min_size=2, max_size=7),
+    claims=st.lists(st.integers(0, 6), max_size=4),
+    unnumbered=GROUP,
+    numbered=st.one_of(st.none(), GROUP),
+)
+def test_a_host_alone_in_its_tree_gives_what_the_full_search_gives(
+    tmp_path: Path,
+    providers: list[Any],
+    claims: list[int],
+    unnumbered: Any,
+    numbered: Any,
+) -> None:
+    """The shortcut for a root without children or sharing (most hosts of a cloud) gives
+    the same candidates, in the same order, as the search through every combination."""
+    lm = loadmaster.open(f"sqlite:///{tmp_path / f'a-{uuid.uuid4().hex}.db'}")
+    try:
+        _build(lm, providers, claims)
+        groups = _groups(unnumbered, numbered)
+        quick = lm.allocations.candidates(groups).requests
+        with patch.object(_World, "alone", lambda _self, _root: False):
+            full = lm.allocations.candidates(groups).requests
+        assert quick == full
     finally:
         lm.close()

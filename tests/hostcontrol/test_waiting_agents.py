@@ -54,12 +54,34 @@ class Statements:
         return [s for s in self.seen if s.lstrip().upper().startswith(WRITES)]
 
 
+class AnswerTimes:
+    """ASGI middleware: for each long-poll, the seconds from its arrival to its answer, as
+    the server measures them (not counting the clients' own queue behind one GIL)."""
+
+    def __init__(self, app: Any, into: list[float]) -> None:
+        self.app, self.into = app, into
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/work"):
+            await self.app(scope, receive, send)
+            return
+        arrived = time.monotonic()
+
+        async def timed_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                self.into.append(time.monotonic() - arrived)
+            await send(message)
+
+        await self.app(scope, receive, timed_send)
+
+
 @dataclass
 class Served:
     lm: Loadmaster
     server: ThreadedServer
     watch: HostWatch
     statements: Statements
+    answered_after: list[float]
 
     @property
     def url(self) -> str:
@@ -84,11 +106,13 @@ def served(lm: Loadmaster) -> Iterator[Served]:
             )
     lm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
     app = create_app(lm)
+    answered_after: list[float] = []
+    app.add_middleware(AnswerTimes, into=answered_after)
     statements = Statements()
     event.listen(lm.store.engine, "before_cursor_execute", statements)
     server = serve_in_thread(app)
     try:
-        yield Served(lm, server, app.state.watch, statements)
+        yield Served(lm, server, app.state.watch, statements, answered_after)
     finally:
         server.stop()
         event.remove(lm.store.engine, "before_cursor_execute", statements)
@@ -166,13 +190,13 @@ def test_waits_end_within_a_second_of_their_deadline_with_300_waiters(served: Se
         pass
     assert len(pollers.took) == 300
     assert set(pollers.statuses) == {304}
-    took = sorted(pollers.took)
-    assert took[0] >= 2.9, took[0]
-    # The old long-poll took 16-25 s for a 15 s wait. 300 answers due in the same instant
-    # still queue behind each other on a loaded 2-core machine, hence the slowest 5 %'s
-    # wider bound.
-    assert took[int(0.95 * len(took))] <= 4.0, f"95 % of 3 s waits took up to {took[285]:.2f} s"
-    assert took[-1] <= 5.0, f"a 3 s wait took {took[-1]:.2f} s"
+    assert min(pollers.took) >= 2.9, min(pollers.took)
+    # The old long-poll took 16-25 s for a 15 s wait. Judged as the server answers: the
+    # 300 clients share this process's GIL with it, and on a loaded machine reading 300
+    # answers due in one instant takes them a while of their own.
+    took = sorted(served.answered_after)
+    assert len(took) == 300
+    assert took[-1] <= 4.0, f"a 3 s wait was answered after {took[-1]:.2f} s"
 
 
 def test_a_waiter_whose_client_hangs_up_stops_at_once(served: Served) -> None:
@@ -305,3 +329,41 @@ def test_a_held_long_poll_keeps_its_agent_heard(served: Served) -> None:
         first = heard()
         time.sleep(1.5)
         assert heard() > first, "a held wait is refreshed"
+
+
+@pytest.mark.postgres
+def test_a_commit_of_another_process_wakes_a_waiter_before_any_tick_on_postgresql(
+    pg_url: str,
+) -> None:
+    """Another process's claim is noticed through PostgreSQL's NOTIFY, not at the next read
+    of the clock: with the tick at a minute, the waiter still wakes at once."""
+    import loadmaster
+
+    with loadmaster.open(pg_url) as here, loadmaster.open(pg_url) as elsewhere:
+        here.hosts.create_many([{"name": "h0", "inventories": NODE}])
+        here.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+        watch = HostWatch(here.store, tick_s=60.0)
+
+        async def scenario() -> tuple[str, float]:
+            await watch.start()
+            try:
+                host = await watch.host("h0")
+                never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                waiting = asyncio.create_task(watch.wait(host.id, 50.0, never))
+                while watch.waiting() == 0:
+                    await asyncio.sleep(0.01)
+                # A write of the other Store (its own engine and connections) is not
+                # heard through this one's Store.listen: only the database can tell.
+                vm = await asyncio.to_thread(elsewhere.vms.create, "v0", "small")
+                claimed = time.monotonic()
+                await asyncio.to_thread(elsewhere.allocations.claim, vm.uuid, "h0")
+                outcome = await waiting
+                return outcome, time.monotonic() - claimed
+            finally:
+                await watch.stop()
+
+        started = time.monotonic()
+        outcome, after = asyncio.run(scenario())
+    assert outcome == "changed"
+    assert after < 10.0, f"woken {after:.1f} s after the claim: at a tick, not by a notice"
+    assert time.monotonic() - started < 30.0, "stopping the watcher waited for its tick"

@@ -15,6 +15,7 @@ from loadmaster.policy import (
     load_policy_dir,
     shipped_policy_dir,
 )
+from loadmaster.policy.entities import IO_KEYS
 
 
 def test_policy_dir_follows_moms_rules(tmp_path: Path) -> None:
@@ -121,11 +122,53 @@ def test_eval_files_reports_refused_io_tune_and_left_out_guests(tmp_path: Path) 
         ]
     }
     out = eval_files([policy], snapshot)
+    # The policy never reads the limit keys the entry lacks: as in MOM, nothing is refused.
+    io_request = [
+        {"name": "vda", "path": None, "ioTune": {**dict.fromkeys(IO_KEYS), "total_iops_sec": 5}}
+    ]
+    assert out["guests"] == {
+        "ok": {"vcpu_quota": 4},
+        "short": {"vcpu_quota": 2, "io_tune": io_request},
+    }
+    assert out["refused"] == {}
+    assert out["left_out"]["nil"].startswith("policy failed on its nil vcpu_count: p.policy:2:")
+
+    # Reading one it lacks refuses that guest's IO tune alone; its other controls stand.
+    policy.write_text(
+        policy.read_text().replace(
+            "(t.setTotalIopsSec 5)",
+            "(let ((cap t.maximum)) (t.setTotalIopsSec cap.total_iops_sec))",
+        )
+    )
+    out = eval_files([policy], snapshot)
     assert out["guests"] == {"ok": {"vcpu_quota": 4}, "short": {"vcpu_quota": 2}}
     assert out["refused"] == {
-        "short": {"io_tune": "io_tune entry 'vda': maximum lacks the limit key total_iops_sec"}
+        "short": {
+            "io_tune": "io_tune entry 'vda': maximum lacks the limit key total_iops_sec, "
+            "which the policy read"
+        }
     }
-    assert out["left_out"]["nil"].startswith("policy failed on its nil vcpu_count: p.policy:2:")
+
+
+def test_io_tuning_switched_off_clears_limits_of_an_entry_lacking_keys(tmp_path: Path) -> None:
+    """MOM's 05-iotune with ioTuneEnabled off lifts every limit without reading the
+    policy's, so an entry lacking a key still has its old limits cleared."""
+    switch_off = tmp_path / "01-parameters.policy"
+    switch_off.write_text("(set ioTuneEnabled 0)")
+    files = [*sorted(shipped_policy_dir().glob("*.policy")), switch_off]
+    current = {**dict.fromkeys(IO_KEYS, 0), "total_bytes_sec": 1_048_576}
+    guest = {
+        "name": "vm-1",
+        "stats": {},
+        "properties": {
+            "io_tune": [{"name": "vda", "maximum": {"total_bytes_sec": 0}, "current": current}]
+        },
+    }
+    out = eval_files(files, {"host": {"stats": {}}, "guests": [guest]})
+    assert out["refused"] == {}
+    assert out["guests"]["vm-1"]["io_tune"] == [
+        {"name": "vda", "path": None, "ioTune": dict.fromkeys(IO_KEYS, 0)}
+    ]
 
 
 @pytest.mark.parametrize(

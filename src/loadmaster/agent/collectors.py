@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from loadmaster.agent.hypervisor import KSM_KEYS, NET_KEYS, GuestInfo, Hypervisor
 from loadmaster.agent.plugins import GUEST_COLLECTOR_GROUP, HOST_COLLECTOR_GROUP, registered
@@ -608,6 +608,28 @@ class Declaration:
         return sorted(
             f for f in self.mandatory if stats.get(f) is None and properties.get(f) is None
         )
+
+    def unready(self, stats: Mapping[str, StatValue], properties: Mapping[str, Any]) -> str | None:
+        """Why a sample is not ready (MOM's monitors' rule), or None when it is."""
+        missing = self.missing(stats, properties)
+        return f"mandatory {', '.join(missing)} missing" if missing else None
+
+
+class _NoHypervisor:
+    """What collectors built only for their declarations are given: they keep it and
+    never call it (``policy eval --collectors`` reads a snapshot, not a host)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"collectors built for their declarations read no hypervisor: {name}")
+
+
+def declarations(selection: str | CollectorSet) -> tuple[Declaration, Declaration]:
+    """What the host's and the guests' collectors of a selection declare, as the agent
+    configured with it would see them. Raises ``ValueError`` as ``named_collectors``."""
+    hosts, guests = named_collectors(
+        selection, CollectorSources(cast("Hypervisor", _NoHypervisor()))
+    )
+    return Declaration.of(hosts), Declaration.of(guests)
 
 
 def default_guest_collectors(

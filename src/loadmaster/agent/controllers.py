@@ -13,7 +13,7 @@ One responsibility, over 400 lines: the controllers, one class per control, as M
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -32,7 +32,7 @@ from loadmaster.agent.hypervisor import (
 )
 from loadmaster.agent.plugins import CONTROLLER_GROUP, registered
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
-from loadmaster.tiers import priority_of, tier_of
+from loadmaster.tiers import Tier, priority_of, tier_of
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,7 @@ class StopController(HypervisorController):
             tier = tier_of(guest.tags)
             if not tier.stoppable:
                 out.failures.append(
-                    Failure(self.name, guest.name, f"refused: a {tier.name} VM is never stopped")
+                    Failure(self.name, guest.name, f"refused: {_never_stopped(tier)}")
                 )
                 continue
             force = self._applied.get((guest.uuid, "stop")) == "shutdown"
@@ -368,6 +368,35 @@ class StopController(HypervisorController):
             self._applied[(guest.uuid, "stop")] = how
             out.applied(Action(self.name, guest.name, "stop", how, guest.uuid))
         return out
+
+
+def _never_stopped(tier: Tier) -> str:
+    return f"a {tier.name} VM is never stopped"
+
+
+def asks(controls: Mapping[str, Any], control: str) -> bool:
+    """Whether the policy requests ``control`` (``stop``, ``migrate``): the value 1,
+    truncated as MOM's controllers do."""
+    value = controls.get(control)
+    return isinstance(value, int | float) and int(value) == 1
+
+
+def stop_wins(controls: Mapping[str, Any], tags: Collection[str]) -> bool:
+    """The policy asks to stop a VM of a stoppable tier: it is powered off and not also
+    sent away, since a move of a VM shutting down would be left in flight, its source
+    no longer running it. Any other tier is never stopped, so a move it is asked goes on."""
+    return asks(controls, "stop") and tier_of(tags).stoppable
+
+
+def stop_or_migrate(controls: Mapping[str, Any], tags: Collection[str]) -> str | None:
+    """For a guest the policy asks both to stop and to migrate, which the agent carries
+    out and why; None when it does not ask both."""
+    if not (asks(controls, "stop") and asks(controls, "migrate")):
+        return None
+    tier = tier_of(tags)
+    if stop_wins(controls, tags):
+        return f"stop: a {tier.name} VM is powered off, and not also asked to move"
+    return f"migrate: {_never_stopped(tier)}, so the agent refuses stop and asks to move it"
 
 
 class MigrationController(Controller):
@@ -389,7 +418,7 @@ class MigrationController(Controller):
         out = ctx.outcome()
         asking = set()
         for guest, _snap, value in self._guest_controls(ctx, "migrate"):
-            if int(value) != 1:
+            if int(value) != 1 or stop_wins(ctx.result.guest_controls[guest.name], guest.tags):
                 continue
             asking.add(guest.uuid)
             if (guest.uuid, "migrate") in self._applied:

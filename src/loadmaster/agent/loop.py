@@ -466,9 +466,9 @@ class Agent:
             stats.pop(name, None)
         report.missing_stats += [f"{guest.name}.{k}" for k, v in stats.items() if v is None]
         declared = self.guest_declaration.fields
-        missing = self.guest_declaration.missing(stats, properties)
-        if missing:
-            report.left_out[guest.name] = f"not ready: mandatory {', '.join(missing)} missing"
+        unready = self.guest_declaration.unready(stats, properties)
+        if unready is not None:
+            report.left_out[guest.name] = f"not ready: {unready}"
             history = self.history.samples(guest.uuid)
         else:
             history = self.history.add(guest.uuid, stats)
@@ -490,9 +490,9 @@ class Agent:
                 if stats.get(name) is None:
                     stats[name] = value
         report.missing_stats += [f"host.{k}" for k, v in stats.items() if v is None]
-        missing = self.host_declaration.missing(stats, {})
-        if missing:
-            report.host_not_ready = f"host not ready: mandatory {', '.join(missing)} missing"
+        unready = self.host_declaration.unready(stats, {})
+        if unready is not None:
+            report.host_not_ready = f"host not ready: {unready}"
             history = self.history.samples("\0host")
         else:
             history = self.history.add("\0host", stats)

@@ -132,13 +132,19 @@ class AuthMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        role = self._role(scope)
+        presented = _presented_token(scope)
+        role = None if presented is None else self.config.role_of(presented)
         if role is None:
+            # Both are 401, but an operator fixes them differently: configure a token, or
+            # correct the one configured. The token itself is never echoed.
+            detail = (
+                "no token sent: send Authorization: Bearer <token> or X-Auth-Token: <token>"
+                if presented is None
+                else "the token sent is not one this server knows: check it for a typo "
+                "and that the server's tokens include it"
+            )
             response = error_response(
-                Unauthenticated(
-                    "send a valid token: Authorization: Bearer <token> or X-Auth-Token: <token>"
-                ),
-                headers={"WWW-Authenticate": "Bearer"},
+                Unauthenticated(detail), headers={"WWW-Authenticate": "Bearer"}
             )
         elif role.startswith(AGENT_PREFIX):
             host = role[len(AGENT_PREFIX) :]
@@ -161,15 +167,17 @@ class AuthMiddleware:
             return
         await response(scope, receive, send)
 
-    def _role(self, scope: Scope) -> str | None:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer" and token.strip():
-                    return self.config.role_of(token.strip())
-            elif name == b"x-auth-token" and value.strip():
-                return self.config.role_of(value.decode("latin-1").strip())
-        return None
+
+def _presented_token(scope: Scope) -> str | None:
+    """The bearer or X-Auth-Token token of the request, None when it sends neither."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+        elif name == b"x-auth-token" and value.strip():
+            return value.decode("latin-1").strip()
+    return None
 
 
 def _agent_may_write(path: str, host: str) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
@@ -240,7 +241,21 @@ def field_of(loc: Sequence[int | str]) -> str | None:
     return field_path(parts)
 
 
-def from_validation(exc: RequestValidationError, content_type: str | None) -> LoadmasterError:
+# Placement's own routes, whose clients and tests read its JSON Schema wording; every
+# other route says what is wrong in plain words (``_plain_words``).
+_PLACEMENT_PATH = re.compile(
+    r"^/(?:(?:resource_providers|resource_classes|traits|allocations|allocation_candidates)"
+    r"(?:/.*)?|reshaper|usages)?$"
+)
+
+
+def is_placement_path(path: str) -> bool:
+    return _PLACEMENT_PATH.match(path) is not None
+
+
+def from_validation(
+    exc: RequestValidationError, content_type: str | None, *, placement: bool = True
+) -> LoadmasterError:
     first = exc.errors()[0]
     missing_body = first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",)
     if missing_body and content_type is None:
@@ -255,15 +270,61 @@ def from_validation(exc: RequestValidationError, content_type: str | None) -> Lo
             "the request body must be JSON, sent as Content-Type: application/json", field="body"
         )
     field = field_of(loc)
-    message = _schema_words(first)
     more = len(exc.errors()) - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    if not placement:
+        return ValidationError(f"{field or 'body'}: {_plain_words(first)}{suffix}", field=field)
+    message = _schema_words(first)
     # Placement's prefix for a body its schema refuses, which its clients look for.
     prefix = "JSON does not validate: " if loc[:1] == ("body",) else ""
     if prefix:
         # Placement's words straight after its prefix (its tests match the whole phrase).
         return ValidationError(f"{prefix}{message} (at {field or 'body'}){suffix}", field=field)
     return ValidationError(f"{field or 'body'}: {message}{suffix}", field=field)
+
+
+_SHOWN_INPUT = 60
+_PLAIN_TYPES = {
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+
+
+def _plain_words(error: Mapping[str, Any]) -> str:
+    """pydantic's complaint as the reason after the field's name: what was given and
+    what is wanted, without schema paths."""
+    kind = str(error.get("type"))
+    given = repr(error.get("input"))
+    if len(given) > _SHOWN_INPUT:
+        # A reason is one line: a long value is shown by its start.
+        given = given[: _SHOWN_INPUT - 3] + "..."
+    ctx = error.get("ctx", {})
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        return "is not a field"
+    if kind == "missing":
+        return "is required"
+    if kind in _PLAIN_TYPES:
+        return f"must be {_PLAIN_TYPES[kind]}, got {given}"
+    bounds = {
+        "greater_than_equal": ("at least", "ge"),
+        "greater_than": ("above", "gt"),
+        "less_than_equal": ("at most", "le"),
+        "less_than": ("below", "lt"),
+    }
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"must be {words} {ctx.get(key)}, got {given}"
+    return f"{error.get('msg', 'invalid value')}, got {given}"
 
 
 def _schema_words(error: Mapping[str, Any]) -> str:
@@ -337,7 +398,13 @@ def install(app: FastAPI) -> None:
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(from_validation(exc, request.headers.get("content-type")))
+        return error_response(
+            from_validation(
+                exc,
+                request.headers.get("content-type"),
+                placement=is_placement_path(request.url.path),
+            )
+        )
 
     async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

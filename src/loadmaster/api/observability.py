@@ -14,6 +14,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -39,7 +40,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="seconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

@@ -18,13 +18,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from loadmaster.cluster.vms import VM_STATES
 from loadmaster.resources import Inventory
+from loadmaster.store.locking import iso_utc
 
 
 def _iso(value: object) -> object:
-    return value.isoformat() if isinstance(value, datetime) else value
+    return iso_utc(value) if isinstance(value, datetime) else value
 
 
-# A record's time as the text it has always been sent as (naive UTC, ISO 8601).
+# A record's time as ISO 8601 text with its offset (+00:00).
 IsoText = Annotated[str, BeforeValidator(_iso)]
 
 
@@ -59,8 +60,8 @@ class VmOut(Out):
     overrides: dict[str, int]
     generation: int
     fault: str | None
-    created_at: IsoText = Field(description="ISO 8601, UTC")
-    updated_at: IsoText = Field(description="ISO 8601, UTC")
+    created_at: IsoText = Field(description="ISO 8601, UTC, with its offset")
+    updated_at: IsoText = Field(description="ISO 8601, UTC, with its offset")
 
 
 class VmDetail(VmOut):
@@ -304,7 +305,7 @@ class PolicyList(Out):
 class AgentOut(Out):
     status: Literal["none", "ok", "silent"]
     hypervisor_uri: str | None
-    last_seen_at: str | None = Field(description="ISO 8601")
+    last_seen_at: str | None = Field(description="ISO 8601, UTC, with its offset")
 
 
 class RegistrationOut(Out):

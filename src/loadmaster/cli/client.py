@@ -74,7 +74,9 @@ class ApiClient(HttpClient):
             fail(str(exc), Exit.UNREACHABLE)
         except ApiError as exc:
             if exc.code:
-                where = f" ({exc.field})" if exc.field else ""
+                # Said once: a detail that opens with its field is not followed by it again.
+                named = exc.field and not exc.detail.startswith(exc.field)
+                where = f" ({exc.field})" if named else ""
                 message = f"{exc.detail}{where} [{exc.code}]"
                 explanation = exc.body.get("explanation")
                 if isinstance(explanation, dict):

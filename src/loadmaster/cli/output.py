@@ -3,6 +3,7 @@ table is printed), and the parsing of KEY=VALUE options."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any
@@ -74,6 +75,30 @@ def pairs(items: list[str], what: str) -> dict[str, str]:
             fail(f"{what} {item!r}: write KEY=VALUE", Exit.USAGE)
         pairs[key] = value
     return pairs
+
+
+# Placement's resource class names: standard (VCPU) and custom (CUSTOM_GPU) alike.
+_CLASS_NAME = re.compile(r"[A-Z0-9_]+")
+
+
+def resource_amounts(items: list[str], what: str) -> dict[str, int]:
+    """``CLASS=AMOUNT`` options as a flavor's resources. Anything malformed is a usage
+    error naming the value and what is wrong, before the server is asked; whether the
+    class exists is the server's to say."""
+    amounts = {}
+    for item in items:
+        name, sep, amount = item.partition("=")
+        if not sep or not name:
+            fail(f"{what} {item!r}: write CLASS=AMOUNT", Exit.USAGE)
+        if not _CLASS_NAME.fullmatch(name):
+            fail(
+                f"{what} {item!r}: a resource class is upper case letters, digits and _",
+                Exit.USAGE,
+            )
+        if not amount.isascii() or not amount.isdigit():
+            fail(f"{what} {item!r}: the amount must be a whole number of 0 or more", Exit.USAGE)
+        amounts[name] = int(amount)
+    return amounts
 
 
 def integer(text: str, what: str) -> int:

@@ -65,11 +65,21 @@ def policy_eval(
             "(docs/operators-guide.md, Agents and policies)",
         ),
     ],
+    collectors: Annotated[
+        str | None,
+        typer.Option(
+            help="evaluate as an agent with these collectors would (a set: vdsm, "
+            "mom-libvirt, loadmaster (the agent's default), or collector names): only their "
+            "fields readable, the tick skipped when the host lacks a mandatory field, guests "
+            "lacking one left out, StatAvg over accepted samples only",
+        ),
+    ] = None,
 ) -> None:
     """Run one policy cycle on a snapshot of a host and its guests and print the controls
     the policy sets as JSON: host controls, per-guest controls, stats the policy missed,
-    guests left out and controls refused."""
-    from loadmaster.policy import eval_files
+    guests left out, controls refused, why the agent would skip the tick, and for a guest
+    asked both to stop and to migrate, which one the agent carries out."""
+    from loadmaster.agent.offline import evaluate_snapshot
 
     files = _policy_files(paths)
     try:
@@ -77,6 +87,8 @@ def policy_eval(
     except json.JSONDecodeError as exc:
         fail(f"{snapshot}: not JSON: {exc}", Exit.USAGE)
     try:
-        print_json(eval_files(files, data))
+        print_json(evaluate_snapshot(files, data, collectors))
+    except ValueError as exc:
+        fail(f"--collectors: {exc}", Exit.USAGE)
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)

@@ -29,7 +29,7 @@ from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import Inventory
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
-from loadmaster.store.locking import now
+from loadmaster.store.locking import iso_utc, now
 from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
@@ -111,7 +111,7 @@ class AgentStatus:
         return {
             "status": self.status,
             "hypervisor_uri": self.hypervisor_uri,
-            "last_seen_at": self.last_seen_at.isoformat() if self.last_seen_at else None,
+            "last_seen_at": iso_utc(self.last_seen_at) if self.last_seen_at else None,
         }
 
 
@@ -300,6 +300,9 @@ class HostControl:
                 )
                 .order_by(VmRow.id)
             ).all()
+            if not rows:
+                # Most hosts of an idle fleet: their agents' first reads after a restart.
+                return WorkList(root.name, root.generation, root.state, ())
             flavors = {
                 f.id: f
                 for f in session.scalars(

@@ -8,8 +8,10 @@ polling of its own. What wakes it:
   claim, an activation, new tags): ``Store.listen`` tells the watcher once it commits, and
   the host's waiters wake at once;
 - a change made by another process (``serve --workers N``, another ``serve`` on the same
-  PostgreSQL): one query per tick for the whole process reads the hosts stamped since the
-  last tick (``locking.clock_and_changed``), whatever the number of waiters.
+  PostgreSQL): one query for the whole process reads the hosts stamped since the last
+  one (``locking.clock_and_changed``), whatever the number of waiters. On PostgreSQL it
+  runs when the committing transaction's NOTIFY arrives (and every second regardless);
+  on SQLite, which cannot notify, once per tick.
 
 The same query keeps a cache of every root host's generation, so a long-poll that arrives
 with nothing new to tell waits without reading the database, and one that times out
@@ -37,7 +39,7 @@ from sqlalchemy import bindparam, select, update
 
 from loadmaster.cluster import lookup
 from loadmaster.errors import Busy, ValidationError
-from loadmaster.store import Store
+from loadmaster.store import ClockNotices, Store
 from loadmaster.store.locking import clock_and_changed, now
 from loadmaster.store.schema import HostAgentRow, HostRow
 
@@ -46,6 +48,11 @@ log = logging.getLogger(__name__)
 # How often other processes' changes are looked for: the cross-process wake-up's delay,
 # and on SQLite about 0.8 ms of CPU a tick (0.8 % of a core at this rate).
 DEFAULT_TICK_S = 0.1
+# Where the database notifies watchers of commits (PostgreSQL), the clock is still read
+# every this many ticks without one.
+NOTICED_TICKS = 10
+# A wait for a notice is cut in slices this long at most, so that stopping is quick.
+STOP_CHECK_S = 0.5
 DEFAULT_FLUSH_S = 2.0
 # Work lists one process reads at once, and how many more may wait for a turn: past
 # that an agent is told to come back later (503), so a fleet starting together cannot
@@ -86,6 +93,7 @@ class HostWatch:
         self._ticker: threading.Thread | None = None
         self._stopping = threading.Event()
         self._unlisten: object = None
+        self._deaf = False
         self._since = 0
         self._layout = -1
         # Root hosts by name and by uuid, and their generations as last read.
@@ -236,16 +244,49 @@ class HostWatch:
     def _tick(self) -> None:
         loop = self._loop
         assert loop is not None
-        while not self._stopping.wait(self.tick_s):
-            try:
-                changed = self._poll()
-            except Exception as exc:  # the database away: keep the waiters, try again
-                log.warning("host watch: %s", exc)
-                self._stopping.wait(1.0)
-                continue
-            if changed:
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(self._apply, changed)
+        notices = self._store.clock_notices()
+        next_read = 0.0
+        try:
+            while not self._stopping.is_set():
+                if notices is None:
+                    self._stopping.wait(self.tick_s)
+                elif (
+                    not self._noticed(notices, next_read - time.monotonic())
+                    and time.monotonic() < next_read
+                ):
+                    continue  # no notice within a slice: see whether to stop
+                if self._stopping.is_set():
+                    return
+                next_read = time.monotonic() + self.tick_s * NOTICED_TICKS
+                try:
+                    changed = self._poll()
+                except Exception as exc:  # the database away: keep the waiters, try again
+                    log.warning("host watch: %s", exc)
+                    self._stopping.wait(1.0)
+                    continue
+                if changed:
+                    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                        loop.call_soon_threadsafe(self._apply, changed)
+        finally:
+            if notices is not None:
+                notices.close()
+
+    def _noticed(self, notices: ClockNotices, remaining: float) -> bool:
+        """Whether a commit was notified within the next slice of ``remaining`` s. Without
+        notices (the listening connection refused or broken), every tick counts as one:
+        the clock is read once a tick, as on SQLite, until listening works again."""
+        try:
+            noticed = notices.wait(min(self.tick_s, STOP_CHECK_S, max(0.0, remaining)))
+        except Exception as exc:
+            if not self._deaf:
+                log.warning("host watch: not notified of commits (%s); reading every tick", exc)
+            self._deaf = True
+            self._stopping.wait(self.tick_s)
+            return True
+        if self._deaf:
+            log.info("host watch: notified of commits again")
+        self._deaf = False
+        return noticed
 
     async def _flush_every(self) -> None:
         while True:

@@ -15,7 +15,7 @@ from loadmaster.cluster import lookup
 from loadmaster.errors import ValidationError
 from loadmaster.pending.lifecycle import activate_row, release_row
 from loadmaster.pending.trees import tree_ids
-from loadmaster.store.locking import generation_of, now
+from loadmaster.store.locking import generation_of, iso_utc, now
 from loadmaster.store.schema import AllocationRow, HostRow, VmRow
 
 
@@ -179,8 +179,8 @@ def check_as_of(as_of: datetime | None) -> datetime:
             ) from None
     if as_of > current + AS_OF_FUTURE or as_of < current - AS_OF_PAST:
         raise ValidationError(
-            f"as_of {as_of.isoformat()} (UTC) is more than {AS_OF_FUTURE} ahead of or "
-            f"{AS_OF_PAST} behind the server's clock ({current.isoformat()})",
+            f"as_of {iso_utc(as_of)} is more than {AS_OF_FUTURE} ahead of or "
+            f"{AS_OF_PAST} behind the server's clock ({iso_utc(current)})",
             field="as_of",
         )
     return as_of

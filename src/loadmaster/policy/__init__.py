@@ -52,8 +52,9 @@ Snapshot JSON (``eval_files``; the CLI's ``policy eval --snapshot``)::
 
 Stat values are finite numbers or null (null = the collector could not read it). The
 io_tune limit objects use MOM's six keys: total/read/write_bytes_sec, total/read/write_iops_sec.
-A ``maximum`` or ``guaranteed`` object lacking one of them refuses that guest's IO tune (it
-is listed under ``refused``; the rest of the cycle runs). Every field MOM's collectors
+The policy reading a key a ``maximum`` or ``guaranteed`` object lacks refuses that guest's
+IO tune (it is listed under ``refused``; the rest of the cycle runs); a key never read is
+no problem, as in MOM. Every field MOM's collectors
 know is readable here; the agent narrows that to its configured collectors'
 (``EntitySnapshot.declared``).
 
@@ -101,8 +102,9 @@ SLA tiers (``10-sla-tiers.policy``, needs ``02-balloon``): a platinum VM's ballo
 target is never below ``balloon_max``; gold never below 75 % and silver 50 % of it (nor
 below ``balloon_min``); a VM already below its floor is given the floor back. Vapor
 VMs may go down to ``balloon_min``; when host free memory is below ``pressure_threshold``
-(20 %) they get ``migrate``, at or below ``pressure_critical`` (5 %) also ``stop``, and
-silver VMs get ``migrate`` once no vapor VM is left. ``compute`` VMs always get an
+(20 %) they get ``migrate``, at or below ``pressure_critical`` (5 %) also ``stop`` (the
+agent then stops them without asking to move them), and silver VMs get ``migrate`` once
+no vapor VM is left. ``compute`` VMs always get an
 unlimited CPU quota, and under pressure are ballooned twice as fast, keeping only 5 %
 free. Several tier tags: the strongest wins. Within a tier lower priority goes first:
 while some VMs of a tier are shrunk, those of a higher priority keep their memory, and

@@ -142,15 +142,24 @@ class Policy:
             seen.add(guest.name)
         deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
         left_out: dict[str, str] = {}
+        io_refused: dict[str, str] = {}
         while True:
             remaining = [g for g in guests if g.name not in left_out]
             try:
-                return self._evaluate_once(host, remaining, deadline, left_out)
+                return self._evaluate_once(host, remaining, deadline, left_out, io_refused)
             except PolicyLimitError:
                 raise
             except PolicyError as exc:
                 culprit = exc.subject
-                if not isinstance(culprit, Entity) or not culprit.missing:
+                if not isinstance(culprit, Entity):
+                    raise
+                # Read a limit key its IO policy lacks (MOM drops the tick): only that
+                # guest's IO tune is refused, and the cycle evaluated again without it.
+                io_problem = culprit.io_tune_absent_read()
+                if io_problem is not None:
+                    io_refused[culprit.snapshot.name] = io_problem
+                    continue
+                if not culprit.missing:
                     raise
                 missing = ", ".join(sorted(culprit.missing))
                 left_out[culprit.snapshot.name] = f"policy failed on its nil {missing}: {exc}"
@@ -161,6 +170,7 @@ class Policy:
         guests: Sequence[EntitySnapshot],
         deadline: float | None,
         left_out: Mapping[str, str],
+        io_refused: Mapping[str, str],
     ) -> CycleResult:
         # Collectors' declarations decide what is readable; snapshots without one (policy
         # eval) share MOM's full field list plus whatever any of them carries.
@@ -169,7 +179,10 @@ class Policy:
             host_declared = declared_stats(HOST_STATS, [host])
         host_entity = Entity(host, host_declared)
         fallback = declared_stats(GUEST_STATS, [g for g in guests if g.declared is None])
-        guest_entities = [Entity(g, fallback if g.declared is None else g.declared) for g in guests]
+        guest_entities = [
+            Entity(g, fallback if g.declared is None else g.declared, io_refused.get(g.name))
+            for g in guests
+        ]
 
         steps = self.max_steps
         if steps is None:

@@ -108,10 +108,10 @@ def declared_stats(known: frozenset[str], snapshots: Sequence[EntitySnapshot]) -
 def io_tune_problem(raw: object) -> str | None:
     """Why an ``io_tune`` property cannot be used, or None when it can.
 
-    MOM's IoTune objects raise on a limit key the IO policy entry lacks, which aborts the
-    whole tick; here the entry is refused up front so only that guest's IO tune is lost.
-    A ``maximum`` or ``guaranteed`` object, when given, must carry all six keys (a value
-    may be null: "no limit"); ``current`` is the device's state and may lack keys.
+    A limit key a ``maximum`` or ``guaranteed`` object lacks is no problem here: as in
+    MOM, it matters only if the policy reads it (``IoLimits``), so a policy that lifts
+    every limit without reading them (IO tuning switched off) still clears them. A value
+    may be null ("no limit"); ``current`` is the device's state and may lack keys.
     """
     if not isinstance(raw, list | tuple):
         return f"io_tune must be a list of entries, got {type(raw).__name__}"
@@ -126,8 +126,6 @@ def io_tune_problem(raw: object) -> str | None:
             if not isinstance(limits, Mapping):
                 return f"{label}: {part} is not an object"
             for key in IO_KEYS:
-                if part != "current" and key not in limits:
-                    return f"{label}: {part} lacks the limit key {key}"
                 value = limits.get(key)
                 if value is not None and (
                     isinstance(value, bool)
@@ -152,7 +150,13 @@ class Entity(Exposed):
         "variables",
     )
 
-    def __init__(self, snapshot: EntitySnapshot, declared: frozenset[str]) -> None:
+    def __init__(
+        self,
+        snapshot: EntitySnapshot,
+        declared: frozenset[str],
+        io_tune_refused: str | None = None,
+    ) -> None:
+        """``io_tune_refused``: why an earlier evaluation of the cycle refused its IO tune."""
         self.snapshot = snapshot
         self.declared = declared
         self.controls: dict[str, Value] = {}
@@ -161,12 +165,12 @@ class Entity(Exposed):
         self._averages: dict[str, float] = {}
         self._methods: dict[str, Builtin] = {}
         raw = snapshot.properties.get("io_tune")
-        self.io_tune_refused = None if raw is None else io_tune_problem(raw)
+        self.io_tune_refused = io_tune_refused or (None if raw is None else io_tune_problem(raw))
         # A refused IO policy reads as none at all: the guest's other rules still run.
         self.io_tune: list[IoTune] | None = (
             None
             if raw is None or self.io_tune_refused is not None
-            else [IoTune.from_mapping(entry) for entry in raw]
+            else [IoTune.from_mapping(entry, index) for index, entry in enumerate(raw)]
         )
 
     def __repr__(self) -> str:
@@ -278,6 +282,14 @@ class Entity(Exposed):
     def _m_memory_guarantee(self) -> Value:
         return tier_of(self.snapshot.tags).memory_guarantee
 
+    def io_tune_absent_read(self) -> str | None:
+        """A limit key the policy read that this guest's IO policy lacks, as a refusal."""
+        for tune in self.io_tune or ():
+            reason = tune.absent_read()
+            if reason is not None:
+                return reason
+        return None
+
     def io_tune_control(self) -> list[dict[str, Any]] | None:
         """MOM's IoTune controller input: the entries whose current limits the policy changed."""
         if self.io_tune is None:
@@ -304,14 +316,28 @@ _METHODS: dict[str, tuple[int, int, str]] = {
 
 
 class IoLimits(Exposed):
-    """One set of IO limits (``tune.maximum``); the six MOM keys, nil when not given."""
+    """One set of IO limits (``tune.maximum``); the six MOM keys, nil when not given.
 
-    __slots__ = ("values",)
+    ``label`` names a policy's limits (``maximum``, ``guaranteed``): a key they lack fails
+    when the policy reads it, as MOM's KeyError does, and ``absent_read`` says which, so
+    the cycle can refuse that guest's IO tune alone. ``current`` (no label) is the
+    device's state, where a lacking key reads nil.
+    """
 
-    def __init__(self, values: Mapping[str, Any] | None) -> None:
+    __slots__ = ("absent", "absent_read", "label", "values")
+
+    def __init__(self, values: Mapping[str, Any] | None, label: str | None = None) -> None:
         self.values: dict[str, Value] = {k: (values or {}).get(k) for k in IO_KEYS}
+        self.label = label
+        self.absent = frozenset(
+            () if values is None or label is None else (k for k in IO_KEYS if k not in values)
+        )
+        self.absent_read: str | None = None
 
     def attribute(self, name: str) -> Value:
+        if name in self.absent:
+            self.absent_read = f"{self.label} lacks the limit key {name}, which the policy read"
+            raise Fault(self.absent_read)
         return self.values.get(name, MISSING)
 
     def __repr__(self) -> str:
@@ -343,14 +369,19 @@ class IoTune(Exposed):
         self._original = dict(current.values)
 
     @classmethod
-    def from_mapping(cls, entry: Mapping[str, Any]) -> IoTune:
+    def from_mapping(cls, entry: Mapping[str, Any], index: int) -> IoTune:
+        label = f"io_tune entry {entry.get('name') or index!r}"
         return cls(
             str(entry.get("name", "")),
             entry.get("path"),
-            IoLimits(entry.get("guaranteed")),
-            IoLimits(entry.get("maximum")),
+            IoLimits(entry.get("guaranteed"), f"{label}: guaranteed"),
+            IoLimits(entry.get("maximum"), f"{label}: maximum"),
             IoLimits(entry.get("current")),
         )
+
+    def absent_read(self) -> str | None:
+        """Why this entry cannot be applied: a limit key the policy read and it lacks."""
+        return self.maximum.absent_read or self.guaranteed.absent_read
 
     def attribute(self, name: str) -> Value:
         if name in ("name", "path", "guaranteed", "maximum", "current"):

@@ -274,7 +274,10 @@ class Evaluator:
             raise PolicyError(
                 *sym.pos, f"{sym.name}: only one level of attribute access is supported"
             )
-        value = self._find(sym.base, sym.attr)
+        try:
+            value = self._find(sym.base, sym.attr)
+        except Fault as exc:
+            raise PolicyError(*sym.pos, str(exc)) from None
         if value is MISSING:
             raise PolicyError(*sym.pos, f"undefined symbol {sym.name}")
         return value

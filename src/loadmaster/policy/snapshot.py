@@ -67,7 +67,7 @@ class CycleResult:
     without controls or missing stats are left out of the mappings.
 
     ``refused_controls`` maps a guest name to the controls refused for it and why (its
-    ``io_tune`` when an IO policy entry lacks one of the six limit keys); the policy ran
+    ``io_tune`` when the policy read a limit key its IO policy entry lacks); the policy ran
     without them and every other control stands. ``left_out`` maps a guest the cycle
     was evaluated without to the reason: the policy failed on a statistic it lacked.
     """

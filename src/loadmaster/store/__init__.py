@@ -1,6 +1,6 @@
 """Durable state: SQLAlchemy tables, migrations and transactions (SQLite or PostgreSQL)."""
 
 from loadmaster.store import schema
-from loadmaster.store.engine import Store, WriteConflict, again_on_write_conflict
+from loadmaster.store.engine import ClockNotices, Store, WriteConflict, again_on_write_conflict
 
-__all__ = ["Store", "WriteConflict", "again_on_write_conflict", "schema"]
+__all__ = ["ClockNotices", "Store", "WriteConflict", "again_on_write_conflict", "schema"]

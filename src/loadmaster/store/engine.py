@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,6 +37,10 @@ _SQLITE_BEGIN = "loadmaster_sqlite_begin"
 # Where a write transaction collects the hosts it stamped on the cluster clock
 # (``locking.mark_changed``), for the listeners told once it commits.
 CHANGED_HOSTS = "loadmaster_changed_hosts"
+# PostgreSQL's channel a transaction that stamped hosts notifies (delivered on commit,
+# discarded on rollback), so that other processes' watchers look at the clock at once
+# instead of at their next tick.
+CLOCK_CHANNEL = "loadmaster_clock"
 ChangeListener = Callable[[frozenset[int]], None]
 
 
@@ -59,6 +64,38 @@ def _sqlite_engine(url: str) -> Engine:
         conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get(_SQLITE_BEGIN, 'DEFERRED')}")
 
     return engine
+
+
+class ClockNotices:
+    """LISTEN on the clock's channel, on a connection of its own (autocommit: a LISTEN
+    takes effect when its transaction commits, and an open transaction would hold back
+    the notices). Used from one thread."""
+
+    def __init__(self, url: str) -> None:
+        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+        self._connection: psycopg.Connection[Any] | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Whether a notice came within ``timeout`` s; the ones queued behind it are taken
+        with it. Raises when the database cannot be reached (and connects again next)."""
+        try:
+            if self._connection is None:
+                self._connection = psycopg.connect(self._conninfo, autocommit=True)
+                self._connection.execute(f"LISTEN {CLOCK_CHANNEL}")
+            got = any(True for _ in self._connection.notifies(timeout=timeout, stop_after=1))
+            if got:
+                for _ in self._connection.notifies(timeout=0):
+                    pass
+            return got
+        except psycopg.Error:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._connection is not None:
+            with suppress(psycopg.Error):
+                self._connection.close()
+            self._connection = None
 
 
 class Store:
@@ -130,6 +167,11 @@ class Store:
             hosts = frozenset(changed)
             for listener in list(self._listeners):
                 listener(hosts)
+
+    def clock_notices(self) -> ClockNotices | None:
+        """On PostgreSQL, a way to wait until a transaction of any process stamps hosts
+        (``CLOCK_CHANNEL``); on SQLite, where only the clock can say, None."""
+        return None if self.is_sqlite else ClockNotices(self.url)
 
     def refresh_statistics(self, *tables: type[Base]) -> None:
         """After a bulk load: PostgreSQL's ANALYZE of ``tables`` now, as after a restore,

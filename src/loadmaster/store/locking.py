@@ -34,6 +34,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    text,
     tuple_,
     union_all,
     update,
@@ -42,7 +43,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.engine import CHANGED_HOSTS
+from loadmaster.store.engine import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import (
     ClusterClockRow,
     FlavorRow,
@@ -57,6 +58,13 @@ CLOCK_ROW = 1
 def now() -> datetime:
     """The server's clock, as naive UTC (what every timestamp column holds)."""
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+def iso_utc(stamp: datetime) -> str:
+    """A time as ISO 8601 with its offset, in UTC, as the API and CLI show every time:
+    a reader must not have to guess the zone. A naive time is a stored one, UTC."""
+    aware = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
+    return aware.isoformat()
 
 
 def lock_vms(session: Session, uuids: Iterable[str]) -> dict[str, VmRow]:
@@ -213,8 +221,15 @@ def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
 
 
 def _changed(session: Session, host_ids: Iterable[int]) -> None:
-    """Noted for ``Store.listen``'s listeners, told once the transaction commits."""
-    session.info.setdefault(CHANGED_HOSTS, set()).update(host_ids)
+    """Noted for ``Store.listen``'s listeners, told once the transaction commits; on
+    PostgreSQL other processes' watchers are notified by the commit too (once a
+    transaction: they read which hosts from the clock)."""
+    changed = session.info.get(CHANGED_HOSTS)
+    if changed is None:
+        changed = session.info[CHANGED_HOSTS] = set()
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(_NOTIFY)
+    changed.update(host_ids)
 
 
 def clock(session: Session) -> tuple[int, int]:
@@ -316,6 +331,7 @@ _CAS = (
 _NEXT_SEQ = select(_CLOCK.c.seq + 1).where(_CLOCK.c.id == CLOCK_ROW).scalar_subquery()
 _CAS_AND_STAMP = _CAS.values(changed_seq=_NEXT_SEQ).returning(_HOSTS.c.changed_seq)
 _TOUCH = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(generation=_HOSTS.c.generation + 1)
+_NOTIFY = text(f"NOTIFY {CLOCK_CHANNEL}")
 _STAMP = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(changed_seq=bindparam("seq"))
 _ADVANCE = (
     update(_CLOCK)

@@ -8,7 +8,7 @@ import typer
 
 from loadmaster.cli.app import api, remote_group
 from loadmaster.cli.client import err_console
-from loadmaster.cli.output import JsonOpt, cell, integer, pairs, say, show
+from loadmaster.cli.output import JsonOpt, cell, pairs, resource_amounts, say, show
 
 flavor_app = remote_group("flavor", "Flavors.")
 
@@ -60,7 +60,7 @@ def flavor_create(
     """Create a flavor: the resources, traits and extra specs of its VMs."""
     body: dict[str, Any] = {
         "name": name,
-        "resources": {k: integer(v, k) for k, v in pairs(resource or [], "--resource").items()},
+        "resources": resource_amounts(resource or [], "--resource"),
         "required_traits": require or [],
         "forbidden_traits": forbid or [],
         "extra_specs": pairs(extra_spec or [], "--extra-spec"),

@@ -56,9 +56,17 @@ def class_delete(name: Annotated[str, typer.Argument(help="the custom class")]) 
 
 
 @trait_app.command("list")
-def trait_list(as_json: JsonOpt = False) -> None:
-    """Every trait."""
-    data = api().get("/traits")
+def trait_list(
+    custom: Annotated[
+        bool, typer.Option("--custom", help="only the custom traits (CUSTOM_*), not the standard")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every trait, standard (os-traits) and custom."""
+    from loadmaster.resources.classes import CUSTOM_PREFIX
+
+    # The server filters, as Placement's ?name=startswith: does for openstack clients.
+    data = api().get("/traits", **({"name": f"startswith:{CUSTOM_PREFIX}"} if custom else {}))
     show(data, as_json, "Traits", ("name",), [(t,) for t in data["traits"]])
 
 
