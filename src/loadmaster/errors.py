@@ -113,6 +113,13 @@ class InvalidTransition(Conflict):
     title = "Invalid state transition"
 
 
+class FenceFailed(Conflict):
+    """The fence command did not confirm that a host is off: it is not known down."""
+
+    code = "loadmaster.fence_failed"
+    title = "Fencing failed"
+
+
 class NoValidHost(LoadmasterError):
     code = "loadmaster.no_valid_host"
     title = "No valid host"

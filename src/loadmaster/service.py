@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from loadmaster.cluster import (
     FlavorService,
     GroupService,
@@ -12,6 +14,7 @@ from loadmaster.cluster import (
     sync_standard_vocabulary,
 )
 from loadmaster.hostcontrol import HostControl
+from loadmaster.hostcontrol.evacuation import EvacuationService
 from loadmaster.pending import Ledger
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
@@ -24,7 +27,8 @@ from loadmaster.store import Store
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
     ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
-    ``lm.maintenance`` (drain a host). ``settings`` (default: the environment's) choose the
+    ``lm.maintenance`` (drain a host), ``lm.evacuation`` (a dead host's VMs started
+    elsewhere). ``settings`` (default: the environment's) choose the
     scheduler's default policy and policy file, how flavors treat unknown extra specs, and
     whether allocation candidates are shuffled."""
 
@@ -46,9 +50,21 @@ class Loadmaster:
             policies=load_policy_file(settings.policies_file) if settings.policies_file else None,
         )
         self.host_agents = HostControl(
-            store, self.hosts, self.resource_classes, self.allocations, self.scheduler
+            store,
+            self.hosts,
+            self.resource_classes,
+            self.allocations,
+            self.scheduler,
+            silent_after_s=settings.agent_silent_after,
         )
         self.maintenance = DrainService(store, self.scheduler, self.allocations)
+        self.evacuation = EvacuationService(
+            store,
+            self.scheduler,
+            self.host_agents,
+            fence_command=shlex.split(settings.fence_command),
+            fence_timeout_s=settings.fence_timeout,
+        )
 
     def close(self) -> None:
         self.store.dispose()

@@ -52,6 +52,13 @@ OPTIONS = {
         "seconds without a word from a host's agent before the host and its VMs are shown "
         "as silent (their claims are kept)",
     ),
+    "fence_command": Option(
+        "",
+        "command that powers a host off, run with the host's name as its last argument "
+        "(exit 0: fenced); once set, the server fences a host whose agent is silent past "
+        "agent_silent_after and evacuates its VMs (docs/operators-guide.md, When a host dies)",
+    ),
+    "fence_timeout": Option(60.0, "seconds the fence command may take before it counts as failed"),
     "scheduler_policy": Option("spread", "the scheduling policy used when a request names none"),
     "policies_file": Option(
         None,

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The first start of a libvirtd probes the QEMU binary's capabilities (~8 s on 2 cores).
 DAEMON_START_S = 90.0
 # Each daemon gets its own range of incoming migration ports.
-MIGRATION_PORTS = {"a": 49300, "b": 49320}
+MIGRATION_PORTS = {"a": 49300, "b": 49320, "c": 49340}
 # Where the destination QEMU listens for a migration: both "hosts" are this machine.
 MIGRATION_URI = "tcp://127.0.0.1"
 AGENT_FIXTURES = ROOT / "tests" / "agent" / "fixtures"

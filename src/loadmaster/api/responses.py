@@ -208,6 +208,21 @@ class DrainOut(DrainStatusOut):
     names: dict[str, str]
 
 
+class EvacuationOut(Out):
+    host: str
+    known_down: str = Field(
+        description="fenced, confirmed (by the operator), or already (down before this call)"
+    )
+    moved: dict[str, str] = Field(description="VM uuid -> host it now starts on")
+    unplaced: list[UnplacedOut] = Field(
+        description="VMs that fit nowhere: they keep their claim on the dead host"
+    )
+    in_flight: list[str] = Field(description="migrations from or to the host, left to their agents")
+    order: list[str] = Field(description="the VMs in the order placed, highly available first")
+    seconds: float
+    names: dict[str, str]
+
+
 class ProblemOut(Out):
     kind: str = Field(
         description="over_capacity, orphaned, partial_claim, state_mismatch or group_rule"

@@ -232,5 +232,12 @@ class DrainRequest(Body):
     force: bool = False
 
 
+class EvacuateRequest(Body):
+    confirm_down: bool = Field(
+        default=False,
+        description="the operator confirms the host is off (powered down, its VMs dead)",
+    )
+
+
 class VmUp(Body):
     host: Name | None = None

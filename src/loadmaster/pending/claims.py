@@ -49,12 +49,14 @@ class Claim:
     expected_generation: int | None = None
     move: bool = False
     # What the caller means: "start" (a requested or stopped VM), "migrate" (a running VM
-    # moves), or None (whichever the VM's state makes it). Checked under the VM's row lock,
-    # so a VM that started or stopped meanwhile is refused, not silently migrated.
+    # moves), "evacuate" (a VM running or pending on a host that is down starts here, its
+    # records there ending in the same transaction), or None (whichever the VM's state
+    # makes it). Checked under the VM's row lock, so a VM that started, stopped or was
+    # evacuated meanwhile is refused, not silently moved.
     intent: str | None = None
 
 
-CLAIM_INTENTS = (None, "start", "migrate")
+CLAIM_INTENTS = (None, "start", "migrate", "evacuate")
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,15 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
     claims = [replace(c, vm=lookup.canonical_uuid(c.vm)) for c in claims]
     vms, flavors = lock_vms_with_flavors(session, {c.vm for c in claims})
     groups = GroupRules.lock(session, {v.group_id for v in vms.values() if v.group_id is not None})
-    # Pending VMs this batch re-places: until their own claim, where they are now does
-    # not bind their affinity siblings (they follow); ``split_groups`` checks the end.
+    groups.evacuating = _on_down_hosts(
+        session, [vms[c.vm] for c in claims if c.intent == "evacuate" and c.vm in vms]
+    )
+    # Pending VMs this batch re-places, and VMs it evacuates: until their own claim, where
+    # they are now does not bind their affinity siblings (they follow); ``split_groups``
+    # checks the end.
     moving = {
         vms[c.vm].id for c in claims if c.move and c.vm in vms and vms[c.vm].state == "pending"
-    }
+    } | groups.evacuating
     watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
     hosts, providers = _hosts_by_ident(session, {c.host for c in claims})
     trees = load_trees(session, {h.root_id or h.id for h in hosts.values()}, providers)
@@ -128,6 +134,12 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
                     f"{prefix[i]}vm {vm.uuid} is {vm.state} and its flavor is gone",
                     field=f"{prefix[i]}vm",
                 )
+            if claim.intent == "evacuate" and vm.id not in groups.evacuating:
+                raise InvalidTransition(
+                    f"{prefix[i]}vm {vm.uuid} is {vm.state} and not on a host that is down; "
+                    "there is nothing to evacuate",
+                    field=f"{prefix[i]}vm",
+                )
             planned = _plan(vm, host, tree, flavor, class_ids, claim, prefix[i])
             groups.check(vm, tree.root, prefix[i], moving=moving)
         except LoadmasterError as exc:
@@ -158,7 +170,19 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
                 AllocationRecord(vm.uuid, provider.name, class_names[class_id], amount, "pending")
             )
         touched.setdefault(tree.root.id, tree.root.generation)
-        if vm.state == "running":
+        if vm.id in groups.evacuating:
+            # Its host is down: its records there end with this claim, so the VM is never
+            # on no host nor running on two.
+            moved_from.update(_drop_pending(session, vm))
+            if vm.state == "running":
+                move(vm, "stopped")
+                move(vm, "pending")
+            else:
+                vm.generation += 1
+                vm.updated_at = stamp
+            vm.host_id = tree.root.id
+            vm.host_seq = _generation_after(tree, touched)
+        elif vm.state == "running":
             # The source's work changes too (run -> migrate_out): its agent must hear.
             if vm.host_id is not None:
                 moved_from.add(vm.host_id)
@@ -336,8 +360,20 @@ _TREES_OF_HOSTS = (
 )
 
 
+def _on_down_hosts(session: Session, vms: Sequence[VmRow]) -> set[int]:
+    """Ids of ``vms`` running or pending (not migrating) on a root host that is down."""
+    hosts = {v.host_id for v in vms if v.state in ("running", "pending") and v.host_id}
+    if not hosts:
+        return set()
+    down = set(
+        session.scalars(select(HostRow.id).where(HostRow.id.in_(hosts), HostRow.state == "down"))
+    )
+    return {v.id for v in vms if v.state in ("running", "pending") and v.host_id in down}
+
+
 def _drop_pending(session: Session, vm: VmRow) -> set[int]:
-    """Delete a pending VM's records (it is re-placed); the providers they were on."""
+    """Delete a re-placed VM's records (pending, or on a host that is down); the providers
+    they were on."""
     rows = list(
         session.scalars(select(AllocationRow).where(AllocationRow.consumer_id == vm.consumer_id))
     )

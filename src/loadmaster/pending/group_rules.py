@@ -36,6 +36,9 @@ class GroupRules:
     # group id -> root host -> how many members count there: a batch of a 1,000-member
     # anti-affinity group checks each claim in constant time, not by walking the members.
     on_host: dict[int, Counter[int]] = field(default_factory=dict)
+    # VMs of this batch evacuated from a host that is down: once claimed they count only
+    # on their new host.
+    evacuating: set[int] = field(default_factory=set)
 
     @classmethod
     def lock(cls, session: Session, group_ids: Collection[int]) -> GroupRules:
@@ -105,11 +108,11 @@ class GroupRules:
             counts.update(hosts)
             self.members[vm.group_id][vm.id] = hosts
 
-    @staticmethod
-    def hosts_after(vm: VmRow, host: HostRow) -> set[int]:
+    def hosts_after(self, vm: VmRow, host: HostRow) -> set[int]:
         """Where ``vm`` counts once claimed on ``host``: a running VM migrates (source and
-        destination); a pending VM re-placed leaves its old host; a new one is only there."""
-        if vm.state == "running" and vm.host_id is not None:
+        destination); a pending VM re-placed, or one evacuated, leaves its old host; a new
+        one is only there."""
+        if vm.state == "running" and vm.host_id is not None and vm.id not in self.evacuating:
             return {vm.host_id, host.id}
         return {host.id}
 

@@ -68,7 +68,7 @@ class Ledger:
         for i, c in enumerate(claims):
             if c.intent not in CLAIM_INTENTS:
                 raise ValidationError(
-                    f"claims[{i}].intent must be start or migrate, got {c.intent!r}",
+                    f"claims[{i}].intent must be start, migrate or evacuate, got {c.intent!r}",
                     field=f"claims[{i}].intent",
                 )
         # A claim pinned to the generation its caller read cannot succeed on a re-read: the

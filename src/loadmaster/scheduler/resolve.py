@@ -238,6 +238,11 @@ class _Resolver:
                     f"VM {uuid} is {row.state}; only a running VM migrates",
                     field=f"{where}.vms[{j}]",
                 )
+            elif self.intent == "evacuate" and row.state not in ("running", "pending"):
+                error = InvalidTransition(
+                    f"VM {uuid} is {row.state}; only a running or pending VM is evacuated",
+                    field=f"{where}.vms[{j}]",
+                )
             elif row.state in ("running", "pending") and row.host_id is not None:
                 # Scheduling a running VM is a live migration (a pending one is re-placed):
                 # anywhere but where it is.

@@ -156,7 +156,7 @@ class Scheduler:
         chosen = self._policy(policy or self.default_policy, "policy")
         if intent not in CLAIM_INTENTS:
             raise ValidationError(
-                f"intent must be start or migrate, got {intent!r}", field="intent"
+                f"intent must be start, migrate or evacuate, got {intent!r}", field="intent"
             )
         check_size(requests, self._max_vms)
         if not (gang or dry_run or move_pending or seed is not None):

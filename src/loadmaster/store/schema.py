@@ -248,3 +248,6 @@ class HostAgentRow(Base):
     last_seen_at: Mapped[datetime] = mapped_column(DateTime)
     # The host generation of the last work list the agent read.
     seen_generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    # When a server process took on fencing the host, its agent silent (compare-and-swap:
+    # one process fences a host per silence; NULL: never).
+    fence_claimed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)

@@ -1,5 +1,5 @@
 """Maintenance: drain a host (its VMs are placed elsewhere, the agents move them) and
-follow the drain's progress on the host."""
+follow the drain's progress on the host; evacuate a host that is down."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from fastapi import APIRouter
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
-from loadmaster.api.responses import DrainOut, HostDetail
-from loadmaster.api.schemas import DrainRequest
+from loadmaster.api.responses import DrainOut, EvacuationOut, HostDetail
+from loadmaster.api.schemas import DrainRequest, EvacuateRequest
 
 router = APIRouter(tags=["maintenance"])
 
@@ -34,3 +34,16 @@ def drain_host(lm: LM, host_name: str, body: DrainRequest | None = None) -> dict
     scheduler's explanation."""
     force = body.force if body is not None else False
     return lm.maintenance.drain(host_name, force=force).to_dict()
+
+
+@router.post("/hosts/{host_name}/evacuate", response_model=EvacuationOut)
+def evacuate_host(lm: LM, host_name: str, body: EvacuateRequest | None = None) -> dict[str, Any]:
+    """Start the VMs of a dead host elsewhere, highly available ones (tag ``ha``) first,
+    through the scheduler (every filter, group rule and pending claim). The host must be
+    known down: already ``down``, confirmed by ``confirm_down``, or fenced by the server's
+    fence command; otherwise 409 and nothing changes (a host that is only silent may still
+    run its VMs). Refused while the host's agent is heard from. The host becomes ``down``
+    and each VM's claim there ends as it is claimed elsewhere; a VM that fits nowhere
+    keeps its claim there, for the next evacuation. Evacuating again places what is left."""
+    confirm = body.confirm_down if body is not None else False
+    return lm.evacuation.evacuate(host_name, confirm_down=confirm).to_dict()

@@ -1,5 +1,5 @@
 """``loadmaster host ...``: hosts (resource providers), their inventories, traits,
-aggregates and state, and draining one."""
+aggregates and state, draining one, and evacuating one that is down."""
 
 from __future__ import annotations
 
@@ -363,6 +363,57 @@ def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None
         f"host {name} is {status['status']}: {status['vms_left']} VMs left, "
         f"{status['migrating']} migrating"
     )
+
+
+@host_app.command("evacuate")
+def host_evacuate(
+    name: HostArg,
+    confirm_down: Annotated[
+        bool,
+        typer.Option(
+            "--confirm-down",
+            help="you made sure HOST is off (powered down, its VMs dead): its claims end",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start the VMs of a dead HOST on other hosts, highly available ones (tag ha) first.
+    HOST must be known down: confirmed with --confirm-down, fenced by the server's fence
+    command, or already down; otherwise nothing changes (exit 4). The host then stays
+    down until you set it up again (host state HOST up). Evacuating again places what is
+    left. Exits 4 if VMs fit nowhere (they keep their claim on HOST)."""
+    result = api().post(f"/hosts/{name}/evacuate", {"confirm_down": confirm_down})
+    if as_json:
+        print_json(result)
+    else:
+        _print_evacuation(result)
+    if result["unplaced"]:
+        raise typer.Exit(int(Exit.CONFLICT))
+
+
+def _print_evacuation(result: dict[str, Any]) -> None:
+    how = {
+        "fenced": "fenced by the fence command",
+        "confirmed": "confirmed down by you",
+        "already": "already down",
+    }[result["known_down"]]
+    say(f"host {result['host']} is down ({how})")
+    moved, names = result["moved"], result["names"]
+    if moved:
+        show(
+            result,
+            False,
+            f"{len(moved)} VMs started elsewhere",
+            ("vm", "destination"),
+            [(names.get(vm, vm), moved[vm]) for vm in result["order"] if vm in moved],
+        )
+    for u in result["unplaced"]:
+        why = format_explanation(u["explanation"]) if u["explanation"] else u["reason"]
+        say(f"VM {names.get(u['vm'], u['vm'])} fits nowhere, still claimed on the host: {why}")
+    if result["in_flight"]:
+        say(f"{len(result['in_flight'])} migrations are left to their agents")
+    if not (moved or result["unplaced"] or result["in_flight"]):
+        say(f"no VMs left on {result['host']}")
 
 
 def _replace_set(name: str, kind: str, values: list[str]) -> Any:
