@@ -46,7 +46,12 @@ class Loadmaster:
             policies=load_policy_file(settings.policies_file) if settings.policies_file else None,
         )
         self.host_agents = HostControl(
-            store, self.hosts, self.resource_classes, self.allocations, self.scheduler
+            store,
+            self.hosts,
+            self.resource_classes,
+            self.allocations,
+            self.scheduler,
+            silent_after_s=settings.agent_silent_after,
         )
         self.maintenance = DrainService(store, self.scheduler, self.allocations)
 

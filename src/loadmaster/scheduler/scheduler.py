@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S
 from loadmaster.errors import (
     ConcurrentUpdate,
     Conflict,
@@ -78,6 +79,7 @@ class Scheduler:
         tie_tolerance: float = 0.01,
         seed: int | None = None,
         max_vms_per_call: int | None = None,
+        agent_silent_after: float = DEFAULT_SILENT_AFTER_S,
     ) -> None:
         self._store = store
         self._settings: dict[str, Any] = {
@@ -100,6 +102,7 @@ class Scheduler:
         # retry a stale claim many times over.
         self._ledger = Ledger(store, conflict_retries=2)
         self._source = SnapshotSource(store)
+        self.agent_silent_after = agent_silent_after
         self.policies: dict[str, Policy] = {**POLICIES, **(policies or {})}
         self.default_policy = self._policy(default_policy or DEFAULT_POLICY, "default_policy").name
         self._claim_chunk = claim_chunk
@@ -114,6 +117,18 @@ class Scheduler:
         self._lock = threading.RLock()
         # Calls waiting for the lock; whichever holds it decides them together (coalesce.py).
         self._waiting = Waiting()
+
+    @property
+    def agent_silent_after(self) -> float:
+        """Seconds without a word from a host's agent before the live-agent filter rules
+        the host out (``agent_silent_after``; the twin answering reads follows)."""
+        return self._source.agent_silent_after
+
+    @agent_silent_after.setter
+    def agent_silent_after(self, seconds: float) -> None:
+        self._source.agent_silent_after = seconds
+        if self._reader is not None:
+            self._reader.agent_silent_after = seconds
 
     # -- public API --------------------------------------------------------------------
     def schedule(
@@ -277,7 +292,9 @@ class Scheduler:
         """The twin that answers read-only questions (made on first use)."""
         with self._reader_lock:
             if self._reader is None:
-                reader = Scheduler(self._store, **self._settings)
+                reader = Scheduler(
+                    self._store, agent_silent_after=self.agent_silent_after, **self._settings
+                )
                 reader.policies = self.policies
                 reader.default_policy = self.default_policy
                 reader._reads_only = True
