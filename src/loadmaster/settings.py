@@ -50,7 +50,7 @@ OPTIONS = {
     "agent_silent_after": Option(
         60.0,
         "seconds without a word from a host's agent before the host and its VMs are shown "
-        "as silent (their claims are kept)",
+        "as silent and the scheduler stops choosing the host (their claims are kept)",
     ),
     "scheduler_policy": Option("spread", "the scheduling policy used when a request names none"),
     "policies_file": Option(
