@@ -118,3 +118,17 @@ def test_the_silence_limit_is_the_agents_limit(slm: Loadmaster) -> None:
         slm.scheduler.schedule([RequestSpec(flavor="small")], dry_run=True).placements[0].host
         == "h0"
     )
+
+
+def test_a_pinned_start_is_still_judged_by_the_live_agent_filter(slm: Loadmaster) -> None:
+    _agents(slm, "live")
+    slm.hosts.create("bare", inventories=NODE)
+    slm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+    vm = slm.vms.create("pinned", "small").uuid
+    (refused,) = slm.scheduler.start(vm, host="bare").placements
+    assert refused.host is None and refused.error is not None
+    assert refused.error.field == "host"
+    assert "cannot start on host bare: no agent (live_agent)" in refused.error.detail
+    assert slm.vms.get(vm).state == "requested"
+    (placed,) = slm.scheduler.start(vm, host="live").placements
+    assert placed.host == "live" and slm.vms.get(vm).host == "live"

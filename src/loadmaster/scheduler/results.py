@@ -58,6 +58,17 @@ class Explanation:
             head = f"{self.headline}; {head}"
         return f"{head}: {self.hosts} hosts" + (f"; {detail}" if detail else "")
 
+    def refusal(self, but: str) -> str:
+        """Every reason but filter ``but``'s, each with its filter (a pinned host's refusal:
+        the host list filter removed all the other hosts)."""
+        reasons = [
+            f"{reason} ({f.filter})"
+            for f in self.filters
+            if f.filter != but
+            for reason in f.reasons
+        ]
+        return "; ".join(([self.headline] if self.headline else []) + reasons)
+
     def to_dict(self) -> dict[str, object]:
         return {
             "vm": self.vm,
@@ -71,10 +82,18 @@ class Explanation:
 
 
 class NoHostFits(NoValidHost):
-    """``NoValidHost`` with the per-filter explanation attached."""
+    """``NoValidHost`` with the per-filter explanation attached; ``pinned``: the one host
+    the request named, refused in that host's terms."""
 
-    def __init__(self, explanation: Explanation) -> None:
-        super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
+    def __init__(self, explanation: Explanation, pinned: str | None = None) -> None:
+        if pinned is None:
+            super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
+        else:
+            super().__init__(
+                f"VM {explanation.vm} cannot start on host {pinned}: "
+                f"{explanation.refusal(but='hosts')}",
+                field="host",
+            )
         self.explanation = explanation
 
     def to_dict(self) -> dict[str, object]:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from loadmaster.cluster import lookup
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S
 from loadmaster.errors import (
     ConcurrentUpdate,
@@ -43,6 +45,7 @@ from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
+    NoHostFits,
     Placement,
     ScheduleResult,
 )
@@ -193,6 +196,29 @@ class Scheduler:
             seconds=time.perf_counter() - started,
             seed=seed,
         )
+
+    def start(
+        self, vm: str, *, host: str | None = None, policy: str | None = None
+    ) -> ScheduleResult:
+        """Place ``vm`` and claim there (intent ``start``); a failure is the placement's
+        ``error``, as ``schedule`` answers. ``host`` pins it (the operator's
+        choice; admin only through the API): every filter still judges that host, and one
+        that does not fit is refused with each filter's reason. A host that does not
+        exist, or a child provider, is refused before anything is decided."""
+        if host is not None:
+            with self._store.read() as session:
+                row = lookup.host_row(session, host)
+                if row.parent_id is not None:
+                    raise ValidationError(
+                        f"host {host} is a child provider; name its root host", field="host"
+                    )
+        spec = RequestSpec(vms=[vm], include_hosts=[host] if host is not None else None)
+        result = self.schedule([spec], policy=policy, intent="start")
+        (placement,) = result.placements
+        if host is None or not isinstance(placement.error, NoHostFits):
+            return result
+        refused = NoHostFits(placement.error.explanation, pinned=host)
+        return replace(result, placements=(replace(placement, error=refused),))
 
     def explain(
         self, request: RequestSpec, *, policy: str | None = None, seed: int | None = None

@@ -113,10 +113,14 @@ def _lifecycle(vm: str, action: str, body: dict[str, Any] | None, as_json: bool)
 def vm_start(
     vm: VmArg,
     policy: Annotated[str | None, typer.Option(help="scheduling policy (see policies)")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="start it on this host (admin only; every other filter still applies)"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Schedule and claim: the VM is pending on its host until it is reported up."""
-    _lifecycle(vm, "start", {"policy": policy}, as_json)
+    _lifecycle(vm, "start", {"policy": policy, "host": host}, as_json)
 
 
 @vm_app.command("up")

@@ -18,7 +18,9 @@ def _marked(hosts: Snapshot, names: frozenset[str]) -> Bools:
 
 class HostListFilter:
     name = "hosts"
-    order = 20
+    # First, so that once the named hosts are kept every other filter's reasons are about
+    # them alone (``vm start --host`` is refused in its host's terms).
+    order = 5
     dynamic = False
     reads = ("include_hosts", "exclude_hosts")
 
