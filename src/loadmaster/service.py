@@ -13,6 +13,7 @@ from loadmaster.cluster import (
 )
 from loadmaster.hostcontrol import HostControl
 from loadmaster.pending import Ledger
+from loadmaster.pending.waiting import WaitingClaims
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
 from loadmaster.scheduler.policies import load_policy_file
@@ -24,7 +25,7 @@ from loadmaster.store import Store
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
     ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
-    ``lm.maintenance`` (drain a host). ``settings`` (default: the environment's) choose the
+    ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot act). ``settings`` (default: the environment's) choose the
     scheduler's default policy and policy file, how flavors treat unknown extra specs, and
     whether allocation candidates are shuffled."""
 
@@ -53,7 +54,10 @@ class Loadmaster:
             self.scheduler,
             silent_after_s=settings.agent_silent_after,
         )
-        self.maintenance = DrainService(store, self.scheduler, self.allocations)
+        self.waiting = WaitingClaims(
+            store, lambda: self.host_agents.silent_after, settings.pending_warn_after
+        )
+        self.maintenance = DrainService(store, self.scheduler, self.allocations, self.waiting)
 
     def close(self) -> None:
         self.store.dispose()

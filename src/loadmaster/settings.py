@@ -52,6 +52,11 @@ OPTIONS = {
         "seconds without a word from a host's agent before the host and its VMs are shown "
         "as silent and the scheduler stops choosing the host (their claims are kept)",
     ),
+    "pending_warn_after": Option(
+        300.0,
+        "seconds a claim may stay pending on a host whose agent is silent or absent before "
+        "vm list, host show and audit warn about it (the claim is kept)",
+    ),
     "scheduler_policy": Option("spread", "the scheduling policy used when a request names none"),
     "policies_file": Option(
         None,

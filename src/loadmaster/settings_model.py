@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     no_auth: bool = _field("no_auth")
     max_body: int = _field("max_body", ge=1)
     agent_silent_after: float = _field("agent_silent_after", ge=1.0)
+    pending_warn_after: float = _field("pending_warn_after", ge=0.0)
     scheduler_policy: str = _field("scheduler_policy")
     policies_file: Path | None = _field("policies_file")
     unknown_specs: Literal["refuse", "warn"] = _field("unknown_specs")

@@ -55,7 +55,8 @@ def list_vms(
         limit=limit,
         offset=offset,
     )
-    return {"vms": [views.vm(v) for v in vms]}
+    waiting = lm.waiting.find(vms=[v.uuid for v in vms if v.state in ("pending", "migrating")])
+    return {"vms": [views.vm(v) for v in vms], "warnings": [w.warning for w in waiting]}
 
 
 @router.post("/vms", status_code=201, tags=["vms"], response_model=VmOut)

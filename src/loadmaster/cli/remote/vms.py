@@ -9,7 +9,7 @@ import typer
 
 from loadmaster.cli.app import api, remote_group
 from loadmaster.cli.client import Exit, fail
-from loadmaster.cli.output import VM_COLUMNS, JsonOpt, VmArg, say, show, vm_row
+from loadmaster.cli.output import VM_COLUMNS, JsonOpt, VmArg, say, show, vm_row, warn
 
 vm_app = remote_group("vm", "VMs and their lifecycle.")
 
@@ -59,6 +59,8 @@ def vm_list(
         offset=offset or None,
     )
     show(data, as_json, "VMs", VM_COLUMNS, [vm_row(v) for v in data["vms"]])
+    if not as_json:
+        warn(data["warnings"])
 
 
 @vm_app.command("show")

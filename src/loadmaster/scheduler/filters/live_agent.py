@@ -8,11 +8,9 @@ API alone, Placement clients, simulations) this filter keeps every host.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import numpy as np
 
-from loadmaster.cluster.liveness import agent_live
+from loadmaster.cluster.liveness import agent_live, utc_text
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
 from loadmaster.scheduler.snapshot import Bools, Snapshot
@@ -29,8 +27,7 @@ class LiveAgentVerdict(Verdict):
         self._seen = hosts.agent_seen
 
     def _since(self, host: int) -> str:
-        stamp = datetime.fromtimestamp(float(self._seen[host]), UTC)
-        return f"{SILENT} since {stamp.isoformat(timespec='seconds')}"
+        return f"{SILENT} since {utc_text(float(self._seen[host]))}"
 
     def reason_at(self, host: int) -> str:
         reason = super().reason_at(host)
