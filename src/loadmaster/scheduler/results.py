@@ -45,6 +45,8 @@ class Explanation:
     headline: str | None = None
     # When hosts fit: the best ones as the policy scored them, best first.
     ranking: tuple[HostScore, ...] = ()
+    # With one host named: each filter that rejects it, with its reason.
+    host_reasons: tuple[str, ...] = ()
 
     @property
     def message(self) -> str:
@@ -58,16 +60,10 @@ class Explanation:
             head = f"{self.headline}; {head}"
         return f"{head}: {self.hosts} hosts" + (f"; {detail}" if detail else "")
 
-    def refusal(self, but: str) -> str:
-        """Every reason but filter ``but``'s, each with its filter (a pinned host's refusal:
-        the host list filter removed all the other hosts)."""
-        reasons = [
-            f"{reason} ({f.filter})"
-            for f in self.filters
-            if f.filter != but
-            for reason in f.reasons
-        ]
-        return "; ".join(([self.headline] if self.headline else []) + reasons)
+    def host_refusal(self) -> str:
+        """Why the one host the request named is refused (see ``host_reasons``), led by
+        a group rule's headline when there is one."""
+        return "; ".join(([self.headline] if self.headline else []) + list(self.host_reasons))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -90,8 +86,7 @@ class NoHostFits(NoValidHost):
             super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
         else:
             super().__init__(
-                f"VM {explanation.vm} cannot start on host {pinned}: "
-                f"{explanation.refusal(but='hosts')}",
+                f"VM {explanation.vm} cannot start on host {pinned}: {explanation.host_refusal()}",
                 field="host",
             )
         self.explanation = explanation

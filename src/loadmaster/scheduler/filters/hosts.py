@@ -18,9 +18,7 @@ def _marked(hosts: Snapshot, names: frozenset[str]) -> Bools:
 
 class HostListFilter:
     name = "hosts"
-    # First, so that once the named hosts are kept every other filter's reasons are about
-    # them alone (``vm start --host`` is refused in its host's terms).
-    order = 5
+    order = 20
     dynamic = False
     reads = ("include_hosts", "exclude_hosts")
 
