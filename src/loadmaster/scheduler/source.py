@@ -60,6 +60,7 @@ class SnapshotSource:
         self.snapshot = Snapshot()
         self._reports_seen: datetime | None = None
         self._agents_seen: datetime | None = None
+        self._agents_read = 0.0  # time.monotonic() of the last read of the agents
         self.agent_silent_after = DEFAULT_SILENT_AFTER_S
         # The cluster clock (seq, layout_seq) the snapshot reflects; None: nothing loaded.
         self._clock: tuple[int, int] | None = None
@@ -235,11 +236,18 @@ class SnapshotSource:
     def _load_agents(self, session: Session) -> None:
         """When each host's agent was last heard from: every agent at a full load, then
         those heard from since the last read (less a margin, since the processes that
-        write the stamps commit them a little after taking them)."""
+        write the stamps commit them a little after taking them), at most once a second:
+        in a live fleet every agent was heard from within the margin, and liveness is
+        judged in tens of seconds."""
         snap = self.snapshot
+        snap.taken_at = time.time()
+        snap.agent_silent_after = self.agent_silent_after
         query = select(HostAgentRow.host_id, HostAgentRow.last_seen_at)
         if self._agents_seen is not None:
+            if time.monotonic() - self._agents_read < _AGENTS_EVERY_S:
+                return
             query = query.where(HostAgentRow.last_seen_at > self._agents_seen - _STAMP_MARGIN)
+        self._agents_read = time.monotonic()
         for host_id, last_seen in session.execute(query):
             row = snap.row_of.get(host_id)
             if row is None:
@@ -248,8 +256,6 @@ class SnapshotSource:
             snap.agents_in_use = True
             if self._agents_seen is None or last_seen > self._agents_seen:
                 self._agents_seen = last_seen
-        snap.taken_at = time.time()
-        snap.agent_silent_after = self.agent_silent_after
 
     def load_groups(
         self,
@@ -301,6 +307,7 @@ class SnapshotSource:
 
 
 _STAMP_MARGIN = timedelta(seconds=10)
+_AGENTS_EVERY_S = 1.0
 _REPORTS = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
 _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
 
