@@ -16,6 +16,7 @@ from loadmaster.cluster import (
 from loadmaster.hostcontrol import HostControl
 from loadmaster.hostcontrol.evacuation import EvacuationService
 from loadmaster.pending import Ledger
+from loadmaster.pending.waiting import WaitingClaims
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
 from loadmaster.scheduler.policies import load_policy_file
@@ -27,8 +28,9 @@ from loadmaster.store import Store
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
     ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
-    ``lm.maintenance`` (drain a host), ``lm.evacuation`` (a dead host's VMs started
-    elsewhere). ``settings`` (default: the environment's) choose the
+    ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
+    act), ``lm.evacuation`` (a dead host's VMs started elsewhere). ``settings`` (default:
+    the environment's) choose the
     scheduler's default policy and policy file, how flavors treat unknown extra specs, and
     whether allocation candidates are shuffled."""
 
@@ -57,7 +59,10 @@ class Loadmaster:
             self.scheduler,
             silent_after_s=settings.agent_silent_after,
         )
-        self.maintenance = DrainService(store, self.scheduler, self.allocations)
+        self.waiting = WaitingClaims(
+            store, lambda: self.host_agents.silent_after, settings.pending_warn_after
+        )
+        self.maintenance = DrainService(store, self.scheduler, self.allocations, self.waiting)
         self.evacuation = EvacuationService(
             store,
             self.scheduler,

@@ -50,7 +50,12 @@ OPTIONS = {
     "agent_silent_after": Option(
         60.0,
         "seconds without a word from a host's agent before the host and its VMs are shown "
-        "as silent (their claims are kept)",
+        "as silent and the scheduler stops choosing the host (their claims are kept)",
+    ),
+    "pending_warn_after": Option(
+        300.0,
+        "seconds a claim may stay pending on a host whose agent is silent or absent before "
+        "vm list, host show and audit warn about it (the claim is kept)",
     ),
     "fence_command": Option(
         "",

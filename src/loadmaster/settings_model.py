@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     agent_silent_after: float = _field("agent_silent_after", ge=1.0)
     fence_command: str = _field("fence_command")
     fence_timeout: float = _field("fence_timeout", gt=0.0)
+    pending_warn_after: float = _field("pending_warn_after", ge=0.0)
     scheduler_policy: str = _field("scheduler_policy")
     policies_file: Path | None = _field("policies_file")
     unknown_specs: Literal["refuse", "warn"] = _field("unknown_specs")

@@ -188,6 +188,25 @@ def test_discovery_from_the_hypervisor_and_the_config(cells: int) -> None:
         assert sum(c["VCPU"]["total"] for c in body["children"].values()) == 8
 
 
+@pytest.mark.parametrize("cells", [1, 2])
+def test_the_host_keeps_memory_for_itself_unless_configured(cells: int) -> None:
+    """As Nova's reserved_host_memory_mb: 512 MiB by default, on the root or NUMA cell 0;
+    the config's [reserved] MEMORY_MB sets it, 0 included."""
+    sim = SimulatedHypervisor([], host_memory_kib=16 * GIB, cpus=8, numa_nodes=cells)
+
+    def memory(config: ManagerConfig) -> dict[str, int]:
+        body = discover(sim.host_info(), config, "n1")
+        if cells == 1:
+            return {"n1": body["inventories"]["MEMORY_MB"]["reserved"]}
+        return {name: inv["MEMORY_MB"]["reserved"] for name, inv in body["children"].items()}
+
+    default = {"n1": 512} if cells == 1 else {"n1-numa0": 512, "n1-numa1": 0}
+    assert memory(ManagerConfig()) == default
+    assert memory(ManagerConfig.from_dict({"reserved": {"VCPU": 1}})) == default
+    none = memory(ManagerConfig.from_dict({"reserved": {"MEMORY_MB": 0}}))
+    assert set(none.values()) == {0}
+
+
 def test_config_file_errors_name_the_setting(tmp_path: Path) -> None:
     path = tmp_path / "agent.toml"
     path.write_text("[resources]\nCUSTOM_X = -1\n")

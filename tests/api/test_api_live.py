@@ -290,3 +290,35 @@ def test_bad_bodies_get_a_clear_4xx_and_change_nothing(
     assert body["code"] == code and body["title"] and body["detail"], case
     assert body.get("field") == field, case
     assert table_rows(live.lm) == before, case
+
+
+def test_start_on_a_chosen_host_is_admin_only_and_still_filtered(live: Live) -> None:
+    build_cluster(live.admin)
+    uuid = new_vm(live.admin, "pinned")
+    # The spread policy would pick an empty host; the operator's choice is h0.
+    new_vm_on_h1 = new_vm(live.admin, "other")
+    ok(live.admin.put(f"/vms/{new_vm_on_h1}/allocations", json={"host": "h0"}))
+    refused = live.reader.post(f"/vms/{uuid}/start", json={"host": "h0"})
+    assert refused.status_code == 403
+    started = ok(live.admin.post(f"/vms/{uuid}/start", json={"host": "h0"}))
+    assert started["placement"]["host"] == "h0" and started["vm"]["host"] == "h0"
+
+    ok(live.admin.put("/hosts/h2", json={"state": "maintenance"}))
+    second = new_vm(live.admin, "second")
+    response = live.admin.post(f"/vms/{second}/start", json={"host": "h2"})
+    assert response.status_code == 409, response.text
+    body = response.json()
+    assert body["code"] == "loadmaster.no_valid_host"
+    assert "cannot start on host h2: maintenance (host_state)" in body["detail"]
+    assert "include_hosts" not in body["detail"]
+    assert ok(live.reader.get(f"/vms/{second}"))["state"] == "requested"
+
+    gpu = new_vm(live.admin, "gpu-1", "gpu")
+    response = live.admin.post(f"/vms/{gpu}/start", json={"host": "h1"})
+    assert response.status_code == 409
+    assert (
+        "cannot start on host h1: no CUSTOM_GPU inventory (resources)" in response.json()["detail"]
+    )
+    missing = live.admin.post(f"/vms/{gpu}/start", json={"host": "nowhere"})
+    assert missing.status_code == 404 and "nowhere" in missing.json()["detail"]
+    assert ok(live.reader.get(f"/vms/{gpu}"))["state"] == "requested"

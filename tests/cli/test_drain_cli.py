@@ -7,17 +7,22 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from cli_helpers import ADMIN, READER
+from sqlalchemy import select
 from tests.api.api_helpers import run_server
 from typer.testing import CliRunner
 
 import loadmaster
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.cli import app
+from loadmaster.cli.remote import hosts as hosts_cli
 from loadmaster.service import Loadmaster
+from loadmaster.store.locking import now
+from loadmaster.store.schema import HostAgentRow, HostRow
 
 runner = CliRunner()
 
@@ -106,3 +111,59 @@ def test_drain_json_and_bad_input(served: tuple[str, Loadmaster]) -> None:
     data = json.loads(output)  # nothing but JSON on stdout, even with --wait
     assert len(data["moved"]) == 3 and data["final"]["migrating"] == 3
     assert data["final"]["status"] == "draining"
+
+
+def _with_agents(lm: Loadmaster, silent: str) -> None:
+    """Every host gets an agent (same inventories); ``silent``'s last word is an hour old."""
+    for host in lm.hosts.list():
+        inventories = {k: v.as_dict() for k, v in host.inventories.items()}
+        lm.host_agents.register(host.name, hypervisor_uri="test:///x", inventories=inventories)
+    with lm.store.write() as session:
+        row = session.scalars(select(HostRow).where(HostRow.name == silent)).one()
+        agent = session.get(HostAgentRow, row.id)
+        assert agent is not None
+        agent.last_seen_at = now() - timedelta(hours=1)
+
+
+def test_drain_from_a_silent_host_says_so_and_what_to_do(
+    served: tuple[str, Loadmaster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, lm = served
+    _with_agents(lm, silent="h0")
+    code, output = cli(url, "host", "drain", "h0")
+    assert code == 4, output
+    assert "the agent of host h0 is silent since" in output, output
+    assert "loadmaster host evacuate h0 --confirm-down" in output
+
+    # --wait prints a line at least every PROGRESS_EVERY seconds while nothing moves.
+    monkeypatch.setattr(hosts_cli, "PROGRESS_EVERY", 0.2)
+    code, output = cli(url, "host", "drain", "h0", "--wait", "--timeout", "2", "--interval", "0.1")
+    assert code == 4, output
+    progress = [line for line in output.splitlines() if line.startswith("draining h0: ")]
+    assert len(progress) >= 3, output
+    assert "under way" in progress[-1]
+    assert output.count("the agent of host h0 is silent since") == 1, output
+
+
+def test_claims_waiting_on_a_silent_host_are_shown_not_ended(
+    served: tuple[str, Loadmaster],
+) -> None:
+    url, lm = served
+    _with_agents(lm, silent="h2")
+    waiting = lm.vms.create("stuck", "small").uuid
+    lm.allocations.claim(waiting, "h2")
+    fresh = lm.vms.create("fresh", "small").uuid
+    lm.allocations.claim(fresh, "h1")
+    lm.waiting.warn_after = timedelta(0)
+    warning = "VM stuck has been pending on host h2 since "
+    for command in (("vm", "list"), ("host", "show", "h2"), ("audit",)):
+        code, output = cli(url, *command)
+        assert code == 0, output
+        assert warning in output and "the agent of host h2 is silent since" in output, command
+        assert "fresh" not in output.split("warning:", 1)[1], command
+    listed = json.loads(cli(url, "vm", "list", "--json")[1])
+    assert len(listed["warnings"]) == 1 and warning in listed["warnings"][0]
+    assert "no problems found" in cli(url, "audit")[1]
+    lm.waiting.warn_after = timedelta(hours=1)
+    assert "warning" not in cli(url, "vm", "list")[1]
+    assert lm.vms.get(waiting).state == "pending"  # shown, never ended

@@ -124,3 +124,15 @@ def test_schedule_and_capacity_speak_in_names_and_reasons(server: str) -> None:
     placed = ok(server, "schedule", *names[:4], "--seed", "5")
     assert "op-db-3" in placed and "op0" in placed
     assert not re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-", placed), placed  # names, not uuids
+
+
+def test_vm_start_on_a_chosen_host(server: str) -> None:
+    for i, memory in enumerate((8192, 2048)):
+        ok(server, "host", "create", f"pin{i}", "-i", "VCPU=16", "-i", f"MEMORY_MB={memory}")
+    ok(server, "flavor", "create", "pin.3g", "-r", "VCPU=1", "-r", "MEMORY_MB=3072")
+    ok(server, "vm", "create", "pinned", "-f", "pin.3g")
+    code, output = cli(server, "vm", "start", "pinned", "--host", "pin1")
+    assert code != 0
+    assert "cannot start on host pin1: short of MEMORY_MB (resources)" in output, output
+    started = json.loads(ok(server, "vm", "start", "pinned", "--host", "pin0", "--json"))
+    assert started["placement"]["host"] == "pin0"

@@ -3,15 +3,17 @@ sequence (never by clocks), launch and migration failures."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select, update
 
 from loadmaster.errors import Conflict, LoadmasterError, ValidationError
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
+from loadmaster.store.schema import HostAgentRow, HostRow
 
 NODE = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}
 FAR_FUTURE = datetime(2999, 1, 1)
@@ -244,3 +246,35 @@ def test_registering_a_child_name_under_another_parent_is_refused(lm: Loadmaster
             "h1", hypervisor_uri="y", inventories=NODE, children={"h0_cell": {"VCPU": {"total": 1}}}
         )
     assert isinstance(err.value, Conflict)
+
+
+def test_claims_waiting_on_hosts_that_cannot_act_are_found_and_kept(lm: Loadmaster) -> None:
+    lm.hosts.create("bare", inventories=NODE)
+    lm.flavors.create({"name": "small", "resources": {"VCPU": 2, "MEMORY_MB": 2048}})
+    lm.waiting.warn_after = timedelta(0)
+    on_bare = _pending_on(lm, "bare", "early")
+    assert lm.waiting.find() == []  # no agent anywhere: nothing is held against "bare"
+    for i in range(2):
+        lm.host_agents.register(f"h{i}", hypervisor_uri=f"test:///h{i}", inventories=NODE)
+    on_live = _pending_on(lm, "h0", "live")
+    on_silent = _pending_on(lm, "h1", "quiet")
+    lm.host_agents.silent_after = timedelta(seconds=3600)
+    assert [w.vm for w in lm.waiting.find()] == [on_bare]
+    assert "host bare has no agent" in lm.waiting.find()[0].warning
+    with lm.store.write() as session:
+        session.execute(
+            update(HostAgentRow)
+            .where(
+                HostAgentRow.host_id
+                == select(HostRow.id).where(HostRow.name == "h1").scalar_subquery()
+            )
+            .values(last_seen_at=datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=2))
+        )
+    found = lm.waiting.find()
+    assert [w.vm for w in found] == [on_bare, on_silent]
+    assert "the agent of host h1 is silent since" in found[1].warning
+    assert [w.vm for w in lm.waiting.find(host="h1")] == [on_silent]
+    assert lm.waiting.find(vms=[on_live]) == []
+    lm.waiting.warn_after = timedelta(hours=1)
+    assert lm.waiting.find() == []
+    assert {lm.vms.get(v).state for v in (on_bare, on_live, on_silent)} == {"pending"}

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor
@@ -82,6 +83,11 @@ class ManagerApi(Protocol):
     def report(self, host: str, payload: dict[str, Any]) -> None: ...
 
 
+# What a host keeps for itself unless its config says otherwise: memory for the kernel,
+# the agent and the hypervisor's own processes (Nova's reserved_host_memory_mb default).
+DEFAULT_RESERVED: Mapping[str, int] = MappingProxyType({"MEMORY_MB": 512})
+
+
 @dataclass(frozen=True)
 class ManagerConfig:
     """The design's "resource configuration on the compute node": what the host offers
@@ -96,7 +102,7 @@ class ManagerConfig:
         memory_headroom_mb = 512         # real free memory a launch must leave
 
         [reserved]                       # kept for the host itself
-        MEMORY_MB = 2048
+        MEMORY_MB = 2048                 # default 512 (DEFAULT_RESERVED); 0 keeps none
         VCPU = 1
 
         [allocation_ratio]
@@ -165,7 +171,9 @@ class ManagerConfig:
 def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str, Any]:
     """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
     providers when there are several, as Placement models them), the configured classes on
-    the root, reserved amounts and ratios from the config."""
+    the root, reserved amounts (``DEFAULT_RESERVED`` where the config names none) and
+    ratios from the config."""
+    reserved = {**DEFAULT_RESERVED, **config.reserved}
 
     def inventory(name: str, total: int, reserved: int = 0) -> dict[str, Any]:
         return {
@@ -175,7 +183,7 @@ def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str,
         }
 
     root: dict[str, Any] = {
-        name: inventory(name, amount, config.reserved.get(name, 0))
+        name: inventory(name, amount, reserved.get(name, 0))
         for name, amount in sorted(config.resources.items())
     }
     children: dict[str, Any] = {}
@@ -186,13 +194,13 @@ def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str,
             cell_measured = {"VCPU": cell.cpus, "MEMORY_MB": cell.memory_kib // KIB_PER_MB}
             # Named under the host, as the control plane requires (hostcontrol._check_names).
             children[f"{host_name}_numa{cell.id}"] = {
-                name: inventory(name, total, config.reserved.get(name, 0) if i == 0 else 0)
+                name: inventory(name, total, reserved.get(name, 0) if i == 0 else 0)
                 for name, total in cell_measured.items()
                 if total > 0
             }
     else:
         for name, total in measured.items():
-            root[name] = inventory(name, total, config.reserved.get(name, 0))
+            root[name] = inventory(name, total, reserved.get(name, 0))
     return {"inventories": root, "children": children}
 
 

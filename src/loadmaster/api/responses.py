@@ -73,6 +73,10 @@ class VmDetail(VmOut):
 
 class VmList(Out):
     vms: list[VmOut]
+    warnings: list[str] = Field(
+        description="claims of these VMs pending too long on a host whose agent is silent "
+        "or absent (LOADMASTER_PENDING_WARN_AFTER); they are kept"
+    )
 
 
 class HostScoreOut(Out):
@@ -183,6 +187,10 @@ class DrainStatusOut(Out):
     vms_left: int
     migrating: int
     vms: list[VmLeftOut]
+    warnings: list[str] = Field(
+        description="the host's agent is silent or absent while VMs are left (and what to "
+        "do), and claims pending on it too long; nothing is ended"
+    )
 
 
 class HostDetail(HostOut):
@@ -233,6 +241,10 @@ class ProblemOut(Out):
 
 class AuditOut(Out):
     problems: list[ProblemOut]
+    warnings: list[str] = Field(
+        description="claims pending too long on hosts whose agent is silent or absent; "
+        "not broken promises (they are kept), but an operator should look"
+    )
 
 
 class FailureReasonOut(Out):

@@ -166,6 +166,11 @@ class FlavorCreate(Body):
 
 class VmStart(Body):
     policy: Name | None = None
+    host: Name | None = Field(
+        None,
+        description="start it on this host (admin only); every filter but the choice of "
+        "host still applies, and a host that does not fit is refused with the reasons",
+    )
 
 
 class VmMigrate(Body):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from loadmaster.cli.client import Exit, fail, print_json
+from loadmaster.cli.client import Exit, err_console, fail, print_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,6 +58,12 @@ def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Ite
 
 def say(text: str) -> None:
     console().print(text, soft_wrap=True)
+
+
+def warn(warnings: Iterable[str]) -> None:
+    """Warnings go to stderr, so a script reading a table or JSON is not disturbed."""
+    for warning in warnings:
+        err_console().print(f"warning: {warning}", markup=False, soft_wrap=True)
 
 
 def cell(value: object) -> str:

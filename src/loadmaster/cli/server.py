@@ -12,7 +12,7 @@ import typer
 
 from loadmaster.cli.app import RemoteCommand, api, app, chosen
 from loadmaster.cli.client import Exit, err_console, fail
-from loadmaster.cli.output import JsonOpt, show
+from loadmaster.cli.output import JsonOpt, show, warn
 from loadmaster.errors import LoadmasterError
 from loadmaster.settings import OPTIONS, default, env_name, load_settings
 
@@ -166,11 +166,14 @@ def audit(
 ) -> None:
     """Check the ledger's promises (no host over capacity, no orphaned or partial claims,
     VM states matching their records, group rules); exit 1 if one is broken. Reads the
-    database given by --db, or asks a server."""
+    database given by --db, or asks a server. Claims pending too long on hosts whose agent
+    is silent or absent are warned about (they are kept, and do not change the exit code)."""
     if db is not None and remote:
         fail("--db audits a database here, --remote a server: give one of them", Exit.USAGE)
     if db is None and (remote or chosen.url is not None):
-        problems = [(p["kind"], p["subject"], p["detail"]) for p in api().get("/audit")["problems"]]
+        answer = api().get("/audit")
+        problems = [(p["kind"], p["subject"], p["detail"]) for p in answer["problems"]]
+        warnings = answer["warnings"]
     else:
         from loadmaster.pending import audit as run_audit
 
@@ -178,10 +181,12 @@ def audit(
         try:
             with open_database(url, migrate=False) as lm:
                 problems = [(p.kind, p.subject, p.detail) for p in run_audit(lm.store)]
+                warnings = [w.warning for w in lm.waiting.find()]
         except LoadmasterError as exc:
             fail(f"--db {url!r}: {exc.detail}", Exit.UNREACHABLE)
     for kind, subject, detail in problems:
         err_console().print(f"{kind}: {subject}: {detail}", markup=False)
+    warn(warnings)
     if problems:
         raise typer.Exit(int(Exit.SERVER_ERROR))
     err_console().print("no problems found")

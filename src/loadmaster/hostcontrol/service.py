@@ -21,6 +21,7 @@ from sqlalchemy import or_, select
 
 from loadmaster.cluster import HostRecord, HostService, ResourceClassService, lookup
 from loadmaster.cluster.host_rows import parse_inventories
+from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, agent_live, epoch
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
@@ -35,7 +36,6 @@ from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
 # Between a host's name and its child's own part: HOST_numa0.
 CHILD_SEPARATOR = "_"
-DEFAULT_SILENT_AFTER_S = 60.0
 # What each VM on the host's work list asks of its agent.
 ACTIONS = ("launch", "run", "migrate_out", "migrate_in")
 
@@ -522,13 +522,25 @@ class HostControl:
             return vm_records(session, [lookup.vm_row(session, vm)])[0]
 
     # -- liveness --------------------------------------------------------------------------
+    @property
+    def silent_after(self) -> timedelta:
+        """How long an agent may say nothing before its host is silent; the scheduler's
+        live-agent filter applies the same limit, so setting it here sets both."""
+        return timedelta(seconds=self._scheduler.agent_silent_after)
+
+    @silent_after.setter
+    def silent_after(self, value: timedelta) -> None:
+        self._scheduler.agent_silent_after = value.total_seconds()
+
     def status(self, host: str) -> AgentStatus:
         with self._store.read() as session:
             row = lookup.host_row(session, host)
             agent = session.get(HostAgentRow, row.root_id or row.id)
             if agent is None:
                 return AgentStatus(row.name, "none")
-            silent = now() - agent.last_seen_at > self.silent_after
+            live = agent_live(
+                epoch(agent.last_seen_at), epoch(now()), self.silent_after.total_seconds()
+            )
             return AgentStatus(
-                row.name, "silent" if silent else "ok", agent.hypervisor_uri, agent.last_seen_at
+                row.name, "ok" if live else "silent", agent.hypervisor_uri, agent.last_seen_at
             )

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.hosts import HostService
+from loadmaster.cluster.liveness import silences
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import (
     ConcurrentUpdate,
@@ -31,10 +32,12 @@ from loadmaster.errors import (
     ValidationError,
 )
 from loadmaster.pending import Ledger
+from loadmaster.pending.waiting import WaitingClaims
 from loadmaster.scheduler.request import RequestSpec
 from loadmaster.scheduler.results import Explanation
 from loadmaster.scheduler.scheduler import Scheduler
 from loadmaster.store import Store
+from loadmaster.store.locking import now
 from loadmaster.store.schema import HostRow, VmRow
 
 MAINTENANCE_RETRIES = 20
@@ -62,9 +65,13 @@ class VmLeft:
 
 @dataclass(frozen=True)
 class DrainStatus:
+    """``warnings``: the host's agent cannot act (its VMs will not move until it is
+    back), and the claims waiting on it."""
+
     host: str
     state: str
     vms_left: tuple[VmLeft, ...]
+    warnings: tuple[str, ...] = ()
 
     @property
     def status(self) -> str:
@@ -80,6 +87,7 @@ class DrainStatus:
             "vms_left": len(self.vms_left),
             "migrating": sum(v.state == "migrating" for v in self.vms_left),
             "vms": [v.to_dict() for v in self.vms_left],
+            "warnings": list(self.warnings),
         }
 
 
@@ -143,16 +151,29 @@ class DrainResult:
 class DrainService:
     """``lm.maintenance``: ``drain(host)`` and ``status(host)``."""
 
-    def __init__(self, store: Store, scheduler: Scheduler, ledger: Ledger) -> None:
+    def __init__(
+        self, store: Store, scheduler: Scheduler, ledger: Ledger, waiting: WaitingClaims
+    ) -> None:
         self._store = store
         self._scheduler = scheduler
         self._ledger = ledger
+        self._waiting = waiting
         self._hosts = HostService(store)
 
     def status(self, host: str) -> DrainStatus:
         with self._store.read() as session:
             row = _root(session, host)
-            return DrainStatus(row.name, row.state, _vms_left(session, row))
+            left = _vms_left(session, row)
+            warnings = []
+            silent = silences(session, {row.id}, self._scheduler.agent_silent_after, now())
+            if left and row.id in silent:
+                warnings.append(
+                    f"{silent[row.id].describe()}: nothing moves its VMs until it is back. "
+                    f"If the host is down, evacuate it: loadmaster host evacuate {row.name} "
+                    "--confirm-down"
+                )
+            warnings += [w.warning for w in self._waiting.find(host=row.name, session=session)]
+            return DrainStatus(row.name, row.state, left, tuple(warnings))
 
     def drain(self, host: str, *, force: bool = False, policy: str | None = None) -> DrainResult:
         """Put ``host`` in maintenance and place every VM on it elsewhere, in one batch.

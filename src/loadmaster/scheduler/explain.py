@@ -34,7 +34,31 @@ def explanation(
     candidates = int(remaining.sum())
     headline = None if candidates else _group_headline(snap, request, results)
     return Explanation(
-        request.label, snap.size, candidates, tuple(counts), headline=headline, ranking=ranking
+        request.label,
+        snap.size,
+        candidates,
+        tuple(counts),
+        headline=headline,
+        ranking=ranking,
+        host_reasons=_one_host_reasons(snap, request, results),
+    )
+
+
+def _one_host_reasons(
+    snap: Snapshot, request: VmRequest, results: list[FilterResult]
+) -> tuple[str, ...]:
+    """With one host named (``include_hosts``, ``vm start --host``): every filter that
+    rejects it and why, so the refusal speaks of that host alone."""
+    if request.include_hosts is None or len(request.include_hosts) != 1:
+        return ()
+    (name,) = request.include_hosts
+    host = snap.index.get(name)
+    if host is None:
+        return ()
+    return tuple(
+        f"{result.verdict.reason_at(host)} ({result.plugin})"
+        for result in results
+        if not result.verdict.keep[host]
     )
 
 

@@ -45,6 +45,8 @@ class Explanation:
     headline: str | None = None
     # When hosts fit: the best ones as the policy scored them, best first.
     ranking: tuple[HostScore, ...] = ()
+    # With one host named: each filter that rejects it, with its reason.
+    host_reasons: tuple[str, ...] = ()
 
     @property
     def message(self) -> str:
@@ -57,6 +59,11 @@ class Explanation:
         if self.headline:
             head = f"{self.headline}; {head}"
         return f"{head}: {self.hosts} hosts" + (f"; {detail}" if detail else "")
+
+    def host_refusal(self) -> str:
+        """Why the one host the request named is refused (see ``host_reasons``), led by
+        a group rule's headline when there is one."""
+        return "; ".join(([self.headline] if self.headline else []) + list(self.host_reasons))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -71,10 +78,17 @@ class Explanation:
 
 
 class NoHostFits(NoValidHost):
-    """``NoValidHost`` with the per-filter explanation attached."""
+    """``NoValidHost`` with the per-filter explanation attached; ``pinned``: the one host
+    the request named, refused in that host's terms."""
 
-    def __init__(self, explanation: Explanation) -> None:
-        super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
+    def __init__(self, explanation: Explanation, pinned: str | None = None) -> None:
+        if pinned is None:
+            super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
+        else:
+            super().__init__(
+                f"VM {explanation.vm} cannot start on host {pinned}: {explanation.host_refusal()}",
+                field="host",
+            )
         self.explanation = explanation
 
     def to_dict(self) -> dict[str, object]:

@@ -17,10 +17,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from loadmaster.cluster import lookup
+from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S
 from loadmaster.errors import (
     ConcurrentUpdate,
     Conflict,
@@ -42,6 +45,7 @@ from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
+    NoHostFits,
     Placement,
     ScheduleResult,
 )
@@ -78,6 +82,7 @@ class Scheduler:
         tie_tolerance: float = 0.01,
         seed: int | None = None,
         max_vms_per_call: int | None = None,
+        agent_silent_after: float = DEFAULT_SILENT_AFTER_S,
     ) -> None:
         self._store = store
         self._settings: dict[str, Any] = {
@@ -100,6 +105,7 @@ class Scheduler:
         # retry a stale claim many times over.
         self._ledger = Ledger(store, conflict_retries=2)
         self._source = SnapshotSource(store)
+        self.agent_silent_after = agent_silent_after
         self.policies: dict[str, Policy] = {**POLICIES, **(policies or {})}
         self.default_policy = self._policy(default_policy or DEFAULT_POLICY, "default_policy").name
         self._claim_chunk = claim_chunk
@@ -114,6 +120,18 @@ class Scheduler:
         self._lock = threading.RLock()
         # Calls waiting for the lock; whichever holds it decides them together (coalesce.py).
         self._waiting = Waiting()
+
+    @property
+    def agent_silent_after(self) -> float:
+        """Seconds without a word from a host's agent before the live-agent filter rules
+        the host out (``agent_silent_after``; the twin answering reads follows)."""
+        return self._source.agent_silent_after
+
+    @agent_silent_after.setter
+    def agent_silent_after(self, seconds: float) -> None:
+        self._source.agent_silent_after = seconds
+        if self._reader is not None:
+            self._reader.agent_silent_after = seconds
 
     # -- public API --------------------------------------------------------------------
     def schedule(
@@ -178,6 +196,29 @@ class Scheduler:
             seconds=time.perf_counter() - started,
             seed=seed,
         )
+
+    def start(
+        self, vm: str, *, host: str | None = None, policy: str | None = None
+    ) -> ScheduleResult:
+        """Place ``vm`` and claim there (intent ``start``); a failure is the placement's
+        ``error``, as ``schedule`` answers. ``host`` pins it (the operator's
+        choice; admin only through the API): every filter still judges that host, and one
+        that does not fit is refused with each filter's reason. A host that does not
+        exist, or a child provider, is refused before anything is decided."""
+        if host is not None:
+            with self._store.read() as session:
+                row = lookup.host_row(session, host)
+                if row.parent_id is not None:
+                    raise ValidationError(
+                        f"host {host} is a child provider; name its root host", field="host"
+                    )
+        spec = RequestSpec(vms=[vm], include_hosts=[host] if host is not None else None)
+        result = self.schedule([spec], policy=policy, intent="start")
+        (placement,) = result.placements
+        if host is None or not isinstance(placement.error, NoHostFits):
+            return result
+        refused = NoHostFits(placement.error.explanation, pinned=host)
+        return replace(result, placements=(replace(placement, error=refused),))
 
     def explain(
         self, request: RequestSpec, *, policy: str | None = None, seed: int | None = None
@@ -277,7 +318,9 @@ class Scheduler:
         """The twin that answers read-only questions (made on first use)."""
         with self._reader_lock:
             if self._reader is None:
-                reader = Scheduler(self._store, **self._settings)
+                reader = Scheduler(
+                    self._store, agent_silent_after=self.agent_silent_after, **self._settings
+                )
                 reader.policies = self.policies
                 reader.default_policy = self.default_policy
                 reader._reads_only = True

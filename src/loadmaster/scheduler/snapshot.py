@@ -12,12 +12,14 @@ the decision core applies decided claims, to a working copy of the usage it owns
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.resources.tree_fit import fit_in_tree
 
@@ -44,6 +46,7 @@ ARRAYS = (
     "aggregate_matrix",
     "vm_count",
     "load",
+    "agent_seen",
 )
 
 
@@ -64,6 +67,8 @@ class SyntheticHost:
     units: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
     children: Sequence[SyntheticHost] = ()
     generation: int = 0
+    # When its agent was last heard from (seconds since the epoch); None: no agent.
+    agent_seen: float | None = None
 
 
 class Snapshot:
@@ -98,6 +103,13 @@ class Snapshot:
         self.aggregate_matrix: Bools = np.zeros((0, 0), np.bool_)
         self.vm_count: Ints = np.zeros(0, np.int64)
         self.load: Floats = np.zeros(0, np.float64)
+        # Per host: when its agent was last heard from (seconds since the epoch), NaN for
+        # no agent; whether any host has an agent (a deployment without agents schedules
+        # on every host); the time the snapshot was taken and the agents' silence limit.
+        self.agent_seen: Floats = np.zeros(0, np.float64)
+        self.agents_in_use = False
+        self.taken_at = 0.0
+        self.agent_silent_after = DEFAULT_SILENT_AFTER_S
         # Per server group of the call: its placed members (pending counted) per host.
         self.group_members: dict[str, Ints] = {}
         # Caches of pure functions of the arrays above (cleared whenever they change).
@@ -167,6 +179,11 @@ class Snapshot:
                 snap.aggregate_matrix[row, snap.aggregates[aggregate]] = True
         snap.vm_count = np.array([host.vm_count for host in hosts], np.int64)
         snap.load = np.array([np.nan if h.load is None else h.load for h in hosts], np.float64)
+        snap.agent_seen = np.array(
+            [np.nan if h.agent_seen is None else h.agent_seen for h in hosts], np.float64
+        )
+        snap.agents_in_use = any(h.agent_seen is not None for h in hosts)
+        snap.taken_at = time.time()
         for group, members in (groups or {}).items():
             counts = np.zeros(len(hosts), np.int64)
             for name, count in members.items():

@@ -9,9 +9,10 @@ call does not read them back.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
+from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, epoch
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.pending import trees
 from loadmaster.resources import Inventory
@@ -39,6 +41,7 @@ from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
+    HostAgentRow,
     HostAggregateRow,
     HostReportRow,
     HostRow,
@@ -56,6 +59,9 @@ class SnapshotSource:
         self._store = store
         self.snapshot = Snapshot()
         self._reports_seen: datetime | None = None
+        self._agents_seen: datetime | None = None
+        self._agents_read = 0.0  # time.monotonic() of the last read of the agents
+        self.agent_silent_after = DEFAULT_SILENT_AFTER_S
         # The cluster clock (seq, layout_seq) the snapshot reflects; None: nothing loaded.
         self._clock: tuple[int, int] | None = None
         # Provider id -> the clock value our own last claim there stamped.
@@ -102,6 +108,7 @@ class SnapshotSource:
             self._clock = seen
             self._own_stamps.clear()
             self._load_reports(session)
+            self._load_agents(session)
         return self.snapshot
 
     def _load_all(self, session: Session) -> None:
@@ -151,7 +158,9 @@ class SnapshotSource:
         snap.aggregate_matrix = np.zeros((p, len(snap.aggregates)), np.bool_)
         snap.vm_count = np.zeros(len(roots), np.int64)
         snap.load = np.full(len(roots), np.nan)
+        snap.agent_seen = np.full(len(roots), np.nan)
         self._reports_seen = None
+        self._agents_seen = None
         loaded = self._reload(session, list(snap.row_of))
         assert loaded, "a full load knows every class, trait and aggregate"
 
@@ -224,6 +233,30 @@ class SnapshotSource:
             if self._reports_seen is None or reported_at > self._reports_seen:
                 self._reports_seen = reported_at
 
+    def _load_agents(self, session: Session) -> None:
+        """When each host's agent was last heard from: every agent at a full load, then
+        those heard from since the last read (less a margin, since the processes that
+        write the stamps commit them a little after taking them), at most once a second:
+        in a live fleet every agent was heard from within the margin, and liveness is
+        judged in tens of seconds."""
+        snap = self.snapshot
+        snap.taken_at = time.time()
+        snap.agent_silent_after = self.agent_silent_after
+        query = select(HostAgentRow.host_id, HostAgentRow.last_seen_at)
+        if self._agents_seen is not None:
+            if time.monotonic() - self._agents_read < _AGENTS_EVERY_S:
+                return
+            query = query.where(HostAgentRow.last_seen_at > self._agents_seen - _STAMP_MARGIN)
+        self._agents_read = time.monotonic()
+        for host_id, last_seen in session.execute(query):
+            row = snap.row_of.get(host_id)
+            if row is None:
+                continue
+            snap.agent_seen[snap.root_of[row]] = epoch(last_seen)
+            snap.agents_in_use = True
+            if self._agents_seen is None or last_seen > self._agents_seen:
+                self._agents_seen = last_seen
+
     def load_groups(
         self,
         groups: Collection[GroupRecord],
@@ -273,6 +306,8 @@ class SnapshotSource:
                         self._own_stamps[int(snap.provider_ids[row])] = clock
 
 
+_STAMP_MARGIN = timedelta(seconds=10)
+_AGENTS_EVERY_S = 1.0
 _REPORTS = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
 _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
 

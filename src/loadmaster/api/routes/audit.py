@@ -18,5 +18,9 @@ router = APIRouter(tags=["operations"])
 def audit(lm: LM) -> dict[str, Any]:
     """The ledger's broken promises (none: an empty list): hosts over capacity, orphaned
     or partial claims, VM states not matching their records, group rules broken. Reads
-    only, so a reader token may ask."""
-    return {"problems": [asdict(p) for p in run_audit(lm.store)]}
+    only, so a reader token may ask. ``warnings``: claims pending too long on hosts whose
+    agent is silent or absent (kept, not problems)."""
+    return {
+        "problems": [asdict(p) for p in run_audit(lm.store)],
+        "warnings": [w.warning for w in lm.waiting.find()],
+    }

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM, MetricsDep
+from loadmaster.api.errors import Forbidden
 from loadmaster.api.observability import Metrics
 from loadmaster.api.responses import (
     HostUsages,
@@ -22,7 +23,7 @@ from loadmaster.api.responses import (
 from loadmaster.api.routes.agents import check_vm_of_agent
 from loadmaster.api.schemas import Claim, VmMigrate, VmStart, VmTags, VmUp
 from loadmaster.cluster import VmSpec
-from loadmaster.scheduler import Placement, RequestSpec
+from loadmaster.scheduler import Placement, RequestSpec, ScheduleResult
 from loadmaster.service import Loadmaster
 
 router = APIRouter()
@@ -54,7 +55,8 @@ def list_vms(
         limit=limit,
         offset=offset,
     )
-    return {"vms": [views.vm(v) for v in vms]}
+    waiting = lm.waiting.find(vms=[v.uuid for v in vms if v.state in ("pending", "migrating")])
+    return {"vms": [views.vm(v) for v in vms], "warnings": [w.warning for w in waiting]}
 
 
 @router.post("/vms", status_code=201, tags=["vms"], response_model=VmOut)
@@ -87,10 +89,9 @@ def delete_vm(lm: LM, uuid: str) -> Response:
     return Response(status_code=204)
 
 
-def _schedule_one(
-    lm: Loadmaster, metrics: Metrics, uuid: str, policy: str | None, intent: str
+def _scheduled(
+    lm: Loadmaster, metrics: Metrics, uuid: str, result: ScheduleResult
 ) -> dict[str, Any]:
-    result = lm.scheduler.schedule([RequestSpec(vms=[uuid])], policy=policy, intent=intent)
     metrics.observe_schedule(result)
     placement = result.placements[0]
     if placement.error is not None:
@@ -103,11 +104,18 @@ def _schedule_one(
 
 
 @router.post(VM + "/start", tags=["vms"], response_model=ScheduledVm)
-def start_vm(lm: LM, metrics: MetricsDep, uuid: str, body: VmStart | None = None) -> dict[str, Any]:
-    """Choose a host and claim there: the VM becomes ``pending`` until it is reported up.
+def start_vm(
+    lm: LM, metrics: MetricsDep, request: Request, uuid: str, body: VmStart | None = None
+) -> dict[str, Any]:
+    """Choose a host (or take ``host``, admin only, still judged by every other filter)
+    and claim there: the VM becomes ``pending`` until it is reported up.
     No host: 409 ``loadmaster.no_valid_host`` with the per-filter ``explanation``.
     A VM that already runs: 409 ``loadmaster.invalid_transition`` (migrate moves it)."""
-    return _schedule_one(lm, metrics, uuid, body.policy if body else None, "start")
+    host, policy = (body.host, body.policy) if body else (None, None)
+    if host is not None and getattr(request.state, "role", "admin") != "admin":
+        raise Forbidden("only an admin may choose the host a VM starts on")
+    result = lm.scheduler.start(uuid, host=host, policy=policy)
+    return _scheduled(lm, metrics, uuid, result)
 
 
 @router.post(VM + "/up", tags=["vms"], response_model=VmOut)
@@ -135,7 +143,10 @@ def migrate_vm(
     # Only a running VM migrates: the ledger checks it under the VM's row lock.
     log.info("migration of %s requested: %s", uuid, body.reason or "no reason given")
     if body.host is None:
-        return _schedule_one(lm, metrics, uuid, body.policy, "migrate")
+        result = lm.scheduler.schedule(
+            [RequestSpec(vms=[uuid])], policy=body.policy, intent="migrate"
+        )
+        return _scheduled(lm, metrics, uuid, result)
     lm.allocations.claim(uuid, body.host, intent="migrate")
     placement = Placement(uuid, lm.vms.get(uuid).target_host)
     return {"vm": views.vm(lm.vms.get(uuid)), "placement": placement.to_dict()}

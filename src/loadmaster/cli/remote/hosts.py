@@ -23,7 +23,11 @@ from loadmaster.cli.output import (
     say,
     show,
     vm_row,
+    warn,
 )
+
+# Seconds --wait may go without printing a line.
+PROGRESS_EVERY = 10.0
 
 host_app = remote_group(
     "host", "Hosts (resource providers) and their child providers (NUMA cells)."
@@ -111,6 +115,8 @@ def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
         ("class", "total", "reserved", "ratio", "capacity", "active", "pending", "free"),
         rows,
     )
+    if not as_json and host["drain"] is not None:
+        warn(host["drain"]["warnings"])
 
 
 @host_app.command("create")
@@ -310,36 +316,36 @@ def host_drain(
 def _follow_drain(
     name: str, result: dict[str, Any], timeout: float, interval: float, *, quiet: bool
 ) -> dict[str, Any]:
-    """Poll the host until no migration from or to it is under way (or the timeout); a
-    progress bar shows the migrations done. Returns the host's last drain status."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
+    """Poll the host until no migration from or to it is under way (or the timeout),
+    printing a line to stderr whenever the count changes and at least every
+    ``PROGRESS_EVERY`` seconds, with the host's warnings (a silent agent) when they
+    change: a wait never looks like a hang. Returns the host's last drain status."""
     client = api()
     status: dict[str, Any] = client.get(f"/hosts/{name}")["drain"]
     total = status["migrating"]
-    deadline = time.monotonic() + timeout
-    with Progress(
-        TextColumn(f"draining {name}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("migrations done"),
-        TimeElapsedColumn(),
-        console=err_console(),
-        disable=quiet or total == 0,
-        transient=False,
-    ) as progress:
-        task = progress.add_task("drain", total=total)
-        while status["migrating"] and time.monotonic() < deadline:
-            time.sleep(min(interval, max(deadline - time.monotonic(), 0)))
-            status = client.get(f"/hosts/{name}")["drain"]
-            progress.update(task, completed=max(total - status["migrating"], 0))
-    return status
+    started = time.monotonic()
+    deadline = started + timeout
+    said: tuple[int, tuple[str, ...]] | None = None
+    last_line = started
+    while True:
+        warnings = tuple(status["warnings"])
+        now = time.monotonic()
+        if not quiet and (
+            said != (status["migrating"], warnings) or now - last_line >= PROGRESS_EVERY
+        ):
+            if said is None or said[1] != warnings:
+                warn(warnings)
+            done = max(total - status["migrating"], 0)
+            err_console().print(
+                f"draining {name}: {done} of {total} migrations done, "
+                f"{status['migrating']} under way, {now - started:.0f} s",
+                markup=False,
+            )
+            said, last_line = (status["migrating"], warnings), now
+        if not status["migrating"] or now >= deadline:
+            return status
+        time.sleep(min(interval, max(deadline - now, 0)))
+        status = client.get(f"/hosts/{name}")["drain"]
 
 
 def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None) -> None:
@@ -359,6 +365,8 @@ def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None
     if result["in_flight"]:
         say(f"{len(result['in_flight'])} migrations were already under way")
     status = final or result
+    if final is None:  # --wait printed them as they came
+        warn(status["warnings"])
     say(
         f"host {name} is {status['status']}: {status['vms_left']} VMs left, "
         f"{status['migrating']} migrating"

@@ -9,7 +9,7 @@ import typer
 
 from loadmaster.cli.app import api, remote_group
 from loadmaster.cli.client import Exit, fail
-from loadmaster.cli.output import VM_COLUMNS, JsonOpt, VmArg, say, show, vm_row
+from loadmaster.cli.output import VM_COLUMNS, JsonOpt, VmArg, say, show, vm_row, warn
 
 vm_app = remote_group("vm", "VMs and their lifecycle.")
 
@@ -59,6 +59,8 @@ def vm_list(
         offset=offset or None,
     )
     show(data, as_json, "VMs", VM_COLUMNS, [vm_row(v) for v in data["vms"]])
+    if not as_json:
+        warn(data["warnings"])
 
 
 @vm_app.command("show")
@@ -113,10 +115,14 @@ def _lifecycle(vm: str, action: str, body: dict[str, Any] | None, as_json: bool)
 def vm_start(
     vm: VmArg,
     policy: Annotated[str | None, typer.Option(help="scheduling policy (see policies)")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="start it on this host (admin only; every other filter still applies)"),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Schedule and claim: the VM is pending on its host until it is reported up."""
-    _lifecycle(vm, "start", {"policy": policy}, as_json)
+    _lifecycle(vm, "start", {"policy": policy, "host": host}, as_json)
 
 
 @vm_app.command("up")
