@@ -57,6 +57,7 @@ from sqlalchemy import insert, select
 
 import loadmaster
 from harness import ROOT, PrivatePostgres, ServedApi, machine, run_worker
+from loadmaster.agent.manager import DEFAULT_WAIT_S
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 from loadmaster.store.locking import now
@@ -64,7 +65,6 @@ from loadmaster.store.schema import HostAgentRow, HostRow
 
 ISSUE_START = "2f2a0d7"
 NODE = {"VCPU": {"total": 64}, "MEMORY_MB": {"total": 262144}}
-AGENT_WAIT_S = 50.0  # the shipped agent's (manager.DEFAULT_WAIT_S)
 RESTART_LIMIT_S = 120.0
 TRANSPORT_ERRORS = (
     "ConnectionRefusedError",
@@ -284,7 +284,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
                 "--duration",
                 f"{duration:.1f}",
                 "--wait",
-                str(AGENT_WAIT_S),
+                str(DEFAULT_WAIT_S),
                 "--start-at",
                 f"{begin:.3f}",
                 "--spread",

@@ -47,9 +47,11 @@ log = logging.getLogger(__name__)
 STANDARD_DISCOVERED = ("VCPU", "MEMORY_MB")
 KIB_PER_MB = 1024
 # The long-poll of the work list: a change ends it at once, so this is how often an idle
-# agent asks again. Measured (bench/fleet.py, issue #24): 10,000 idle agents at this
-# cadence cost one server process about a fifth of a core.
-DEFAULT_WAIT_S = 50.0
+# agent asks again, and an idle fleet costs its server in proportion. Measured
+# (bench/fleet.py, issue #24): 10,000 idle agents polling every 40-50 s made 207
+# requests/s and cost one server process 59 % of a core; hence 88-110 s, as Nomad's
+# blocking queries wait minutes. A load balancer's idle timeout must exceed it.
+DEFAULT_WAIT_S = 110.0
 # An unchanged host still reports this often: the ledger has the last word restated even
 # if a report was lost between a server and its database.
 REPORT_AT_LEAST_EVERY_S = 600.0

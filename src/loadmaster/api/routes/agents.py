@@ -28,9 +28,9 @@ from loadmaster.hostcontrol import HostWatch, WatchedHost, WorkList
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["host agents"])
-# Long enough that an idle agent costs a request a minute at most, short enough that
-# proxies and the agent's own timeout do not cut it.
-MAX_WAIT_S = 55.0
+# The longest wait an agent may ask (Nomad's blocking queries: 10 minutes); the shipped
+# agent asks up to 110 s (``manager.DEFAULT_WAIT_S``), which proxies must let idle.
+MAX_WAIT_S = 600.0
 
 
 def agent_host(request: Request) -> str | None:
