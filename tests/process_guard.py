@@ -8,7 +8,8 @@ still alive when its fixtures are torn down is killed, and the test fails naming
 What is not the test's: processes that were running before it started and everything
 they start later (a module's server replacing a worker), and processes started while a
 fixture of a wider scope was being set up (the session's PostgreSQL, the real-VM tests'
-private libvirtd), even if that setup happened during this test. The pytest process is
+private libvirtd, and the QEMU guests those libvirtd start), even if that setup happened
+during this test. The pytest process is
 made a child subreaper, so a process whose parent dies (an orphaned uvicorn worker, a
 daemon that forked into the background) stays its descendant instead of escaping to init.
 """
@@ -92,7 +93,17 @@ def _describe(pid: int) -> str:
 
 
 def _not_the_tests(pid: int, chain: list[int], before: set[int]) -> bool:
-    return any(p in before or p in _owned for p in (pid, *chain))
+    return _a_libvirt_guest(pid) or any(p in before or p in _owned for p in (pid, *chain))
+
+
+def _a_libvirt_guest(pid: int) -> bool:
+    """A QEMU guest: libvirtd daemonizes it, so it hangs under this subreaper instead of
+    its libvirtd, but it is that libvirtd's (a wider fixture's), which ends it. The real-VM
+    tests leave guests running for the next test of their module on purpose."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().startswith("qemu-system")
+    except OSError:
+        return False
 
 
 class WiderFixtures:

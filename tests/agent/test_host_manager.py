@@ -200,7 +200,7 @@ def test_the_host_keeps_memory_for_itself_unless_configured(cells: int) -> None:
             return {"n1": body["inventories"]["MEMORY_MB"]["reserved"]}
         return {name: inv["MEMORY_MB"]["reserved"] for name, inv in body["children"].items()}
 
-    default = {"n1": 512} if cells == 1 else {"n1-numa0": 512, "n1-numa1": 0}
+    default = {"n1": 512} if cells == 1 else {"n1_numa0": 512, "n1_numa1": 0}
     assert memory(ManagerConfig()) == default
     assert memory(ManagerConfig.from_dict({"reserved": {"VCPU": 1}})) == default
     none = memory(ManagerConfig.from_dict({"reserved": {"MEMORY_MB": 0}}))

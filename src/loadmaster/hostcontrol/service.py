@@ -30,7 +30,7 @@ from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import Inventory
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
-from loadmaster.store.locking import iso_utc, now
+from loadmaster.store.locking import iso_utc, mark_changed, now
 from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
@@ -213,6 +213,10 @@ class HostControl:
                         seen_generation=0,
                     )
                 )
+                # A host that can act now: schedulers' snapshots read their agents again
+                # (they read the changed ones only once a second), so the host is
+                # chosen from the next placement on, not a second later.
+                mark_changed(session, [row.id], layout=True)
             else:
                 agent.hypervisor_uri = hypervisor_uri
                 agent.last_seen_at = stamp
