@@ -8,19 +8,20 @@ still alive when its fixtures are torn down is killed, and the test fails naming
 What is not the test's: processes that were running before it started and everything
 they start later (a module's server replacing a worker), and processes started while a
 fixture of a wider scope was being set up (the session's PostgreSQL, the real-VM tests'
-private libvirtd, and the QEMU guests those libvirtd start), even if that setup happened
-during this test. The pytest process is
-made a child subreaper, so a process whose parent dies (an orphaned uvicorn worker, a
-daemon that forked into the background) stays its descendant instead of escaping to init.
+private libvirtd), even if that setup happened during this test.
+
+A process whose parent dies escapes to init and out of sight. pytest is not made a child
+subreaper to keep them: it would adopt the QEMU guests libvirtd daemonizes, and libvirtd
+waits for a guest's pid to vanish, which a zombie nobody reaps never does (graceful stops
+and removals hung 30 s). ``serve``'s workers die with their supervisor (PR_SET_PDEATHSIG),
+so they cannot be left behind that way.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import sys
 import time
 from collections.abc import Generator, Iterator
 from multiprocessing import resource_tracker
@@ -31,14 +32,8 @@ import pytest
 # A process on its way out (its supervisor killed it, SIGTERM is being handled) is given
 # this long to finish before it counts as left behind; generous for a loaded machine.
 GRACE_S = 15.0
-_PR_SET_CHILD_SUBREAPER = 36
 # Processes owned by fixtures wider than a test: their pids, and everything under them.
 _owned: set[int] = set()
-
-
-def _become_subreaper() -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -78,8 +73,8 @@ def _alive(pid: int) -> bool:
 
 
 def _reap(pid: int) -> None:
-    """Collect the exit status of a child the test left behind (an orphan reparented to
-    this process, a Popen never waited for), so it does not stay a zombie."""
+    """Collect the exit status of a child the test left behind (a Popen never waited
+    for), so it does not stay a zombie."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
@@ -93,17 +88,7 @@ def _describe(pid: int) -> str:
 
 
 def _not_the_tests(pid: int, chain: list[int], before: set[int]) -> bool:
-    return _a_libvirt_guest(pid) or any(p in before or p in _owned for p in (pid, *chain))
-
-
-def _a_libvirt_guest(pid: int) -> bool:
-    """A QEMU guest: libvirtd daemonizes it, so it hangs under this subreaper instead of
-    its libvirtd, but it is that libvirtd's (a wider fixture's), which ends it. The real-VM
-    tests leave guests running for the next test of their module on purpose."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().startswith("qemu-system")
-    except OSError:
-        return False
+    return any(p in before or p in _owned for p in (pid, *chain))
 
 
 class WiderFixtures:
@@ -127,7 +112,6 @@ class WiderFixtures:
 
 
 def install(config: pytest.Config) -> None:
-    _become_subreaper()
     # multiprocessing's resource tracker serves the whole pytest process once a test
     # first uses a spawn context; started now, it is the session's, not that test's.
     before = set(_descendants(_processes(), os.getpid()))
