@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from process_guard import _alive
+
 TESTS = Path(__file__).resolve().parent
 
 CONFTEST = f"""
@@ -55,14 +57,6 @@ def test_leaves_a_child():
     note(subprocess.Popen(["sleep", "300"]).pid)
 
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_a_process_that_outlives_its_test_fails_it_and_is_killed(tmp_path: Path) -> None:

@@ -96,20 +96,23 @@ def check(value: Any, field: str = "") -> None:
     parse(type(value), dataclasses.asdict(value), field)
 
 
+# pydantic's bound errors in words: its error type -> (the words, the ``ctx`` key).
+BOUND_WORDS = {
+    "greater_than_equal": ("at least", "ge"),
+    "greater_than": ("above", "gt"),
+    "less_than_equal": ("at most", "le"),
+    "less_than": ("below", "lt"),
+}
+
+
 def _words(error: Any) -> str:
     kind, ctx, got = error["type"], error.get("ctx", {}), error.get("input")
     if kind == "string_too_short" and ctx.get("min_length") == 1:
         return "must be a non-empty string"
     if kind == "string_too_long":
         return f"must be a string of at most {ctx.get('max_length')} characters"
-    bounds = {
-        "greater_than_equal": ("at least", "ge"),
-        "greater_than": ("above", "gt"),
-        "less_than_equal": ("at most", "le"),
-        "less_than": ("below", "lt"),
-    }
-    if kind in bounds:
-        words, key = bounds[kind]
+    if kind in BOUND_WORDS:
+        words, key = BOUND_WORDS[kind]
         return f"must be {words} {ctx.get(key)}, got {got!r}"
     if kind in _WORDS:
         return _WORDS[kind] + ("" if kind.startswith("missing") else f", got {got!r}")

@@ -50,7 +50,7 @@ from loadmaster.errors import (
     UnknownProviderInBody,
     ValidationError,
 )
-from loadmaster.shapes import field_path
+from loadmaster.shapes import BOUND_WORDS, field_path
 
 log = logging.getLogger("loadmaster.api")
 
@@ -315,14 +315,8 @@ def _plain_words(error: Mapping[str, Any]) -> str:
         return "is required"
     if kind in _PLAIN_TYPES:
         return f"must be {_PLAIN_TYPES[kind]}, got {given}"
-    bounds = {
-        "greater_than_equal": ("at least", "ge"),
-        "greater_than": ("above", "gt"),
-        "less_than_equal": ("at most", "le"),
-        "less_than": ("below", "lt"),
-    }
-    if kind in bounds:
-        words, key = bounds[kind]
+    if kind in BOUND_WORDS:
+        words, key = BOUND_WORDS[kind]
         return f"must be {words} {ctx.get(key)}, got {given}"
     return f"{error.get('msg', 'invalid value')}, got {given}"
 
