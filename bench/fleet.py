@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +109,9 @@ class Result:
     agents_back: int = 0
     settle_s: float = 0.0
     shed: int = 0
+    # The placements with the fleet: route -> (requests, mean ms) the servers answered
+    # meanwhile, long-polls left out (their time is waiting).
+    busy_routes: dict[str, tuple[int, float]] = field(default_factory=dict)
     # After a kill -9 and restart of the first server: seconds until its agents all wait
     # again (None: not measured, or not all came back within RESTART_LIMIT_S).
     back_s: float | None = None
@@ -130,23 +134,41 @@ def peak_rss_mib(pids: list[int]) -> float:
     return peak
 
 
-def requests_answered(api: ServedApi, *only: str) -> float:
-    """Requests the server answered (its /metrics), those whose labels say all of ``only``.
-    A server busy with a fleet's first contacts may not accept at once: asked again."""
+def metrics_text(api: ServedApi) -> str:
+    """The server's /metrics. A server busy with a fleet's first contacts may not accept
+    at once: asked again."""
     for attempt in range(10):
         try:
             with api.client(timeout=60) as http:
-                text = http.get("/metrics").text
-            break
+                return http.get("/metrics").text
         except httpx.TransportError:
             if attempt == 9:
                 raise
             time.sleep(2)
+    raise AssertionError("unreachable")
+
+
+def requests_answered(api: ServedApi, *only: str) -> float:
+    """Requests the server answered (its /metrics), those whose labels say all of ``only``."""
     return sum(
         float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
+        for line in metrics_text(api).splitlines()
         if line.startswith("loadmaster_http_requests_total{") and all(o in line for o in only)
     )
+
+
+def seconds_by_route(apis: list[ServedApi]) -> Counter[tuple[str, str]]:
+    """(route, "count" or "sum") -> requests answered and seconds spent answering them,
+    over the servers (their request-duration histograms)."""
+    totals: Counter[tuple[str, str]] = Counter()
+    for api in apis:
+        for line in metrics_text(api).splitlines():
+            for part in ("count", "sum"):
+                head = f'loadmaster_http_request_seconds_{part}{{route="'
+                if line.startswith(head):
+                    route = line[len(head) :].split('"', 1)[0]
+                    totals[route, part] += float(line.rsplit(" ", 1)[1])
+    return totals
 
 
 def polls_waiting(api: ServedApi) -> float:
@@ -306,7 +328,14 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         result.idle_cpu_pct = 100 * (cpu_seconds(pids) - cpu0) / seconds
         # The two /metrics reads are in the count: requests (not the CPU window) span them.
         result.idle_rps = (sum(map(requests_answered, apis)) - req0) / (time.monotonic() - t0)
+        before = seconds_by_route(apis)
         result.schedule_fleet_ms, failed_later = place(apis, uuids[placements:], started)
+        spent = seconds_by_route(apis) - before
+        result.busy_routes = {
+            route: (int(n), 1000 * spent[route, "sum"] / n)
+            for (route, part), n in spent.items()
+            if part == "count" and not route.endswith("/work") and route != "/metrics"
+        }
         result.rss_mib = peak_rss_mib(pids)
         if not build.legacy:
             mine = sum(
@@ -392,6 +421,12 @@ def report(results: list[Result]) -> None:
             f"{r.settle_s:>9.0f} {r.shed:>6} "
             f"{'-' if r.back_s is None else f'{r.back_s:.1f}':>6}"
         )
+        if r.busy_routes:
+            spent = ", ".join(
+                f"{route} {n} x {ms:.1f} ms"
+                for route, (n, ms) in sorted(r.busy_routes.items(), key=lambda i: -i[1][0])
+            )
+            print(f"{'':>6} answered during the placements with the fleet: {spent}")
         if r.errors:
             print(f"{'':>6} errors: {r.errors}")
         if r.unanswered:
