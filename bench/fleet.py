@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,10 +157,10 @@ def requests_answered(api: ServedApi, *only: str) -> float:
     )
 
 
-def seconds_by_route(apis: list[ServedApi]) -> Counter[tuple[str, str]]:
+def seconds_by_route(apis: list[ServedApi]) -> defaultdict[tuple[str, str], float]:
     """(route, "count" or "sum") -> requests answered and seconds spent answering them,
     over the servers (their request-duration histograms)."""
-    totals: Counter[tuple[str, str]] = Counter()
+    totals: defaultdict[tuple[str, str], float] = defaultdict(float)
     for api in apis:
         for line in metrics_text(api).splitlines():
             for part in ("count", "sum"):
@@ -330,11 +330,12 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         result.idle_rps = (sum(map(requests_answered, apis)) - req0) / (time.monotonic() - t0)
         before = seconds_by_route(apis)
         result.schedule_fleet_ms, failed_later = place(apis, uuids[placements:], started)
-        spent = seconds_by_route(apis) - before
+        after = seconds_by_route(apis)
+        spent = {key: after[key] - before[key] for key in after}
         result.busy_routes = {
             route: (int(n), 1000 * spent[route, "sum"] / n)
             for (route, part), n in spent.items()
-            if part == "count" and not route.endswith("/work") and route != "/metrics"
+            if part == "count" and n and not route.endswith("/work") and route != "/metrics"
         }
         result.rss_mib = peak_rss_mib(pids)
         if not build.legacy:

@@ -2,7 +2,8 @@
 
 Each agent does over HTTP what the shipped agent's host manager does (``HostManager``):
 it long-polls its work list, asking ``If-None-Match`` with the generation it holds, says
-``up`` for every VM it is given to launch, and reports its VMs when they change. Every
+``up`` for every VM it is given to launch, and reports its VMs when they change and
+differ from what its work list says (``manager.matches_work_list``). Every
 wait is drawn from 80-100 % of ``wait``, and a failure backs off as the shipped agent
 does (``manager.backoff``), after the server's ``Retry-After`` on 503 or 429. The
 ``legacy`` cadence is the one of the commit issue #24 starts from: a 5 s long-poll with no
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadmaster.agent.manager import backoff
+from loadmaster.agent.manager import backoff, matches_work_list
 
 LEGACY_WAIT_S = 5.0
 LEGACY_SLA_REPORT_S = 15.0
@@ -160,6 +161,7 @@ class SimAgent:
         self.seen = -1
         self.running: set[str] = set()
         self.reported: tuple[frozenset[str], int] | None = None
+        self.items: list[dict[str, Any]] = []
 
     async def run(self, until: float) -> None:
         failures = 0
@@ -203,23 +205,31 @@ class SimAgent:
             raise HttpError(f"work {status}")
         now = time.monotonic()
         self.stats.polled[self.host] = now
+        launched: set[str] = set()
         if status == 200:
             work = json.loads(body)
-            for item in work["items"]:
+            self.items = work["items"]
+            for item in self.items:
                 vm, action = item["vm"], item["action"]
                 if vm not in self.stats.woken:
                     self.stats.woken[vm] = now
                 if action in ("launch", "migrate_in") and vm not in self.running:
                     await self._call("POST", f"/vms/{vm}/up", {"host": self.host})
+                    launched.add(vm)
                 # The simulated hypervisor runs what the ledger says runs here.
                 if action != "migrate_in":
                     self.running.add(vm)
-            self.running &= {i["vm"] for i in work["items"]}
+            self.running &= {i["vm"] for i in self.items}
             self.seen = int(work["generation"])
         said = (frozenset(self.running), self.seen)
-        if self.legacy or said != self.reported:
+        # The shipped agent decides while its launches are under way (a guest takes a
+        # while to start), so what was just said up counts as launching, as there.
+        if self.legacy or (
+            said != self.reported
+            and not matches_work_list(self.items, self.running - launched, launched)
+        ):
             await self._report()
-            self.reported = said
+        self.reported = said
 
     async def _report(self, connection: Connection | None = None, **measures: Any) -> None:
         body = {

@@ -315,3 +315,39 @@ def test_a_guest_arriving_during_a_pass_is_not_removed(db_url: str) -> None:
         assert c.where_running() == {vm: ["dst"]}
         dst.manager.step()  # the next pass sees migrate_in with the guest here: up
         assert c.lm.vms.get(vm).host == "dst" and c.lm.vms.get(vm).state == "running"
+
+
+def test_a_host_matching_its_work_list_sends_no_report_and_one_that_differs_does(
+    db_url: str,
+) -> None:
+    """The ledger would change nothing for a host that runs what its list says, so its
+    agent says nothing: not when it starts empty, not after a launch it said ``up`` for.
+    A guest gone behind the agent's back is a difference, reported, and the ledger ends
+    the VM."""
+    with cloud(db_url, ["h"]) as c:
+        host = c.add("h", start=False)
+        sent: list[dict[str, object]] = []
+        send = host.manager.api.report
+
+        def counted(name: str, payload: dict[str, object]) -> None:
+            sent.append(payload)
+            send(name, payload)
+
+        host.manager.api.report = counted  # type: ignore[method-assign]
+        host.manager.step()
+        assert not host.manager.report()
+        [vm] = c.create_vms(1)
+        c.schedule([vm])
+        host.manager.step()
+        assert not host.manager.report() or sent[-1]["running_vms"] == [vm]
+        host.manager.wait_idle()
+        host.manager.step()  # the list after its up: the VM runs here
+        assert c.lm.vms.get(vm).state == "running"
+        before = len(sent)
+        assert not host.manager.report()
+        host.manager.step()
+        assert not host.manager.report() and len(sent) == before
+        host.sim.remove_guest(vm)  # gone, and no agent of loadmaster removed it
+        host.manager.step()
+        assert host.manager.report()
+        assert sent[-1]["running_vms"] == [] and c.lm.vms.get(vm).state != "running"

@@ -279,17 +279,46 @@ def test_the_server_thread_waits_a_grace_before_its_first_pass(
     waiting = AutoEvacuation(service, every_s=0.05)
     assert waiting.grace_s == 60 + 10 + 2  # the threshold, a held poll's refresh, a flush
     waiting.start()
+    time.sleep(0.5)
     waiting.stop()
     assert _fenced(tmp_path) == [] and lm.hosts.get("h0").state == "up"
     running = AutoEvacuation(service, every_s=0.05, grace_s=0)
     running.start()
     try:
-        deadline = time.monotonic() + 60
-        while lm.hosts.get("h0").state != "down" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_down(lm, "h0")
     finally:
         running.stop()
     assert _fenced(tmp_path) == ["h0"] and lm.hosts.get("h0").state == "down"
+
+
+def test_a_host_heard_since_the_start_and_then_silent_is_fenced_within_the_grace(
+    lm: Loadmaster, tmp_path: Path
+) -> None:
+    """The grace spares hosts this process has not heard yet, not one it heard die: a host
+    dying just after a server (re)start is evacuated a threshold after its last word,
+    not a whole grace later."""
+    _cluster(lm)
+    _silence(lm, "h0")
+    lm.host_agents.silent_after = timedelta(seconds=1)
+    service = _with_fence(lm, _fence_script(tmp_path))
+    auto = AutoEvacuation(service, every_s=0.05)
+    assert auto.grace_s == 1 + 10 + 2
+    auto.start()
+    try:
+        time.sleep(0.2)
+        lm.host_agents.report("h1", None)  # heard after the start, then silent
+        _wait_down(lm, "h1")
+        time.sleep(0.5)  # passes go on: h0, silent since before the start, still waits
+    finally:
+        auto.stop()
+    assert _fenced(tmp_path) == ["h1"]
+    assert [lm.hosts.get(h).state for h in ("h0", "h1", "h2")] == ["up", "down", "up"]
+
+
+def _wait_down(lm: Loadmaster, host: str) -> None:
+    deadline = time.monotonic() + 60
+    while lm.hosts.get(host).state != "down" and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_hosts_dying_together_are_evacuated_in_one_batch_ha_first_across_them(

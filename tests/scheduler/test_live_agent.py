@@ -132,3 +132,26 @@ def test_a_pinned_start_is_still_judged_by_the_live_agent_filter(slm: Loadmaster
     assert slm.vms.get(vm).state == "requested"
     (placed,) = slm.scheduler.start(vm, host="live").placements
     assert placed.host == "live" and slm.vms.get(vm).host == "live"
+
+
+def test_a_migration_to_a_named_host_is_judged_by_every_filter(slm: Loadmaster) -> None:
+    """``vm migrate --host`` claimed on the named host without the filters: a host with no
+    agent became the destination of a move no agent would ever carry out."""
+    _agents(slm, "source", "quiet", "live")
+    slm.hosts.create("bare", inventories=NODE)
+    _silence(slm, "quiet")
+    slm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+    vm = slm.vms.create("moving", "small").uuid
+    slm.allocations.claim(vm, "source")
+    slm.allocations.activate(vm, "source")
+    for host, why in (("bare", "no agent"), ("quiet", "agent silent since")):
+        (refused,) = slm.scheduler.migrate(vm, host=host).placements
+        assert refused.host is None and refused.error is not None
+        assert refused.error.field == "host"
+        assert f"cannot move to host {host}: {why}" in refused.error.detail
+        moving = slm.vms.get(vm)
+        assert (moving.state, moving.host, moving.target_host) == ("running", "source", None)
+    (placed,) = slm.scheduler.migrate(vm, host="live").placements
+    assert placed.host == "live"
+    moved = slm.vms.get(vm)
+    assert (moved.state, moved.host, moved.target_host) == ("migrating", "source", "live")

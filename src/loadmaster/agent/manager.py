@@ -32,7 +32,7 @@ import random
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +56,23 @@ DEFAULT_WAIT_S = 110.0
 # if a report was lost between a server and its database.
 REPORT_AT_LEAST_EVERY_S = 600.0
 MAX_BACKOFF_S = 10.0
+
+
+def matches_work_list(
+    items: Iterable[Mapping[str, Any]], running: Set[str], launching: Set[str]
+) -> bool:
+    """Whether a host runs what its work list says, so that a report of it would have the
+    ledger change nothing (``pending/reconcile.py``): every VM running is on the list,
+    every ``run`` item runs, and every ``launch`` item is being launched and not yet
+    running (running, it is to be activated). Moves in flight are their executors'."""
+    actions = {str(item["vm"]).lower(): item["action"] for item in items}
+    if not running <= actions.keys():
+        return False
+    return all(
+        (action != "run" or vm in running)
+        and (action != "launch" or (vm in launching and vm not in running))
+        for vm, action in actions.items()
+    )
 
 
 def backoff(failures: int) -> float:
@@ -241,9 +258,11 @@ class HostManager:
         self._seen = -1
         # The items of the work list last acted on, for a wait that ends unchanged.
         self._items: list[Mapping[str, Any]] = []
-        # What the last report sent said, and when.
+        # What the last report said (or would have, when the host matched its list), and
+        # when one was last sent: the period starts with the agent, so a host matching its
+        # first list has nothing to restate yet.
         self._reported: tuple[frozenset[str], frozenset[str], int] | None = None
-        self._reported_at = 0.0
+        self._reported_at = time.monotonic()
         self._lock = threading.Lock()
         self._launching: dict[str, Future[None]] = {}
         self._migrating: dict[str, Future[None]] = {}
@@ -351,19 +370,21 @@ class HostManager:
 
     def report(self) -> bool:
         """Report the host's VMs if they, the launches under way or the generation seen
-        differ from the last report sent (or that is ``REPORT_AT_LEAST_EVERY_S`` old):
-        liveness is the long-poll's, so an unchanged host sends nothing. Returns whether a
-        report went out."""
+        differ from the last report sent, and the host is not what its work list says
+        (or the last report is ``REPORT_AT_LEAST_EVERY_S`` old). Liveness is the
+        long-poll's, and a host that matches its list would have the ledger change
+        nothing, so an unchanged host sends nothing, and neither does one whose VMs
+        changed only as the ledger already knows (a launch begun, a VM said up).
+        Returns whether a report went out."""
         context = self.report_context()
         running = [g.uuid for g in self.hypervisor.list_guests()]
         with self._lock:
             # A launch that finished between the two reads is running or still listed.
             context["launching"] = sorted(set(context["launching"]) | set(self._launching))
         said = (frozenset(running), frozenset(context["launching"]), context["seen_generation"])
-        if (
-            said == self._reported
-            and time.monotonic() - self._reported_at < REPORT_AT_LEAST_EVERY_S
-        ):
+        fresh = time.monotonic() - self._reported_at < REPORT_AT_LEAST_EVERY_S
+        if fresh and (said == self._reported or matches_work_list(self._items, *said[:2])):
+            self._reported = said
             return False
         self.api.report(self.host_name, {"running_vms": running, **context})
         self._reported, self._reported_at = said, time.monotonic()

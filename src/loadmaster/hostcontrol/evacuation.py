@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
@@ -275,12 +275,13 @@ class EvacuationService:
         ]
 
     # -- the automatic pass ----------------------------------------------------------------
-    def due(self) -> tuple[list[str], list[str]]:
+    def due(self, heard_since: datetime | None = None) -> tuple[list[str], list[str]]:
         """Hosts whose agent is silent past the threshold: (not yet down, to fence; down
         with VMs still claimed there, to evacuate again). None to fence when more than
         ``MAX_SILENT_SHARE`` of the hosts up with an agent are silent: as oVirt's fencing
         policy skips fencing on cluster connectivity issues, so many silences at once say
-        more about this server (its network, its load) than about the hosts."""
+        more about this server (its network, its load) than about the hosts.
+        ``heard_since``: only hosts whose agent was heard at or after it are fenced."""
         cutoff = now() - self.silent_after
         with self._store.read() as session:
             agents = session.execute(
@@ -298,7 +299,11 @@ class EvacuationService:
                     )
                 )
             )
-        to_fence = [name for _, name, state in silent if state != "down"]
+        to_fence = [
+            name
+            for _, name, state, seen in agents
+            if seen < cutoff and state != "down" and (heard_since is None or seen >= heard_since)
+        ]
         watched = sum(state != "down" for _, _, state, _ in agents)
         if len(to_fence) > MAX_SILENT_SHARE * watched:
             log.warning(
@@ -333,12 +338,13 @@ class EvacuationService:
             )
             return bool(getattr(claimed, "rowcount", 0) == 1)
 
-    def run_pass(self) -> list[EvacuationResult]:
-        """One automatic pass (fencing configured): fence the hosts that went silent, then
-        place their VMs and what is left on hosts already down, all in one batch."""
+    def run_pass(self, heard_since: datetime | None = None) -> list[EvacuationResult]:
+        """One automatic pass (fencing configured): fence the hosts that went silent (of
+        those heard since ``heard_since``, if given), then place their VMs and what is
+        left on hosts already down, all in one batch."""
         if self.fence_command is None:
             return []
-        to_fence, again = self.due()
+        to_fence, again = self.due(heard_since)
         known: dict[str, str] = {}
         for name in to_fence:
             if not self.claim_fence(name):
@@ -355,10 +361,12 @@ class AutoEvacuation:
     """The server process's thread running ``EvacuationService.run_pass`` every
     ``every_s`` (by default a quarter of the silence threshold, at most 5 s).
 
-    The first pass waits until the process has listened for a whole threshold plus the
-    interval at which held long-polls are written as heard: after an outage of every
-    server (or at the first start) each agent's last word is old, and a pass at once
-    would fence the whole fleet before its agents had a chance to reconnect."""
+    For a grace after the process starts (a whole threshold plus the intervals at which
+    long-polls are written as heard), only hosts whose agent was heard since the start
+    are fenced: after an outage of every server (or at the first start) each agent's last
+    word is old, and fencing on it would take the whole fleet down before its agents had a
+    chance to reconnect; but a host heard since and silent for a threshold after is dead
+    for this process as for any other, and is not left to wait out the grace."""
 
     def __init__(
         self,
@@ -395,11 +403,10 @@ class AutoEvacuation:
         return self._service.silent_after.total_seconds() + DEFAULT_REFRESH_S + DEFAULT_FLUSH_S
 
     def _run(self) -> None:
-        if self._stopping.wait(self.grace_s):
-            return
+        started, grace_ends = now(), time.monotonic() + self.grace_s
         while not self._stopping.wait(self.every_s):
             try:
-                self._service.run_pass()
+                self._service.run_pass(started if time.monotonic() < grace_ends else None)
             except Exception as exc:  # the database away: the next pass tries again
                 log.warning("evacuation pass: %s", exc)
 

@@ -81,12 +81,15 @@ class NoHostFits(NoValidHost):
     """``NoValidHost`` with the per-filter explanation attached; ``pinned``: the one host
     the request named, refused in that host's terms."""
 
-    def __init__(self, explanation: Explanation, pinned: str | None = None) -> None:
+    def __init__(
+        self, explanation: Explanation, pinned: str | None = None, intent: str = "start"
+    ) -> None:
         if pinned is None:
             super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
         else:
+            verb = "move to" if intent == "migrate" else "start on"
             super().__init__(
-                f"VM {explanation.vm} cannot start on host {pinned}: {explanation.host_refusal()}",
+                f"VM {explanation.vm} cannot {verb} host {pinned}: {explanation.host_refusal()}",
                 field="host",
             )
         self.explanation = explanation

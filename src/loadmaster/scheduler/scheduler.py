@@ -205,6 +205,18 @@ class Scheduler:
         choice; admin only through the API): every filter still judges that host, and one
         that does not fit is refused with each filter's reason. A host that does not
         exist, or a child provider, is refused before anything is decided."""
+        return self._one(vm, host, policy, "start")
+
+    def migrate(
+        self, vm: str, *, host: str | None = None, policy: str | None = None
+    ) -> ScheduleResult:
+        """Claim a destination for running ``vm`` (intent ``migrate``), pinned to ``host``
+        as ``start`` pins it: a named destination is judged by every filter too, as Nova
+        schedules a live migration to a named host, so a host without a live agent, or
+        one the VM's group rules forbid, is refused in its own terms."""
+        return self._one(vm, host, policy, "migrate")
+
+    def _one(self, vm: str, host: str | None, policy: str | None, intent: str) -> ScheduleResult:
         if host is not None:
             with self._store.read() as session:
                 row = lookup.host_row(session, host)
@@ -213,11 +225,11 @@ class Scheduler:
                         f"host {host} is a child provider; name its root host", field="host"
                     )
         spec = RequestSpec(vms=[vm], include_hosts=[host] if host is not None else None)
-        result = self.schedule([spec], policy=policy, intent="start")
+        result = self.schedule([spec], policy=policy, intent=intent)
         (placement,) = result.placements
         if host is None or not isinstance(placement.error, NoHostFits):
             return result
-        refused = NoHostFits(placement.error.explanation, pinned=host)
+        refused = NoHostFits(placement.error.explanation, pinned=host, intent=intent)
         return replace(result, placements=(replace(placement, error=refused),))
 
     def explain(

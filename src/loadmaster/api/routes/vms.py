@@ -23,7 +23,7 @@ from loadmaster.api.responses import (
 from loadmaster.api.routes.agents import check_vm_of_agent
 from loadmaster.api.schemas import Claim, VmMigrate, VmStart, VmTags, VmUp
 from loadmaster.cluster import VmSpec
-from loadmaster.scheduler import Placement, RequestSpec, ScheduleResult
+from loadmaster.scheduler import ScheduleResult
 from loadmaster.service import Loadmaster
 
 router = APIRouter()
@@ -136,20 +136,14 @@ def stop_vm(lm: LM, uuid: str) -> VmOut:
 def migrate_vm(
     lm: LM, metrics: MetricsDep, request: Request, uuid: str, body: VmMigrate
 ) -> dict[str, Any]:
-    """Claim a destination (``host``, or one the scheduler picks) while the source stays
-    active; the source's agent moves the VM, ``/up`` completes the move and
-    ``/migration-failed`` (or ``DELETE /vms/{uuid}/allocations?host=dest``) aborts it."""
+    """Claim a destination (``host``, judged by every filter as a pinned start is, or one
+    the scheduler picks) while the source stays active; the source's agent moves the VM,
+    ``/up`` completes the move and ``/migration-failed`` (or ``DELETE /vms/{uuid}/allocations?host=dest``) aborts it."""
     check_vm_of_agent(lm, request, uuid)
     # Only a running VM migrates: the ledger checks it under the VM's row lock.
     log.info("migration of %s requested: %s", uuid, body.reason or "no reason given")
-    if body.host is None:
-        result = lm.scheduler.schedule(
-            [RequestSpec(vms=[uuid])], policy=body.policy, intent="migrate"
-        )
-        return _scheduled(lm, metrics, uuid, result)
-    lm.allocations.claim(uuid, body.host, intent="migrate")
-    placement = Placement(uuid, lm.vms.get(uuid).target_host)
-    return {"vm": views.vm(lm.vms.get(uuid)), "placement": placement.to_dict()}
+    result = lm.scheduler.migrate(uuid, host=body.host, policy=body.policy)
+    return _scheduled(lm, metrics, uuid, result)
 
 
 def _allocations(lm: Loadmaster, uuid: str) -> dict[str, Any]:
