@@ -35,9 +35,12 @@ def test_one_bad_host_refuses_them_all_naming_it(live: Live) -> None:
     assert refused.status_code == 400
     assert refused.json()["field"] == "hosts[3].inventories.VCPU.total"
     hosts[3] = _host(1)  # the same name twice
-    assert live.admin.post("/bulk/hosts", json={"hosts": hosts}).status_code == 409
+    refused = live.admin.post("/bulk/hosts", json={"hosts": hosts})
+    assert refused.status_code == 409 and refused.json()["field"] == "hosts[3].name"
+    assert "hosts[1]" in refused.json()["detail"]
     refused = live.admin.post("/bulk/hosts", json={"hosts": [_host(9), _host(4)]})
     assert refused.status_code == 409 and "bulk-4" in refused.json()["detail"]
+    assert refused.json()["field"] == "hosts[1].name"
     assert table_rows(live.lm) == before
 
 

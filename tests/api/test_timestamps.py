@@ -69,3 +69,15 @@ def test_log_lines_carry_their_offset() -> None:
     record = logging.LogRecord("loadmaster", logging.INFO, __file__, 1, "hello", None, None)
     line = json.loads(JsonFormatter().format(record))
     assert in_utc(line["time"]) == datetime.fromtimestamp(int(record.created), UTC)
+
+
+def test_the_demo_log_file_writes_times_with_their_zone() -> None:
+    from loadmaster.cli.demo import UtcFormatter
+
+    record = logging.LogRecord("loadmaster.agent", logging.INFO, __file__, 1, "up", None, None)
+    line = UtcFormatter("%(asctime)s %(name)s %(message)s").format(record)
+    stamp, rest = line.split(" ", 1)
+    assert rest == "loadmaster.agent up"
+    assert abs(in_utc(stamp) - datetime.fromtimestamp(record.created, UTC)) < timedelta(
+        milliseconds=1
+    )

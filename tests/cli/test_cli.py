@@ -293,9 +293,33 @@ def test_malformed_resource_values_are_usage_errors(server: str, value: str, rea
     assert cli(server, "flavor", "show", "malformed.flavor")[0] == 3
 
 
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("VCPU", "write CLASS=TOTAL[,field=value...]"),
+        ("VCPU=", "write CLASS=TOTAL[,field=value...]"),
+        ("VCPU=-1", "total: '-1' is not a whole number of 0 or more"),
+        ("VCPU=8.5", "total: '8.5' is not a whole number of 0 or more"),
+        ("vcpu=8", "a resource class is upper case letters, digits and _"),
+        ("VCPU=8,ratio=2", "'ratio' is not an inventory field"),
+        ("VCPU=8,reserved", "write field=value after the total, not 'reserved'"),
+        ("VCPU=8,reserved=x", "reserved: 'x' is not a whole number of 0 or more"),
+        ("VCPU=8,allocation_ratio=four", "allocation_ratio: 'four' is not a number"),
+        ("VCPU=8,allocation_ratio=0", "allocation_ratio must be more than 0"),
+    ],
+)
+def test_malformed_inventory_values_are_usage_errors(server: str, value: str, reason: str) -> None:
+    """``host create -i`` exited 2, 1 or 3 for values equally malformed, by whether the
+    client or the server noticed: now each is a usage error naming the value."""
+    code, output = cli(server, "host", "create", "malformed-host", "-i", value)
+    assert code == 2, output
+    assert f"--inventory {value!r}: {reason}" in output
+    assert cli(server, "host", "show", "malformed-host")[0] == 3
+
+
 def test_a_refused_amount_names_its_field_and_reason_once(server: str) -> None:
-    code, output = cli(server, "host", "create", "refused-host", "-i", "VCPU=-1")
+    code, output = cli(server, "host", "create", "refused-host", "-i", "VCPU=0")
     assert code == 1, output
     assert output.strip() == (
-        "error: inventories.VCPU.total: must be at least 1, got -1 [loadmaster.invalid]"
+        "error: inventories.VCPU.total: must be at least 1, got 0 [loadmaster.invalid]"
     )

@@ -5,6 +5,7 @@ fits nowhere, and the exit codes."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tests.api.api_helpers import run_server
 from typer.testing import CliRunner
 
 import loadmaster
+from harness import ServedApi
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.cli import app
 from loadmaster.service import Loadmaster
@@ -80,3 +82,27 @@ def test_evacuate_names_an_unknown_host(served: tuple[str, Loadmaster]) -> None:
     url, _ = served
     code, output = cli(url, "host", "evacuate", "nosuch", "--confirm-down")
     assert code == 3 and "nosuch" in output and "(host)" in output
+
+
+def test_serve_takes_the_fence_command_as_an_option(tmp_path: Path) -> None:
+    """``serve --fence-command``: the option reaches the server's evacuation pass, which
+    fences a host whose agent fell silent (h0: registered, then never heard again) while
+    another's is heard (one silent host of one would be the server's own trouble)."""
+    fenced = tmp_path / "fenced.log"
+    script = tmp_path / "fence.sh"
+    script.write_text(f'#!/bin/sh\necho "$1" >> {fenced}\n')
+    script.chmod(0o755)
+    options = ["--fence-command", str(script), "--agent-silent-after", "1"]
+    db = f"sqlite:///{tmp_path / 'lm.db'}"
+    with ServedApi(db, 1, tmp_path / "serve.log", options=options) as api, api.client() as http:
+        for host in ("h0", "h1"):
+            body = {"hypervisor_uri": f"test:///{host}", "inventories": {"VCPU": {"total": 4}}}
+            assert http.put(f"/hosts/{host}/agent", json=body).status_code in (200, 201)
+        deadline = time.monotonic() + 60
+        while http.get("/hosts/h0").json()["state"] != "down":
+            assert time.monotonic() < deadline, "h0 was not fenced"
+            said = {"running_vms": [], "launching": [], "seen_generation": 0}
+            assert http.post("/hosts/h1/report", json=said).status_code == 200
+            time.sleep(0.1)
+        assert http.get("/hosts/h1").json()["state"] == "up"
+    assert fenced.read_text().split() == ["h0"]

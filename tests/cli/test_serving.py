@@ -115,14 +115,19 @@ def test_workers_die_with_their_supervisor_even_by_sigkill(pg_url: str, tmp_path
 @pytest.mark.parametrize(
     "workers", [1, pytest.param(2, marks=pytest.mark.postgres)], ids=["one", "workers"]
 )
-def test_sighup_reloads_the_token_file_and_keeps_serving(
+def test_sighup_reloads_the_token_and_policy_files_and_keeps_serving(
     workers: int, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     db = request.getfixturevalue("pg_url") if workers > 1 else f"sqlite:///{tmp_path / 'lm.db'}"
     tokens = tmp_path / "tokens.toml"
     tokens.write_text('[tokens]\n"first-admin" = "admin"\n')
+    policies = tmp_path / "policies.toml"
+    policies.write_text(POLICY.format(name="first"))
+    env = {**os.environ, "LOADMASTER_POLICIES_FILE": str(policies)}
     log = tmp_path / "serve.log"
-    with ServedApi(db, workers, log, token="first-admin", options=["--tokens", str(tokens)]) as api:
+    with ServedApi(
+        db, workers, log, token="first-admin", options=["--tokens", str(tokens)], env=env
+    ) as api:
         pids = api.worker_pids()
 
         def answer(token: str) -> int:
@@ -130,34 +135,61 @@ def test_sighup_reloads_the_token_file_and_keeps_serving(
             # A new connection each time, so either worker may answer.
             return httpx.get(f"{api.url}/resource_classes/VCPU", headers=headers).status_code
 
+        def policy_names(token: str) -> set[str]:
+            headers = {**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}
+            listed = httpx.get(f"{api.url}/policies", headers=headers).json()["policies"]
+            return {p["name"] for p in listed}
+
         assert answer("second-admin") == 401
+        assert "first" in policy_names("first-admin")
         tokens.write_text('[tokens]\n"second-admin" = "admin"\n')
+        policies.write_text(POLICY.format(name="second"))
         os.kill(api.process.pid, signal.SIGHUP)
 
-        def reloaded() -> set[str]:
+        def reloaded(what: str) -> set[str]:
             return {
                 str(line["message"])
                 for line in _log_lines(log)
-                if str(line["message"]).startswith("reload: 1 tokens")
+                if str(line["message"]).startswith(f"reload: {what}")
             }
 
-        _until(lambda: len(reloaded()) >= workers, 60, "not every worker reloaded")
+        _until(lambda: len(reloaded("1 tokens")) >= workers, 60, "not every worker reloaded")
+        _until(lambda: len(reloaded("")) >= 2 * workers, 60, "policies not reloaded")
         assert all(answer("second-admin") == 200 for _ in range(8))
         assert all(answer("first-admin") == 401 for _ in range(8))
+        for _ in range(8):
+            names = policy_names("second-admin")
+            assert "second" in names and "first" not in names, names
         # Still the same processes: reloaded in place, not restarted.
         assert api.process.poll() is None
         assert api.worker_pids() == pids
 
-        # A token file that does not parse changes nothing: the reload is refused.
+        # Files that do not parse change nothing: the reload is refused, by file.
         tokens.write_text("[tokens\n")
+        policies.write_text("[policies.third\n")
         os.kill(api.process.pid, signal.SIGHUP)
         _until(
-            lambda: any("refused" in str(line["message"]) for line in _log_lines(log)),
+            lambda: (
+                {"tokens", "policies"}
+                <= {
+                    str(line["message"]).split()[1]
+                    for line in _log_lines(log)
+                    if "refused" in str(line["message"])
+                }
+            ),
             60,
-            "the broken token file was not reported",
+            "the broken files were not reported",
         )
         assert answer("second-admin") == 200
+        assert "second" in policy_names("second-admin")
         assert api.process.poll() is None
+
+
+POLICY = """
+[policies.{name}]
+description = "pack, reloaded"
+weighers = [{{name = "pack", multiplier = 1.0}}]
+"""
 
 
 @pytest.mark.parametrize(

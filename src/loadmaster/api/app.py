@@ -19,7 +19,7 @@ from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, TokenTab
 from loadmaster.api.deps import MetricsDep
 from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
-from loadmaster.api.reload import on_sighup, reload_tokens
+from loadmaster.api.reload import on_sighup, reload_policies, reload_tokens
 from loadmaster.api.responses import HealthOut
 from loadmaster.api.routes import (
     agents,
@@ -174,7 +174,11 @@ def app_from_env() -> FastAPI:
     )
     app = create_app(settings.db, auth, max_body_size=settings.max_body, settings=settings)
     app.state.lm.host_agents.silent_after = timedelta(seconds=settings.agent_silent_after)
-    app.state.reload = lambda: reload_tokens(app.state.tokens, settings)
+    scheduler = app.state.lm.scheduler
+    app.state.reload = lambda: (
+        reload_tokens(app.state.tokens, settings),
+        reload_policies(scheduler, settings),
+    )
     return app
 
 

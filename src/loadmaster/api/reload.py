@@ -1,11 +1,12 @@
-"""``SIGHUP`` (what ``systemctl reload`` sends): a serving process reads its tokens again
+"""``SIGHUP`` (what ``systemctl reload`` sends): a serving process reads its files again
 and keeps serving.
 
-Only the tokens are reloaded: the token file is re-read (``LOADMASTER_TOKENS`` is the
-process's environment, fixed at its start, so it reads the same). Every other setting is
-read once at start (the database, the body limit, the scheduler's policies, ...), so a
-change to one needs a restart. A token file that cannot be read or parsed is logged and
-the previous tokens stay: a typo must not lock every agent out.
+What lives in files is reloaded: the token file and the scheduler's policies file
+(``LOADMASTER_POLICIES_FILE``). Settings given as environment variables or options are
+the process's own, fixed at its start (the database, the body limit, the fence command,
+the default policy, ...), so a change to one needs a restart. A file that cannot be read
+or parsed is logged and what was loaded before stays: a typo must not lock every agent
+out or leave the scheduler without its policies.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Callable
 
 from loadmaster.api.auth import TOKENS_ENV, TokenTable, resolve_auth
 from loadmaster.errors import LoadmasterError
+from loadmaster.scheduler import Scheduler
+from loadmaster.scheduler.policies import load_policy_file
 from loadmaster.settings_model import Settings
 
 log = logging.getLogger("loadmaster.api.reload")
@@ -47,6 +50,24 @@ def reload_tokens(tokens: TokenTable | None, settings: Settings) -> bool:
     assert fresh is not None  # no_auth=False
     tokens.config = fresh
     log.info("reload: %d tokens from %s (process %d)", len(fresh.tokens), source, os.getpid())
+    return True
+
+
+def reload_policies(scheduler: Scheduler, settings: Settings) -> bool:
+    """The operator's policies read again from ``settings.policies_file`` (none set:
+    nothing to do); False, and the previous policies kept, if they are refused."""
+    path = settings.policies_file
+    if path is None:
+        return True
+    try:
+        scheduler.use_policies(load_policy_file(path))
+    except LoadmasterError as exc:
+        log.error("reload: policies from %s refused, the previous ones stay: %s", path, exc.detail)
+        return False
+    except OSError as exc:
+        log.error("reload: cannot read %s, the previous policies stay: %s", path, exc)
+        return False
+    log.info("reload: %d policies from %s (process %d)", len(scheduler.policies), path, os.getpid())
     return True
 
 

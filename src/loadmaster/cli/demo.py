@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -24,11 +25,19 @@ if TYPE_CHECKING:
     from loadmaster.service import Loadmaster
 
 
+class UtcFormatter(logging.Formatter):
+    """Times as the API writes them: UTC with its offset, so a line in this file and one
+    in the report or the server's log are read on one clock."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+
 def _log_to(path: Path) -> None:
     """The agents' and the API's log lines go to a file beside the report: on the console
     they would drown the story (a 409 for a migration already under way is routine)."""
     handler = logging.FileHandler(path, mode="w")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
+    handler.setFormatter(UtcFormatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -110,13 +110,6 @@ def resource_amounts(items: list[str], what: str) -> dict[str, int]:
     return amounts
 
 
-def integer(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        fail(f"{what}: {text!r} is not an integer", Exit.USAGE)
-
-
 def number(text: str, what: str) -> int | float:
     try:
         return int(text)
@@ -127,16 +120,44 @@ def number(text: str, what: str) -> int | float:
             fail(f"{what}: {text!r} is not a number", Exit.USAGE)
 
 
+# An inventory's fields besides its total: whole numbers, but for the ratio.
+INVENTORY_WHOLE = ("reserved", "min_unit", "max_unit", "step_size")
+
+
 def parse_inventory(item: str) -> tuple[str, dict[str, int | float]]:
-    """``VCPU=32`` or ``VCPU=32,allocation_ratio=4,reserved=2``."""
+    """``VCPU=32`` or ``VCPU=32,allocation_ratio=4,reserved=2``. Anything malformed (the
+    form, the class name, a field no inventory has, a value of the wrong kind) is a usage
+    error naming the value, before the server is asked, as ``resource_amounts`` does;
+    how the values agree (reserved within total, ...) is the server's to say."""
     name, sep, rest = item.partition("=")
+    what = f"--inventory {item!r}"
     if not sep or not name or not rest:
-        fail(f"--inventory {item!r}: write CLASS=TOTAL[,field=value...]", Exit.USAGE)
+        fail(f"{what}: write CLASS=TOTAL[,field=value...]", Exit.USAGE)
+    if not _CLASS_NAME.fullmatch(name):
+        fail(f"{what}: a resource class is upper case letters, digits and _", Exit.USAGE)
     total, *options = rest.split(",")
-    inventory: dict[str, int | float] = {"total": integer(total, f"{name} total")}
-    for key, value in pairs(options, f"--inventory {name}").items():
-        inventory[key] = number(value, f"{name}.{key}")
+    inventory: dict[str, int | float] = {"total": _whole(total, f"{what}: total")}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key:
+            fail(f"{what}: write field=value after the total, not {option!r}", Exit.USAGE)
+        if key in INVENTORY_WHOLE:
+            inventory[key] = _whole(value, f"{what}: {key}")
+        elif key == "allocation_ratio":
+            ratio = number(value, f"{what}: {key}")
+            if not ratio > 0:
+                fail(f"{what}: allocation_ratio must be more than 0", Exit.USAGE)
+            inventory[key] = ratio
+        else:
+            known = ", ".join(("allocation_ratio", *INVENTORY_WHOLE))
+            fail(f"{what}: {key!r} is not an inventory field ({known})", Exit.USAGE)
     return name, inventory
+
+
+def _whole(text: str, what: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        fail(f"{what}: {text!r} is not a whole number of 0 or more", Exit.USAGE)
+    return int(text)
 
 
 VM_COLUMNS = ("name", "state", "host", "flavor", "group", "tags", "uuid")

@@ -53,6 +53,16 @@ def serve(
             "are shown as silent (their claims are kept)",
         ),
     ] = default("agent_silent_after"),
+    fence_command: Annotated[
+        str,
+        typer.Option(envvar=env_name("fence_command"), help=OPTIONS["fence_command"].description),
+    ] = default("fence_command"),
+    fence_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, envvar=env_name("fence_timeout"), help=OPTIONS["fence_timeout"].description
+        ),
+    ] = default("fence_timeout"),
 ) -> None:
     """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...")."""
     import uvicorn
@@ -78,7 +88,13 @@ def serve(
     # Migrate once here, so workers starting together find the schema ready.
     open_database(db, migrate=True).close()
     # Worker processes read their settings from the environment (api.app.app_from_env).
-    chosen = {"db": db, "max_body": max_body, "agent_silent_after": agent_silent_after}
+    chosen = {
+        "db": db,
+        "max_body": max_body,
+        "agent_silent_after": agent_silent_after,
+        "fence_command": fence_command,
+        "fence_timeout": fence_timeout,
+    }
     if no_auth:
         chosen["no_auth"] = True
     if tokens is not None:

@@ -197,18 +197,27 @@ class HostService:
                 ) from None
         names = [h.name for h in checked]
         uuids = [h.uuid for h in checked]
-        if len(set(names)) != len(names) or len(set(uuids)) != len(uuids):
-            raise Conflict("the same host name or uuid appears twice in one request", field="name")
+        for what, values in (("name", names), ("uuid", uuids)):
+            first: dict[str, int] = {}
+            for i, value in enumerate(values):
+                if first.setdefault(value, i) != i:
+                    raise Conflict(
+                        f"hosts[{i}].{what} {value!r} is also hosts[{first[value]}]'s",
+                        field=f"hosts[{i}].{what}",
+                    )
         with self._store.write() as session:
             for some_names, some_uuids in zip(in_chunks(names), in_chunks(uuids), strict=True):
-                taken = session.scalar(
-                    select(HostRow.name).where(
+                taken = session.execute(
+                    select(HostRow.name, HostRow.uuid).where(
                         HostRow.name.in_(some_names) | HostRow.uuid.in_(some_uuids)
                     )
-                )
+                ).first()
                 if taken is not None:
+                    what = "name" if taken.name in names else "uuid"
+                    i = names.index(taken.name) if what == "name" else uuids.index(taken.uuid)
                     raise Conflict(
-                        f"name {taken!r} or its uuid is already used by a host", field="name"
+                        f"hosts[{i}].{what} {getattr(taken, what)!r} is already used by a host",
+                        field=f"hosts[{i}].{what}",
                     )
             # One query for each vocabulary, then each host's names checked as its own, so
             # an unknown one is named under the host that holds it: hosts[1].inventories.X.

@@ -339,6 +339,23 @@ class Scheduler:
                 self._reader = reader
             return self._reader
 
+    def use_policies(self, policies: Mapping[str, Policy]) -> None:
+        """Replace the operator's policies (the built-in ones stay), as a reload does:
+        each is checked as a call would check it, and the default must remain, else
+        nothing changes. Calls under way finish with the policy they started with."""
+        fresh = {**POLICIES, **policies}
+        if self.default_policy not in fresh:
+            raise ValidationError(
+                f"the default policy {self.default_policy!r} is not in the new policies "
+                f"(known: {', '.join(sorted(fresh))})",
+                field="default_policy",
+            )
+        plans = {policy.name: self._make_plan(policy) for policy in fresh.values()}
+        self._plans, self.policies = plans, fresh
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.use_policies(policies)
+
     def _policy(self, name: str, field: str) -> Policy:
         if name not in self.policies:
             raise ValidationError(
@@ -349,26 +366,29 @@ class Scheduler:
 
     def _plan(self, policy: Policy) -> Plan:
         if policy.name not in self._plans:
-            filters = self._loaded_filters()
-            known = {f.name for f in filters}
-            for verb, named in (("disables", policy.disabled_filters), ("runs", policy.filters)):
-                unknown = sorted(set(named or ()) - known)
-                if unknown:
-                    raise ValidationError(
-                        f"policy {policy.name!r} {verb} filter {unknown[0]!r}, which is not "
-                        f"registered (known: {', '.join(sorted(known))})",
-                        field="policy",
-                    )
-            runs = known if policy.filters is None else set(policy.filters)
-            self._plans[policy.name] = Plan(
-                policy.name,
-                tuple(f for f in filters if f.name in runs - set(policy.disabled_filters)),
-                tuple(load_weighers(policy.weighers)),
-                policy.sample,
-                self._subset_size,
-                self._tie_tolerance,
-            )
+            self._plans[policy.name] = self._make_plan(policy)
         return self._plans[policy.name]
+
+    def _make_plan(self, policy: Policy) -> Plan:
+        filters = self._loaded_filters()
+        known = {f.name for f in filters}
+        for verb, named in (("disables", policy.disabled_filters), ("runs", policy.filters)):
+            unknown = sorted(set(named or ()) - known)
+            if unknown:
+                raise ValidationError(
+                    f"policy {policy.name!r} {verb} filter {unknown[0]!r}, which is not "
+                    f"registered (known: {', '.join(sorted(known))})",
+                    field="policy",
+                )
+        runs = known if policy.filters is None else set(policy.filters)
+        return Plan(
+            policy.name,
+            tuple(f for f in filters if f.name in runs - set(policy.disabled_filters)),
+            tuple(load_weighers(policy.weighers)),
+            policy.sample,
+            self._subset_size,
+            self._tie_tolerance,
+        )
 
     def _loaded_filters(self) -> list[LoadedFilter]:
         if self._filters is None:
