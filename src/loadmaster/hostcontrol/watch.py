@@ -40,6 +40,7 @@ from sqlalchemy import bindparam, select, update
 from loadmaster.cluster import lookup
 from loadmaster.errors import Busy, ValidationError
 from loadmaster.store import ClockNotices, Store
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import clock_and_changed, now
 from loadmaster.store.schema import HostAgentRow, HostRow
 
@@ -361,11 +362,8 @@ class HostWatch:
             return
         at = now()
         with self._store.write() as session:
-            session.execute(
-                _HEARD,
-                [{"host": host_id, "at": at} for host_id in ids],
-                execution_options={"synchronize_session": False},
-            )
+            for chunk in in_chunks(ids):
+                session.execute(_HEARD, {"hosts": chunk, "at": at})
 
     def _read_host(self, ident: str) -> WatchedHost:
         with self._store.read() as session:
@@ -377,9 +375,11 @@ class HostWatch:
 
 
 _AGENTS = HostAgentRow.metadata.tables["host_agents"]
-# One executemany for the whole flush.
+# Every host of a flush was heard at one time: a statement per few hundred hosts, where
+# an executemany of a row each spent a third of an idle server's CPU binding the rows'
+# parameters (10,000 waiting agents: 1,000 rows a second).
 _HEARD = (
     update(_AGENTS)
-    .where(_AGENTS.c.host_id == bindparam("host"))
+    .where(_AGENTS.c.host_id.in_(bindparam("hosts", expanding=True)))
     .values(last_seen_at=bindparam("at"))
 )
