@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loadmaster.api import errors, microversion
 from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, TokenTable, resolve_auth
 from loadmaster.api.deps import MetricsDep
+from loadmaster.api.longpoll import HeldPolls
 from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
 from loadmaster.api.reload import on_sighup, reload_policies, reload_tokens
@@ -157,6 +158,8 @@ def create_app(
     app.add_middleware(HtmlErrors)
     # Even refused requests get an id and a log line.
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
+    # Outermost: a long-poll waits before it enters the stack (api/longpoll.py).
+    app.add_middleware(HeldPolls, watch=app.state.watch, tokens=app.state.tokens)
     app.openapi = lambda: _openapi(app, secured=auth is not None)  # type: ignore[method-assign]
     return app
 

@@ -143,7 +143,7 @@ class AuthMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        presented = _presented_token(scope)
+        presented = presented_token(scope)
         role = None if presented is None else self.tokens.config.role_of(presented)
         if role is None:
             # Both are 401, but an operator fixes them differently: configure a token, or
@@ -179,7 +179,7 @@ class AuthMiddleware:
         await response(scope, receive, send)
 
 
-def _presented_token(scope: Scope) -> str | None:
+def presented_token(scope: Scope) -> str | None:
     """The bearer or X-Auth-Token token of the request, None when it sends neither."""
     for name, value in scope["headers"]:
         if name == b"authorization":

@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select, update
@@ -201,6 +201,28 @@ class HostWatch:
             self._generations[host_id] = generation
         if commits is not None:
             self._read[host_id] = commits
+
+    async def hold(
+        self,
+        host_id: int,
+        after: int,
+        timeout: float,
+        gone: Callable[[], Awaitable[object]],
+        *,
+        agent: bool = False,
+    ) -> str:
+        """Until the host may be past generation ``after`` (``"changed"``), ``timeout``
+        passes (``"timeout"``), or what ``gone()`` makes completes (``"gone"``: the
+        client hung up); ``agent`` as for ``wait``."""
+        deadline = time.monotonic() + timeout
+        while not self.maybe_newer(host_id, after):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            woke = await self.wait(host_id, remaining, gone(), agent=agent)
+            if woke != "changed":
+                return woke
+        return "changed"
 
     async def wait(
         self, host_id: int, timeout: float, gone: Awaitable[object], *, agent: bool = False

@@ -7,7 +7,6 @@ write only under ``/hosts/<its host>/`` and to a VM's ``up``, ``launch-failed``,
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -16,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from loadmaster.api import views
 from loadmaster.api.deps import LM
 from loadmaster.api.errors import Forbidden
+from loadmaster.api.longpoll import MAX_AFTER, MAX_WAIT_S
 from loadmaster.api.responses import (
     AgentOut,
     HostFailureOut,
@@ -28,9 +28,6 @@ from loadmaster.hostcontrol import HostWatch, WatchedHost, WorkList
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["host agents"])
-# The longest wait an agent may ask (Nomad's blocking queries: 10 minutes); the shipped
-# agent asks up to 110 s (``manager.DEFAULT_WAIT_S``), which proxies must let idle.
-MAX_WAIT_S = 600.0
 
 
 def agent_host(request: Request) -> str | None:
@@ -100,7 +97,7 @@ async def work(
     request: Request,
     response: Response,
     host_name: str,
-    after: Annotated[int, Query(ge=-1, le=2**62, description="generation already seen")] = -1,
+    after: Annotated[int, Query(ge=-1, le=MAX_AFTER, description="generation already seen")] = -1,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait")] = 0.0,
 ) -> Any:
     """Every VM the ledger puts on the host and what its agent must do about it, once the
@@ -109,31 +106,23 @@ async def work(
     agent's list is still the one it has). An agent that read generation G knows every
     claim stamped G or before; the answer's ``ETag`` is ``"G"``.
 
-    Waiting costs the server a connection and nothing else: the process's ``HostWatch``
-    wakes the request when the host changes, and a client that hangs up ends it at once."""
+    Waiting costs the server a connection and nothing else: the request is held in front
+    of the middleware stack (``api/longpoll.py``) until the process's ``HostWatch`` says
+    the host may have changed or the wait ran out, and a client that hangs up ends it at
+    once. Here, the wait is over."""
     lm: Loadmaster = request.app.state.lm
     watch: HostWatch = request.app.state.watch
     host = await watch.host(host_name)
-    agent = _speaks_for(request, host.name)
-    if agent:
+    if _speaks_for(request, host.name):
         watch.heard(host.id)
-    deadline = time.monotonic() + wait
-    while True:
-        if watch.maybe_newer(host.id, after):
-            work_list = await _work_list(lm, watch, host)
-            if work_list.generation > after:
-                return _answer(response, work_list)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        woke = await watch.wait(host.id, remaining, _hung_up(request), agent=agent)
-        if woke == "gone":
-            return Response(status_code=204)  # nobody reads it: the client hung up
-        if woke == "timeout":
-            break
+    work_list = None
+    if watch.maybe_newer(host.id, after):
+        work_list = await _work_list(lm, watch, host)
+        if work_list.generation > after:
+            return _answer(response, work_list)
     if request.headers.get("if-none-match") == _etag(after):
         return Response(status_code=304, headers={"ETag": _etag(after)})
-    return _answer(response, await _work_list(lm, watch, host))
+    return _answer(response, work_list or await _work_list(lm, watch, host))
 
 
 async def _work_list(lm: Loadmaster, watch: HostWatch, host: WatchedHost) -> WorkList:
@@ -151,13 +140,6 @@ def _answer(response: Response, work_list: WorkList) -> dict[str, Any]:
 
 def _etag(generation: int) -> str:
     return f'"{generation}"'
-
-
-async def _hung_up(request: Request) -> None:
-    """Returns when the client closes its connection (the server's receive channel says
-    ``http.disconnect``; the request itself has no body left to read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        continue
 
 
 @router.post("/hosts/{host_name}/report", response_model=ReconcileOut)
