@@ -58,7 +58,6 @@ from sqlalchemy import insert, select
 
 import loadmaster
 from harness import ROOT, PrivatePostgres, ServedApi, machine, run_worker
-from loadmaster.agent.manager import DEFAULT_WAIT_S
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 from loadmaster.store.locking import now
@@ -271,6 +270,8 @@ def place(
 
 
 def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: Path) -> Result:
+    from loadmaster.agent.manager import DEFAULT_WAIT_S
+
     result = Result(hosts, backend, build.name)
     placements = args.placements if not build.legacy else min(args.placements, 50)
     postgres = PrivatePostgres() if backend == "postgres" else None
@@ -476,6 +477,10 @@ def main() -> None:
         url, hosts, vms = sys.argv[3:]
         print(json.dumps({"uuids": prepare_here(url, int(hosts), int(vms))}))
         return
+    # Not at the top: ``--worker prepare`` runs with the baseline's loadmaster, which
+    # has no such setting.
+    from loadmaster.agent.manager import DEFAULT_WAIT_S
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"])
