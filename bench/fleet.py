@@ -57,7 +57,15 @@ import numpy as np
 from sqlalchemy import insert, select
 
 import loadmaster
-from harness import ROOT, PrivatePostgres, ServedApi, machine, run_worker
+from harness import (
+    ROOT,
+    PrivatePostgres,
+    ServedApi,
+    checkout,
+    machine,
+    remove_checkout,
+    run_worker,
+)
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 from loadmaster.store.locking import now
@@ -79,13 +87,13 @@ TICKS = os.sysconf("SC_CLK_TCK")
 @dataclass
 class Build:
     name: str
-    src: Path | None = None  # None: this checkout
+    pythonpath: str | None = None  # None: this checkout
     legacy: bool = False
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        if self.src is not None:
-            env["PYTHONPATH"] = str(self.src)
+        if self.pythonpath is not None:
+            env["PYTHONPATH"] = self.pythonpath
         return env
 
 
@@ -505,22 +513,8 @@ def main() -> None:
         work = Path(tmp)
         runs = [(Build("current"), b, h) for h in args.hosts for b in args.backends]
         if not args.no_baseline:
-            where = work / "baseline"
-            subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(ROOT),
-                    "worktree",
-                    "add",
-                    "--detach",
-                    str(where),
-                    args.baseline_ref,
-                ],
-                check=True,
-                capture_output=True,
-            )
-            old = Build(f"baseline {args.baseline_ref}", where / "src", legacy=True)
+            pythonpath = checkout(args.baseline_ref, work / "baseline")
+            old = Build(f"baseline {args.baseline_ref}", pythonpath, legacy=True)
             runs = [(old, "sqlite", h) for h in args.baseline_hosts] + runs
         try:
             for build, backend, hosts in runs:
@@ -534,19 +528,7 @@ def main() -> None:
                 )
         finally:
             if not args.no_baseline:
-                subprocess.run(
-                    [
-                        "git",
-                        "-C",
-                        str(ROOT),
-                        "worktree",
-                        "remove",
-                        "--force",
-                        str(work / "baseline"),
-                    ],
-                    check=False,
-                    capture_output=True,
-                )
+                remove_checkout(work / "baseline")
     report(results)
     plot(results, args.png)
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -45,6 +46,40 @@ def run_worker(
     if done.returncode != 0:
         raise RuntimeError(f"{label}worker {args[0]} failed:\n{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def checkout(ref: str, where: Path) -> str:
+    """``ref`` checked out into a git worktree at ``where``; the ``PYTHONPATH`` that runs
+    it with this virtual environment. The installed package's metadata names this
+    checkout's plugins (entry points), which an older build may lack: the build gets a
+    metadata directory of its own, from its own pyproject.toml, found first."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), ref],
+        check=True,
+        capture_output=True,
+    )
+    project = tomllib.loads((where / "pyproject.toml").read_text())["project"]
+    groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+    meta = where / "bench-metadata" / f"{project['name']}-{project['version']}.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    (meta / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
+            for group, points in groups.items()
+        )
+    )
+    return f"{where / 'src'}{os.pathsep}{meta.parent}"
+
+
+def remove_checkout(where: Path) -> None:
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)],
+        check=False,
+        capture_output=True,
+    )
 
 
 def machine() -> str:
@@ -115,7 +150,8 @@ class ServedApi:
         (default: the installed command); ``options``: more options for ``serve``."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.token = token or secrets.token_urlsafe(24)
+        # Hexadecimal: a token starting with "-" would read as an option on a command line.
+        self.token = token or secrets.token_hex(24)
         self.workers = workers
         installed = shutil.which("loadmaster", path=str(Path(sys.executable).parent))
         if command is None and installed is None:
