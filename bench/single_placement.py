@@ -20,13 +20,18 @@ Modes:
   scheduler's snapshot is loaded once first, shown apart as ``load``).
 - ``http-sqlite``: ``loadmaster serve --workers 1`` on SQLite, ``--clients`` client
   processes each sending ``POST /schedule`` for one VM at a time.
+- ``http-operator``: as ``http-sqlite``, but each client does what an operator's tool
+  does instead of ``POST /schedule``: ``POST /vms``, then ``POST /vms/{uuid}/start``
+  (issue #27: each within 1.5x of ``POST /schedule``); both are timed apart and compared
+  with ``http-sqlite`` of the same build and host count.
 - ``http-pg`` / ``http-pg-4``: the same on PostgreSQL (a private server started here),
   with one and with four workers.
 
 Printed: the setup rate (hosts/s through ``create_many``, and host registration over HTTP
 one by one: loadmaster's ``POST /hosts`` and Placement's ``POST /resource_providers`` +
 ``PUT .../inventories``), placements/s, the median and p99 per placement, 409s per 1,000
-placements, the peak RSS of the scheduling process, and the ratio current / baseline. The
+placements, the peak RSS of the scheduling process, the ratio current / baseline, and the
+load average as each round ended; the CPU model and load before and after. The
 curve of cost per placement against the number of hosts is plotted to ``--png``.
 """
 
@@ -54,7 +59,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import PrivatePostgres, ServedApi, run_worker  # noqa: E402
+from harness import PrivatePostgres, ServedApi, machine, run_worker  # noqa: E402
 
 # The commit issue #11 ("Speed: one VM at a time ...") starts from.
 ISSUE_START = "18f1891"
@@ -62,7 +67,7 @@ FLAVOR = {"VCPU": 4, "MEMORY_MB": 8192, "DISK_GB": 40}
 CREATE_CHUNK = 5000
 # Client processes are started this long before they all begin.
 CLIENT_START_S = 3.0
-MODES = ("inprocess", "http-sqlite", "http-pg", "http-pg-4")
+MODES = ("inprocess", "http-sqlite", "http-operator", "http-pg", "http-pg-4")
 
 
 # -- the worker side: runs under either build's PYTHONPATH -------------------------------
@@ -119,26 +124,42 @@ def worker_inprocess(db: str) -> dict[str, Any]:
     }
 
 
-def worker_client(url: str, token: str, uuids: list[str], start_at: float) -> dict[str, Any]:
+def worker_client(
+    url: str, token: str, uuids: list[str], start_at: float, operator: bool
+) -> dict[str, Any]:
     """One VM per request from ``start_at`` (wall clock, so that every client process,
-    started one after the other, begins together); when the last answer came."""
+    started one after the other, begins together); when the last answer came.
+    ``operator``: what an operator's tool (Nova, openstacksdk, the CLI) does instead of
+    ``POST /schedule``: ``POST /vms`` to create the VM, then ``POST /vms/{uuid}/start``;
+    each is timed apart, and a placement's latency is the two together."""
     from loadmaster.microversions import CLIENT_HEADERS
 
     headers = {**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}
-    latencies = []
+    latencies: list[float] = []
+    steps: dict[str, list[float]] = {"create": [], "start": []}
     statuses: Counter[int] = Counter()
     placed = 0
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         time.sleep(max(0.0, start_at - time.time()))
         for uuid in uuids:
             t0 = time.perf_counter()
-            answer = http.post("/schedule", json={"requests": [{"vms": [uuid]}]})
+            if operator:
+                made = http.post("/vms", json={"name": f"op-{uuid}", "flavor": "bench"})
+                t1 = time.perf_counter()
+                statuses[made.status_code] += 1
+                answer = http.post(f"/vms/{made.json()['uuid']}/start")
+                steps["create"].append(t1 - t0)
+                steps["start"].append(time.perf_counter() - t1)
+                placed += answer.status_code == 200 and bool(answer.json()["placement"]["host"])
+            else:
+                answer = http.post("/schedule", json={"requests": [{"vms": [uuid]}]})
+                if answer.status_code == 200:
+                    placed += sum(1 for p in answer.json()["placements"] if p.get("host"))
             latencies.append(time.perf_counter() - t0)
             statuses[answer.status_code] += 1
-            if answer.status_code == 200:
-                placed += sum(1 for p in answer.json()["placements"] if p.get("host"))
     return {
         "latencies": latencies,
+        "steps": steps,
         "placed": placed,
         "statuses": dict(statuses),
         "ended": time.time(),
@@ -202,7 +223,9 @@ def worker_main(argv: list[str]) -> None:
     elif kind == "inprocess":
         out = worker_inprocess(rest[0])
     elif kind == "client":
-        out = worker_client(rest[0], rest[1], rest[2].split(","), float(rest[3]))
+        out = worker_client(
+            rest[0], rest[1], rest[2].split(","), float(rest[3]), rest[4] == "operator"
+        )
     elif kind == "register":
         out = worker_register(rest[0], rest[1], int(rest[2]))
     else:
@@ -231,6 +254,12 @@ class Run:
     conflicts: int
     peak_rss_mib: float
     load_seconds: float = 0.0
+    # The operator's cycle: "create" and "start" latencies apart.
+    steps: dict[str, list[float]] = field(default_factory=dict)
+    # The machine's load average over the last minute as the run ended.
+    loadavg: float = field(
+        default_factory=lambda: float(Path("/proc/loadavg").read_text().split()[0])
+    )
 
 
 @dataclass
@@ -253,6 +282,15 @@ class Cell:
     def load(self) -> float:
         return statistics.median(r.load_seconds for r in self.runs)
 
+    def loadavg(self) -> str:
+        values = [r.loadavg for r in self.runs]
+        return f"{min(values):.1f}-{max(values):.1f}"
+
+    def step_ms(self, step: str, q: float) -> float:
+        return statistics.median(
+            float(np.percentile(r.steps[step], q)) * 1000 for r in self.runs if r.steps
+        )
+
 
 def baseline_checkout(ref: str, where: Path) -> Build:
     subprocess.run(
@@ -264,7 +302,13 @@ def baseline_checkout(ref: str, where: Path) -> Build:
 
 
 def http_round(
-    build: Build, db_url: str, workers: int, uuids: list[str], clients: int, log: Path
+    build: Build,
+    db_url: str,
+    workers: int,
+    uuids: list[str],
+    clients: int,
+    log: Path,
+    operator: bool = False,
 ) -> Run:
     with ServedApi(db_url, workers, log_path=log, env=build.env()) as api:
         with api.client() as http:
@@ -282,7 +326,14 @@ def http_round(
         with ThreadPoolExecutor(clients) as pool:
             outs = list(
                 pool.map(
-                    lambda share: build.run("client", api.url, api.token, share, str(start_at)),
+                    lambda share: build.run(
+                        "client",
+                        api.url,
+                        api.token,
+                        share,
+                        str(start_at),
+                        "operator" if operator else "schedule",
+                    ),
                     shares,
                 )
             )
@@ -291,6 +342,10 @@ def http_round(
     statuses: Counter[str] = Counter()
     for out in outs:
         statuses.update(out["statuses"])
+    steps = {
+        step: [x for out in outs for x in out.get("steps", {}).get(step, [])]
+        for step in ("create", "start")
+    }
     return Run(
         seconds,
         [x for out in outs for x in out["latencies"]],
@@ -298,6 +353,7 @@ def http_round(
         statuses.get("409", 0),
         rss,
         load,
+        steps if operator else {},
     )
 
 
@@ -353,6 +409,7 @@ def main() -> None:
     from rich.table import Table
 
     console = Console(width=200)
+    console.print(machine())
     work = Path(tempfile.mkdtemp(prefix="lm-single-"))
     builds = [Build("current", ROOT / "src")]
     if not args.no_baseline:
@@ -416,6 +473,7 @@ def main() -> None:
                                     vm_uuids(url),
                                     args.clients,
                                     work / f"serve-{n}.log",
+                                    operator=mode == "http-operator",
                                 )
                             cells.setdefault((hosts, mode, build.name), Cell()).runs.append(run)
                             progress.advance(task)
@@ -452,6 +510,7 @@ def main() -> None:
         "409/1000",
         "peak RSS MiB",
         "snapshot load s",
+        "load average",
     ):
         table.add_column(column, justify="right")
     for (hosts, mode, name), cell in sorted(cells.items()):
@@ -469,8 +528,23 @@ def main() -> None:
             f"{cell.conflicts_per_1000():.0f}",
             f"{cell.rss():,.0f}",
             f"{cell.load():.2f}",
+            cell.loadavg(),
         )
     console.print(table)
+    for (hosts, mode, name), cell in sorted(cells.items()):
+        schedule = cells.get((hosts, "http-sqlite", name))
+        if mode != "http-operator" or schedule is None:
+            continue
+        one = schedule.quantile_ms(50)
+        console.print(
+            f"{hosts:,} hosts, {name}: the operator's cycle, p50 POST /vms "
+            f"{cell.step_ms('create', 50):.1f} ms ({cell.step_ms('create', 50) / one:.2f}x "
+            f"POST /schedule's {one:.1f} ms), POST /vms/{{uuid}}/start "
+            f"{cell.step_ms('start', 50):.1f} ms ({cell.step_ms('start', 50) / one:.2f}x); "
+            f"p99 {cell.step_ms('create', 99):.1f} and {cell.step_ms('start', 99):.1f} ms "
+            f"against {schedule.quantile_ms(99):.1f} ms"
+        )
+    console.print(machine())
     plot(cells, args.png)
     console.print(f"curve: {args.png}")
 

@@ -34,23 +34,18 @@ def reload_tokens(tokens: TokenTable | None, settings: Settings) -> bool:
     if tokens is None:
         log.info("reload: serving without tokens (--no-auth), nothing to reload")
         return True
-    source = str(settings.tokens_file) if settings.tokens_file else TOKENS_ENV
-    try:
+
+    def install() -> int:
         fresh = resolve_auth(
             no_auth=False,
             tokens_file=settings.tokens_file,
             inline=settings.tokens.get_secret_value(),
         )
-    except LoadmasterError as exc:
-        log.error("reload: tokens from %s refused, the previous ones stay: %s", source, exc.detail)
-        return False
-    except OSError as exc:
-        log.error("reload: cannot read %s, the previous tokens stay: %s", source, exc)
-        return False
-    assert fresh is not None  # no_auth=False
-    tokens.config = fresh
-    log.info("reload: %d tokens from %s (process %d)", len(fresh.tokens), source, os.getpid())
-    return True
+        assert fresh is not None  # no_auth=False
+        tokens.config = fresh
+        return len(fresh.tokens)
+
+    return _reload("tokens", settings.tokens_file or TOKENS_ENV, install)
 
 
 def reload_policies(scheduler: Scheduler, settings: Settings) -> bool:
@@ -59,15 +54,29 @@ def reload_policies(scheduler: Scheduler, settings: Settings) -> bool:
     path = settings.policies_file
     if path is None:
         return True
-    try:
+
+    def install() -> int:
         scheduler.use_policies(load_policy_file(path))
+        return len(scheduler.policies)
+
+    return _reload("policies", path, install)
+
+
+def _reload(what: str, source: object, install: Callable[[], int]) -> bool:
+    """``install`` (it reads ``what`` from ``source``, puts it in force and says how many)
+    with its outcome logged; a refusal or a file that cannot be read leaves what was in
+    force before."""
+    try:
+        count = install()
     except LoadmasterError as exc:
-        log.error("reload: policies from %s refused, the previous ones stay: %s", path, exc.detail)
+        log.error(
+            "reload: %s from %s refused, the previous ones stay: %s", what, source, exc.detail
+        )
         return False
     except OSError as exc:
-        log.error("reload: cannot read %s, the previous policies stay: %s", path, exc)
+        log.error("reload: cannot read %s, the previous %s stay: %s", source, what, exc)
         return False
-    log.info("reload: %d policies from %s (process %d)", len(scheduler.policies), path, os.getpid())
+    log.info("reload: %d %s from %s (process %d)", count, what, source, os.getpid())
     return True
 
 

@@ -124,13 +124,13 @@ def number(text: str, what: str) -> int | float:
 INVENTORY_WHOLE = ("reserved", "min_unit", "max_unit", "step_size")
 
 
-def parse_inventory(item: str) -> tuple[str, dict[str, int | float]]:
+def parse_inventory(item: str, option: str = "--inventory") -> tuple[str, dict[str, int | float]]:
     """``VCPU=32`` or ``VCPU=32,allocation_ratio=4,reserved=2``. Anything malformed (the
     form, the class name, a field no inventory has, a value of the wrong kind) is a usage
     error naming the value, before the server is asked, as ``resource_amounts`` does;
     how the values agree (reserved within total, ...) is the server's to say."""
     name, sep, rest = item.partition("=")
-    what = f"--inventory {item!r}"
+    what = f"{option} {item!r}"
     if not sep or not name or not rest:
         fail(f"{what}: write CLASS=TOTAL[,field=value...]", Exit.USAGE)
     if not _CLASS_NAME.fullmatch(name):

@@ -229,7 +229,7 @@ def host_set_inventory(
     """Set one class's inventory on a host. Sent with the generation just read: a host
     changed in between exits 4 instead of losing the other change; shrinking below what
     is allocated is refused."""
-    resource_class, fields = parse_inventory(inventory)
+    resource_class, fields = parse_inventory(inventory, "INVENTORY")
     client = api()
     generation = client.get(f"/resource_providers/{name}")["generation"]
     body = {**fields, "resource_provider_generation": generation}
