@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -100,7 +101,7 @@ class HostWatch:
         # Root hosts by name and by uuid, and their generations as last read.
         self._hosts: dict[str, WatchedHost] = {}
         self._generations: dict[int, int] = {}
-        self._waiters: dict[int, set[asyncio.Future[None]]] = {}
+        self._waiters: dict[int, set[asyncio.Future[str]]] = {}
         self._heard: set[int] = set()
         self._reads = asyncio.Semaphore(READS_AT_ONCE)
         self._queued = 0
@@ -138,8 +139,7 @@ class HostWatch:
             self._unlisten()
         for futures in self._waiters.values():
             for future in futures:
-                if not future.done():
-                    future.set_result(None)
+                _settle(future, "changed")
         with contextlib.suppress(Exception):  # the database may be what is going away
             await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
 
@@ -232,17 +232,21 @@ class HostWatch:
         the client hung up). ``agent``: the host's agent is the one waiting, which counts
         as hearing from it."""
         assert self._loop is not None, "HostWatch.start() first"
-        future: asyncio.Future[None] = self._loop.create_future()
+        # One future settled by whichever comes first (a wake-up, the timer, the hang-up):
+        # ``asyncio.wait`` would add a coroutine, futures and callbacks of its own to every
+        # one of thousands of waits, for the garbage collector to walk.
+        future: asyncio.Future[str] = self._loop.create_future()
         waiters = self._waiters.setdefault(host_id, set())
         waiters.add(future)
         hung_up = asyncio.ensure_future(gone)
+        hung_up.add_done_callback(functools.partial(_settle, future, "gone"))
+        timer = self._loop.call_later(timeout, _settle, future, "timeout")
         if agent:
             self._held[host_id] = self._held.get(host_id, 0) + 1
         try:
-            done, _ = await asyncio.wait(
-                (future, hung_up), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            return await future
         finally:
+            timer.cancel()
             hung_up.cancel()
             if agent:
                 held = self._held.pop(host_id) - 1
@@ -251,9 +255,6 @@ class HostWatch:
             waiters.discard(future)
             if not waiters:
                 self._waiters.pop(host_id, None)
-        if future in done:
-            return "changed"
-        return "gone" if hung_up in done else "timeout"
 
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
@@ -363,8 +364,7 @@ class HostWatch:
 
     def _wake(self, host_id: int) -> None:
         for future in self._waiters.get(host_id, ()):
-            if not future.done():
-                future.set_result(None)
+            _settle(future, "changed")
 
     def _due(self, current: float) -> list[int]:
         """The hosts to write as heard now (on the event loop: the sets are its own)."""
@@ -394,6 +394,12 @@ class HostWatch:
                 raise ValidationError(f"host {ident} is a child provider", field="host")
             self.saw(row.id, row.generation)
             return WatchedHost(row.id, row.name)
+
+
+def _settle(future: asyncio.Future[str], outcome: str, *_: object) -> None:
+    """A wait's outcome, if it has none yet (the first of wake-up, timer and hang-up)."""
+    if not future.done():
+        future.set_result(outcome)
 
 
 _AGENTS = HostAgentRow.metadata.tables["host_agents"]
