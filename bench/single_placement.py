@@ -43,7 +43,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,7 +58,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import PrivatePostgres, ServedApi, machine, run_worker  # noqa: E402
+from harness import (  # noqa: E402
+    PrivatePostgres,
+    ServedApi,
+    checkout,
+    machine,
+    remove_checkout,
+    run_worker,
+)
 
 # The commit issue #11 ("Speed: one VM at a time ...") starts from.
 ISSUE_START = "18f1891"
@@ -237,10 +243,10 @@ def worker_main(argv: list[str]) -> None:
 @dataclass
 class Build:
     name: str
-    src: Path
+    pythonpath: str
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": str(self.src)}
+        return {**os.environ, "PYTHONPATH": self.pythonpath}
 
     def run(self, *args: str) -> dict[str, Any]:
         return run_worker(__file__, *args, env=self.env(), label=f"{self.name} ")
@@ -290,15 +296,6 @@ class Cell:
         return statistics.median(
             float(np.percentile(r.steps[step], q)) * 1000 for r in self.runs if r.steps
         )
-
-
-def baseline_checkout(ref: str, where: Path) -> Build:
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), ref],
-        check=True,
-        capture_output=True,
-    )
-    return Build(f"baseline {ref}", where / "src")
 
 
 def http_round(
@@ -411,9 +408,10 @@ def main() -> None:
     console = Console(width=200)
     console.print(machine())
     work = Path(tempfile.mkdtemp(prefix="lm-single-"))
-    builds = [Build("current", ROOT / "src")]
+    builds = [Build("current", str(ROOT / "src"))]
     if not args.no_baseline:
-        builds.insert(0, baseline_checkout(args.baseline_ref, work / "baseline"))
+        baseline = checkout(args.baseline_ref, work / "baseline")
+        builds.insert(0, Build(f"baseline {args.baseline_ref}", baseline))
     pg = PrivatePostgres() if any(m.startswith("http-pg") for m in args.modes) else None
     cells: dict[tuple[int, str, str], Cell] = {}
     setup: dict[tuple[int, str], float] = {}
@@ -481,10 +479,7 @@ def main() -> None:
         if pg is not None:
             pg.close()
         if not args.no_baseline:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")],
-                check=False,
-            )
+            remove_checkout(work / "baseline")
         shutil.rmtree(work, ignore_errors=True)
 
     reg = Table(title="Host registration over HTTP (SQLite, 1 worker)")

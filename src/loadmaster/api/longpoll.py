@@ -49,7 +49,7 @@ class HeldPolls:
         if held is None:
             await self.app(scope, receive, send)
             return
-        ident, after, wait, bound = held
+        ident, after, wait, bound, query = held
         try:
             host = await self.watch.host(ident)
         except Exception:  # no such host, a child, the database away: the stack says so
@@ -65,21 +65,24 @@ class HeldPolls:
             # The client hung up: nobody reads an answer (uvicorn sends none for a
             # request whose connection is gone).
             return
-        query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
         now = urlencode([*((k, v) for k, v in query if k != "wait"), ("wait", "0")])
         await self.app({**scope, "query_string": now.encode()}, replay.receive, send)
 
-    def _holdable(self, scope: Scope) -> tuple[str, int, float, str | None] | None:
-        """(host, after, wait, the host the token is bound to) of a request to hold."""
+    def _holdable(
+        self, scope: Scope
+    ) -> tuple[str, int, float, str | None, list[tuple[str, str]]] | None:
+        """(host, after, wait, the host the token is bound to, the query's pairs) of a
+        request to hold."""
         if scope["type"] != "http" or scope["method"] != "GET":
             return None
         match = _WORK.fullmatch(scope["path"])
         if match is None:
             return None
         try:
-            query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
-            after = int(query.get("after", "-1"))
-            wait = float(query.get("wait", "0"))
+            query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+            given = dict(query)
+            after = int(given.get("after", "-1"))
+            wait = float(given.get("wait", "0"))
         except ValueError:
             return None
         if not (-1 <= after <= MAX_AFTER and 0 < wait <= MAX_WAIT_S and math.isfinite(wait)):
@@ -94,7 +97,7 @@ class HeldPolls:
                 bound = role[len(AGENT_PREFIX) :]
             elif role != "admin":
                 bound = ""  # a reader may watch a list; it is no host's agent
-        return match.group("host"), after, wait, bound
+        return match.group("host"), after, wait, bound, query
 
 
 class _Replay:

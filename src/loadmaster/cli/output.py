@@ -137,10 +137,10 @@ def parse_inventory(item: str, option: str = "--inventory") -> tuple[str, dict[s
         fail(f"{what}: a resource class is upper case letters, digits and _", Exit.USAGE)
     total, *options = rest.split(",")
     inventory: dict[str, int | float] = {"total": _whole(total, f"{what}: total")}
-    for option in options:
-        key, sep, value = option.partition("=")
+    for given in options:
+        key, sep, value = given.partition("=")
         if not sep or not key:
-            fail(f"{what}: write field=value after the total, not {option!r}", Exit.USAGE)
+            fail(f"{what}: write field=value after the total, not {given!r}", Exit.USAGE)
         if key in INVENTORY_WHOLE:
             inventory[key] = _whole(value, f"{what}: {key}")
         elif key == "allocation_ratio":

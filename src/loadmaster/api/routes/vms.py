@@ -138,7 +138,8 @@ def migrate_vm(
 ) -> dict[str, Any]:
     """Claim a destination (``host``, judged by every filter as a pinned start is, or one
     the scheduler picks) while the source stays active; the source's agent moves the VM,
-    ``/up`` completes the move and ``/migration-failed`` (or ``DELETE /vms/{uuid}/allocations?host=dest``) aborts it."""
+    ``/up`` completes the move and ``/migration-failed`` (or
+    ``DELETE /vms/{uuid}/allocations?host=dest``) aborts it."""
     check_vm_of_agent(lm, request, uuid)
     # Only a running VM migrates: the ledger checks it under the VM's row lock.
     log.info("migration of %s requested: %s", uuid, body.reason or "no reason given")
