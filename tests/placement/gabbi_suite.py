@@ -18,6 +18,7 @@ pass counts to a ratchet.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import re
 import subprocess
@@ -58,16 +59,21 @@ class FileResult:
 
 
 def ensure_venv() -> Path:
-    """The throw-away environment with the pinned packages; installed once, reused after."""
+    """The throw-away environment with the pinned packages; installed once, reused after.
+    Under a lock: the two gabbi tests run in two test workers, and on a fresh clone one
+    cleared the environment while the other was installing into it."""
     stamp = VENV / ("." + "-".join(PINS))
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        pip = [str(VENV / "bin/pip"), "install", "-q", "--disable-pip-version-check"]
-        subprocess.run([*pip, PINS[1]], check=True)
-        # Placement's own dependencies (oslo, keystone middleware...) are not needed to
-        # read its test files.
-        subprocess.run([*pip, "--no-deps", PINS[0]], check=True)
-        stamp.touch()
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / "placement-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+            pip = [str(VENV / "bin/pip"), "install", "-q", "--disable-pip-version-check"]
+            subprocess.run([*pip, PINS[1]], check=True)
+            # Placement's own dependencies (oslo, keystone middleware...) are not needed
+            # to read its test files.
+            subprocess.run([*pip, "--no-deps", PINS[0]], check=True)
+            stamp.touch()
     return VENV
 
 
