@@ -33,7 +33,6 @@ import itertools
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,8 +44,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import ServedApi, machine, run_worker  # noqa: E402
-from single_placement import FLAVOR, Build, baseline_checkout, host_spec  # noqa: E402
+from harness import ServedApi, checkout, machine, remove_checkout, run_worker  # noqa: E402
+from single_placement import FLAVOR, Build, host_spec  # noqa: E402
 
 ISSUE_START = "2f2a0d7"
 
@@ -144,9 +143,10 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lm-candidates-"))
-    builds = [Build("current", ROOT / "src")]
+    builds = [Build("current", str(ROOT / "src"))]
     if not args.no_baseline:
-        builds.insert(0, baseline_checkout(args.baseline_ref, work / "baseline"))
+        baseline = checkout(args.baseline_ref, work / "baseline")
+        builds.insert(0, Build(f"baseline {args.baseline_ref}", baseline))
     print(
         f"{'workload':>8} {'hosts':>7} {'query':>10} {'build':>16} {'candidates':>11} "
         f"{'median ms':>10} {'p95 ms':>8} {'x baseline':>10}  machine"
@@ -171,10 +171,7 @@ def main() -> None:
                         )
     finally:
         if not args.no_baseline:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")],
-                check=False,
-            )
+            remove_checkout(work / "baseline")
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -64,6 +64,7 @@ def _reshape(
 
 def test_usage_moves_with_its_inventory(live: Live) -> None:
     _setup(live)
+    before = {rp: _generation(live, rp) for rp in (CN, GPU0, GPU1)}
     answer = live.admin.post("/reshaper", json=_reshape(live), headers=V)
     assert answer.status_code == 204, answer.text
     root = ok(live.admin.get(f"/resource_providers/{CN}/inventories", headers=V))
@@ -80,6 +81,29 @@ def test_usage_moves_with_its_inventory(live: Live) -> None:
     }
     assert usages == {CN: {"VCPU": 2}, GPU0: {"CUSTOM_VGPU": 2}, GPU1: {"CUSTOM_VGPU": 1}}
     assert audit(live.lm.store) == []
+    # Placement's three steps (interim inventories, allocations, final inventories) each
+    # move the generation: a client that cached one expects the same.
+    assert {rp: _generation(live, rp) - g for rp, g in before.items()} == {CN: 3, GPU0: 3, GPU1: 3}
+
+
+def test_an_interim_inventory_below_use_passes_when_the_allocations_fit_in_the_end(
+    live: Live,
+) -> None:
+    """The root's VCPU shrinks to 1 while C's two move to a child that gains VCPU: no
+    moment of the reshape may be judged on its own, only where it ends."""
+    _setup(live)
+    body = _reshape(live)
+    body["inventories"][CN]["inventories"] = {"VCPU": {"total": 1}}
+    body["inventories"][GPU0]["inventories"] = {"CUSTOM_VGPU": {"total": 2}, "VCPU": {"total": 2}}
+    body["allocations"][C] = _consumer({GPU0: {"VCPU": 2, "CUSTOM_VGPU": 2}}, 1)
+    answer = live.admin.post("/reshaper", json=body, headers=V)
+    assert answer.status_code == 204, answer.text
+    usages = ok(live.admin.get(f"/resource_providers/{GPU0}/usages", headers=V))["usages"]
+    assert usages == {"VCPU": 2, "CUSTOM_VGPU": 2}
+    assert ok(live.admin.get(f"/resource_providers/{CN}/usages", headers=V))["usages"] == {
+        "VCPU": 0
+    }
+    assert audit(live.lm.store) == []
 
 
 @pytest.mark.parametrize(
@@ -87,7 +111,9 @@ def test_usage_moves_with_its_inventory(live: Live) -> None:
     [
         # D's VGPU stays on the root, whose VGPU inventory goes.
         ("leave_d_behind", 409, "CUSTOM_VGPU: cannot remove, 1 is allocated"),
-        ("stale_generation", 409, "generation"),
+        ("stale_generation", 409, "generation conflict on host cn-pgpu0: actual: 0, given: 5"),
+        # C's VCPU is rewritten on a root shrunk below it.
+        ("root_vcpu_below_c", 409, "Unable to allocate inventory"),
         ("too_much_on_gpu0", 409, "exceed the capacity"),
         ("unknown_key", 400, "Additional properties are not allowed"),
     ],
@@ -101,6 +127,8 @@ def test_a_refused_reshape_changes_nothing(
         del body["allocations"][D]
     elif change == "stale_generation":
         body["inventories"][GPU0]["resource_provider_generation"] += 5
+    elif change == "root_vcpu_below_c":
+        body["inventories"][CN]["inventories"] = {"VCPU": {"total": 1}}
     elif change == "too_much_on_gpu0":
         body["allocations"][C] = _consumer({CN: {"VCPU": 2}, GPU0: {"CUSTOM_VGPU": 3}}, 1)
     else:

@@ -163,7 +163,7 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         "stale generation",
         lambda lm: lm.hosts.set_traits("h1", ["HW_CPU_X86_AVX2"], generation=0),
         "generation",
-        "has generation",
+        "given: 0",
     ),
     ("bad tag", lambda lm: lm.vms.create("x", "small", tags=[""]), "tags[0]", "non-empty"),
     (

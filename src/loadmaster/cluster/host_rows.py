@@ -8,7 +8,7 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -17,7 +17,6 @@ from loadmaster.errors import ConcurrentUpdate, Conflict, InventoryInUse, Valida
 from loadmaster.resources import Inventory, in_class_order, validate_trait_name
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
-    AllocationRow,
     HostAggregateRow,
     HostRow,
     HostTraitRow,
@@ -152,38 +151,37 @@ def locked_host(session: Session, ident: str, generation: int | None) -> HostRow
     if generation is not None and row.generation != generation:
         raise ConcurrentUpdate(
             "Resource provider's generation already changed. Please update the "
-            f"generation and try again. (resource provider generation conflict: host "
-            f"{row.name} has generation {row.generation}, the request had {generation})",
+            f"generation and try again. (resource provider generation conflict on host "
+            f"{row.name}: actual: {row.generation}, given: {generation})",
             field="generation",
         )
     return row
+
+
+def inventories_of(session: Session, row: HostRow) -> dict[str, Inventory]:
+    """The host's inventories as they stand, by class name."""
+    names = lookup.class_names(session)
+    return {
+        names[inv.resource_class_id]: lookup.inventory_of(inv)
+        for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id == row.id))
+    }
 
 
 def write_inventories(
     session: Session,
     row: HostRow,
     wanted: Mapping[str, Inventory],
-    moving: Iterable[int] = (),
+    *,
+    below_use_ok: bool = False,
 ) -> None:
     """Replace the host's inventories; refused while a class it drops, or shrinks below
-    what is allocated (pending counted), is in use. The records of the ``moving``
-    consumers (ids) do not count: the caller rewrites them in the same transaction (a
-    reshape), and checks them against the new inventories then."""
+    what is allocated (pending counted), is in use. ``below_use_ok``: a shrink below what
+    is allocated passes (a reshape's interim inventories: the allocations are rewritten
+    next in the same transaction and checked against them then)."""
     ids = lookup.require_classes(session, wanted, "inventories")
     names = {v: k for k, v in ids.items()}
     sums = lookup.used_by_provider(session, [row.id])
     in_use = {names[class_id]: dict(used) for (_, class_id), used in sums.items()}
-    moving = list(moving)
-    if moving:
-        for class_id, state, amount in session.execute(
-            select(
-                AllocationRow.resource_class_id, AllocationRow.state, func.sum(AllocationRow.amount)
-            )
-            .where(AllocationRow.host_id == row.id, AllocationRow.consumer_id.in_(moving))
-            .group_by(AllocationRow.resource_class_id, AllocationRow.state)
-        ):
-            used = in_use[names[class_id]]
-            used[state] = used.get(state, 0) - int(amount)
     held = {
         name: total
         for name, used in in_class_order(in_use).items()
@@ -202,7 +200,7 @@ def write_inventories(
     for name, total_used in held.items():
         capacity = wanted[name].capacity
         used = in_use[name]
-        if capacity < total_used:
+        if capacity < total_used and not below_use_ok:
             raise Conflict(
                 f"inventories.{name}: new capacity {capacity} is below the {total_used} allocated "
                 f"({used.get('active', 0)} active, {used.get('pending', 0)} pending) on host {row.name}",

@@ -19,6 +19,7 @@ from loadmaster.cluster.host_rows import (
     NewHost,
     check_host,
     host_records,
+    inventories_of,
     locked_host,
     parse_inventories,
     validate_aggregates,
@@ -411,7 +412,7 @@ class HostService:
         parsed = Inventory.parse(inventory, f"inventories.{resource_class}")
         with self._store.write() as session:
             row = locked_host(session, ident, generation)
-            current = self._inventories(session, row)
+            current = inventories_of(session, row)
             if only == "new" and resource_class in current:
                 raise Conflict(
                     f"Update conflict: host {row.name} already has a {resource_class} inventory",
@@ -432,7 +433,7 @@ class HostService:
     ) -> HostRecord:
         with self._store.write() as session:
             row = locked_host(session, ident, generation)
-            current = self._inventories(session, row)
+            current = inventories_of(session, row)
             if current.pop(resource_class, None) is None:
                 raise NotFound(
                     f"No inventory of class {resource_class} found for delete (host {row.name})",
@@ -495,13 +496,6 @@ class HostService:
         session.execute(delete(HostTraitRow).where(HostTraitRow.host_id == row.id))
         session.add_all(HostTraitRow(host_id=row.id, trait_id=t) for t in sorted(wanted))
         return True
-
-    def _inventories(self, session: Session, row: HostRow) -> dict[str, Inventory]:
-        names = lookup.class_names(session)
-        return {
-            names[inv.resource_class_id]: lookup.inventory_of(inv)
-            for inv in session.scalars(select(InventoryRow).where(InventoryRow.host_id == row.id))
-        }
 
     def _record(self, session: Session, row: HostRow) -> HostRecord:
         return self._records(session, [row])[0]

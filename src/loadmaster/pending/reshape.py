@@ -3,10 +3,12 @@ allocations replaced together, in one transaction, so that usage can move betwee
 providers (a root's VGPU inventory split onto child providers, say) without any moment in
 which it is allocated from an inventory that is gone.
 
-The inventories are written first, with the records of the consumers being rewritten left
-out of the in-use check; then those consumers' allocations are written as ``PUT
-/allocations`` writes them, each checked against the new inventories (pending claims
-counted). Any refusal undoes all of it. A VM's consumer is refused: its records follow
+In three steps, as Placement's reshaper: each provider first gets the union of its old and
+new inventories (nothing removed yet, capacity may fall below use), then the consumers'
+allocations are written as ``POST /allocations`` writes them, checked against those
+(pending claims counted), then each provider gets exactly its new inventories, a class
+still in use refused. Each step moves the providers' generations, as Placement's do.
+Any refusal undoes all of it. A VM's consumer is refused: its records follow
 the VM's lifecycle (a migration moves them), not a reshape.
 """
 
@@ -18,12 +20,18 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.host_rows import locked_host, write_inventories
+from loadmaster.cluster.host_rows import inventories_of, locked_host, write_inventories
 from loadmaster.errors import Conflict, NotFound, UnknownProviderInBody, ValidationError
 from loadmaster.pending import consumers
 from loadmaster.pending.trees import with_roots
 from loadmaster.resources import Inventory
-from loadmaster.store.locking import bump_generations, lock_hosts, lock_vms, mark_changed
+from loadmaster.store.locking import (
+    bump_generations,
+    lock_hosts,
+    lock_vms,
+    mark_changed,
+    touch_generations,
+)
 
 
 @dataclass(frozen=True)
@@ -69,14 +77,19 @@ def reshape(
                     f"No such resource class {name}.",
                     field=f"inventories.{item.provider}.inventories.{name}",
                 )
-    reshaped = []
-    for item in sorted(inventories, key=lambda i: i.provider):
+    ordered = sorted(inventories, key=lambda i: i.provider)
+    rows = []
+    for item in ordered:
         row = locked_host(session, item.provider, item.generation)
-        write_inventories(session, row, item.inventories, moving)
+        interim = {**inventories_of(session, row), **item.inventories}
+        write_inventories(session, row, interim, below_use_ok=True)
         bump_generations(session, {row.id: row.generation}, clock=False)
-        reshaped.append(row.id)
+        rows.append(row)
     consumers.write(session, writes)
-    mark_changed(session, with_roots(session, set(reshaped)))
+    for item, row in zip(ordered, rows, strict=True):
+        write_inventories(session, row, item.inventories)
+    touch_generations(session, [row.id for row in rows])
+    mark_changed(session, with_roots(session, {row.id for row in rows}))
 
 
 def _provider(session: Session, uuid: str) -> lookup.HostRow:
