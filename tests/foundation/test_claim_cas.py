@@ -4,12 +4,12 @@ swap and the stamp one statement, and reads the host with its tree in one)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import set_committed_value
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.pending import Ledger
@@ -76,9 +76,8 @@ def test_a_claim_that_read_a_stale_generation_loses_and_writes_nothing(
 
     def stale(session: Session, idents: set[str]) -> Any:
         found, providers = real(session, idents)
-        for row in providers:
-            set_committed_value(row, "generation", row.generation - 1)
-        return found, providers
+        old = {p.id: replace(p, generation=p.generation - 1) for p in providers}
+        return {key: old[row.id] for key, row in found.items()}, list(old.values())
 
     monkeypatch.setattr(claims_module, "_hosts_by_ident", stale)
     vm = lm.vms.create("v", "f").uuid

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from loadmaster import shapes
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import VmEvent, VmRecord
+from loadmaster.cluster.vm_rows import VmState
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
 from loadmaster.resources import parse_amounts
 from loadmaster.shapes import Amount, Name
@@ -51,7 +52,7 @@ PLACED_STATES = ("pending", "running", "migrating")
 Tag = Annotated[str, Strict(), Field(min_length=1, max_length=64)]
 
 
-def move(row: VmRow, target: str) -> None:
+def move(row: VmRow | VmState, target: str) -> None:
     """Apply a lifecycle transition or refuse it, naming both states."""
     if target not in TRANSITIONS[row.state]:
         raise InvalidTransition(

@@ -1,17 +1,24 @@
 """Claims: a VM's pending records written on a host's provider tree, in one transaction
 with every check that decides whether they may be (capacity with pending counted, unit
-rules, the VM's state, server-group rules, the host generation's compare-and-swap)."""
+rules, the VM's state, server-group rules, the host generation's compare-and-swap).
+
+The hot path of every placement: it reads and writes with Core statements on the
+session's connection, VMs, flavors and providers as plain records (``cluster/vm_rows.py``,
+``trees.ProviderRow``), never ORM entities, and records the VMs' events itself
+(``history.note_written``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm.util import identity_key
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import AllocationRecord
+from loadmaster.cluster.vm_rows import FlavorRules, VmState, vms_with_flavors, write_vms
 from loadmaster.cluster.vms import move
 from loadmaster.errors import (
     ConcurrentUpdate,
@@ -23,17 +30,25 @@ from loadmaster.errors import (
     ValidationError,
 )
 from loadmaster.pending.group_rules import GroupRules
-from loadmaster.pending.trees import ProviderTree, load_trees, with_roots
+from loadmaster.pending.trees import (
+    PROVIDER_COLUMNS,
+    ProviderRow,
+    ProviderTree,
+    load_trees,
+    provider_rows,
+    with_roots,
+)
 from loadmaster.resources import one_numa_node
 from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.history import note_written
 from loadmaster.store.locking import (
     bump_consumers,
     bump_generations,
-    lock_vms_with_flavors,
+    execute_core,
     now,
 )
-from loadmaster.store.schema import AllocationRow, FlavorRow, HostRow, VmRow
+from loadmaster.store.schema import AllocationRow, HostRow, VmRow
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,7 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
     many = len(claims) > 1
     prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
     claims = [replace(c, vm=lookup.canonical_uuid(c.vm)) for c in claims]
-    vms, flavors = lock_vms_with_flavors(session, {c.vm for c in claims})
+    vms, flavors = vms_with_flavors(session, {c.vm for c in claims}, lock=True)
     groups = GroupRules.lock(session, {v.group_id for v in vms.values() if v.group_id is not None})
     groups.evacuating = _on_down_hosts(
         session, [vms[c.vm] for c in claims if c.intent == "evacuate" and c.vm in vms]
@@ -208,15 +223,29 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             field="host",
         )
     if new_rows:
-        # One executemany, on the table: nothing reads these rows back as objects.
-        session.flush()
-        session.execute(_INSERT_RECORDS, new_rows)
-    session.flush()
+        execute_core(session, _INSERT_RECORDS, new_rows)
+    _write_back(session, [vms[o.vm] for o in outcomes if o.ok], providers)
     # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
     # compare-and-swap: nothing was added there), locked in one id order with the others.
     clock = bump_generations(session, touched, touch=moved_from)
     bump_consumers(session, {vms[o.vm].consumer_id for o in outcomes if o.ok})
     return [replace(o, clock=clock) if o.ok else o for o in outcomes]
+
+
+def _write_back(session: Session, claimed: list[VmState], providers: list[ProviderRow]) -> None:
+    """The claimed VMs' rows and their events. An entity of one of them the session had
+    loaded before (a Placement write of a VM's allocations) is expired, so that nothing
+    reads its old values or writes them back."""
+    write_vms(session, claimed)
+    note_written(
+        session,
+        [(vm, vm.before) for vm in claimed],
+        {p.id: p.name for p in providers},
+    )
+    for vm in claimed:
+        loaded = session.identity_map.get(identity_key(VmRow, vm.id))
+        if loaded is not None:
+            session.expire(loaded)
 
 
 def _generation_after(tree: ProviderTree, touched: Mapping[int, int]) -> int:
@@ -227,14 +256,14 @@ def _generation_after(tree: ProviderTree, touched: Mapping[int, int]) -> int:
 
 
 def _plan(
-    vm: VmRow,
-    host: HostRow,
+    vm: VmState,
+    host: ProviderRow,
     tree: ProviderTree,
-    flavor: FlavorRow,
+    flavor: FlavorRules,
     class_ids: Mapping[str, int],
     claim: Claim,
     prefix: str,
-) -> list[tuple[HostRow, int, int]]:
+) -> list[tuple[ProviderRow, int, int]]:
     if host.parent_id is not None:
         raise ValidationError(
             f"{prefix}host {host.name} is a child provider; claim on its root host",
@@ -318,15 +347,18 @@ def _plan(
     )
 
 
-def _hosts_by_ident(session: Session, idents: set[str]) -> tuple[dict[str, HostRow], list[HostRow]]:
+def _hosts_by_ident(
+    session: Session, idents: set[str]
+) -> tuple[dict[str, ProviderRow], list[ProviderRow]]:
     """The hosts by each ident given (a name, or a uuid in any case), and every provider
     of their trees (in id order): read in one statement, so a host is never without its
     tree."""
-    found: dict[str, HostRow] = {}
-    providers: dict[int, HostRow] = {}
+    found: dict[str, ProviderRow] = {}
+    providers: dict[int, ProviderRow] = {}
     for chunk in in_chunks(sorted(idents)):
         uuids = [lookup.canonical_uuid(i) for i in chunk]
-        for row in session.scalars(_TREES_OF_HOSTS, {"uuids": uuids, "names": chunk}):
+        rows = execute_core(session, _TREES_OF_HOSTS, {"uuids": uuids, "names": chunk})
+        for row in provider_rows(rows):
             providers[row.id] = row
     wanted = set(idents) | {lookup.canonical_uuid(i) for i in idents}
     for row in providers.values():
@@ -342,7 +374,7 @@ def _hosts_by_ident(session: Session, idents: set[str]) -> tuple[dict[str, HostR
 _INSERT_RECORDS = insert(AllocationRow.metadata.tables["allocations"])
 _NAMED = aliased(HostRow)
 _TREES_OF_HOSTS = (
-    select(HostRow)
+    select(*PROVIDER_COLUMNS)
     .where(
         HostRow.root_id.in_(
             select(func.coalesce(_NAMED.root_id, _NAMED.id)).where(
@@ -360,23 +392,23 @@ _TREES_OF_HOSTS = (
 )
 
 
-def _on_down_hosts(session: Session, vms: Sequence[VmRow]) -> set[int]:
+def _on_down_hosts(session: Session, vms: Sequence[VmState]) -> set[int]:
     """Ids of ``vms`` running or pending (not migrating) on a root host that is down."""
     hosts = {v.host_id for v in vms if v.state in ("running", "pending") and v.host_id}
     if not hosts:
         return set()
     down = set(
-        session.scalars(select(HostRow.id).where(HostRow.id.in_(hosts), HostRow.state == "down"))
+        execute_core(
+            session, select(HostRow.id).where(HostRow.id.in_(hosts), HostRow.state == "down")
+        ).scalars()
     )
     return {v.id for v in vms if v.state in ("running", "pending") and v.host_id in down}
 
 
-def _drop_pending(session: Session, vm: VmRow) -> set[int]:
+def _drop_pending(session: Session, vm: VmState) -> set[int]:
     """Delete a re-placed VM's records (pending, or on a host that is down); the providers
     they were on."""
-    rows = list(
-        session.scalars(select(AllocationRow).where(AllocationRow.consumer_id == vm.consumer_id))
-    )
-    for r in rows:
-        session.delete(r)
-    return with_roots(session, {r.host_id for r in rows})
+    mine = AllocationRow.consumer_id == vm.consumer_id
+    hosts = set(execute_core(session, select(AllocationRow.host_id).where(mine)).scalars())
+    execute_core(session, delete(AllocationRow).where(mine))
+    return with_roots(session, hosts)

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from loadmaster.cluster.vm_rows import VmState
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import GroupPolicyViolation
+from loadmaster.pending.trees import ProviderRow
 from loadmaster.store.locking import lock_groups
-from loadmaster.store.schema import HostRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import ServerGroupRow, VmRow
 
 
 @dataclass
@@ -60,8 +62,8 @@ class GroupRules:
 
     def check(
         self,
-        vm: VmRow,
-        host: HostRow,
+        vm: VmState,
+        host: ProviderRow,
         prefix: str = "",
         *,
         moving: Collection[int] = (),
@@ -98,7 +100,7 @@ class GroupRules:
                 field=f"{prefix}host",
             )
 
-    def add(self, vm: VmRow, host: HostRow) -> None:
+    def add(self, vm: VmState, host: ProviderRow) -> None:
         """A claim of this batch landed: later claims of the batch see it. Call before
         the VM's row changes: ``hosts_after`` reads its state."""
         if vm.group_id is not None and vm.group_id in self.members:
@@ -108,7 +110,7 @@ class GroupRules:
             counts.update(hosts)
             self.members[vm.group_id][vm.id] = hosts
 
-    def hosts_after(self, vm: VmRow, host: HostRow) -> set[int]:
+    def hosts_after(self, vm: VmState, host: ProviderRow) -> set[int]:
         """Where ``vm`` counts once claimed on ``host``: a running VM migrates (source and
         destination); a pending VM re-placed, or one evacuated, leaves its old host; a new
         one is only there."""

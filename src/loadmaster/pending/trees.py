@@ -3,9 +3,9 @@ the ledger's other parts share."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -36,13 +36,50 @@ from loadmaster.store.schema import (
 )
 
 
+class Named(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRow:
+    """What a claim reads of a provider's row: a plain record, not an ORM entity (a claim
+    reads a few of them per VM, and an entity costs several times a row)."""
+
+    id: int
+    uuid: str
+    name: str
+    state: str
+    parent_id: int | None
+    root_id: int | None
+    generation: int
+
+
+PROVIDER_COLUMNS = (
+    HostRow.id,
+    HostRow.uuid,
+    HostRow.name,
+    HostRow.state,
+    HostRow.parent_id,
+    HostRow.root_id,
+    HostRow.generation,
+)
+
+
+def provider_rows(rows: Iterable[Any]) -> list[ProviderRow]:
+    """Rows selected with ``PROVIDER_COLUMNS``, as records."""
+    return [ProviderRow(*row) for row in rows]
+
+
 @dataclass
 class ProviderTree:
     """One root host and its child providers (root first), their inventories and what is
     used of them, active and pending."""
 
-    root: HostRow
-    providers: list[HostRow]
+    root: ProviderRow
+    providers: list[ProviderRow]
     inventories: dict[tuple[int, int], Inventory] = field(default_factory=dict)
     used: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)
     # Every trait of any provider of the tree: a flavor's traits hold for the host when a
@@ -51,7 +88,7 @@ class ProviderTree:
     # The ids of the classes the tree has inventory of, by name.
     class_ids: dict[str, int] = field(default_factory=dict)
 
-    def problem(self, provider: HostRow, name: str, class_id: int, amount: int) -> str:
+    def problem(self, provider: Named, name: str, class_id: int, amount: int) -> str:
         """Why ``provider`` cannot hold ``amount`` of the class now ("" when it can)."""
         inventory = self.inventories.get((provider.id, class_id))
         if inventory is None:
@@ -67,15 +104,15 @@ class ProviderTree:
 
 
 def load_trees(
-    session: Session, root_ids: set[int], providers: Sequence[HostRow] | None = None
+    session: Session, root_ids: set[int], providers: Sequence[ProviderRow] | None = None
 ) -> dict[int, ProviderTree]:
     """The trees of these roots, with their inventories, usage and traits. ``providers``:
     the trees' host rows, already read by the caller (every provider of each root, in id
     order); else they are read here."""
     if providers is None:
-        providers = list(
-            session.scalars(
-                select(HostRow).where(HostRow.root_id.in_(root_ids)).order_by(HostRow.id)
+        providers = provider_rows(
+            session.execute(
+                select(*PROVIDER_COLUMNS).where(HostRow.root_id.in_(root_ids)).order_by(HostRow.id)
             )
         )
     trees: dict[int, ProviderTree] = {}

@@ -8,9 +8,9 @@ host before it changes the state) are not mistaken for changes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import event, insert, inspect, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,11 +24,39 @@ _CHANGES = "loadmaster_vm_changes"
 _NAMES = "loadmaster_host_names"
 
 
+class _VmLike(Protocol):
+    id: int
+    state: str
+    host_id: int | None
+    target_host_id: int | None
+
+
 @dataclass
 class _Change:
-    row: VmRow
+    row: _VmLike  # its final values at commit
     before: tuple[Any, ...]
     fault: str | None = None
+
+
+def note_written(
+    session: Session,
+    vms: Iterable[tuple[_VmLike, tuple[Any, ...]]],
+    host_names: Mapping[int, str],
+) -> None:
+    """VMs changed by a Core statement, which the ORM does not see: ``(vm, before)`` with
+    ``before`` its (state, host_id, target_host_id) as the transaction found it, and the
+    names of the hosts the caller read (so that naming them at commit costs no query).
+    Counted as the ORM's changes are: one event per VM per transaction."""
+    changes: dict[int, _Change] = session.info.setdefault(_CHANGES, {})
+    for vm, before in vms:
+        change = changes.get(vm.id)
+        if change is None:
+            changes[vm.id] = _Change(vm, before)
+        else:
+            change.row = vm
+    names: dict[int, str] = session.info.setdefault(_NAMES, {})
+    for host_id, name in host_names.items():
+        names.setdefault(host_id, name)
 
 
 def record_vm_events(sessions: sessionmaker[Session]) -> None:
@@ -46,6 +74,8 @@ def _after_flush(session: Session, _context: Any) -> None:
         histories = [attrs[key].history for key in _WATCHED]
         fault = attrs["fault"].history.added
         change = changes.get(obj.id)
+        if change is not None:
+            change.row = obj  # the latest writer holds the values the VM commits with
         if change is None and any(h.added for h in histories):
             before = tuple(
                 h.deleted[0] if h.deleted else h.unchanged[0] if h.unchanged else None

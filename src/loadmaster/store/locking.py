@@ -162,12 +162,12 @@ def bump_generations(
             _lock_hosts(session, chunk)
         pairs = [(i, expected[i]) for i in chunk]
         if stamp:
-            stamped = _execute(session, _CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
+            stamped = execute_core(session, _CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
             _changed(session, chunk)
             guessed.update(stamped)
             landed = len(stamped)
         else:
-            result = _execute(session, _CAS, {"pairs": pairs})
+            result = execute_core(session, _CAS, {"pairs": pairs})
             landed = result.rowcount  # type: ignore[attr-defined]
         if landed != len(chunk):
             raise ConcurrentUpdate(
@@ -193,7 +193,7 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
     ids = sorted(set(host_ids))
     for chunk in in_chunks(ids):
         _lock_hosts(session, chunk)
-        _execute(session, _TOUCH, {"ids": chunk})
+        execute_core(session, _TOUCH, {"ids": chunk})
     return mark_changed(session, ids)
 
 
@@ -211,12 +211,12 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
 def _advance(session: Session, *, layout: bool) -> int:
     """The clock moved one on (and its layout too): the value it now holds. The row stays
     locked until commit; taken last of all, see the module's lock order."""
-    return int(_execute(session, _ADVANCE_LAYOUT if layout else _ADVANCE).scalar_one())
+    return int(execute_core(session, _ADVANCE_LAYOUT if layout else _ADVANCE).scalar_one())
 
 
 def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
     for chunk in in_chunks(host_ids):
-        _execute(session, _STAMP, {"ids": chunk, "seq": seq})
+        execute_core(session, _STAMP, {"ids": chunk, "seq": seq})
     _changed(session, host_ids)
 
 
@@ -228,7 +228,7 @@ def _changed(session: Session, host_ids: Iterable[int]) -> None:
     if changed is None:
         changed = session.info[CHANGED_HOSTS] = set()
         if session.get_bind().dialect.name == "postgresql":
-            session.execute(_NOTIFY)
+            execute_core(session, _NOTIFY)
     changed.update(host_ids)
 
 
@@ -249,7 +249,8 @@ def clock_and_changed(
     generation)``: one statement, so both are of one moment."""
     seen: tuple[int, int] | None = None
     changed = []
-    for kind, a, b, c in session.execute(_CLOCK_AND_CHANGED, {"since": since}):
+    rows: Iterable[Any] = execute_core(session, _CLOCK_AND_CHANGED, {"since": since})
+    for kind, a, b, c in rows:
         if kind == 0:
             seen = (int(a), int(b))
         else:
@@ -289,7 +290,7 @@ def _lock_hosts(session: Session, ids: list[int]) -> None:
         # No row locks (writers take turns): the SELECT would only read the rows again.
         session.flush()  # what it did besides, as every statement of an ORM session does
         return
-    session.execute(_LOCK_HOSTS, {"ids": ids})
+    execute_core(session, _LOCK_HOSTS, {"ids": ids})
 
 
 def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
@@ -297,17 +298,17 @@ def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
     generation moves, so a Placement client holding the old one is refused, never lets
     its write undo a change it has not seen."""
     for chunk in in_chunks(sorted(set(consumer_ids))):
-        _execute(session, _BUMP_CONSUMERS, {"ids": chunk})
+        execute_core(session, _BUMP_CONSUMERS, {"ids": chunk})
 
 
-def _execute(
-    session: Session, statement: Executable, params: Mapping[str, Any] | None = None
-) -> Result[Any]:
-    """A Core statement of the ones below, after the ORM's autoflush, as an ORM statement
-    would run: without going through the ORM's bulk-update machinery, which a statement
-    on the tables (not the mapped classes) skips."""
+def execute_core(session: Session, statement: Executable, params: Any = None) -> Result[Any]:
+    """A Core statement in the session's transaction, after the ORM's autoflush as an ORM
+    statement would have it, but on the session's connection: the session's own
+    ``execute`` costs several times the statement on SQLite (measured: 11,000 of them took
+    3.7 s of a 9.5 s profile of 1,000 placements). ``params``: a mapping, or a list of
+    them (executemany)."""
     session.flush()
-    return session.execute(statement, params)
+    return session.connection().execute(statement, params)
 
 
 # The hot statements, built once (SQLAlchemy then caches their compiled forms by key).
