@@ -8,18 +8,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord, group_record
+from loadmaster.cluster.vm_rows import FlavorRules, vms_with_flavors
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import InvalidTransition, LoadmasterError, NotFound, ValidationError
 from loadmaster.resources import aggregate_specs, one_numa_node
 from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.snapshot import Snapshot
 from loadmaster.store import Store
-from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 
 SCHEDULABLE_STATES = ("requested", "stopped", "running")
@@ -177,15 +177,9 @@ class _Resolver:
 
     def _vms(self, spec: RequestSpec, where: str, base: VmRequest) -> None:
         session, snap, groups = self.session, self.snap, self.out.groups
-        rows: dict[str, VmRow] = {}
         given = list(spec.vms)
         uuids = [lookup.canonical_uuid(u) for u in given]
-        flavors: dict[int, FlavorRow] = {}
-        for chunk in in_chunks(uuids):
-            for found, its_flavor in session.execute(_VMS_WITH_FLAVORS, {"uuids": chunk}):
-                rows[found.uuid] = found
-                if its_flavor is not None:
-                    flavors[its_flavor.id] = its_flavor
+        rows, flavors = vms_with_flavors(session, uuids, lock=False)
         # One VM per call is the common case: no query for groups none of them has.
         group_ids = {r.group_id for r in rows.values() if r.group_id}
         group_rows = (
@@ -253,14 +247,9 @@ class _Resolver:
             self.out.items.append(Item(position + j, request, error))
 
 
-_VMS_WITH_FLAVORS = (
-    select(VmRow, FlavorRow)
-    .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
-    .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
-)
-
-
-def with_flavor(base: VmRequest, flavor: FlavorRow, overrides: Mapping[str, int]) -> VmRequest:
+def with_flavor(
+    base: VmRequest, flavor: FlavorRow | FlavorRules, overrides: Mapping[str, int]
+) -> VmRequest:
     member_of, forbidden_aggregates = aggregate_specs(flavor.extra_specs)
     return replace(
         base,

@@ -40,6 +40,7 @@ from loadmaster.resources import Inventory
 from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     HostAgentRow,
     HostAggregateRow,
@@ -182,7 +183,7 @@ class SnapshotSource:
             hosts = sorted({int(snap.root_of[r]) for r in chunk_rows})
             snap.vm_count[hosts] = 0
             roots = [int(snap.provider_ids[snap.roots[h]]) for h in hosts]
-            found = session.execute(_PROVIDER_CONTENTS, {"ids": chunk, "roots": roots}).all()
+            found = execute_core(session, _PROVIDER_CONTENTS, {"ids": chunk, "roots": roots}).all()
             # A usage row names its class by id; the inventory rows say whose id it is.
             class_name = {r.class_id: r.name for r in found if r.kind == trees.INVENTORY}
             for kind, host_id, class_id, name, a, b, c, d, e, ratio in found:
@@ -221,9 +222,9 @@ class SnapshotSource:
     def _load_reports(self, session: Session) -> None:
         snap = self.snapshot
         if self._reports_seen is None:
-            reports = session.execute(_REPORTS)
+            reports = execute_core(session, _REPORTS)
         else:
-            reports = session.execute(_REPORTS_SINCE, {"since": self._reports_seen})
+            reports = execute_core(session, _REPORTS_SINCE, {"since": self._reports_seen})
         for host_id, reported_at, load in reports:
             row = snap.row_of.get(host_id)
             if row is None:
@@ -248,7 +249,7 @@ class SnapshotSource:
                 return
             query = query.where(HostAgentRow.last_seen_at > self._agents_seen - _STAMP_MARGIN)
         self._agents_read = time.monotonic()
-        for host_id, last_seen in session.execute(query):
+        for host_id, last_seen in execute_core(session, query):
             row = snap.row_of.get(host_id)
             if row is None:
                 continue
@@ -271,13 +272,14 @@ class SnapshotSource:
             snap.group_members = {g.name: np.zeros(snap.size, np.int64) for g in groups}
             if groups:
                 with self._store.read(session) as session:
-                    rows = session.execute(
+                    rows = execute_core(
+                        session,
                         select(ServerGroupRow.name, VmRow.host_id, VmRow.target_host_id)
                         .join(VmRow, VmRow.group_id == ServerGroupRow.id)
                         .where(
                             ServerGroupRow.name.in_({g.name for g in groups}),
                             VmRow.state.in_(PLACED_STATES),
-                        )
+                        ),
                     ).all()
                 for name, host_id, target_id in rows:
                     for provider in (host_id, target_id):

@@ -40,6 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.util.typing import TupleAny, Unpack
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
@@ -249,8 +250,7 @@ def clock_and_changed(
     generation)``: one statement, so both are of one moment."""
     seen: tuple[int, int] | None = None
     changed = []
-    rows: Iterable[Any] = execute_core(session, _CLOCK_AND_CHANGED, {"since": since})
-    for kind, a, b, c in rows:
+    for kind, a, b, c in execute_core(session, _CLOCK_AND_CHANGED, {"since": since}):
         if kind == 0:
             seen = (int(a), int(b))
         else:
@@ -301,7 +301,9 @@ def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
         execute_core(session, _BUMP_CONSUMERS, {"ids": chunk})
 
 
-def execute_core(session: Session, statement: Executable, params: Any = None) -> Result[Any]:
+def execute_core(
+    session: Session, statement: Executable, params: Any = None
+) -> Result[Unpack[TupleAny]]:
     """A Core statement in the session's transaction, after the ORM's autoflush as an ORM
     statement would have it, but on the session's connection: the session's own
     ``execute`` costs several times the statement on SQLite (measured: 11,000 of them took
