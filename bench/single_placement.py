@@ -9,7 +9,7 @@ MEMORY_MB 262,144 with 4,096 reserved, DISK_GB 2,000, and CUSTOM_GPU 4 on 10 % o
 hosts; ``--vms`` placements of {VCPU 4, MEMORY_MB 8,192, DISK_GB 40}, one VM per call.
 
 Two builds run side by side: this checkout (``current``) and ``--baseline-ref`` (default:
-the commit issue #11 starts from), checked out into a temporary git worktree and imported
+the commit issue #27 starts from), checked out into a temporary git worktree and imported
 through ``PYTHONPATH`` with the same virtual environment. Each build makes its own template
 database per host count (its schema may differ); every round starts from a copy of it.
 Rounds interleave the builds (baseline, current, baseline, ...), so the noise of this
@@ -67,8 +67,9 @@ from harness import (  # noqa: E402
     run_worker,
 )
 
-# The commit issue #11 ("Speed: one VM at a time ...") starts from.
-ISSUE_START = "18f1891"
+# The commit issue #27's redesign (the claim path without the ORM, ...) starts from;
+# issue #11's was 18f1891.
+ISSUE_START = "47dac6a"
 FLAVOR = {"VCPU": 4, "MEMORY_MB": 8192, "DISK_GB": 40}
 CREATE_CHUNK = 5000
 # Client processes are started this long before they all begin.

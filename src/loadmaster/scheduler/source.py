@@ -243,10 +243,10 @@ class SnapshotSource:
         snap = self.snapshot
         snap.taken_at = time.time()
         snap.agent_silent_after = self.agent_silent_after
+        if self._agents_seen is not None and time.monotonic() - self._agents_read < _AGENTS_EVERY_S:
+            return
         query = select(HostAgentRow.host_id, HostAgentRow.last_seen_at)
         if self._agents_seen is not None:
-            if time.monotonic() - self._agents_read < _AGENTS_EVERY_S:
-                return
             query = query.where(HostAgentRow.last_seen_at > self._agents_seen - _STAMP_MARGIN)
         self._agents_read = time.monotonic()
         for host_id, last_seen in execute_core(session, query):
