@@ -8,22 +8,22 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, Strict, with_config
 from sqlalchemy import String, cast, exists, insert, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from loadmaster import shapes
 from loadmaster.cluster import lookup
 from loadmaster.cluster.records import VmEvent, VmRecord
 from loadmaster.cluster.vm_rows import VmState
-from loadmaster.errors import Conflict, InvalidTransition, ValidationError
+from loadmaster.errors import Conflict, InvalidTransition, NotFound, ValidationError
 from loadmaster.resources import parse_amounts
 from loadmaster.shapes import Amount, Name
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.locking import now, touch_generations
+from loadmaster.store.locking import execute_core, now, touch_generations
 from loadmaster.store.schema import (
     ConsumerRow,
     FlavorRow,
@@ -226,8 +226,14 @@ class VmService:
             row.consumer_id = consumer_id
 
     def get(self, ident: str) -> VmRecord:
+        if not isinstance(ident, str) or not ident:
+            raise ValidationError("vm must be a VM uuid", field="vm")
         with self._store.read() as session:
-            return vm_records(session, [lookup.vm_row(session, ident)])[0]
+            query = _RECORDS.where(VmRow.uuid == lookup.canonical_uuid(ident))
+            row = execute_core(session, query).first()
+        if row is None:
+            raise NotFound(f"vm {ident!r}: no such VM", field="vm")
+        return _record(row)
 
     def list(
         self,
@@ -246,7 +252,7 @@ class VmService:
         """Oldest first. ``incoming`` also lists the VMs migrating to ``host``; ``limit``
         and ``offset`` page through the rest."""
         with self._store.read() as session:
-            query = select(VmRow).order_by(VmRow.id)
+            query = _RECORDS.order_by(VmRow.id)
             if state is not None:
                 if state not in VM_STATES:
                     raise ValidationError(
@@ -275,7 +281,7 @@ class VmService:
             if offset < 0 or (limit is not None and limit < 0):
                 raise ValidationError("limit and offset must be at least 0", field="limit")
             query = query.offset(offset).limit(limit)
-            return vm_records(session, list(session.scalars(query)))
+            return [_record(row) for row in execute_core(session, query)]
 
     def events(self, *, vm: str | None = None, after: int = 0) -> builtins.list[VmEvent]:
         """The changes of VMs' states, hosts and migration targets in the order they were
@@ -362,58 +368,70 @@ def _prefixes(count: int) -> list[str]:
 
 
 def vm_records(session: Session, rows: list[VmRow]) -> list[VmRecord]:
-    flavor_ids = {r.flavor_id for r in rows}
-    flavors = {
-        f.id: f for f in session.scalars(select(FlavorRow).where(FlavorRow.id.in_(flavor_ids)))
-    }
-    host_ids = {r.host_id for r in rows if r.host_id} | {
-        r.target_host_id for r in rows if r.target_host_id
-    }
-    hosts = (
-        dict(
-            session.execute(select(HostRow.id, HostRow.name).where(HostRow.id.in_(host_ids))).all()
-        )
-        if host_ids
-        else {}
+    """The records of these (loaded, perhaps just changed) VM rows, as committed now."""
+    ids = [r.id for r in rows]
+    found: dict[int, VmRecord] = {}
+    for chunk in in_chunks(ids):
+        for row in execute_core(session, _RECORDS.where(VmRow.id.in_(chunk))):
+            found[row.id] = _record(row)
+    return [found[i] for i in ids]
+
+
+def _record(row: Any) -> VmRecord:
+    """A row of ``_RECORDS``."""
+    resources = row.flavor_resources if row.flavor is not None else {}
+    return VmRecord(
+        uuid=row.uuid,
+        name=row.name,
+        project_id=row.project_id,
+        user_id=row.user_id,
+        flavor=row.flavor,
+        overrides=dict(row.overrides),
+        tags=tuple(row.tags),
+        state=row.state,
+        host=row.host,
+        target_host=row.target_host,
+        group=row.group,
+        resources=lookup.effective_resources(resources, row.overrides),
+        required_traits=tuple(row.required_traits or ()),
+        forbidden_traits=tuple(row.forbidden_traits or ()),
+        generation=row.generation,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        fault=row.fault,
+        host_seq=row.host_seq,
     )
-    group_ids = {r.group_id for r in rows if r.group_id}
-    groups = (
-        dict(
-            session.execute(
-                select(ServerGroupRow.id, ServerGroupRow.name).where(
-                    ServerGroupRow.id.in_(group_ids)
-                )
-            ).all()
-        )
-        if group_ids
-        else {}
+
+
+_HOST = aliased(HostRow)
+_TARGET = aliased(HostRow)
+# A VM's record in one statement: its flavor's, hosts' and group's names joined, rather
+# than a query for each (a VM's answer is on the operator's path: POST /vms/{uuid}/start).
+_RECORDS = (
+    select(
+        VmRow.id,
+        VmRow.uuid,
+        VmRow.name,
+        VmRow.project_id,
+        VmRow.user_id,
+        VmRow.overrides,
+        VmRow.tags,
+        VmRow.state,
+        VmRow.generation,
+        VmRow.created_at,
+        VmRow.updated_at,
+        VmRow.fault,
+        VmRow.host_seq,
+        FlavorRow.name.label("flavor"),
+        FlavorRow.resources.label("flavor_resources"),
+        FlavorRow.required_traits,
+        FlavorRow.forbidden_traits,
+        _HOST.name.label("host"),
+        _TARGET.name.label("target_host"),
+        ServerGroupRow.name.label("group"),
     )
-    records = []
-    for r in rows:
-        flavor = flavors.get(r.flavor_id) if r.flavor_id is not None else None
-        records.append(
-            VmRecord(
-                uuid=r.uuid,
-                name=r.name,
-                project_id=r.project_id,
-                user_id=r.user_id,
-                flavor=flavor.name if flavor is not None else None,
-                overrides=dict(r.overrides),
-                tags=tuple(r.tags),
-                state=r.state,
-                host=hosts.get(r.host_id) if r.host_id else None,
-                target_host=hosts.get(r.target_host_id) if r.target_host_id else None,
-                group=groups.get(r.group_id) if r.group_id else None,
-                resources=lookup.effective_resources(
-                    flavor.resources if flavor is not None else {}, r.overrides
-                ),
-                required_traits=tuple(flavor.required_traits) if flavor is not None else (),
-                forbidden_traits=tuple(flavor.forbidden_traits) if flavor is not None else (),
-                generation=r.generation,
-                created_at=r.created_at,
-                updated_at=r.updated_at,
-                fault=r.fault,
-                host_seq=r.host_seq,
-            )
-        )
-    return records
+    .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
+    .outerjoin(_HOST, _HOST.id == VmRow.host_id)
+    .outerjoin(_TARGET, _TARGET.id == VmRow.target_host_id)
+    .outerjoin(ServerGroupRow, ServerGroupRow.id == VmRow.group_id)
+)

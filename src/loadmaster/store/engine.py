@@ -2,8 +2,13 @@
 
 Write transactions on SQLite start with ``BEGIN IMMEDIATE`` so two writers never both
 read a snapshot and then race to upgrade it (that fails late, as SQLITE_BUSY, instead
-of waiting). PostgreSQL runs at READ COMMITTED; the host generation compare-and-swap
-in ``pending`` is what keeps concurrent claims honest there.
+of waiting). The writers of one process also take turns on a lock of their own before
+it: SQLite's busy handler sleeps a blocked writer in growing steps (1, 2, 5 ... 100 ms),
+so a write arriving while claims hold the database back to back waited up to 100 ms past
+their end (``POST /vms`` with four placing clients: p99 155-195 ms against 21 ms p50);
+on the lock it wakes as the last writer commits. PostgreSQL runs at READ COMMITTED; the
+host generation compare-and-swap in ``pending`` is what keeps concurrent claims honest
+there.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from loadmaster.store.schema import Base
 log = logging.getLogger("loadmaster.store")
 
 # PostgreSQL SQLSTATEs of a transaction that lost to another one and wrote nothing.
+_SQLITE_BUSY_S = 30
 _LOST_TO_ANOTHER = {"40P01": "deadlock", "40001": "serialization failure", "55P03": "lock timeout"}
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _SQLITE_BEGIN = "loadmaster_sqlite_begin"
@@ -45,7 +51,9 @@ ChangeListener = Callable[[frozenset[int]], None]
 
 
 def _sqlite_engine(url: str) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+    engine = create_engine(
+        url, connect_args={"timeout": _SQLITE_BUSY_S, "check_same_thread": False}
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -56,7 +64,7 @@ def _sqlite_engine(url: str) -> Engine:
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_S * 1000}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -134,6 +142,10 @@ class Store:
         record_vm_events(self._write_sessions)
         # An in-memory SQLite database lives in one connection; serialise its users.
         self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None
+        # SQLite writers of this process queue here (see the module's docstring). Reentrant:
+        # a write opened inside another (never done on purpose) meets SQLite's own lock,
+        # as before, instead of waiting for itself.
+        self._write_turn = threading.RLock() if self.is_sqlite else None
         self._listeners: list[ChangeListener] = []
 
     def listen(self, listener: ChangeListener) -> Callable[[], None]:
@@ -165,7 +177,12 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A transaction that commits on success and rolls back on any exception."""
-        with self._guard(), self._unavailable_as_503(), self._write_sessions.begin() as session:
+        with (
+            self._turn(),
+            self._guard(),
+            self._unavailable_as_503(),
+            self._write_sessions.begin() as session,
+        ):
             yield session
         changed = session.info.get(CHANGED_HOSTS)
         if changed:
@@ -188,6 +205,21 @@ class Store:
         with self._unavailable_as_503(), self.engine.connect() as connection:
             connection.execute(text(f"ANALYZE {names}"))
             connection.commit()
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """This process's turn to write (SQLite); as long a wait as SQLite's busy timeout."""
+        if self._write_turn is None:
+            yield
+            return
+        if not self._write_turn.acquire(timeout=_SQLITE_BUSY_S):
+            raise StoreUnavailable(
+                "the database stayed busy with other writes; nothing was written"
+            )
+        try:
+            yield
+        finally:
+            self._write_turn.release()
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
