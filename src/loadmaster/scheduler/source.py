@@ -61,7 +61,8 @@ class SnapshotSource:
         self.snapshot = Snapshot()
         self._reports_seen: datetime | None = None
         self._agents_seen: datetime | None = None
-        self._agents_read = 0.0  # time.monotonic() of the last read of the agents
+        # time.monotonic() of the last read of the agents; None: read them all next time
+        self._agents_read: float | None = None
         self.agent_silent_after = DEFAULT_SILENT_AFTER_S
         # The cluster clock (seq, layout_seq) the snapshot reflects; None: nothing loaded.
         self._clock: tuple[int, int] | None = None
@@ -162,6 +163,7 @@ class SnapshotSource:
         snap.agent_seen = np.full(len(roots), np.nan)
         self._reports_seen = None
         self._agents_seen = None
+        self._agents_read = None
         loaded = self._reload(session, list(snap.row_of))
         assert loaded, "a full load knows every class, trait and aggregate"
 
@@ -243,8 +245,8 @@ class SnapshotSource:
         snap = self.snapshot
         snap.taken_at = time.time()
         snap.agent_silent_after = self.agent_silent_after
-        if self._agents_seen is not None and time.monotonic() - self._agents_read < _AGENTS_EVERY_S:
-            return
+        if self._agents_read is not None and time.monotonic() - self._agents_read < _AGENTS_EVERY_S:
+            return  # a cloud without agents at all is not read again each call either
         query = select(HostAgentRow.host_id, HostAgentRow.last_seen_at)
         if self._agents_seen is not None:
             query = query.where(HostAgentRow.last_seen_at > self._agents_seen - _STAMP_MARGIN)
