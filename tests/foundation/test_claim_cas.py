@@ -5,12 +5,14 @@ swap and the stamp one statement, and reads the host with its tree in one)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+import loadmaster
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.pending import Ledger
 from loadmaster.pending import claims as claims_module
@@ -113,3 +115,24 @@ def test_hosts_carry_the_clock_value_taken_when_another_writer_moved_it_meanwhil
         "n": seq,
         **{r.host: seq for r in outcome.allocations},
     }
+
+
+def test_the_compare_and_swap_of_several_hosts_searches_their_ids(tmp_path: Path) -> None:
+    """SQLite scans the whole hosts table for a row-value IN of two or more pairs (12 ms a
+    batch at 100,000 hosts); the swap names the ids too, so it searches the key."""
+    lm = loadmaster.open(f"sqlite:///{tmp_path / 'plan.db'}")
+    try:
+        params = {"pairs": [(1, 0), (2, 0), (3, 0)], "ids": [1, 2, 3]}
+        with lm.store.read() as session:
+            connection = session.connection()
+            compiled = locking._CAS_AND_STAMP.compile(dialect=connection.dialect)
+            expanded = compiled.construct_expanded_state(params)
+            values = [expanded.parameters[name] for name in expanded.positiontup or ()]
+            plan = connection.exec_driver_sql(
+                f"EXPLAIN QUERY PLAN {expanded.statement}", tuple(values)
+            ).all()
+        details = [row[-1] for row in plan]
+        assert not any(d.startswith("SCAN hosts") for d in details), details
+        assert any("hosts USING INTEGER PRIMARY KEY" in d for d in details), details
+    finally:
+        lm.close()

@@ -163,12 +163,16 @@ def bump_generations(
             _lock_hosts(session, chunk)
         pairs = [(i, expected[i]) for i in chunk]
         if stamp:
-            stamped = execute_core(session, _CAS_AND_STAMP, {"pairs": pairs}).scalars().all()
+            stamped = (
+                execute_core(session, _CAS_AND_STAMP, {"pairs": pairs, "ids": chunk})
+                .scalars()
+                .all()
+            )
             _changed(session, chunk)
             guessed.update(stamped)
             landed = len(stamped)
         else:
-            result = execute_core(session, _CAS, {"pairs": pairs})
+            result = execute_core(session, _CAS, {"pairs": pairs, "ids": chunk})
             landed = result.rowcount  # type: ignore[attr-defined]
         if landed != len(chunk):
             raise ConcurrentUpdate(
@@ -327,6 +331,10 @@ _LOCK_HOSTS = (
 )
 _CAS = (
     update(_HOSTS)
+    # The ids alone as well: SQLite searches the primary key for a row-value IN of one
+    # pair but scans the whole table for two or more (12 ms a claim at 100,000 hosts, the
+    # cost of every coalesced batch over HTTP); with ``id IN`` it searches again.
+    .where(_HOSTS.c.id.in_(_IDS))
     .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
     .values(generation=_HOSTS.c.generation + 1)
 )
