@@ -15,7 +15,7 @@ from sqlalchemy import Text, bindparam, cast, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.locking import execute_core
+from loadmaster.store.locking import execute_core, execute_many
 from loadmaster.store.schema import FlavorRow, VmRow
 
 
@@ -87,8 +87,7 @@ def write_vms(session: Session, vms: Iterable[VmState]) -> None:
         }
         for vm in vms
     ]
-    if rows:
-        execute_core(session, _WRITE, rows)
+    execute_many(session, _WRITE, rows)
 
 
 def _flavor(flavor_id: int, row: Any) -> FlavorRules:

@@ -46,6 +46,7 @@ from loadmaster.store.locking import (
     bump_consumers,
     bump_generations,
     execute_core,
+    execute_many,
     now,
 )
 from loadmaster.store.schema import AllocationRow, HostRow, VmRow
@@ -223,7 +224,7 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             field="host",
         )
     if new_rows:
-        execute_core(session, _INSERT_RECORDS, new_rows)
+        execute_many(session, _INSERT_RECORDS, new_rows)
     _write_back(session, [vms[o.vm] for o in outcomes if o.ok], providers)
     # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
     # compare-and-swap: nothing was added there), locked in one id order with the others.

@@ -19,7 +19,8 @@ queue up instead of deadlocking (SQLite serialises writers anyway):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import functools
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,7 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 from sqlalchemy.util.typing import TupleAny, Unpack
 
@@ -315,6 +317,45 @@ def execute_core(
     them (executemany)."""
     session.flush()
     return session.connection().execute(statement, params)
+
+
+def execute_many(
+    session: Session, statement: Executable, rows: Sequence[Mapping[str, Any]]
+) -> None:
+    """An INSERT or UPDATE of many rows (each with the same keys, naming every parameter
+    of the statement) handed straight to the driver's ``executemany``: compiled once per
+    dialect, each value converted by its type's own bind processor, without SQLAlchemy's
+    per-row parameter machinery (12 % of a mass start of 10,000 VMs, whose claims write
+    30,000 records and 10,000 VM rows)."""
+    if not rows:
+        return
+    session.flush()
+    connection = session.connection()
+    sql, order, processors = _driver_form(statement, tuple(rows[0]), connection.dialect)
+    convert = [(name, processors.get(name)) for name in order]
+    params: list[Any] = [
+        tuple(row[name] if p is None else p(row[name]) for name, p in convert) for row in rows
+    ]
+    if not connection.dialect.positional:
+        params = [dict(zip(order, values, strict=True)) for values in params]
+    connection.exec_driver_sql(sql, params)
+
+
+@functools.lru_cache(maxsize=64)
+def _driver_form(
+    statement: Executable, keys: tuple[str, ...], dialect: Dialect
+) -> tuple[str, list[str], dict[str, Callable[[Any], Any]]]:
+    compiled = statement.compile(dialect=dialect, column_keys=list(keys))  # type: ignore[attr-defined]
+    order = list(compiled.positiontup) if compiled.positional else list(compiled.binds)
+    missing = set(order) - set(keys)
+    if missing:
+        raise ValueError(f"execute_many: no value for {sorted(missing)}")
+    processors = {}
+    for name in order:
+        processor = compiled.binds[name].type.bind_processor(dialect)
+        if processor is not None:
+            processors[name] = processor
+    return compiled.string, order, processors
 
 
 # The hot statements, built once (SQLAlchemy then caches their compiled forms by key).
