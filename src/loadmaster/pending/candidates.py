@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 from loadmaster.cluster import lookup
 from loadmaster.resources import Inventory, class_order
 from loadmaster.resources.selectors import MemberOf, Required
+from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     AllocationRow,
     HostAggregateRow,
@@ -405,10 +406,11 @@ class _Search:
 
 
 def _load(session: Session) -> list[Provider]:
-    rows = session.execute(
+    rows = execute_core(
+        session,
         select(
             HostRow.id, HostRow.uuid, HostRow.root_id, HostRow.parent_id, HostRow.state
-        ).order_by(HostRow.id)
+        ).order_by(HostRow.id),
     ).all()
     uuid_of = {r.id: r.uuid for r in rows}
     providers = {
@@ -422,23 +424,25 @@ def _load(session: Session) -> list[Provider]:
         for r in rows
     }
     names = lookup.class_names(session)
-    for inv in session.execute(select(*lookup.INVENTORY_COLUMNS)):
+    for inv in execute_core(session, select(*lookup.INVENTORY_COLUMNS)):
         providers[inv.host_id].inventories[names[inv.resource_class_id]] = lookup.inventory_of(inv)
-    for host_id, class_id, total in session.execute(
+    for host_id, class_id, total in execute_core(
+        session,
         select(
             AllocationRow.host_id, AllocationRow.resource_class_id, func.sum(AllocationRow.amount)
-        ).group_by(AllocationRow.host_id, AllocationRow.resource_class_id)
+        ).group_by(AllocationRow.host_id, AllocationRow.resource_class_id),
     ):
         # Pending and active alike: a claim on its way is as used as a running VM.
         providers[host_id].used[names[class_id]] = int(total)
-    for host_id, trait in session.execute(
+    for host_id, trait in execute_core(
+        session,
         select(HostTraitRow.host_id, TraitRow.name).join(
             TraitRow, TraitRow.id == HostTraitRow.trait_id
-        )
+        ),
     ):
         providers[host_id].traits.add(trait)
-    for host_id, aggregate in session.execute(
-        select(HostAggregateRow.host_id, HostAggregateRow.aggregate)
+    for host_id, aggregate in execute_core(
+        session, select(HostAggregateRow.host_id, HostAggregateRow.aggregate)
     ):
         providers[host_id].aggregates.add(aggregate.lower())
     return list(providers.values())
