@@ -82,15 +82,20 @@ def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = Fals
     """With ``lock`` the row stays locked until the transaction ends (PostgreSQL; SQLite
     writers are serialised anyway): whoever changes a VM's state or records holds it, so
     no writer acts on a state another has just changed."""
-    if not isinstance(ident, str) or not ident:
-        raise ValidationError(f"{field} must be a VM uuid", field=field)
-    query = select(VmRow).where(VmRow.uuid == canonical_uuid(ident))
+    query = select(VmRow).where(VmRow.uuid == vm_uuid(ident, field))
     row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
         raise NotFound(f"{field} {ident!r}: no such VM", field=field)
     if lock:
         share_groups(session, [row])
     return row
+
+
+def vm_uuid(ident: object, field: str = "vm") -> str:
+    """A VM's uuid as stored, from what a caller gave; not a string, or empty: refused."""
+    if not isinstance(ident, str) or not ident:
+        raise ValidationError(f"{field} must be a VM uuid", field=field)
+    return canonical_uuid(ident)
 
 
 def flavor_row(

@@ -31,7 +31,7 @@ class FlavorRules:
 
 @dataclass(slots=True)
 class VmState:
-    """A VM's row as a claim reads it and changes it; ``written`` back by one statement."""
+    """A VM's row as a claim reads it and changes it; ``write_vms`` writes it back."""
 
     id: int
     uuid: str
@@ -50,10 +50,6 @@ class VmState:
 
     def __post_init__(self) -> None:
         self.before = (self.state, self.host_id, self.target_host_id)
-
-    @property
-    def changed(self) -> bool:
-        return (self.state, self.host_id, self.target_host_id) != self.before
 
 
 def vms_with_flavors(

@@ -226,10 +226,9 @@ class VmService:
             row.consumer_id = consumer_id
 
     def get(self, ident: str) -> VmRecord:
-        if not isinstance(ident, str) or not ident:
-            raise ValidationError("vm must be a VM uuid", field="vm")
+        uuid = lookup.vm_uuid(ident)
         with self._store.read() as session:
-            query = _RECORDS.where(VmRow.uuid == lookup.canonical_uuid(ident))
+            query = _RECORDS.where(VmRow.uuid == uuid)
             row = execute_core(session, query).first()
         if row is None:
             raise NotFound(f"vm {ident!r}: no such VM", field="vm")

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.resources import Inventory
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     AllocationRow,
     HostRow,
@@ -111,8 +112,9 @@ def load_trees(
     order); else they are read here."""
     if providers is None:
         providers = provider_rows(
-            session.execute(
-                select(*PROVIDER_COLUMNS).where(HostRow.root_id.in_(root_ids)).order_by(HostRow.id)
+            execute_core(
+                session,
+                select(*PROVIDER_COLUMNS).where(HostRow.root_id.in_(root_ids)).order_by(HostRow.id),
             )
         )
     trees: dict[int, ProviderTree] = {}
@@ -125,8 +127,8 @@ def load_trees(
     for chunk in in_chunks(list(root_of)):
         # Inventories (with their class names), usage summed from the records, and traits:
         # one statement, told apart by ``kind``.
-        for kind, host_id, class_id, name, a, b, c, d, e, ratio in session.execute(
-            _TREE_CONTENTS, {"ids": chunk}
+        for kind, host_id, class_id, name, a, b, c, d, e, ratio in execute_core(
+            session, _TREE_CONTENTS, {"ids": chunk}
         ):
             tree = trees[root_of[host_id]]
             if kind == INVENTORY:

@@ -35,8 +35,9 @@ from loadmaster.store.schema import Base
 
 log = logging.getLogger("loadmaster.store")
 
-# PostgreSQL SQLSTATEs of a transaction that lost to another one and wrote nothing.
+# How long a SQLite writer waits for its turn, on the process's lock or in SQLite.
 _SQLITE_BUSY_S = 30
+# PostgreSQL SQLSTATEs of a transaction that lost to another one and wrote nothing.
 _LOST_TO_ANOTHER = {"40P01": "deadlock", "40001": "serialization failure", "55P03": "lock timeout"}
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _SQLITE_BEGIN = "loadmaster_sqlite_begin"
