@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from loadmaster.api.supervisor import SCHEDULING_PROCESS_NAME
 from loadmaster.microversions import CLIENT_HEADERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,21 +193,35 @@ class ServedApi:
         )
 
     def worker_pids(self) -> list[int]:
-        """uvicorn's worker processes (children of the supervisor, not its helpers); with
-        one worker, uvicorn serves from its own process."""
+        """uvicorn's worker processes (children of the supervisor, not its helpers nor
+        the scheduling process); with one worker, uvicorn serves from its own process."""
         if self.workers == 1:
             return [self.process.pid]
-        pids = []
+        return sorted(
+            pid
+            for pid, comm, cmdline in self._children()
+            if b"resource_tracker" not in cmdline and comm != SCHEDULING_PROCESS_NAME
+        )
+
+    def scheduling_pid(self) -> int | None:
+        """The scheduling process the workers hand placements to (several workers only)."""
+        found = [pid for pid, comm, _ in self._children() if comm == SCHEDULING_PROCESS_NAME]
+        return found[0] if found else None
+
+    def _children(self) -> list[tuple[int, str, bytes]]:
+        """The supervisor's live children: pid, name, command line."""
+        alive = []
         for pid in _children(self.process.pid):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
                 status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except (OSError, IndexError):
                 continue
-            # A killed worker stays a zombie until the supervisor reaps it.
-            if b"resource_tracker" not in cmdline and status != "Z":
-                pids.append(pid)
-        return sorted(pids)
+            # A killed process stays a zombie until the supervisor reaps it.
+            if status != "Z":
+                alive.append((pid, comm, cmdline))
+        return alive
 
     def wait_ready(self, workers: int, timeout: float = 60.0) -> None:
         """Until ``workers`` workers run and one of them answers a database read."""

@@ -18,6 +18,12 @@ class LoadmasterError(Exception):
         self.detail = detail
         self.field = field
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its attributes, not by calling the class with ``args`` as pickle
+        # does for exceptions: subclasses take other arguments (the scheduling process
+        # sends its errors to the API workers, remote.py).
+        return (_rebuilt, (type(self), self.args), self.__dict__)
+
     def to_dict(self) -> dict[str, object]:
         body: dict[str, object] = {"code": self.code, "title": self.title, "detail": self.detail}
         if self.field is not None:
@@ -132,6 +138,13 @@ class StoreUnavailable(LoadmasterError):
     title = "Store unavailable"
 
 
+class SchedulerUnavailable(LoadmasterError):
+    """The scheduling process ended during the call (``scheduler/remote.py``)."""
+
+    code = "loadmaster.scheduler_unavailable"
+    title = "Scheduler unavailable"
+
+
 class Busy(LoadmasterError):
     """The server sheds this request to keep the others answered (a fleet of agents
     reading their work lists at once); nothing was done. Try again after
@@ -152,3 +165,9 @@ class PluginFailed(LoadmasterError):
 
     code = "loadmaster.plugin_failed"
     title = "Scheduler plugin failed"
+
+
+def _rebuilt(kind: type[LoadmasterError], args: tuple[object, ...]) -> LoadmasterError:
+    error = kind.__new__(kind)
+    error.args = args
+    return error

@@ -46,11 +46,7 @@ class Loadmaster:
             store, randomize_candidates=settings.randomize_allocation_candidates
         )
         self.groups = GroupService(store)
-        self.scheduler = Scheduler(
-            store,
-            default_policy=settings.scheduler_policy,
-            policies=load_policy_file(settings.policies_file) if settings.policies_file else None,
-        )
+        self.scheduler = scheduler_for(store, settings)
         self.host_agents = HostControl(
             store,
             self.hosts,
@@ -79,6 +75,16 @@ class Loadmaster:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def scheduler_for(store: Store, settings: Settings) -> Scheduler:
+    """The scheduler ``settings`` describe: its default policy, the operator's policies."""
+    return Scheduler(
+        store,
+        default_policy=settings.scheduler_policy,
+        policies=load_policy_file(settings.policies_file) if settings.policies_file else None,
+        agent_silent_after=settings.agent_silent_after,
+    )
 
 
 def open_loadmaster(

@@ -74,6 +74,12 @@ OPTIONS = {
         "refuse",
         "flavor extra specs loadmaster does not know: refuse the flavor, or warn and ignore them",
     ),
+    "scheduling_dir": Option(
+        None,
+        "set by serve --workers N for its workers: the private directory of the one "
+        "scheduling process they hand placements to (docs/architecture.md); unset, each "
+        "process decides its own",
+    ),
     "randomize_allocation_candidates": Option(
         False,
         "GET /allocation_candidates shuffles its answer (Placement's option of that name), so "

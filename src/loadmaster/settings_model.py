@@ -39,3 +39,4 @@ class Settings(BaseSettings):
     policies_file: Path | None = _field("policies_file")
     unknown_specs: Literal["refuse", "warn"] = _field("unknown_specs")
     randomize_allocation_candidates: bool = _field("randomize_allocation_candidates")
+    scheduling_dir: Path | None = _field("scheduling_dir")

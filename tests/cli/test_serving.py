@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -100,7 +101,9 @@ def test_slow_starting_workers_are_waited_for_not_killed(pg_url: str, tmp_path: 
 @pytest.mark.postgres
 def test_workers_die_with_their_supervisor_even_by_sigkill(pg_url: str, tmp_path: Path) -> None:
     with ServedApi(pg_url, 2, tmp_path / "serve.log") as api:
-        workers = api.worker_pids()
+        _until(lambda: api.scheduling_pid() is not None, 30, "no scheduling process")
+        # The scheduling process the workers hand placements to dies with them.
+        workers = [*api.worker_pids(), api.scheduling_pid()]
         try:
             os.kill(api.process.pid, signal.SIGKILL)
             api.process.wait(timeout=30)
@@ -140,11 +143,21 @@ def test_sighup_reloads_the_token_and_policy_files_and_keeps_serving(
             listed = httpx.get(f"{api.url}/policies", headers=headers).json()["policies"]
             return {p["name"] for p in listed}
 
+        def scheduled_with(policy: str, token: str) -> int:
+            headers = {**CLIENT_HEADERS, "Authorization": f"Bearer {token}"}
+            body = {"requests": [{"vms": [str(uuid.uuid4())]}], "policy": policy}
+            # 400: a policy the scheduler does not know; 404: it knows it, not the VM.
+            return httpx.post(f"{api.url}/schedule", headers=headers, json=body).status_code
+
         assert answer("second-admin") == 401
         assert "first" in policy_names("first-admin")
+        assert scheduled_with("second", "first-admin") == 400
         tokens.write_text('[tokens]\n"second-admin" = "admin"\n')
         policies.write_text(POLICY.format(name="second"))
+        # Placements are decided where the new policy must be known: with several
+        # workers, in the scheduling process, which reloads as the workers do.
         os.kill(api.process.pid, signal.SIGHUP)
+        _until(lambda: scheduled_with("second", "second-admin") == 404, 60, "policy not reloaded")
 
         def reloaded(what: str) -> set[str]:
             return {

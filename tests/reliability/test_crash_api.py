@@ -1,10 +1,13 @@
-"""kill -9 an API worker in the middle of batch claims: every VM is fully claimed or not at
-all, usage is the sum of the records, and the service carries on.
+"""kill -9 an API worker, or the scheduling process, in the middle of batch claims: every
+VM is fully claimed or not at all, usage is the sum of the records, and the service
+carries on.
 
 ``loadmaster serve --workers 2`` runs on PostgreSQL; client threads send ``POST /schedule``
-batches of 10 VMs (half of them gangs). A killer SIGKILLs a worker at random moments, so
-some batches die inside their transaction. After every kill the database is audited;
-uvicorn's supervisor starts a replacement worker, and in the end every VM is placed.
+batches of 4 VMs (half of them gangs). A killer SIGKILLs a worker (its clients' requests
+are cut off) or the scheduling process the workers hand their placements to (batches die
+inside its transaction; the workers decide themselves until its replacement serves) at
+random moments. After every kill the database is audited; the supervisor starts a
+replacement, and in the end every VM is placed.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import httpx
 import pytest
@@ -48,7 +54,7 @@ class Client(threading.Thread):
     def __init__(self, api: ServedApi, mine: list[str], seed: int) -> None:
         super().__init__(daemon=True)
         self.api, self.mine, self.rng = api, set(mine), random.Random(seed)
-        self.broken = 0  # requests whose worker died under them
+        self.broken = 0  # requests whose worker, or scheduling process, died under them
         self.error: BaseException | None = None
         self.claiming = threading.Event()  # set once its first batch is on its way
 
@@ -72,6 +78,12 @@ class Client(threading.Thread):
                 body = {"requests": [{"vms": batch}], "gang": self.rng.random() < 0.5}
                 self.claiming.set()
                 answer = http.post("/schedule", json=body)
+                if answer.status_code == 503:
+                    # The scheduling process died holding the call: nothing is decided
+                    # twice; the VMs' states say what it claimed before.
+                    assert answer.json()["code"] == "loadmaster.scheduler_unavailable"
+                    self.broken += 1
+                    continue
                 assert answer.status_code == 200, answer.text
             except httpx.TransportError:
                 # The worker died with the request; its transaction died with it.
@@ -81,11 +93,18 @@ class Client(threading.Thread):
         raise AssertionError(f"the client did not place its VMs within {PLACE_WITHIN_S} s")
 
 
+def _serving(log: Path) -> int:
+    """How many scheduling processes have said they serve."""
+    return log.read_text(errors="replace").count("scheduling process serving on")
+
+
 @pytest.mark.postgres
-def test_kill_nine_api_worker_mid_batch_claim(pg_url: str) -> None:
+@pytest.mark.parametrize("target", ["worker", "scheduling process"])
+def test_kill_nine_mid_batch_claim(pg_url: str, target: str, tmp_path: Path) -> None:
     uuids = _setup(pg_url)
     rng = random.Random(11)
-    with ServedApi(pg_url, workers=2) as api:
+    log = tmp_path / "serve.log"
+    with ServedApi(pg_url, workers=2, log_path=log) as api:
         clients = [Client(api, uuids[i::CLIENTS], seed=i) for i in range(CLIENTS)]
         for client in clients:
             client.start()
@@ -95,24 +114,28 @@ def test_kill_nine_api_worker_mid_batch_claim(pg_url: str) -> None:
             assert client.claiming.wait(timeout=60)
         killed: list[int] = []
         for _ in range(8):
+            if target == "scheduling process":
+                # Killed while it serves, not while it starts (the workers decide then).
+                _wait_for(lambda: _serving(log) > len(killed))
             time.sleep(rng.uniform(0.3, 0.9))
             if not any(c.is_alive() for c in clients):
                 break
-            victim = rng.choice(api.worker_pids())
+            victim = rng.choice(api.worker_pids()) if target == "worker" else api.scheduling_pid()
+            assert victim is not None
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
             # Audited while the survivors keep claiming: a dead transaction left nothing.
             with loadmaster.open(pg_url, migrate=False) as lm:
                 assert audit(lm.store) == [], f"after kill {len(killed)}"
-            api.wait_ready(2)  # uvicorn's supervisor replaced the dead worker
-            assert victim not in api.worker_pids()
+            api.wait_ready(2)  # the supervisor replaced the dead worker
+            _wait_for(partial(_replaced, api, victim))
         for client in clients:
             client.join(timeout=PLACE_WITHIN_S + 30)
             assert client.error is None, repr(client.error)
         broken = sum(c.broken for c in clients)
         assert api.process.poll() is None, "the supervisor itself must survive"
 
-    print(f"{len(killed)} workers killed, {broken} requests cut off mid-flight")
+    print(f"{len(killed)} of {target} killed, {broken} requests cut off mid-flight")
     assert len(killed) >= 6, "the clients finished before the kills; the test proved nothing"
     assert broken >= 2, f"only {broken} requests were cut off mid-flight"
     with loadmaster.open(pg_url, migrate=False) as lm:
@@ -122,3 +145,14 @@ def test_kill_nine_api_worker_mid_batch_claim(pg_url: str) -> None:
         records = lm.allocations.allocations()
         assert sum(u["VCPU"].pending for u in usage.values()) == 2 * VMS
         assert sum(r.amount for r in records if r.resource_class == "VCPU") == 2 * VMS
+
+
+def _replaced(api: ServedApi, victim: int) -> bool:
+    return victim not in [*api.worker_pids(), api.scheduling_pid()]
+
+
+def _wait_for(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + PLACE_WITHIN_S
+    while not check():
+        assert time.monotonic() < deadline, "the supervisor did not replace what was killed"
+        time.sleep(0.1)

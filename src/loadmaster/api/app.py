@@ -37,6 +37,7 @@ from loadmaster.api.routes import (
 )
 from loadmaster.hostcontrol import HostWatch
 from loadmaster.hostcontrol.evacuation import AutoEvacuation
+from loadmaster.scheduler.remote import SchedulingClient
 from loadmaster.service import Loadmaster, open_loadmaster
 from loadmaster.settings import default, load_settings
 from loadmaster.settings_model import Settings
@@ -178,6 +179,8 @@ def app_from_env() -> FastAPI:
     app = create_app(settings.db, auth, max_body_size=settings.max_body, settings=settings)
     app.state.lm.host_agents.silent_after = timedelta(seconds=settings.agent_silent_after)
     scheduler = app.state.lm.scheduler
+    if settings.scheduling_dir is not None:
+        scheduler.hand_claims_to(SchedulingClient(settings.scheduling_dir))
     app.state.reload = lambda: (
         reload_tokens(app.state.tokens, settings),
         reload_policies(scheduler, settings),

@@ -46,6 +46,7 @@ from loadmaster.errors import (
     NotFound,
     NoValidHost,
     PluginFailed,
+    SchedulerUnavailable,
     StoreUnavailable,
     UnknownProviderInBody,
     ValidationError,
@@ -151,6 +152,7 @@ STATUS_OF: tuple[tuple[type[LoadmasterError], int], ...] = (
     (InternalError, 500),
     (PluginFailed, 500),
     (StoreUnavailable, 503),
+    (SchedulerUnavailable, 503),
     (Busy, 503),
     (NotFound, 404),
     (Conflict, 409),
@@ -203,7 +205,7 @@ RETRY_AFTER_S = "2"
 def error_response(
     error: LoadmasterError, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    if isinstance(error, StoreUnavailable):
+    if isinstance(error, StoreUnavailable | SchedulerUnavailable):
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
     elif isinstance(error, Busy):
         headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}

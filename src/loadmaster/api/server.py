@@ -4,13 +4,17 @@ the OS hands out, so nothing collides with another server on the machine."""
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -76,8 +80,17 @@ def run_server(config: uvicorn.Config) -> None:
     (``api.supervisor``)."""
     if config.workers > 1:
         from loadmaster.api.supervisor import Supervisor
+        from loadmaster.scheduler.remote import prepare
+        from loadmaster.settings import env_name
 
-        Supervisor(config, sockets=[config.bind_socket()]).run()
+        scheduling = Path(tempfile.mkdtemp(prefix="loadmaster-scheduling-"))
+        try:
+            prepare(scheduling)
+            # Read by the workers' settings (they are spawned after this).
+            os.environ[env_name("scheduling_dir")] = str(scheduling)
+            Supervisor(config, [config.bind_socket()], scheduling).run()
+        finally:
+            shutil.rmtree(scheduling, ignore_errors=True)
         return
     # Until the app's lifespan takes SIGHUP as a reload (api.reload), one must not end it.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

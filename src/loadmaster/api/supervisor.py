@@ -16,6 +16,10 @@ and replaced, every 5 s, with nothing logged. Here:
 - ``SIGHUP`` is passed on to each serving worker, which reloads its tokens in place
   (``api.reload``); uvicorn replaced every worker instead, ending agents' long-polls,
   and gave up when a replacement took more than 5 s to start.
+
+It also runs the one scheduling process the workers hand their placements to
+(``api.scheduling_process``): started before them, replaced when it ends (the workers
+decide themselves meanwhile), ended after them, so that their last calls are answered.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import multiprocessing
 import os
 import pickle
 import signal
 import sys
 import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
 from socket import socket
 
 from uvicorn.config import STARTUP_FAILURE, Config
@@ -41,6 +48,9 @@ HEALTHCHECK_S = 30
 # How often a worker still starting is mentioned in the log.
 START_NOTE_EVERY_S = 10.0
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+# The scheduling process's name in ps, top and /proc/PID/comm (at most 15 bytes).
+SCHEDULING_PROCESS_NAME = "lm-scheduling"
 
 
 def die_with(parent: int) -> None:
@@ -53,6 +63,12 @@ def die_with(parent: int) -> None:
             raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
     if os.getppid() != parent:
         os._exit(1)
+
+
+def name_process(name: str) -> None:
+    """What ps and top show for this process (Linux); the workers keep Python's."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 class Worker(Process):
@@ -108,17 +124,54 @@ class Supervisor(Multiprocess):
     # Every process this supervisor starts is a Worker (its own ``_start_worker``).
     processes: list[Worker]  # type: ignore[assignment]
 
+    def __init__(self, config: Config, sockets: list[socket], scheduling: Path) -> None:
+        super().__init__(config, sockets)
+        self.scheduling_dir = scheduling
+        self.scheduling: BaseProcess | None = None
+
+    def _start_scheduling(self) -> None:
+        from loadmaster.api import scheduling_process
+
+        process = multiprocessing.get_context("spawn").Process(
+            target=scheduling_process.run,
+            args=(str(self.scheduling_dir), os.getpid()),
+            name="loadmaster-scheduling",
+        )
+        process.start()
+        log.info("scheduling process [%d] started", process.pid)
+        self.scheduling = process
+
+    def _keep_scheduling_alive(self) -> None:
+        if self.scheduling is None or self.scheduling.is_alive():
+            return
+        log.error(
+            "scheduling process [%d] ended (exit code %s); workers decide themselves until "
+            "its replacement serves",
+            self.scheduling.pid,
+            self.scheduling.exitcode,
+        )
+        self._start_scheduling()
+
+    def join_all(self) -> None:
+        super().join_all()
+        # Only now: a worker finishing its last requests may still be waiting on it.
+        if self.scheduling is not None:
+            self.scheduling.terminate()
+            self.scheduling.join()
+
     def _start_worker(self) -> Worker:
         worker = Worker(self.config, self.sockets)
         worker.start()
         return worker
 
     def init_processes(self) -> None:
+        self._start_scheduling()
         self.processes = [self._start_worker() for _ in range(self.processes_num)]
 
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set():
             return
+        self._keep_scheduling_alive()
         for idx, worker in enumerate(self.processes):
             if worker.process.is_alive():
                 if not worker.serving:
@@ -160,7 +213,10 @@ class Supervisor(Multiprocess):
             log.info("all %d workers serving", len(self.processes))
 
     def handle_hup(self) -> None:
-        log.info("SIGHUP: each worker reloads its tokens")
+        log.info("SIGHUP: each worker reloads its tokens, the scheduling process its policies")
+        if self.scheduling is not None and self.scheduling.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.scheduling.pid, signal.SIGHUP)
         for worker in self.processes:
             if worker.serving:
                 self._reload(worker)

@@ -39,6 +39,7 @@ from loadmaster.scheduler.coalesce import Ticket, Waiting, merge
 from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
 from loadmaster.scheduler.plugins import LoadedFilter, load_filters, load_weighers
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
+from loadmaster.scheduler.remote import NotReached, SchedulingClient
 from loadmaster.scheduler.reports import record_report
 from loadmaster.scheduler.request import MAX_VMS_PER_CALL, RequestSpec
 from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve
@@ -120,6 +121,7 @@ class Scheduler:
         self._lock = threading.RLock()
         # Calls waiting for the lock; whichever holds it decides them together (coalesce.py).
         self._waiting = Waiting()
+        self._delegate: SchedulingClient | None = None
 
     @property
     def agent_silent_after(self) -> float:
@@ -164,6 +166,18 @@ class Scheduler:
             raise ValidationError(
                 f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}", field="seed"
             )
+        if self._delegate is not None and not dry_run:
+            try:
+                return self._delegate.schedule(
+                    requests,
+                    gang=gang,
+                    policy=policy,
+                    move_pending=move_pending,
+                    intent=intent,
+                    seed=seed,
+                )
+            except NotReached:
+                pass  # decided here, as a lone worker decides
         if dry_run and not self._reads_only:
             return self._for_reads().schedule(
                 requests, gang=gang, dry_run=True, policy=policy, intent=intent, seed=seed
@@ -269,6 +283,12 @@ class Scheduler:
             resolved = self._begin([RequestSpec(flavor=flavor, group=group, **spec)], True)
             request = resolved.items[0].request
             return questions.capacity(self._source.snapshot, request, plan, flavor, group)
+
+    def hand_claims_to(self, delegate: SchedulingClient | None) -> None:
+        """Placements that claim go to the scheduling process ``delegate`` reaches
+        (``remote.py``); this scheduler still answers the read-only questions, and decides
+        the calls the process cannot be asked. ``None``: decide everything here."""
+        self._delegate = delegate
 
     def refresh(self) -> None:
         """Bring the in-memory host state up to date now (every call does it anyway; a

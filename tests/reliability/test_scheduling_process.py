@@ -1,0 +1,131 @@
+"""``serve --workers N`` on PostgreSQL: the workers hand their placements to one
+scheduling process (scheduler/remote.py), decide themselves while it cannot be reached,
+and hand them to its replacement once the supervisor has started one.
+
+The process is stopped (SIGSTOP) to show who decides: a call the process holds does not
+answer until it runs again; a call a worker decides itself answers meanwhile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+import loadmaster
+from harness import ServedApi
+from loadmaster.cluster import VmSpec
+from loadmaster.pending import audit
+
+# Longer than a placement takes on a loaded machine, short enough to keep the test quick.
+HELD_S = 2.0
+WAIT_S = 120.0
+
+
+def _setup(url: str, vms: int) -> list[str]:
+    with loadmaster.open(url) as lm:
+        inventories = {"VCPU": {"total": 64}, "MEMORY_MB": {"total": 65536}}
+        lm.hosts.create_many([{"name": f"h{i}", "inventories": inventories} for i in range(4)])
+        lm.flavors.create({"name": "f", "resources": {"VCPU": 1, "MEMORY_MB": 512}})
+        specs = [VmSpec(f"vm{i}", "f") for i in range(vms)]
+        return [v.uuid for v in lm.vms.create_many(specs)]
+
+
+class Call(threading.Thread):
+    """One ``POST /schedule`` of one VM, answered in the background."""
+
+    def __init__(self, api: ServedApi, vm: str) -> None:
+        super().__init__(daemon=True)
+        self.api, self.vm = api, vm
+        self.answer: httpx.Response | None = None
+        self.start()
+
+    def run(self) -> None:
+        with self.api.client(timeout=WAIT_S) as http:
+            self.answer = http.post("/schedule", json={"requests": [{"vms": [self.vm]}]})
+
+    def answered(self) -> httpx.Response:
+        self.join(timeout=WAIT_S)
+        assert self.answer is not None, "no answer"
+        return self.answer
+
+
+def _until(what: str, check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"not within {WAIT_S:.0f} s: {what}"
+        time.sleep(0.1)
+
+
+def _serving_lines(log: Path) -> int:
+    return log.read_text(errors="replace").count("scheduling process serving on")
+
+
+def _state(url: str, vm: str) -> str:
+    with loadmaster.open(url, migrate=False) as lm:
+        return lm.vms.get(vm).state
+
+
+@pytest.mark.postgres
+def test_workers_hand_placements_to_one_process_and_decide_without_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    vms = _setup(pg_url, 6)
+    log = tmp_path / "serve.log"
+    with ServedApi(pg_url, workers=2, log_path=log) as api:
+        _until("the scheduling process serves", lambda: _serving_lines(log) == 1)
+        first = api.scheduling_pid()
+        assert first is not None and first not in api.worker_pids()
+
+        # Held while the process is stopped: the worker waits for the process's answer.
+        os.kill(first, signal.SIGSTOP)
+        held = Call(api, vms[0])
+        held.join(timeout=HELD_S)
+        assert held.is_alive(), "a worker decided a placement the process should have"
+        os.kill(first, signal.SIGCONT)
+        assert held.answered().status_code == 200
+        assert _state(pg_url, vms[0]) == "pending"
+
+        # The process ends while it holds a call: that call is not decided again, and says
+        # so; nothing was claimed for it.
+        os.kill(first, signal.SIGSTOP)
+        cut = Call(api, vms[1])
+        cut.join(timeout=HELD_S)
+        os.kill(api.process.pid, signal.SIGSTOP)  # no replacement until we say
+        try:
+            os.kill(first, signal.SIGKILL)
+            answer = cut.answered()
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["code"] == "loadmaster.scheduler_unavailable"
+            assert answer.headers["Retry-After"]
+            assert _state(pg_url, vms[1]) == "requested"
+            # Nothing listens now: each worker decides itself, for every worker's clients.
+            for vm in vms[1:4]:
+                assert Call(api, vm).answered().status_code == 200
+                assert _state(pg_url, vm) == "pending"
+        finally:
+            os.kill(api.process.pid, signal.SIGCONT)
+
+        # The supervisor starts a replacement, and the workers hand their calls to it.
+        _until("a replacement serves", lambda: _serving_lines(log) == 2)
+        second = api.scheduling_pid()
+        assert second is not None and second != first
+        os.kill(second, signal.SIGSTOP)
+        try:
+            again = Call(api, vms[4])
+            again.join(timeout=HELD_S)
+            assert again.is_alive(), "the workers went on deciding after the replacement served"
+        finally:
+            os.kill(second, signal.SIGCONT)
+        assert again.answered().status_code == 200
+        assert f"scheduling process [{first}] ended" in log.read_text()
+    # The supervisor ended it with the workers.
+    assert not Path(f"/proc/{second}").exists() or "Z" in Path(f"/proc/{second}/stat").read_text()
+    with loadmaster.open(pg_url, migrate=False) as lm:
+        assert audit(lm.store) == []
+        assert [lm.vms.get(v).state for v in vms] == ["pending"] * 5 + ["requested"]

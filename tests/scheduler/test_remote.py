@@ -1,0 +1,136 @@
+"""The scheduling process's socket (scheduler/remote.py), in one process: a scheduler
+serving on it from a thread, another scheduler handing its claims to it. The processes of
+``serve --workers N`` are tested in tests/reliability/test_scheduling_process.py."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
+
+from loadmaster.errors import Busy, NotFound, ValidationError
+from loadmaster.scheduler import RequestSpec, Scheduler
+from loadmaster.scheduler.remote import SchedulingClient, SchedulingServer, prepare
+from loadmaster.scheduler.results import NoHostFits
+from loadmaster.service import Loadmaster
+
+
+class Counting(Scheduler):
+    """A scheduler that counts the calls it decided (the one serving on the socket)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.calls = 0
+
+    def schedule(self, requests, **options):  # type: ignore[no-untyped-def,override]
+        self.calls += 1
+        return super().schedule(requests, **options)
+
+
+@pytest.fixture
+def served(slm: Loadmaster, tmp_path: Path) -> Iterator[tuple[Counting, Path]]:
+    directory = tmp_path / "scheduling"
+    prepare(directory)
+    deciding = Counting(slm.store)
+    server = SchedulingServer(deciding, directory)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield deciding, directory
+    finally:
+        server.close()
+        thread.join(timeout=10)
+
+
+def test_claims_go_to_the_process_and_reads_stay(
+    slm: Loadmaster, served: tuple[Counting, Path]
+) -> None:
+    deciding, directory = served
+    add_hosts(slm, 2)
+    small_flavor(slm)
+    vms = add_vms(slm, 3)
+    slm.scheduler.hand_claims_to(SchedulingClient(directory))
+
+    placed = slm.scheduler.schedule([RequestSpec(vms=vms[:2])])
+    assert [p.host for p in placed.placements if p.error is None] != []
+    assert deciding.calls == 1
+    assert {slm.vms.get(v).state for v in vms[:2]} == {"pending"}
+    # A dry run claims nothing: answered here, from this scheduler's own snapshot.
+    slm.scheduler.schedule([RequestSpec(vms=[vms[2]])], dry_run=True)
+    assert deciding.calls == 1
+    started = slm.scheduler.start(vms[2])  # a start is a claim: the process decides it
+    assert started.placements[0].error is None
+    assert deciding.calls == 2
+
+
+def test_errors_cross_the_socket_with_their_kind_and_fields(
+    slm: Loadmaster, served: tuple[Counting, Path]
+) -> None:
+    _, directory = served
+    add_hosts(slm, 1, vcpu=2)
+    small_flavor(slm, vcpu=4)
+    (vm,) = add_vms(slm, 1)
+    client = SchedulingClient(directory)
+
+    refused = client.schedule([RequestSpec(vms=[vm])])
+    error = refused.placements[0].error
+    assert isinstance(error, NoHostFits)
+    assert error.field == "vm"
+    assert error.explanation.vm == vm and error.explanation.to_dict()["filters"]
+    with pytest.raises(ValidationError) as bad_policy:
+        client.schedule([RequestSpec(vms=[vm])], policy="no-such-policy")
+    assert bad_policy.value.field == "policy"
+    with pytest.raises(NotFound):
+        client.schedule([RequestSpec(vms=["00000000-0000-4000-8000-000000000000"])])
+    # The connection that carried the errors serves the next call as well.
+    assert client.schedule([RequestSpec(vms=[vm])]).placements[0].error is not None
+
+
+def test_a_scheduler_that_cannot_reach_the_process_decides_itself(
+    slm: Loadmaster, tmp_path: Path
+) -> None:
+    add_hosts(slm, 2)
+    small_flavor(slm)
+    vms = add_vms(slm, 2)
+    directory = tmp_path / "nobody-listens"
+    prepare(directory)
+    slm.scheduler.hand_claims_to(SchedulingClient(directory))
+    result = slm.scheduler.schedule([RequestSpec(vms=vms)])
+    assert all(p.error is None for p in result.placements)
+    assert {slm.vms.get(v).state for v in vms} == {"pending"}
+
+
+def test_a_replaced_process_is_reached_on_a_fresh_connection(
+    slm: Loadmaster, tmp_path: Path
+) -> None:
+    """The worker's kept connection died with the process it led to; the call goes to the
+    replacement on a new one, not to the worker's own scheduler."""
+    add_hosts(slm, 2)
+    small_flavor(slm)
+    vms = add_vms(slm, 2)
+    directory = tmp_path / "scheduling"
+    prepare(directory)
+    client = SchedulingClient(directory)
+    for vm in vms:
+        deciding = Counting(slm.store)
+        server = SchedulingServer(deciding, directory)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        assert client.schedule([RequestSpec(vms=[vm])]).placements[0].error is None
+        assert deciding.calls == 1
+        server.close()
+        thread.join(timeout=10)
+    client.close()
+
+
+def test_every_error_pickles_with_its_fields() -> None:
+    """Subclasses take other arguments than ``(detail,)``: pickle's way for exceptions
+    would call them with the wrong ones."""
+    busy = pickle.loads(pickle.dumps(Busy("try later", retry_after_s=7, field="vms")))
+    assert isinstance(busy, Busy)
+    assert (busy.detail, busy.retry_after_s, busy.field) == ("try later", 7, "vms")
+    assert str(busy) == "try later"
