@@ -17,8 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+import harness
 import loadmaster
 from harness import ServedApi
+from loadmaster.api import supervisor
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 
@@ -129,3 +131,7 @@ def test_workers_hand_placements_to_one_process_and_decide_without_it(
     with loadmaster.open(pg_url, migrate=False) as lm:
         assert audit(lm.store) == []
         assert [lm.vms.get(v).state for v in vms] == ["pending"] * 5 + ["requested"]
+
+
+def test_the_harness_knows_the_scheduling_process_by_its_name() -> None:
+    assert harness.SCHEDULING_PROCESS_NAME == supervisor.SCHEDULING_PROCESS_NAME
