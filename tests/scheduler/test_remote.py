@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
-from loadmaster.errors import Busy, NotFound, ValidationError
+from loadmaster.errors import Busy, NotFound, SchedulerUnavailable, ValidationError
 from loadmaster.scheduler import RequestSpec, Scheduler
 from loadmaster.scheduler.remote import SchedulingClient, SchedulingServer, prepare
 from loadmaster.scheduler.results import NoHostFits
@@ -134,3 +134,41 @@ def test_every_error_pickles_with_its_fields() -> None:
     assert isinstance(busy, Busy)
     assert (busy.detail, busy.retry_after_s, busy.field) == ("try later", 7, "vms")
     assert str(busy) == "try later"
+
+
+def test_a_call_the_process_held_when_it_ended_is_not_decided_again(
+    slm: Loadmaster, tmp_path: Path
+) -> None:
+    add_hosts(slm, 2)
+    small_flavor(slm)
+    (vm,) = add_vms(slm, 1)
+    directory = tmp_path / "scheduling"
+    prepare(directory)
+    holding, release = threading.Event(), threading.Event()
+
+    class Holding(Scheduler):
+        def schedule(self, requests, **options):  # type: ignore[no-untyped-def,override]
+            holding.set()
+            release.wait(timeout=60)
+            raise AssertionError("the process was ended; its answer must not arrive")
+
+    server = SchedulingServer(Holding(slm.store), directory)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    slm.scheduler.hand_claims_to(SchedulingClient(directory))
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            slm.scheduler.schedule([RequestSpec(vms=[vm])])
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert holding.wait(timeout=60)
+    server.close()  # as the process dying: its connections end
+    caller.join(timeout=60)
+    release.set()
+    assert len(outcome) == 1 and isinstance(outcome[0], SchedulerUnavailable), outcome
+    assert "whether it claimed is in each VM's state" in outcome[0].detail
+    assert slm.vms.get(vm).state == "requested"  # not decided again by the caller's side
