@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import loadmaster
 from loadmaster.api.errors import status_of
 from loadmaster.errors import StoreUnavailable
 from loadmaster.pending import audit
+from loadmaster.store.engine import IDLE_PING_S
 
 ROOT = Path(__file__).resolve().parents[2]
 PG = ["bash", str(ROOT / "scripts/postgres.sh")]
@@ -53,3 +55,17 @@ def test_outage_gives_503_and_service_resumes(own_server: tuple[str, str]) -> No
     assert lm.allocations.usages(["h"])["h"]["VCPU"].pending == 2
     assert audit(lm.store) == []
     lm.close()
+
+
+def test_a_restart_while_idle_costs_no_call(own_server: tuple[str, str]) -> None:
+    """The server restarts while nothing is asked: the pooled connections are dead, and the
+    first call after finds out by a ping (they sat idle past IDLE_PING_S), not by failing."""
+    url, pgdir = own_server
+    with loadmaster.open(url) as lm:
+        lm.hosts.create("h", inventories={"VCPU": {"total": 8}})
+        assert [h.name for h in lm.hosts.list()] == ["h"]
+        subprocess.run([*PG, "halt", pgdir], check=True)
+        subprocess.run([*PG, "resume", pgdir], check=True)
+        time.sleep(IDLE_PING_S)
+        assert [h.name for h in lm.hosts.list()] == ["h"]
+        lm.hosts.create("h2", inventories={"VCPU": {"total": 8}})
