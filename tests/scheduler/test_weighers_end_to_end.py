@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
-from loadmaster.scheduler import POLICIES, Policy, RequestSpec, Scheduler, WeigherSetting
+from loadmaster.scheduler import POLICIES, Policy, RequestSpec, Scheduler, WeigherSetting, source
+from loadmaster.scheduler.reports import record_report
 from loadmaster.scheduler.request import VmRequest
 from loadmaster.scheduler.snapshot import Snapshot, SyntheticHost
 from loadmaster.scheduler.weighers.balance import BalanceWeigher
@@ -106,3 +107,36 @@ def test_policy_is_chosen_per_request_and_by_configuration(
         .schedule([RequestSpec(flavor="small")], dry_run=True, policy="memory-first")
         .ok
     )
+
+
+def test_reports_recorded_elsewhere_are_read_once_a_second_own_ones_at_once(
+    slm: Loadmaster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's reports (an API worker's, under the scheduling process) reach the
+    load weigher at the first refresh a second after the last read of them; those
+    recorded through this scheduler at its next refresh."""
+    add_hosts(slm, 3, vcpu=16, memory=65536)
+    small_flavor(slm, vcpu=1, memory=512)
+    # Measured load alone decides: the VMs placed meanwhile weigh nothing.
+    slm.scheduler.use_policies(
+        {"by-load": Policy("by-load", "least loaded", (WeigherSetting("load", 1.0),))}
+    )
+
+    def elsewhere(host: str, cpu: float) -> None:
+        record_report(slm.store, host, {"VCPU": 1.0}, {"cpu": cpu}, [])
+
+    monkeypatch.setattr(source, "_REPORTS_EVERY_S", 3600.0)
+    elsewhere("h0", 0.95)
+    elsewhere("h1", 0.95)
+    elsewhere("h2", 0.0)
+    assert _place(slm, 1, "by-load", prefix="a") == {"h2": 1}  # the first refresh reads all
+    elsewhere("h2", 0.99)
+    elsewhere("h1", 0.0)
+    assert _place(slm, 1, "by-load", prefix="b") == {"h2": 1}  # within the second: not read
+    slm.scheduler.record_report("h0", {"VCPU": 1.0}, {"cpu": 0.9}, [])
+    assert _place(slm, 1, "by-load", prefix="c") == {"h1": 1}  # its own: read, with the rest
+    elsewhere("h1", 0.99)
+    elsewhere("h0", 0.0)
+    assert _place(slm, 1, "by-load", prefix="d") == {"h1": 1}
+    monkeypatch.setattr(source, "_REPORTS_EVERY_S", 0.0)  # the second has passed
+    assert _place(slm, 1, "by-load", prefix="e") == {"h0": 1}

@@ -305,6 +305,9 @@ class Scheduler:
     ) -> None:
         """Store a host agent's latest measurements (see ``reports.record_report``)."""
         record_report(self._store, host, usage, load, running_vms)
+        for scheduler in (self, self._reader):
+            if scheduler is not None:
+                scheduler._source.reported()
 
     # -- calls decided together ---------------------------------------------------------
     def _together(

@@ -60,6 +60,8 @@ class SnapshotSource:
         self._store = store
         self.snapshot = Snapshot()
         self._reports_seen: datetime | None = None
+        # time.monotonic() of the last read of the reports; None: read them next time
+        self._reports_read: float | None = None
         self._agents_seen: datetime | None = None
         # time.monotonic() of the last read of the agents; None: read them all next time
         self._agents_read: float | None = None
@@ -164,6 +166,7 @@ class SnapshotSource:
         self._reports_seen = None
         self._agents_seen = None
         self._agents_read = None
+        self._reports_read = None
         loaded = self._reload(session, list(snap.row_of))
         assert loaded, "a full load knows every class, trait and aggregate"
 
@@ -221,8 +224,22 @@ class SnapshotSource:
         snap.derive()
         return True
 
+    def reported(self) -> None:
+        """A report was recorded through this scheduler: the next refresh reads it."""
+        self._reports_read = None
+
     def _load_reports(self, session: Session) -> None:
+        """The hosts' measured load, for the load weigher: read at most once a second
+        (agents report every several seconds, and a read per call was a round trip per
+        placement on PostgreSQL), and at the next refresh after a report this process
+        recorded itself."""
         snap = self.snapshot
+        if (
+            self._reports_read is not None
+            and time.monotonic() - self._reports_read < _REPORTS_EVERY_S
+        ):
+            return
+        self._reports_read = time.monotonic()
         if self._reports_seen is None:
             reports = execute_core(session, _REPORTS)
         else:
@@ -312,6 +329,7 @@ class SnapshotSource:
 
 _STAMP_MARGIN = timedelta(seconds=10)
 _AGENTS_EVERY_S = 1.0
+_REPORTS_EVERY_S = 1.0
 _REPORTS = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
 _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
 
