@@ -129,9 +129,9 @@ class PrivatePostgres:
         self.close()
 
 
-# ``api.supervisor.SCHEDULING_PROCESS_NAME``, written out: benchmarks import this module
-# with an older build's ``loadmaster`` too (tests/reliability checks the two agree).
-SCHEDULING_PROCESS_NAME = "lm-scheduling"
+# ``api.supervisor.SCHEDULING_MODULE``, written out: benchmarks import this module with an
+# older build's ``loadmaster`` too (tests/reliability checks the two agree).
+SCHEDULING_MODULE = "loadmaster.api.scheduling_process"
 
 
 class ServedApi:
@@ -203,28 +203,27 @@ class ServedApi:
             return [self.process.pid]
         return sorted(
             pid
-            for pid, comm, cmdline in self._children()
-            if b"resource_tracker" not in cmdline and comm != SCHEDULING_PROCESS_NAME
+            for pid, cmdline in self._children()
+            if b"resource_tracker" not in cmdline and SCHEDULING_MODULE.encode() not in cmdline
         )
 
     def scheduling_pid(self) -> int | None:
         """The scheduling process the workers hand placements to (several workers only)."""
-        found = [pid for pid, comm, _ in self._children() if comm == SCHEDULING_PROCESS_NAME]
+        found = [pid for pid, cmdline in self._children() if SCHEDULING_MODULE.encode() in cmdline]
         return found[0] if found else None
 
-    def _children(self) -> list[tuple[int, str, bytes]]:
-        """The supervisor's live children: pid, name, command line."""
+    def _children(self) -> list[tuple[int, bytes]]:
+        """The supervisor's live children: pid, command line."""
         alive = []
         for pid in _children(self.process.pid):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                comm = Path(f"/proc/{pid}/comm").read_text().strip()
                 status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except (OSError, IndexError):
                 continue
             # A killed process stays a zombie until the supervisor reaps it.
             if status != "Z":
-                alive.append((pid, comm, cmdline))
+                alive.append((pid, cmdline))
         return alive
 
     def wait_ready(self, workers: int, timeout: float = 60.0) -> None:

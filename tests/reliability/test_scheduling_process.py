@@ -20,7 +20,7 @@ import pytest
 import harness
 import loadmaster
 from harness import ServedApi
-from loadmaster.api import supervisor
+from loadmaster.api import scheduling_process, supervisor
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 
@@ -139,5 +139,5 @@ def test_workers_hand_placements_to_one_process_and_decide_without_it(
         assert states[:1] + states[2:] == ["pending"] * 4 + ["requested"]
 
 
-def test_the_harness_knows_the_scheduling_process_by_its_name() -> None:
-    assert harness.SCHEDULING_PROCESS_NAME == supervisor.SCHEDULING_PROCESS_NAME
+def test_the_harness_knows_the_scheduling_process_by_its_command() -> None:
+    assert harness.SCHEDULING_MODULE == supervisor.SCHEDULING_MODULE == scheduling_process.__name__

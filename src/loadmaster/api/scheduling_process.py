@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 
 from loadmaster.api.observability import configure_logging
 from loadmaster.api.reload import reload_policies
-from loadmaster.api.supervisor import SCHEDULING_PROCESS_NAME, die_with, name_process
+from loadmaster.api.supervisor import die_with
 from loadmaster.scheduler.remote import SchedulingServer
 from loadmaster.service import scheduler_for
 from loadmaster.settings import load_settings
@@ -21,9 +22,8 @@ from loadmaster.store import Store
 log = logging.getLogger("loadmaster.api.scheduling_process")
 
 
-def run(directory: str, supervisor: int) -> None:  # pragma: no cover - a spawned process
+def run(directory: str, supervisor: int) -> None:  # pragma: no cover - its own process
     die_with(supervisor)
-    name_process(SCHEDULING_PROCESS_NAME)
     # Ctrl-C reaches the whole process group; the supervisor ends this process itself,
     # after its workers. A SIGHUP before the handler below is set must not end it either.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -42,3 +42,7 @@ def run(directory: str, supervisor: int) -> None:  # pragma: no cover - a spawne
     scheduler.refresh()  # the first call should not pay the whole load
     log.info("scheduling process serving on %s", directory)
     server.serve_forever()
+
+
+if __name__ == "__main__":  # pragma: no cover - started by the supervisor
+    run(sys.argv[1], int(sys.argv[2]))

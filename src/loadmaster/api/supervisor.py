@@ -27,13 +27,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from socket import socket
 
@@ -48,9 +47,8 @@ HEALTHCHECK_S = 30
 # How often a worker still starting is mentioned in the log.
 START_NOTE_EVERY_S = 10.0
 _PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
-# The scheduling process's name in ps, top and /proc/PID/comm (at most 15 bytes).
-SCHEDULING_PROCESS_NAME = "lm-scheduling"
+# The scheduling process runs as ``python -m`` this module.
+SCHEDULING_MODULE = "loadmaster.api.scheduling_process"
 
 
 def die_with(parent: int) -> None:
@@ -63,12 +61,6 @@ def die_with(parent: int) -> None:
             raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
     if os.getppid() != parent:
         os._exit(1)
-
-
-def name_process(name: str) -> None:
-    """What ps and top show for this process (Linux); the workers keep Python's."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 class Worker(Process):
@@ -127,28 +119,25 @@ class Supervisor(Multiprocess):
     def __init__(self, config: Config, sockets: list[socket], scheduling: Path) -> None:
         super().__init__(config, sockets)
         self.scheduling_dir = scheduling
-        self.scheduling: BaseProcess | None = None
+        self.scheduling: subprocess.Popen[bytes] | None = None
 
     def _start_scheduling(self) -> None:
-        from loadmaster.api import scheduling_process
-
-        process = multiprocessing.get_context("spawn").Process(
-            target=scheduling_process.run,
-            args=(str(self.scheduling_dir), os.getpid()),
-            name="loadmaster-scheduling",
+        # Its own command, not multiprocessing's spawn: ``ps`` (and a test) tells it from
+        # the workers by its command line from the moment it starts.
+        process = subprocess.Popen(
+            [sys.executable, "-m", SCHEDULING_MODULE, str(self.scheduling_dir), str(os.getpid())]
         )
-        process.start()
         log.info("scheduling process [%d] started", process.pid)
         self.scheduling = process
 
     def _keep_scheduling_alive(self) -> None:
-        if self.scheduling is None or self.scheduling.is_alive():
+        if self.scheduling is None or self.scheduling.poll() is None:
             return
         log.error(
             "scheduling process [%d] ended (exit code %s); workers decide themselves until "
             "its replacement serves",
             self.scheduling.pid,
-            self.scheduling.exitcode,
+            self.scheduling.returncode,
         )
         self._start_scheduling()
 
@@ -157,7 +146,7 @@ class Supervisor(Multiprocess):
         # Only now: a worker finishing its last requests may still be waiting on it.
         if self.scheduling is not None:
             self.scheduling.terminate()
-            self.scheduling.join()
+            self.scheduling.wait()
 
     def _start_worker(self) -> Worker:
         worker = Worker(self.config, self.sockets)
