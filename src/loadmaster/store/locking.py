@@ -32,10 +32,10 @@ from sqlalchemy import (
     Result,
     bindparam,
     cast,
+    func,
     literal_column,
     null,
     select,
-    text,
     tuple_,
     union_all,
     update,
@@ -217,8 +217,20 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
 
 def _advance(session: Session, *, layout: bool) -> int:
     """The clock moved one on (and its layout too): the value it now holds. The row stays
-    locked until commit; taken last of all, see the module's lock order."""
-    return int(execute_core(session, _ADVANCE_LAYOUT if layout else _ADVANCE).scalar_one())
+    locked until commit; taken last of all, see the module's lock order.
+
+    On PostgreSQL the same statement notifies the other processes' watchers, delivered
+    when the transaction commits (they read which hosts from the clock; the notices of
+    one transaction are one): every write that stamps hosts advances the clock, and a
+    NOTIFY of its own was one more round trip per write."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    statement = {
+        (False, False): _ADVANCE,
+        (True, False): _ADVANCE_LAYOUT,
+        (False, True): _ADVANCE_AND_NOTIFY,
+        (True, True): _ADVANCE_LAYOUT_AND_NOTIFY,
+    }[layout, postgres]
+    return int(execute_core(session, statement).scalar_one())
 
 
 def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
@@ -228,15 +240,9 @@ def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
 
 
 def _changed(session: Session, host_ids: Iterable[int]) -> None:
-    """Noted for ``Store.listen``'s listeners, told once the transaction commits; on
-    PostgreSQL other processes' watchers are notified by the commit too (once a
-    transaction: they read which hosts from the clock)."""
-    changed = session.info.get(CHANGED_HOSTS)
-    if changed is None:
-        changed = session.info[CHANGED_HOSTS] = set()
-        if session.get_bind().dialect.name == "postgresql":
-            execute_core(session, _NOTIFY)
-    changed.update(host_ids)
+    """Noted for ``Store.listen``'s listeners, told once the transaction commits (other
+    processes hear of it from the clock's advance, ``_advance``)."""
+    session.info.setdefault(CHANGED_HOSTS, set()).update(host_ids)
 
 
 def clock(session: Session) -> tuple[int, int]:
@@ -383,7 +389,6 @@ _CAS = (
 _NEXT_SEQ = select(_CLOCK.c.seq + 1).where(_CLOCK.c.id == CLOCK_ROW).scalar_subquery()
 _CAS_AND_STAMP = _CAS.values(changed_seq=_NEXT_SEQ).returning(_HOSTS.c.changed_seq)
 _TOUCH = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(generation=_HOSTS.c.generation + 1)
-_NOTIFY = text(f"NOTIFY {CLOCK_CHANNEL}")
 _STAMP = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(changed_seq=bindparam("seq"))
 _ADVANCE = (
     update(_CLOCK)
@@ -392,6 +397,9 @@ _ADVANCE = (
     .returning(_CLOCK.c.seq)
 )
 _ADVANCE_LAYOUT = _ADVANCE.values(layout_seq=_CLOCK.c.layout_seq + 1)
+_NOTIFIED = func.pg_notify(CLOCK_CHANNEL, "")
+_ADVANCE_AND_NOTIFY = _ADVANCE.returning(_NOTIFIED)
+_ADVANCE_LAYOUT_AND_NOTIFY = _ADVANCE_LAYOUT.returning(_NOTIFIED)
 _BUMP_CONSUMERS = (
     update(_CONSUMERS)
     .where(_CONSUMERS.c.id.in_(_IDS))
