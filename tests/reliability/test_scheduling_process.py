@@ -141,3 +141,32 @@ def test_workers_hand_placements_to_one_process_and_decide_without_it(
 
 def test_the_harness_knows_the_scheduling_process_by_its_command() -> None:
     assert harness.SCHEDULING_MODULE == supervisor.SCHEDULING_MODULE == scheduling_process.__name__
+
+
+@pytest.mark.postgres
+def test_a_hung_scheduling_process_is_replaced(pg_url: str, tmp_path: Path) -> None:
+    """Stopped (as a hung process would be), it holds every worker's placements: the
+    supervisor, which pings it, replaces it once it has not answered for HEALTHCHECK_S,
+    and the held call is answered (503 if the process had it; decided by the worker if
+    the worker was still connecting)."""
+    vms = _setup(pg_url, 2)
+    log = tmp_path / "serve.log"
+    with ServedApi(pg_url, workers=2, log_path=log) as api:
+        _until("the scheduling process serves", lambda: _serving_lines(log) == 1)
+        hung = api.scheduling_pid()
+        assert hung is not None
+        # Answered a ping at least once: only such a process is judged.
+        time.sleep(supervisor.SCHEDULING_CHECK_EVERY_S * 2)
+        os.kill(hung, signal.SIGSTOP)
+        held = Call(api, vms[0])
+        _until(
+            "the supervisor replaced the hung process",
+            lambda: f"scheduling process [{hung}] did not answer" in log.read_text(),
+        )
+        answer = held.answered()
+        assert answer.status_code in (200, 503), answer.text
+        assert _state(pg_url, vms[0]) == ("pending" if answer.status_code == 200 else "requested")
+        _until("a replacement serves", lambda: _serving_lines(log) == 2)
+        assert Call(api, vms[1]).answered().status_code == 200
+        assert _state(pg_url, vms[1]) == "pending"
+        assert api.scheduling_pid() not in (None, hung)

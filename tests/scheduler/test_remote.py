@@ -14,7 +14,7 @@ from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.errors import Busy, NotFound, SchedulerUnavailable, ValidationError
 from loadmaster.scheduler import RequestSpec, Scheduler
-from loadmaster.scheduler.remote import SchedulingClient, SchedulingServer, prepare
+from loadmaster.scheduler.remote import SchedulingClient, SchedulingServer, answers, prepare
 from loadmaster.scheduler.results import NoHostFits
 from loadmaster.service import Loadmaster
 
@@ -172,3 +172,20 @@ def test_a_call_the_process_held_when_it_ended_is_not_decided_again(
     assert len(outcome) == 1 and isinstance(outcome[0], SchedulerUnavailable), outcome
     assert "whether it claimed is in each VM's state" in outcome[0].detail
     assert slm.vms.get(vm).state == "requested"  # not decided again by the caller's side
+
+
+def test_the_process_answers_a_ping_without_its_scheduler(slm: Loadmaster, tmp_path: Path) -> None:
+    directory = tmp_path / "scheduling"
+    prepare(directory)
+    assert not answers(directory, 1.0)  # nothing listens
+
+    class Refusing(Scheduler):
+        def schedule(self, requests, **options):  # type: ignore[no-untyped-def,override]
+            raise AssertionError("a ping must not reach the scheduler")
+
+    server = SchedulingServer(Refusing(slm.store), directory)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert answers(directory, 10.0)
+    finally:
+        server.close()

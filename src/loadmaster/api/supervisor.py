@@ -19,7 +19,9 @@ and replaced, every 5 s, with nothing logged. Here:
 
 It also runs the one scheduling process the workers hand their placements to
 (``api.scheduling_process``): started before them, replaced when it ends (the workers
-decide themselves meanwhile), ended after them, so that their last calls are answered.
+decide themselves meanwhile) or, once it has answered, when it stops answering a ping for
+``HEALTHCHECK_S`` (a hung process would hold every worker's placements), ended after
+them, so that their last calls are answered.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from socket import socket
@@ -39,11 +42,15 @@ from socket import socket
 from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+from loadmaster.scheduler.remote import answers
+
 log = logging.getLogger("loadmaster.api.supervisor")
 
 # A worker that served and then stops answering for this long is replaced. Generous: a
 # loaded machine may leave a busy worker's answering thread unscheduled for seconds.
 HEALTHCHECK_S = 30
+# How often the scheduling process is pinged.
+SCHEDULING_CHECK_EVERY_S = 5.0
 # How often a worker still starting is mentioned in the log.
 START_NOTE_EVERY_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -120,6 +127,9 @@ class Supervisor(Multiprocess):
         super().__init__(config, sockets)
         self.scheduling_dir = scheduling
         self.scheduling: subprocess.Popen[bytes] | None = None
+        threading.Thread(
+            target=self._check_scheduling, name="scheduling-check", daemon=True
+        ).start()
 
     def _start_scheduling(self) -> None:
         # Its own command, not multiprocessing's spawn: ``ps`` (and a test) tells it from
@@ -140,6 +150,26 @@ class Supervisor(Multiprocess):
             self.scheduling.returncode,
         )
         self._start_scheduling()
+
+    def _check_scheduling(self) -> None:
+        """In a thread of its own (a ping waits up to ``HEALTHCHECK_S``): a scheduling
+        process that has answered once and then stops answering is killed, and the main
+        loop starts its replacement. One still starting is waited for, as workers are."""
+        served: subprocess.Popen[bytes] | None = None
+        while not self.should_exit.wait(SCHEDULING_CHECK_EVERY_S):
+            process = self.scheduling
+            if process is None or process.poll() is not None:
+                continue
+            if answers(self.scheduling_dir, HEALTHCHECK_S):
+                served = process
+                continue
+            if process is served and process.poll() is None and not self.should_exit.is_set():
+                log.error(
+                    "scheduling process [%d] did not answer for %d s; replacing it",
+                    process.pid,
+                    HEALTHCHECK_S,
+                )
+                process.kill()
 
     def join_all(self) -> None:
         super().join_all()

@@ -126,6 +126,26 @@ class SchedulingClient:
                 return
 
 
+def answers(directory: Path, timeout: float) -> bool:
+    """Whether the scheduling process answers a ping within ``timeout`` seconds. Asked
+    from a thread of its own: a process that is stopped or hung never completes the key's
+    challenge, and ``Client`` has no timeout; the thread ends when the process does."""
+    answered: list[bool] = []
+
+    def ask() -> None:
+        with contextlib.suppress(OSError, EOFError, AuthenticationError):
+            key = (directory / KEY_NAME).read_bytes()
+            with Client(str(directory / SOCKET_NAME), "AF_UNIX", authkey=key) as connection:
+                connection.send(("ping", [], {}))
+                if connection.poll(timeout):
+                    answered.append(connection.recv() == ("result", "pong"))
+
+    asking = threading.Thread(target=ask, name="scheduling-ping", daemon=True)
+    asking.start()
+    asking.join(timeout)
+    return bool(answered) and answered[0]
+
+
 class SchedulingServer:
     """The scheduling process's side: a thread per worker connection, each handing its
     calls to the one scheduler, which decides those that arrive together as one batch."""
@@ -184,9 +204,12 @@ class SchedulingServer:
     def _serve(self, connection: Connection) -> None:
         while True:
             try:
-                _, requests, options = connection.recv()
+                operation, requests, options = connection.recv()
             except (EOFError, OSError):
                 return  # the worker closed it, or ended
+            if operation == "ping":  # the supervisor's: answered without the scheduler
+                connection.send(("result", "pong"))
+                continue
             try:
                 answer: tuple[str, object] = (
                     "result",
