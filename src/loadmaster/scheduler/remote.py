@@ -68,8 +68,7 @@ class SchedulingClient:
     one per thread that needs one at a time."""
 
     def __init__(self, directory: Path) -> None:
-        self._socket = str(directory / SOCKET_NAME)
-        self._key_file = directory / KEY_NAME
+        self._directory = directory
         self._idle: queue.SimpleQueue[Connection] = queue.SimpleQueue()
         # Whether the last attempt reached the process: each change is logged once.
         self._reached = True
@@ -106,7 +105,7 @@ class SchedulingClient:
             except OSError:
                 connection.close()
         try:
-            connection = Client(self._socket, "AF_UNIX", authkey=self._key_file.read_bytes())
+            connection = _connect(self._directory)
             connection.send(call)
         except (OSError, EOFError, AuthenticationError) as exc:
             if self._reached:
@@ -133,17 +132,24 @@ def answers(directory: Path, timeout: float) -> bool:
     answered: list[bool] = []
 
     def ask() -> None:
-        with contextlib.suppress(OSError, EOFError, AuthenticationError):
-            key = (directory / KEY_NAME).read_bytes()
-            with Client(str(directory / SOCKET_NAME), "AF_UNIX", authkey=key) as connection:
-                connection.send(("ping", [], {}))
-                if connection.poll(timeout):
-                    answered.append(connection.recv() == ("result", "pong"))
+        with (
+            contextlib.suppress(OSError, EOFError, AuthenticationError),
+            _connect(directory) as connection,
+        ):
+            connection.send(("ping", [], {}))
+            if connection.poll(timeout):
+                answered.append(connection.recv() == ("result", "pong"))
 
     asking = threading.Thread(target=ask, name="scheduling-ping", daemon=True)
     asking.start()
     asking.join(timeout)
     return bool(answered) and answered[0]
+
+
+def _connect(directory: Path) -> Connection:
+    """A connection to the process listening in ``directory``, past the key's challenge."""
+    key = (directory / KEY_NAME).read_bytes()
+    return Client(str(directory / SOCKET_NAME), "AF_UNIX", authkey=key)
 
 
 class SchedulingServer:
