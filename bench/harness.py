@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -127,6 +127,16 @@ class PrivatePostgres:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Until ``condition()`` holds, else an AssertionError naming ``what`` after ``timeout``
+    seconds (tests waiting for a server's processes)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
 
 
 # ``api.supervisor.SCHEDULING_MODULE``, written out: benchmarks import this module with an

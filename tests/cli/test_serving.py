@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 from cli_helpers import run_cli
 
-from harness import ServedApi
+from harness import ServedApi, wait_until
 from loadmaster.api.auth import AuthConfig
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
@@ -39,14 +38,6 @@ def _log_lines(path: Path) -> list[dict[str, object]]:
         if line.startswith("{"):
             lines.append(json.loads(line))
     return lines
-
-
-def _until(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout:.0f} s")
-        time.sleep(0.1)
 
 
 def _gone(pid: int) -> bool:
@@ -77,7 +68,7 @@ def test_slow_starting_workers_are_waited_for_not_killed(pg_url: str, tmp_path: 
         first = api.worker_pids()
         # The supervisor learns of a worker's start at its next look, after the worker's
         # first answer; a quick, not a fixed, wait.
-        _until(
+        wait_until(
             lambda: any(line["message"] == "all 2 workers serving" for line in _log_lines(log)),
             30,
             "the supervisor did not log its workers' start",
@@ -101,14 +92,14 @@ def test_slow_starting_workers_are_waited_for_not_killed(pg_url: str, tmp_path: 
 @pytest.mark.postgres
 def test_workers_die_with_their_supervisor_even_by_sigkill(pg_url: str, tmp_path: Path) -> None:
     with ServedApi(pg_url, 2, tmp_path / "serve.log") as api:
-        _until(lambda: api.scheduling_pid() is not None, 30, "no scheduling process")
+        wait_until(lambda: api.scheduling_pid() is not None, 30, "no scheduling process")
         # The scheduling process the workers hand placements to dies with them.
         workers = [*api.worker_pids(), api.scheduling_pid()]
         try:
             os.kill(api.process.pid, signal.SIGKILL)
             api.process.wait(timeout=30)
-            _until(lambda: all(_gone(pid) for pid in workers), 30, "the workers did not end")
-            _until(lambda: _refused(api.url), 30, "the port still answers")
+            wait_until(lambda: all(_gone(pid) for pid in workers), 30, "the workers did not end")
+            wait_until(lambda: _refused(api.url), 30, "the port still answers")
         finally:
             for pid in workers:
                 if not _gone(pid):
@@ -157,7 +148,9 @@ def test_sighup_reloads_the_token_and_policy_files_and_keeps_serving(
         # Placements are decided where the new policy must be known: with several
         # workers, in the scheduling process, which reloads as the workers do.
         os.kill(api.process.pid, signal.SIGHUP)
-        _until(lambda: scheduled_with("second", "second-admin") == 404, 60, "policy not reloaded")
+        wait_until(
+            lambda: scheduled_with("second", "second-admin") == 404, 60, "policy not reloaded"
+        )
 
         def reloaded(what: str) -> set[str]:
             return {
@@ -166,8 +159,8 @@ def test_sighup_reloads_the_token_and_policy_files_and_keeps_serving(
                 if str(line["message"]).startswith(f"reload: {what}")
             }
 
-        _until(lambda: len(reloaded("1 tokens")) >= workers, 60, "not every worker reloaded")
-        _until(lambda: len(reloaded("")) >= 2 * workers, 60, "policies not reloaded")
+        wait_until(lambda: len(reloaded("1 tokens")) >= workers, 60, "not every worker reloaded")
+        wait_until(lambda: len(reloaded("")) >= 2 * workers, 60, "policies not reloaded")
         assert all(answer("second-admin") == 200 for _ in range(8))
         assert all(answer("first-admin") == 401 for _ in range(8))
         for _ in range(8):
@@ -181,7 +174,7 @@ def test_sighup_reloads_the_token_and_policy_files_and_keeps_serving(
         tokens.write_text("[tokens\n")
         policies.write_text("[policies.third\n")
         os.kill(api.process.pid, signal.SIGHUP)
-        _until(
+        wait_until(
             lambda: (
                 {"tokens", "policies"}
                 <= {

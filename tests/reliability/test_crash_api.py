@@ -17,7 +17,6 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import httpx
 import pytest
 
 import loadmaster
-from harness import ServedApi
+from harness import ServedApi, wait_until
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 
@@ -116,7 +115,9 @@ def test_kill_nine_mid_batch_claim(pg_url: str, target: str, tmp_path: Path) -> 
         for _ in range(8):
             if target == "scheduling process":
                 # Killed while it serves, not while it starts (the workers decide then).
-                _wait_for(lambda: _serving(log) > len(killed))
+                wait_until(
+                    lambda: _serving(log) > len(killed), PLACE_WITHIN_S, "its replacement serves"
+                )
             time.sleep(rng.uniform(0.3, 0.9))
             if not any(c.is_alive() for c in clients):
                 break
@@ -128,7 +129,9 @@ def test_kill_nine_mid_batch_claim(pg_url: str, target: str, tmp_path: Path) -> 
             with loadmaster.open(pg_url, migrate=False) as lm:
                 assert audit(lm.store) == [], f"after kill {len(killed)}"
             api.wait_ready(2)  # the supervisor replaced the dead worker
-            _wait_for(partial(_replaced, api, victim))
+            wait_until(
+                partial(_replaced, api, victim), PLACE_WITHIN_S, "the killed process replaced"
+            )
         for client in clients:
             client.join(timeout=PLACE_WITHIN_S + 30)
             assert client.error is None, repr(client.error)
@@ -149,10 +152,3 @@ def test_kill_nine_mid_batch_claim(pg_url: str, target: str, tmp_path: Path) -> 
 
 def _replaced(api: ServedApi, victim: int) -> bool:
     return victim not in [*api.worker_pids(), api.scheduling_pid()]
-
-
-def _wait_for(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + PLACE_WITHIN_S
-    while not check():
-        assert time.monotonic() < deadline, "the supervisor did not replace what was killed"
-        time.sleep(0.1)

@@ -11,7 +11,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,7 @@ import pytest
 
 import harness
 import loadmaster
-from harness import ServedApi
+from harness import ServedApi, wait_until
 from loadmaster.api import scheduling_process, supervisor
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
@@ -57,13 +56,6 @@ class Call(threading.Thread):
         return self.answer
 
 
-def _until(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        assert time.monotonic() < deadline, f"not within {WAIT_S:.0f} s: {what}"
-        time.sleep(0.1)
-
-
 def _serving_lines(log: Path) -> int:
     return log.read_text(errors="replace").count("scheduling process serving on")
 
@@ -80,7 +72,7 @@ def test_workers_hand_placements_to_one_process_and_decide_without_it(
     vms = _setup(pg_url, 6)
     log = tmp_path / "serve.log"
     with ServedApi(pg_url, workers=2, log_path=log) as api:
-        _until("the scheduling process serves", lambda: _serving_lines(log) == 1)
+        wait_until(lambda: _serving_lines(log) == 1, WAIT_S, "the scheduling process serves")
         first = api.scheduling_pid()
         assert first is not None and first not in api.worker_pids()
 
@@ -119,7 +111,7 @@ def test_workers_hand_placements_to_one_process_and_decide_without_it(
             os.kill(api.process.pid, signal.SIGCONT)
 
         # The supervisor starts a replacement, and the workers hand their calls to it.
-        _until("a replacement serves", lambda: _serving_lines(log) == 2)
+        wait_until(lambda: _serving_lines(log) == 2, WAIT_S, "a replacement serves")
         second = api.scheduling_pid()
         assert second is not None and second != first
         os.kill(second, signal.SIGSTOP)
@@ -152,21 +144,22 @@ def test_a_hung_scheduling_process_is_replaced(pg_url: str, tmp_path: Path) -> N
     vms = _setup(pg_url, 2)
     log = tmp_path / "serve.log"
     with ServedApi(pg_url, workers=2, log_path=log) as api:
-        _until("the scheduling process serves", lambda: _serving_lines(log) == 1)
+        wait_until(lambda: _serving_lines(log) == 1, WAIT_S, "the scheduling process serves")
         hung = api.scheduling_pid()
         assert hung is not None
         # Answered a ping at least once: only such a process is judged.
         time.sleep(supervisor.SCHEDULING_CHECK_EVERY_S * 2)
         os.kill(hung, signal.SIGSTOP)
         held = Call(api, vms[0])
-        _until(
-            "the supervisor replaced the hung process",
+        wait_until(
             lambda: f"scheduling process [{hung}] did not answer" in log.read_text(),
+            WAIT_S,
+            "the supervisor replaced the hung process",
         )
         answer = held.answered()
         assert answer.status_code in (200, 503), answer.text
         assert _state(pg_url, vms[0]) == ("pending" if answer.status_code == 200 else "requested")
-        _until("a replacement serves", lambda: _serving_lines(log) == 2)
+        wait_until(lambda: _serving_lines(log) == 2, WAIT_S, "a replacement serves")
         assert Call(api, vms[1]).answered().status_code == 200
         assert _state(pg_url, vms[1]) == "pending"
         assert api.scheduling_pid() not in (None, hung)
