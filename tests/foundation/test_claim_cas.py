@@ -125,11 +125,11 @@ def test_the_compare_and_swap_of_several_hosts_searches_their_ids(tmp_path: Path
         params = {"pairs": [(1, 0), (2, 0), (3, 0)], "ids": [1, 2, 3]}
         with lm.store.read() as session:
             connection = session.connection()
-            compiled = locking._CAS_AND_STAMP.compile(dialect=connection.dialect)
-            expanded = compiled.construct_expanded_state(params)
-            values = [expanded.parameters[name] for name in expanded.positiontup or ()]
+            # The SQL and values the driver is handed (store/driver.py).
+            form = locking._CAS_AND_STAMP.form(connection.dialect, params)
+            assert form is not None
             plan = connection.exec_driver_sql(
-                f"EXPLAIN QUERY PLAN {expanded.statement}", tuple(values)
+                f"EXPLAIN QUERY PLAN {form.sql}", form.values(params)
             ).all()
         details = [row[-1] for row in plan]
         assert not any(d.startswith("SCAN hosts") for d in details), details

@@ -15,7 +15,7 @@ from sqlalchemy import Text, bindparam, cast, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.locking import execute_core, execute_many
+from loadmaster.store.driver import Prepared, run, run_many
 from loadmaster.store.schema import FlavorRow, VmRow
 
 
@@ -61,7 +61,7 @@ def vms_with_flavors(
     flavors: dict[int, FlavorRules] = {}
     statement = _LOCK if lock else _READ
     for chunk in in_chunks(sorted(set(uuids))):
-        for row in execute_core(session, statement, {"uuids": chunk}):
+        for row in run(session, statement, {"uuids": chunk}):
             vm = VmState(*row[:_VM_WIDTH])
             found[vm.uuid] = vm
             if vm.flavor_id is not None and vm.flavor_id not in flavors and row.f_name:
@@ -83,7 +83,7 @@ def write_vms(session: Session, vms: Iterable[VmState]) -> None:
         }
         for vm in vms
     ]
-    execute_many(session, _WRITE, rows)
+    run_many(session, _WRITE, rows)
 
 
 def _flavor(flavor_id: int, row: Any) -> FlavorRules:
@@ -113,7 +113,7 @@ _VM_COLUMNS = (
 )
 _VM_WIDTH = len(_VM_COLUMNS)
 # The flavor's JSON as text, decoded here once per flavor rather than once per VM row.
-_READ = (
+_READ_VMS = (
     select(
         *_VM_COLUMNS,
         FlavorRow.name.label("f_name"),
@@ -126,9 +126,10 @@ _READ = (
     .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
     .order_by(VmRow.id)
 )
-_LOCK = _READ.with_for_update(of=VmRow)
+_READ = Prepared(_READ_VMS)
+_LOCK = Prepared(_READ_VMS.with_for_update(of=VmRow))
 _VMS = VmRow.metadata.tables["vms"]
-_WRITE = (
+_WRITE = Prepared(
     update(_VMS)
     .where(_VMS.c.id == bindparam("vm_id"))
     .values(

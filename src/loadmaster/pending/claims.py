@@ -41,12 +41,12 @@ from loadmaster.pending.trees import (
 from loadmaster.resources import one_numa_node
 from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.driver import Prepared, run, run_many
 from loadmaster.store.history import note_written
 from loadmaster.store.locking import (
     bump_consumers,
     bump_generations,
     execute_core,
-    execute_many,
     now,
 )
 from loadmaster.store.schema import AllocationRow, HostRow, VmRow
@@ -224,7 +224,7 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             field="host",
         )
     if new_rows:
-        execute_many(session, _INSERT_RECORDS, new_rows)
+        run_many(session, _INSERT_RECORDS, new_rows)
     _write_back(session, [vms[o.vm] for o in outcomes if o.ok], providers)
     # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
     # compare-and-swap: nothing was added there), locked in one id order with the others.
@@ -358,7 +358,7 @@ def _hosts_by_ident(
     providers: dict[int, ProviderRow] = {}
     for chunk in in_chunks(sorted(idents)):
         uuids = [lookup.canonical_uuid(i) for i in chunk]
-        rows = execute_core(session, _TREES_OF_HOSTS, {"uuids": uuids, "names": chunk})
+        rows = run(session, _TREES_OF_HOSTS, {"uuids": uuids, "names": chunk})
         for row in provider_rows(rows):
             providers[row.id] = row
     wanted = set(idents) | {lookup.canonical_uuid(i) for i in idents}
@@ -372,9 +372,9 @@ def _hosts_by_ident(
     return found, [providers[i] for i in sorted(providers)]
 
 
-_INSERT_RECORDS = insert(AllocationRow.metadata.tables["allocations"])
+_INSERT_RECORDS = Prepared(insert(AllocationRow.metadata.tables["allocations"]))
 _NAMED = aliased(HostRow)
-_TREES_OF_HOSTS = (
+_TREES_OF_HOSTS = Prepared(
     select(*PROVIDER_COLUMNS)
     .where(
         HostRow.root_id.in_(

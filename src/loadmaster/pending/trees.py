@@ -10,7 +10,6 @@ from typing import Any, Protocol
 from sqlalchemy import (
     BigInteger,
     BindParameter,
-    CompoundSelect,
     Float,
     Integer,
     Select,
@@ -26,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.resources import Inventory
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     AllocationRow,
@@ -127,7 +127,7 @@ def load_trees(
     for chunk in in_chunks(list(root_of)):
         # Inventories (with their class names), usage summed from the records, and traits:
         # one statement, told apart by ``kind``.
-        for kind, host_id, class_id, name, a, b, c, d, e, ratio in execute_core(
+        for kind, host_id, class_id, name, a, b, c, d, e, ratio in run(
             session, _TREE_CONTENTS, {"ids": chunk}
         ):
             tree = trees[root_of[host_id]]
@@ -204,7 +204,7 @@ TREE_BRANCHES: tuple[Select[*tuple[Any, ...]], ...] = (
     .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
     .where(HostTraitRow.host_id.in_(IDS)),
 )
-_TREE_CONTENTS: CompoundSelect[Any] = union_all(*TREE_BRANCHES)
+_TREE_CONTENTS = Prepared(union_all(*TREE_BRANCHES))
 
 
 def tree_ids(session: Session, root_id: int | None) -> set[int]:

@@ -16,6 +16,7 @@ from sqlalchemy import event, insert, inspect, select
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.util import identity_key
 
+from loadmaster.store.driver import Prepared, run_many
 from loadmaster.store.locking import now
 from loadmaster.store.schema import HostRow, VmEventRow, VmRow
 
@@ -141,4 +142,7 @@ def _before_commit(session: Session) -> None:
                 "fault": change.fault,
             }
         )
-    session.connection().execute(insert(VmEventRow), rows)
+    run_many(session, _INSERT_EVENTS, rows)
+
+
+_INSERT_EVENTS = Prepared(insert(VmEventRow.metadata.tables["vm_events"]))

@@ -19,15 +19,13 @@ queue up instead of deadlocking (SQLite serialises writers anyway):
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     BindParameter,
-    CompoundSelect,
     Executable,
     Result,
     bindparam,
@@ -40,12 +38,12 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 from sqlalchemy.util.typing import TupleAny, Unpack
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.driver import Prepared, run
 from loadmaster.store.engine import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import (
     ClusterClockRow,
@@ -165,17 +163,12 @@ def bump_generations(
             _lock_hosts(session, chunk)
         pairs = [(i, expected[i]) for i in chunk]
         if stamp:
-            stamped = (
-                execute_core(session, _CAS_AND_STAMP, {"pairs": pairs, "ids": chunk})
-                .scalars()
-                .all()
-            )
+            stamped = run(session, _CAS_AND_STAMP, {"pairs": pairs, "ids": chunk}).scalars()
             _changed(session, chunk)
             guessed.update(stamped)
             landed = len(stamped)
         else:
-            result = execute_core(session, _CAS, {"pairs": pairs, "ids": chunk})
-            landed = result.rowcount  # type: ignore[attr-defined]
+            landed = run(session, _CAS, {"pairs": pairs, "ids": chunk}).rowcount
         if landed != len(chunk):
             raise ConcurrentUpdate(
                 "a host was changed by another writer; retry", field="generation"
@@ -200,7 +193,7 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
     ids = sorted(set(host_ids))
     for chunk in in_chunks(ids):
         _lock_hosts(session, chunk)
-        execute_core(session, _TOUCH, {"ids": chunk})
+        run(session, _TOUCH, {"ids": chunk})
     return mark_changed(session, ids)
 
 
@@ -230,12 +223,12 @@ def _advance(session: Session, *, layout: bool) -> int:
         (False, True): _ADVANCE_AND_NOTIFY,
         (True, True): _ADVANCE_LAYOUT_AND_NOTIFY,
     }[layout, postgres]
-    return int(execute_core(session, statement).scalar_one())
+    return int(run(session, statement).scalar_one())
 
 
 def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
     for chunk in in_chunks(host_ids):
-        execute_core(session, _STAMP, {"ids": chunk, "seq": seq})
+        run(session, _STAMP, {"ids": chunk, "seq": seq})
     _changed(session, host_ids)
 
 
@@ -262,7 +255,7 @@ def clock_and_changed(
     generation)``: one statement, so both are of one moment."""
     seen: tuple[int, int] | None = None
     changed = []
-    for kind, a, b, c in execute_core(session, _CLOCK_AND_CHANGED, {"since": since}):
+    for kind, a, b, c in run(session, _CLOCK_AND_CHANGED, {"since": since}):
         if kind == 0:
             seen = (int(a), int(b))
         else:
@@ -271,16 +264,18 @@ def clock_and_changed(
     return seen, changed
 
 
-_CLOCK_AND_CHANGED: CompoundSelect[Any] = union_all(
-    select(
-        literal_column("0").label("kind"),
-        ClusterClockRow.seq.label("a"),
-        ClusterClockRow.layout_seq.label("b"),
-        cast(null(), BigInteger).label("c"),
-    ).where(ClusterClockRow.id == CLOCK_ROW),
-    select(literal_column("1"), HostRow.id, HostRow.changed_seq, HostRow.generation).where(
-        HostRow.changed_seq > bindparam("since")
-    ),
+_CLOCK_AND_CHANGED = Prepared(
+    union_all(
+        select(
+            literal_column("0").label("kind"),
+            ClusterClockRow.seq.label("a"),
+            ClusterClockRow.layout_seq.label("b"),
+            cast(null(), BigInteger).label("c"),
+        ).where(ClusterClockRow.id == CLOCK_ROW),
+        select(literal_column("1"), HostRow.id, HostRow.changed_seq, HostRow.generation).where(
+            HostRow.changed_seq > bindparam("since")
+        ),
+    )
 )
 
 
@@ -302,7 +297,7 @@ def _lock_hosts(session: Session, ids: list[int]) -> None:
         # No row locks (writers take turns): the SELECT would only read the rows again.
         session.flush()  # what it did besides, as every statement of an ORM session does
         return
-    execute_core(session, _LOCK_HOSTS, {"ids": ids})
+    run(session, _LOCK_HOSTS, {"ids": ids})
 
 
 def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
@@ -310,7 +305,7 @@ def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
     generation moves, so a Placement client holding the old one is refused, never lets
     its write undo a change it has not seen."""
     for chunk in in_chunks(sorted(set(consumer_ids))):
-        execute_core(session, _BUMP_CONSUMERS, {"ids": chunk})
+        run(session, _BUMP_CONSUMERS, {"ids": chunk})
 
 
 def execute_core(
@@ -325,58 +320,19 @@ def execute_core(
     return session.connection().execute(statement, params)
 
 
-def execute_many(
-    session: Session, statement: Executable, rows: Sequence[Mapping[str, Any]]
-) -> None:
-    """An INSERT or UPDATE of many rows (each with the same keys, naming every parameter
-    of the statement) handed straight to the driver's ``executemany``: compiled once per
-    dialect, each value converted by its type's own bind processor, without SQLAlchemy's
-    per-row parameter machinery (12 % of a mass start of 10,000 VMs, whose claims write
-    30,000 records and 10,000 VM rows)."""
-    if not rows:
-        return
-    session.flush()
-    connection = session.connection()
-    sql, order, processors = _driver_form(statement, tuple(rows[0]), connection.dialect)
-    convert = [(name, processors.get(name)) for name in order]
-    params: list[Any] = [
-        tuple(row[name] if p is None else p(row[name]) for name, p in convert) for row in rows
-    ]
-    if not connection.dialect.positional:
-        params = [dict(zip(order, values, strict=True)) for values in params]
-    connection.exec_driver_sql(sql, params)
-
-
-@functools.lru_cache(maxsize=64)
-def _driver_form(
-    statement: Executable, keys: tuple[str, ...], dialect: Dialect
-) -> tuple[str, list[str], dict[str, Callable[[Any], Any]]]:
-    compiled = statement.compile(dialect=dialect, column_keys=list(keys))  # type: ignore[attr-defined]
-    order = list(compiled.positiontup) if compiled.positional else list(compiled.binds)
-    missing = set(order) - set(keys)
-    if missing:
-        raise ValueError(f"execute_many: no value for {sorted(missing)}")
-    processors = {}
-    for name in order:
-        processor = compiled.binds[name].type.bind_processor(dialect)
-        if processor is not None:
-            processors[name] = processor
-    return compiled.string, order, processors
-
-
-# The hot statements, built once (SQLAlchemy then caches their compiled forms by key).
+# The hot statements, built once and run on the driver's cursor (``store/driver.py``).
 # Written on the tables, not the mapped classes: they need nothing of the ORM.
 _HOSTS = HostRow.metadata.tables["hosts"]
 _CLOCK = HostRow.metadata.tables["cluster_clock"]
 _CONSUMERS = HostRow.metadata.tables["consumers"]
 _IDS: BindParameter[Any] = bindparam("ids", expanding=True)
-_LOCK_HOSTS = (
+_LOCK_HOSTS = Prepared(
     select(HostRow.id)
     .where(HostRow.id.in_(_IDS))
     .order_by(HostRow.id)
     .with_for_update(key_share=True)
 )
-_CAS = (
+_CAS_UPDATE = (
     update(_HOSTS)
     # The ids alone as well: SQLite searches the primary key for a row-value IN of one
     # pair but scans the whole table for two or more (12 ms a claim at 100,000 hosts, the
@@ -385,22 +341,27 @@ _CAS = (
     .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
     .values(generation=_HOSTS.c.generation + 1)
 )
+_CAS = Prepared(_CAS_UPDATE)
 # The clock value the next ``_advance`` takes, unless another writer advances it first.
 _NEXT_SEQ = select(_CLOCK.c.seq + 1).where(_CLOCK.c.id == CLOCK_ROW).scalar_subquery()
-_CAS_AND_STAMP = _CAS.values(changed_seq=_NEXT_SEQ).returning(_HOSTS.c.changed_seq)
-_TOUCH = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(generation=_HOSTS.c.generation + 1)
-_STAMP = update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(changed_seq=bindparam("seq"))
-_ADVANCE = (
+_CAS_AND_STAMP = Prepared(_CAS_UPDATE.values(changed_seq=_NEXT_SEQ).returning(_HOSTS.c.changed_seq))
+_TOUCH = Prepared(
+    update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(generation=_HOSTS.c.generation + 1)
+)
+_STAMP = Prepared(update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(changed_seq=bindparam("seq")))
+_ADVANCE_UPDATE = (
     update(_CLOCK)
     .where(_CLOCK.c.id == CLOCK_ROW)
     .values(seq=_CLOCK.c.seq + 1)
     .returning(_CLOCK.c.seq)
 )
-_ADVANCE_LAYOUT = _ADVANCE.values(layout_seq=_CLOCK.c.layout_seq + 1)
+_ADVANCE_LAYOUT_UPDATE = _ADVANCE_UPDATE.values(layout_seq=_CLOCK.c.layout_seq + 1)
 _NOTIFIED = func.pg_notify(CLOCK_CHANNEL, "")
-_ADVANCE_AND_NOTIFY = _ADVANCE.returning(_NOTIFIED)
-_ADVANCE_LAYOUT_AND_NOTIFY = _ADVANCE_LAYOUT.returning(_NOTIFIED)
-_BUMP_CONSUMERS = (
+_ADVANCE = Prepared(_ADVANCE_UPDATE)
+_ADVANCE_LAYOUT = Prepared(_ADVANCE_LAYOUT_UPDATE)
+_ADVANCE_AND_NOTIFY = Prepared(_ADVANCE_UPDATE.returning(_NOTIFIED))
+_ADVANCE_LAYOUT_AND_NOTIFY = Prepared(_ADVANCE_LAYOUT_UPDATE.returning(_NOTIFIED))
+_BUMP_CONSUMERS = Prepared(
     update(_CONSUMERS)
     .where(_CONSUMERS.c.id.in_(_IDS))
     .values(generation=_CONSUMERS.c.generation + 1)
