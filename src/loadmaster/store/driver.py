@@ -84,8 +84,9 @@ class _Form:
     names: list[str] | None
     row: Any  # the named tuple class of the result's rows, or None
     result_types: list[Any]
-    # Set at the first execution, from the cursor's description.
-    processors: list[Callable[[Any], Any] | None] | None = None
+    # The result columns that have a processor, with it: set at the first execution,
+    # from the cursor's description.
+    steps: list[tuple[int, Callable[[Any], Any]]] | None = None
 
     def values(self, params: Params) -> Any:
         out = []
@@ -154,22 +155,22 @@ def _execute(connection: Connection, form: _Form, values: Any) -> Rows:
         fetched = cursor.fetchall()
     finally:
         cursor.close()
-    if form.processors is None:
-        form.processors = [
+    if form.steps is None:
+        processors = [
             kind._cached_result_processor(connection.dialect, column[1])
             for kind, column in zip(form.result_types, description, strict=True)
         ]
-    processors = form.processors
-    make = form.row._make
-    if not any(processors):
+        form.steps = [(i, p) for i, p in enumerate(processors) if p is not None]
+    make, steps = form.row._make, form.steps
+    if not steps:
         return Rows([make(row) for row in fetched], len(fetched))
-    return Rows(
-        [
-            make([v if p is None else p(v) for p, v in zip(processors, row, strict=True)])
-            for row in fetched
-        ],
-        len(fetched),
-    )
+    out = []
+    for row in fetched:
+        values = list(row)
+        for i, process in steps:
+            values[i] = process(values[i])
+        out.append(make(values))
+    return Rows(out, len(fetched))
 
 
 def _compile(statement: Executable, dialect: Dialect, params: Params) -> _Form | None:
