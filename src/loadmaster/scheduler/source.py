@@ -13,7 +13,6 @@ import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
 
 import numpy as np
 from sqlalchemy import (
@@ -29,7 +28,6 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import BindParameter
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
@@ -40,6 +38,7 @@ from loadmaster.resources import Inventory
 from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.driver import Prepared, one_of, run
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     HostAgentRow,
@@ -188,7 +187,7 @@ class SnapshotSource:
             hosts = sorted({int(snap.root_of[r]) for r in chunk_rows})
             snap.vm_count[hosts] = 0
             roots = [int(snap.provider_ids[snap.roots[h]]) for h in hosts]
-            found = execute_core(session, _PROVIDER_CONTENTS, {"ids": chunk, "roots": roots}).all()
+            found = run(session, _PROVIDER_CONTENTS, {"ids": chunk, "roots": roots}).all()
             # A usage row names its class by id; the inventory rows say whose id it is.
             class_name = {r.class_id: r.name for r in found if r.kind == trees.INVENTORY}
             for kind, host_id, class_id, name, a, b, c, d, e, ratio in found:
@@ -337,31 +336,32 @@ _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
 # ``_reload``'s one statement: the providers' own rows and their aggregates beside what
 # the ledger's trees read (inventories with class names, usage, traits).
 _HOST, _AGGREGATE, _VMS = 10, 11, 12
-_ROOTS: BindParameter[Any] = bindparam("roots", expanding=True)
 _PLACED = VmRow.state.in_(PLACED_STATES)
-_PROVIDER_CONTENTS = union_all(
-    # The first branch names the columns of them all.
-    select(
-        literal_column(str(_HOST)).label("kind"),
-        HostRow.id.label("host_id"),
-        cast(null(), Integer).label("class_id"),
-        HostRow.state.label("name"),
-        HostRow.generation.label("a"),
-        HostRow.root_id.label("b"),
-        trees.NO_INT.label("c"),
-        trees.NO_INT.label("d"),
-        trees.NO_INT.label("e"),
-        cast(null(), Float).label("ratio"),
-    ).where(HostRow.id.in_(trees.IDS)),
-    *trees.TREE_BRANCHES,
-    select(
-        *trees.sparse_row(_AGGREGATE, HostAggregateRow.host_id, HostAggregateRow.aggregate)
-    ).where(HostAggregateRow.host_id.in_(trees.IDS)),
-    # A migrating VM counts on its source and its destination: a row from each branch.
-    *(
-        select(*trees.sparse_row(_VMS, column, cast(null(), String), a=func.count()))
-        .where(_PLACED, column.in_(_ROOTS))
-        .group_by(column)
-        for column in (VmRow.host_id, VmRow.target_host_id)
-    ),
+_PROVIDER_CONTENTS = Prepared(
+    union_all(
+        # The first branch names the columns of them all.
+        select(
+            literal_column(str(_HOST)).label("kind"),
+            HostRow.id.label("host_id"),
+            cast(null(), Integer).label("class_id"),
+            HostRow.state.label("name"),
+            HostRow.generation.label("a"),
+            HostRow.root_id.label("b"),
+            trees.NO_INT.label("c"),
+            trees.NO_INT.label("d"),
+            trees.NO_INT.label("e"),
+            cast(null(), Float).label("ratio"),
+        ).where(one_of(HostRow.id, "ids")),
+        *trees.TREE_BRANCHES,
+        select(
+            *trees.sparse_row(_AGGREGATE, HostAggregateRow.host_id, HostAggregateRow.aggregate)
+        ).where(one_of(HostAggregateRow.host_id, "ids")),
+        # A migrating VM counts on its source and its destination: a row from each branch.
+        *(
+            select(*trees.sparse_row(_VMS, column, cast(null(), String), a=func.count()))
+            .where(_PLACED, one_of(column, "roots"))
+            .group_by(column)
+            for column in (VmRow.host_id, VmRow.target_host_id)
+        ),
+    )
 )
