@@ -122,7 +122,7 @@ def test_the_compare_and_swap_of_several_hosts_searches_their_ids(tmp_path: Path
     batch at 100,000 hosts); the swap names the ids too, so it searches the key."""
     lm = loadmaster.open(f"sqlite:///{tmp_path / 'plan.db'}")
     try:
-        params = {"pairs": [(1, 0), (2, 0), (3, 0)], "ids": [1, 2, 3], "generations": [0, 0, 0]}
+        params = {"pairs": [(1, 0), (2, 0), (3, 0)], "ids": [1, 2, 3]}
         with lm.store.read() as session:
             connection = session.connection()
             # The SQL and values the driver is handed (store/driver.py).

@@ -15,7 +15,7 @@ from sqlalchemy import Text, bindparam, cast, select, update
 from sqlalchemy.orm import Session
 
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, one_of, run, run_many
+from loadmaster.store.driver import Prepared, run, run_many
 from loadmaster.store.schema import FlavorRow, VmRow
 
 
@@ -130,7 +130,7 @@ _READ_VMS = (
         cast(FlavorRow.extra_specs, Text).label("f_extra"),
     )
     .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
-    .where(one_of(VmRow.uuid, "uuids"))
+    .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
     .order_by(VmRow.id)
 )
 _READ = Prepared(_READ_VMS)

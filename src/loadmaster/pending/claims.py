@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import bindparam, delete, func, insert, select
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.orm.util import identity_key
 
@@ -41,7 +41,7 @@ from loadmaster.pending.trees import (
 from loadmaster.resources import one_numa_node
 from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, one_of, run, run_many
+from loadmaster.store.driver import Prepared, run, run_many
 from loadmaster.store.history import note_written
 from loadmaster.store.locking import (
     bump_consumers,
@@ -379,7 +379,8 @@ _TREES_OF_HOSTS = Prepared(
     .where(
         HostRow.root_id.in_(
             select(func.coalesce(_NAMED.root_id, _NAMED.id)).where(
-                one_of(_NAMED.uuid, "uuids") | one_of(_NAMED.name, "names")
+                _NAMED.uuid.in_(bindparam("uuids", expanding=True))
+                | _NAMED.name.in_(bindparam("names", expanding=True))
             )
         )
     )

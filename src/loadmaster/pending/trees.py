@@ -9,9 +9,11 @@ from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     Float,
     Integer,
     Select,
+    bindparam,
     cast,
     func,
     literal_column,
@@ -23,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.resources import Inventory
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, one_of, run
+from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     AllocationRow,
@@ -142,6 +144,7 @@ def load_trees(
 
 
 INVENTORY, USED, TRAIT = 0, 1, 2
+IDS: BindParameter[Any] = bindparam("ids", expanding=True)
 NO_INT = cast(null(), BigInteger)
 
 
@@ -185,7 +188,7 @@ TREE_BRANCHES: tuple[Select[*tuple[Any, ...]], ...] = (
         InventoryRow.allocation_ratio.label("ratio"),
     )
     .join(ResourceClassRow, ResourceClassRow.id == InventoryRow.resource_class_id)
-    .where(one_of(InventoryRow.host_id, "ids")),
+    .where(InventoryRow.host_id.in_(IDS)),
     select(
         *sparse_row(
             USED,
@@ -195,11 +198,11 @@ TREE_BRANCHES: tuple[Select[*tuple[Any, ...]], ...] = (
             a=cast(func.sum(AllocationRow.amount), BigInteger),
         )
     )
-    .where(one_of(AllocationRow.host_id, "ids"))
+    .where(AllocationRow.host_id.in_(IDS))
     .group_by(AllocationRow.host_id, AllocationRow.resource_class_id, AllocationRow.state),
     select(*sparse_row(TRAIT, HostTraitRow.host_id, TraitRow.name))
     .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
-    .where(one_of(HostTraitRow.host_id, "ids")),
+    .where(HostTraitRow.host_id.in_(IDS)),
 )
 _TREE_CONTENTS = Prepared(union_all(*TREE_BRANCHES))
 

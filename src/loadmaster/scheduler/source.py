@@ -13,6 +13,7 @@ import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 from sqlalchemy import (
@@ -28,6 +29,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
@@ -38,7 +40,7 @@ from loadmaster.resources import Inventory
 from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, one_of, run
+from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     HostAgentRow,
@@ -336,6 +338,7 @@ _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
 # ``_reload``'s one statement: the providers' own rows and their aggregates beside what
 # the ledger's trees read (inventories with class names, usage, traits).
 _HOST, _AGGREGATE, _VMS = 10, 11, 12
+_ROOTS: BindParameter[Any] = bindparam("roots", expanding=True)
 _PLACED = VmRow.state.in_(PLACED_STATES)
 _PROVIDER_CONTENTS = Prepared(
     union_all(
@@ -351,15 +354,15 @@ _PROVIDER_CONTENTS = Prepared(
             trees.NO_INT.label("d"),
             trees.NO_INT.label("e"),
             cast(null(), Float).label("ratio"),
-        ).where(one_of(HostRow.id, "ids")),
+        ).where(HostRow.id.in_(trees.IDS)),
         *trees.TREE_BRANCHES,
         select(
             *trees.sparse_row(_AGGREGATE, HostAggregateRow.host_id, HostAggregateRow.aggregate)
-        ).where(one_of(HostAggregateRow.host_id, "ids")),
+        ).where(HostAggregateRow.host_id.in_(trees.IDS)),
         # A migrating VM counts on its source and its destination: a row from each branch.
         *(
             select(*trees.sparse_row(_VMS, column, cast(null(), String), a=func.count()))
-            .where(_PLACED, one_of(column, "roots"))
+            .where(_PLACED, column.in_(_ROOTS))
             .group_by(column)
             for column in (VmRow.host_id, VmRow.target_host_id)
         ),

@@ -12,10 +12,7 @@ result processors applied. ``Connection._cursor_execute`` runs it, so event list
 (the statement counters of tests and benchmarks), echo logging and the wrapping of
 driver errors (SQLite's busy, PostgreSQL's serialization failures, a lost connection
 invalidated) are as for any other statement. PostgreSQL's driver prepares a statement it
-sees five times on the server; ``one_of`` and ``pairs_in`` make a statement's SQL one
-string however long its lists are there (``= ANY(array)``), so that it is prepared once
-and planned once: planning the claim's reads cost more than running them (measured at
-200 hosts: 0.8 ms to plan a tree's contents, 0.24 ms to read them).
+sees five times on the server, and a fixed SQL string per shape lets it.
 
 A statement the recipe cannot serve (Python-side defaults computed at execution,
 parameters rendered into the SQL, escaped parameter names) runs through SQLAlchemy.
@@ -28,22 +25,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import (
-    ARRAY,
-    BindParameter,
-    Boolean,
-    ColumnElement,
-    Executable,
-    any_,
-    bindparam,
-    tuple_,
-)
+from sqlalchemy import Executable
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.visitors import InternalTraversal
 
 # Forms kept per statement: one per dialect and length of each IN list. A placement's
 # lists are short; a mass start's vary with its chunks, and past this many a shape is
@@ -95,8 +80,6 @@ class _Form:
     # into a list value or -1, index into a tuple within it or -1, the constant, the bind
     # processor or None).
     binds: list[tuple[str | None, int, int, Any, Callable[[Any], Any] | None]]
-    # Its SQL depends on the lengths of list values.
-    expanded: bool
     # The driver's parameter names (a named paramstyle), or None (positional).
     names: list[str] | None
     row: Any  # the named tuple class of the result's rows, or None
@@ -128,23 +111,18 @@ class Prepared:
     _forms: dict[tuple[Any, ...], _Form | None] = field(default_factory=dict, repr=False)
 
     def form(self, dialect: Dialect, params: Params) -> _Form | None:
-        # A statement without IN lists (all of them on PostgreSQL, see ``one_of``) has
-        # one form whatever the lengths of its values.
-        names = (type(dialect), dialect.server_version_info, tuple(sorted(params)))
-        fixed = self._forms.get(names, _VARIES)
-        if fixed is not _VARIES:
-            return fixed
-        key = (*names, tuple(_shape(params[name]) for name in names[2]))
+        key = (
+            type(dialect),
+            dialect.server_version_info,
+            tuple(sorted((name, _shape(value)) for name, value in params.items())),
+        )
         try:
             return self._forms[key]
         except KeyError:
             made = _compile(self.statement, dialect, params)
             if len(self._forms) < MAX_FORMS:
-                self._forms[names if made is None or not made.expanded else key] = made
+                self._forms[key] = made
             return made
-
-
-_VARIES: Any = object()
 
 
 def _shape(value: Any) -> int:
@@ -227,7 +205,6 @@ def _compile(statement: Executable, dialect: Dialect, params: Params) -> _Form |
     return _Form(
         state.statement,
         binds,
-        any(name in params for name in state.parameter_expansion),
         None if compiled.positional else names,
         namedtuple("Row", columns, rename=True) if columns else None,
         [entry[3] for entry in compiled._result_columns],
@@ -249,82 +226,3 @@ def run_many(session: Session, prepared: Prepared, rows: Sequence[Params]) -> No
         _execute(connection, form, form.values(rows[0]))
         return
     connection.exec_driver_sql(form.sql, [form.values(r) for r in rows])
-
-
-class _OneOf(ColumnElement[bool]):
-    """``column`` is one of the list parameter ``name``: ``IN (...)`` with one driver
-    parameter per item on SQLite, ``= ANY(array)`` with one on PostgreSQL."""
-
-    inherit_cache = True
-    type = Boolean()
-    _is_implicitly_boolean = True  # a condition as it stands, not ``... = 1``
-    _traverse_internals = [
-        ("column", InternalTraversal.dp_clauseelement),
-        ("name", InternalTraversal.dp_string),
-    ]
-
-    def __init__(self, column: ColumnElement[Any], name: str) -> None:
-        self.column, self.name = column, name
-
-
-def one_of(column: Any, name: str) -> ColumnElement[bool]:
-    return _OneOf(column, name)
-
-
-@compiles(_OneOf)
-def _one_of_listed(element: _OneOf, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(element.column.in_(bindparam(element.name, expanding=True)), **kw)
-
-
-@compiles(_OneOf, "postgresql")
-def _one_of_array(element: _OneOf, compiler: SQLCompiler, **kw: Any) -> str:
-    array = bindparam(element.name, type_=ARRAY(element.column.type))
-    return compiler.process(element.column == any_(array), **kw)
-
-
-class _PairsIn(ColumnElement[bool]):
-    """``(first, second)`` is one of the pairs given twice: as the list of tuples ``pairs``
-    (SQLite's row values) and as the two lists ``firsts`` and ``seconds`` (PostgreSQL's
-    arrays, zipped by ``unnest``). The caller passes all three."""
-
-    inherit_cache = True
-    type = Boolean()
-    _is_implicitly_boolean = True  # a condition as it stands, not ``... = 1``
-    _traverse_internals = [
-        ("first", InternalTraversal.dp_clauseelement),
-        ("second", InternalTraversal.dp_clauseelement),
-        ("pairs", InternalTraversal.dp_string),
-        ("firsts", InternalTraversal.dp_string),
-        ("seconds", InternalTraversal.dp_string),
-    ]
-
-    def __init__(
-        self,
-        first: ColumnElement[Any],
-        second: ColumnElement[Any],
-        pairs: str,
-        firsts: str,
-        seconds: str,
-    ) -> None:
-        self.first, self.second = first, second
-        self.pairs, self.firsts, self.seconds = pairs, firsts, seconds
-
-
-def pairs_in(
-    first: Any, second: Any, *, pairs: str, firsts: str, seconds: str
-) -> ColumnElement[bool]:
-    return _PairsIn(first, second, pairs, firsts, seconds)
-
-
-@compiles(_PairsIn)
-def _pairs_listed(element: _PairsIn, compiler: SQLCompiler, **kw: Any) -> str:
-    listed: BindParameter[Any] = bindparam(element.pairs, expanding=True)
-    return compiler.process(tuple_(element.first, element.second).in_(listed), **kw)
-
-
-@compiles(_PairsIn, "postgresql")
-def _pairs_zipped(element: _PairsIn, compiler: SQLCompiler, **kw: Any) -> str:
-    firsts = compiler.process(bindparam(element.firsts, type_=ARRAY(element.first.type)), **kw)
-    seconds = compiler.process(bindparam(element.seconds, type_=ARRAY(element.second.type)), **kw)
-    columns = compiler.process(tuple_(element.first, element.second), **kw)
-    return f"{columns} IN (SELECT * FROM unnest({firsts}, {seconds}))"

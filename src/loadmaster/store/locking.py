@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    BindParameter,
     Executable,
     Result,
     bindparam,
@@ -33,6 +34,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    tuple_,
     union_all,
     update,
 )
@@ -41,7 +43,7 @@ from sqlalchemy.util.typing import TupleAny, Unpack
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, one_of, pairs_in, run
+from loadmaster.store.driver import Prepared, run
 from loadmaster.store.engine import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import (
     ClusterClockRow,
@@ -159,19 +161,14 @@ def bump_generations(
     for chunk in in_chunks(ids):
         if not extra and len(chunk) > 1:  # with ``touch``, every row is locked already
             _lock_hosts(session, chunk)
-        # The pairs as row values (SQLite) and as two lists (PostgreSQL): ``pairs_in``.
-        pairs = {
-            "pairs": [(i, expected[i]) for i in chunk],
-            "ids": chunk,
-            "generations": [expected[i] for i in chunk],
-        }
+        pairs = [(i, expected[i]) for i in chunk]
         if stamp:
-            stamped = run(session, _CAS_AND_STAMP, pairs).scalars()
+            stamped = run(session, _CAS_AND_STAMP, {"pairs": pairs, "ids": chunk}).scalars()
             _changed(session, chunk)
             guessed.update(stamped)
             landed = len(stamped)
         else:
-            landed = run(session, _CAS, pairs).rowcount
+            landed = run(session, _CAS, {"pairs": pairs, "ids": chunk}).rowcount
         if landed != len(chunk):
             raise ConcurrentUpdate(
                 "a host was changed by another writer; retry", field="generation"
@@ -328,9 +325,10 @@ def execute_core(
 _HOSTS = HostRow.metadata.tables["hosts"]
 _CLOCK = HostRow.metadata.tables["cluster_clock"]
 _CONSUMERS = HostRow.metadata.tables["consumers"]
+_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
 _LOCK_HOSTS = Prepared(
     select(HostRow.id)
-    .where(one_of(HostRow.id, "ids"))
+    .where(HostRow.id.in_(_IDS))
     .order_by(HostRow.id)
     .with_for_update(key_share=True)
 )
@@ -339,12 +337,8 @@ _CAS_UPDATE = (
     # The ids alone as well: SQLite searches the primary key for a row-value IN of one
     # pair but scans the whole table for two or more (12 ms a claim at 100,000 hosts, the
     # cost of every coalesced batch over HTTP); with ``id IN`` it searches again.
-    .where(one_of(_HOSTS.c.id, "ids"))
-    .where(
-        pairs_in(
-            _HOSTS.c.id, _HOSTS.c.generation, pairs="pairs", firsts="ids", seconds="generations"
-        )
-    )
+    .where(_HOSTS.c.id.in_(_IDS))
+    .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
     .values(generation=_HOSTS.c.generation + 1)
 )
 _CAS = Prepared(_CAS_UPDATE)
@@ -352,11 +346,9 @@ _CAS = Prepared(_CAS_UPDATE)
 _NEXT_SEQ = select(_CLOCK.c.seq + 1).where(_CLOCK.c.id == CLOCK_ROW).scalar_subquery()
 _CAS_AND_STAMP = Prepared(_CAS_UPDATE.values(changed_seq=_NEXT_SEQ).returning(_HOSTS.c.changed_seq))
 _TOUCH = Prepared(
-    update(_HOSTS).where(one_of(_HOSTS.c.id, "ids")).values(generation=_HOSTS.c.generation + 1)
+    update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(generation=_HOSTS.c.generation + 1)
 )
-_STAMP = Prepared(
-    update(_HOSTS).where(one_of(_HOSTS.c.id, "ids")).values(changed_seq=bindparam("seq"))
-)
+_STAMP = Prepared(update(_HOSTS).where(_HOSTS.c.id.in_(_IDS)).values(changed_seq=bindparam("seq")))
 _ADVANCE_UPDATE = (
     update(_CLOCK)
     .where(_CLOCK.c.id == CLOCK_ROW)
@@ -371,6 +363,6 @@ _ADVANCE_AND_NOTIFY = Prepared(_ADVANCE_UPDATE.returning(_NOTIFIED))
 _ADVANCE_LAYOUT_AND_NOTIFY = Prepared(_ADVANCE_LAYOUT_UPDATE.returning(_NOTIFIED))
 _BUMP_CONSUMERS = Prepared(
     update(_CONSUMERS)
-    .where(one_of(_CONSUMERS.c.id, "ids"))
+    .where(_CONSUMERS.c.id.in_(_IDS))
     .values(generation=_CONSUMERS.c.generation + 1)
 )
