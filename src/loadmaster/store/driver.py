@@ -20,11 +20,13 @@ parameters rendered into the SQL, escaped parameter names) runs through SQLAlche
 
 from __future__ import annotations
 
+import copy
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from sqlalchemy import Executable
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
@@ -145,8 +147,16 @@ def run(session: Session, prepared: Prepared, params: Params | None = None) -> R
     return _execute(connection, form, form.values(params))
 
 
+def _cursor(connection: Connection) -> Any:
+    raw = connection.connection.dbapi_connection
+    # psycopg's own cursor rewrites every query's %(name)s into $1 and keeps the result
+    # only for short queries (9 % of a placement on PostgreSQL, measured); a RawCursor
+    # takes the $1 form ``_compiling`` produced.
+    return psycopg.RawCursor(raw) if isinstance(raw, psycopg.Connection) else raw.cursor()  # type: ignore[union-attr]
+
+
 def _execute(connection: Connection, form: _Form, values: Any) -> Rows:
-    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor = _cursor(connection)
     try:
         connection._cursor_execute(cursor, form.sql, values)
         description = cursor.description
@@ -173,8 +183,18 @@ def _execute(connection: Connection, form: _Form, values: Any) -> Rows:
     return Rows(out, len(fetched))
 
 
+def _compiling(dialect: Dialect) -> Dialect:
+    """The dialect to compile with: psycopg's with PostgreSQL's own numbered parameters,
+    for ``_cursor``'s RawCursor (the same dialect otherwise)."""
+    if dialect.driver != "psycopg":
+        return dialect
+    numbered = copy.copy(dialect)
+    numbered.paramstyle, numbered.positional = "numeric_dollar", True
+    return numbered
+
+
 def _compile(statement: Executable, dialect: Dialect, params: Params) -> _Form | None:
-    compiled: Any = statement.compile(dialect=dialect, column_keys=list(params))  # type: ignore[attr-defined]
+    compiled: Any = statement.compile(dialect=_compiling(dialect), column_keys=list(params))  # type: ignore[attr-defined]
     if (
         compiled.insert_prefetch
         or compiled.update_prefetch
@@ -225,4 +245,20 @@ def run_many(session: Session, prepared: Prepared, rows: Sequence[Params]) -> No
     if len(rows) == 1:
         _execute(connection, form, form.values(rows[0]))
         return
-    connection.exec_driver_sql(form.sql, [form.values(r) for r in rows])
+    values = [form.values(r) for r in rows]
+    cursor = _cursor(connection)
+    events = connection._has_events or connection.engine._has_events
+    try:
+        if events:
+            connection.dispatch.before_cursor_execute(
+                connection, cursor, form.sql, values, None, True
+            )
+        connection.dialect.do_executemany(cursor, form.sql, values, None)
+        if events:
+            connection.dispatch.after_cursor_execute(
+                connection, cursor, form.sql, values, None, True
+            )
+    except BaseException as exc:
+        connection._handle_dbapi_exception(exc, form.sql, values, cursor, None)
+    finally:
+        cursor.close()
