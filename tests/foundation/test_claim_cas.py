@@ -18,6 +18,7 @@ from loadmaster.pending import Ledger
 from loadmaster.pending import claims as claims_module
 from loadmaster.service import Loadmaster
 from loadmaster.store import locking
+from loadmaster.store.driver import Rows
 from loadmaster.store.schema import ClusterClockRow, HostRow, VmRow
 
 
@@ -99,13 +100,13 @@ def test_hosts_carry_the_clock_value_taken_when_another_writer_moved_it_meanwhil
     between. The hosts must then carry the value the claim's advance took, or a
     scheduler that read the other writer's value would never reload them."""
     lm = cluster
-    real = locking._advance
+    real = locking._advance_rows
 
-    def after_another_writer(session: Session, *, layout: bool) -> int:
-        real(session, layout=False)  # as if another transaction had committed one
+    def after_another_writer(session: Session, *, layout: bool) -> Rows:
+        real(session, layout=False).scalar_one()  # as if another transaction had one
         return real(session, layout=layout)
 
-    monkeypatch.setattr(locking, "_advance", after_another_writer)
+    monkeypatch.setattr(locking, "_advance_rows", after_another_writer)
     vm = lm.vms.create("v", "f").uuid
     seq_before, _ = _state(lm)
     outcome = lm.allocations.claim_many([claims_module.Claim(vm, "n")])[0]

@@ -4,18 +4,25 @@ same Python types, the same counts, the same errors, and listeners see them."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg import pq
 from sqlalchemy import bindparam, event, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError, NoResultFound
 
+import loadmaster
 from loadmaster.cluster import VmSpec
+from loadmaster.pending import claims
 from loadmaster.service import Loadmaster
-from loadmaster.store.driver import Prepared, run, run_many
+from loadmaster.store.driver import Prepared, pipelined, run, run_many
 from loadmaster.store.engine import WriteConflict
 from loadmaster.store.schema import HostRow, VmRow
 
@@ -141,3 +148,69 @@ def test_a_statement_with_python_side_defaults_runs_through_sqlalchemy(
         run_many(session, statement, [row])
     made = filled.resource_classes.get("CUSTOM_DEFAULTED")
     assert made.description == ""
+
+
+def _round_trips(service: Loadmaster, tmp_path: Path, work: Callable[[], object]) -> int:
+    """Round trips to PostgreSQL while ``work`` runs, from libpq's protocol trace of every
+    connection it checks out: each turn from the client's messages to the server's."""
+    trace = (tmp_path / "trace").open("w")
+
+    def traced(connection: Any, *_: Any) -> None:
+        connection.pgconn.trace(trace.fileno())
+        connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+
+    event.listen(service.store.engine, "checkout", traced)
+    try:
+        work()
+    finally:
+        event.remove(service.store.engine, "checkout", traced)
+        trace.close()
+    sides = [line[0] for line in (tmp_path / "trace").read_text().splitlines() if line]
+    return sum(1 for a, b in itertools.pairwise(sides) if (a, b) == ("F", "B"))
+
+
+@pytest.mark.postgres
+def test_a_claims_writes_swaps_and_clock_are_one_round_trip(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Records, VM rows, the compare-and-swap, consumers and the clock go to PostgreSQL
+    together (``pipelined``): four round trips fewer than the same claim without it."""
+    service = loadmaster.open(pg_url)
+    try:
+        service.hosts.create_many(
+            [{"name": f"h{i}", "inventories": {"VCPU": {"total": 8}}} for i in range(4)]
+        )
+        service.flavors.create({"name": "small", "resources": {"VCPU": 1}})
+        service.vms.create_many([VmSpec(f"vm-{i}", "small") for i in range(3)])
+        first, second, third = (v.uuid for v in service.vms.list())
+        service.allocations.claim(first, "h0")
+        together = _round_trips(service, tmp_path, lambda: service.allocations.claim(second, "h1"))
+        monkeypatch.setattr(claims, "pipelined", lambda _session: contextlib.nullcontext())
+        apart = _round_trips(service, tmp_path, lambda: service.allocations.claim(third, "h2"))
+        assert {v.host for v in service.vms.list()} == {"h0", "h1", "h2"}
+    finally:
+        service.close()
+    assert together == apart - 4, (together, apart)
+
+
+@pytest.mark.postgres
+def test_a_failure_in_a_pipeline_comes_as_sqlalchemys_and_writes_nothing(pg_url: str) -> None:
+    service = loadmaster.open(pg_url)
+    try:
+        service.hosts.create_many(
+            [{"name": f"h{i}", "inventories": {"VCPU": {"total": 8}}} for i in range(3)]
+        )
+        with pytest.raises(WriteConflict) as caught, service.store.write() as session:
+            with pipelined(session):
+                renamed = run(session, _RENAME, {"host_id": 1, "new_name": "renamed"})
+                run(session, _RENAME, {"host_id": 2, "new_name": "h2"})  # taken by id 3
+            assert renamed.rowcount == 1  # not reached: the block's end raised
+        assert isinstance(caught.value.__cause__, IntegrityError)
+        assert {h.name for h in service.hosts.list()} == {"h0", "h1", "h2"}
+        with service.store.write() as session, pipelined(session):
+            later = run(session, _RENAME, {"host_id": 1, "new_name": "one"})
+            bumped = run(session, _VMS_BY_ID, {"ids": [1, 2]})
+            assert later.rowcount == 1 and bumped.all() == []
+        assert "one" in {h.name for h in service.hosts.list()}
+    finally:
+        service.close()

@@ -41,7 +41,7 @@ from loadmaster.pending.trees import (
 from loadmaster.resources import one_numa_node
 from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run, run_many
+from loadmaster.store.driver import Prepared, pipelined, run, run_many
 from loadmaster.store.history import note_written
 from loadmaster.store.locking import (
     bump_consumers,
@@ -223,13 +223,22 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             f"affinity group {groups.groups[split[0]].name} would be split by this batch; retry",
             field="host",
         )
-    if new_rows:
-        run_many(session, _INSERT_RECORDS, new_rows)
-    _write_back(session, [vms[o.vm] for o in outcomes if o.ok], providers)
-    # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
-    # compare-and-swap: nothing was added there), locked in one id order with the others.
-    clock = bump_generations(session, touched, touch=moved_from)
-    bump_consumers(session, {vms[o.vm].consumer_id for o in outcomes if o.ok})
+    consumers = {vms[o.vm].consumer_id for o in outcomes if o.ok}
+    # The writes, the swaps and the clock in one round trip on PostgreSQL.
+    with pipelined(session) as send:
+        if new_rows:
+            run_many(session, _INSERT_RECORDS, new_rows)
+        _write_back(session, [vms[o.vm] for o in outcomes if o.ok], providers)
+        # The hosts re-placed VMs left, and the sources of migrations, are bumped too (no
+        # compare-and-swap: nothing was added there), locked in one id order with the
+        # others; the consumers after the hosts, the clock last (``store/locking.py``).
+        clock = bump_generations(
+            session,
+            touched,
+            touch=moved_from,
+            before_clock=lambda: bump_consumers(session, consumers),
+            sent=send,
+        )
     return [replace(o, clock=clock) if o.ok else o for o in outcomes]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,35 +43,53 @@ Params = Mapping[str, Any]
 
 class Rows:
     """What a prepared statement returned: its rows (named tuples), or the number of
-    rows it changed. The subset of SQLAlchemy's ``Result`` that callers use."""
+    rows it changed. The subset of SQLAlchemy's ``Result`` that callers use. In a
+    pipeline (``pipelined``), read from the server when first wanted."""
 
-    __slots__ = ("_rows", "rowcount")
+    __slots__ = ("_pending", "_rowcount", "_rows")
 
-    def __init__(self, rows: list[Any], rowcount: int) -> None:
-        self._rows = rows
-        self.rowcount = rowcount
+    def __init__(
+        self,
+        rows: list[Any],
+        rowcount: int,
+        pending: Callable[[], tuple[list[Any], int]] | None = None,
+    ) -> None:
+        self._rows, self._rowcount, self._pending = rows, rowcount, pending
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._rows)
-
-    def all(self) -> list[Any]:
+    def _read(self) -> list[Any]:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._rows, self._rowcount = pending()
         return self._rows
 
+    @property
+    def rowcount(self) -> int:
+        self._read()
+        return self._rowcount
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._read())
+
+    def all(self) -> list[Any]:
+        return self._read()
+
     def first(self) -> Any:
-        return self._rows[0] if self._rows else None
+        rows = self._read()
+        return rows[0] if rows else None
 
     def one(self) -> Any:
-        if len(self._rows) != 1:
-            raise (NoResultFound if not self._rows else MultipleResultsFound)(
-                f"expected one row, got {len(self._rows)}"
+        rows = self._read()
+        if len(rows) != 1:
+            raise (NoResultFound if not rows else MultipleResultsFound)(
+                f"expected one row, got {len(rows)}"
             )
-        return self._rows[0]
+        return rows[0]
 
     def scalar_one(self) -> Any:
         return self.one()[0]
 
     def scalars(self) -> list[Any]:
-        return [row[0] for row in self._rows]
+        return [row[0] for row in self._read()]
 
 
 @dataclass
@@ -144,7 +163,60 @@ def run(session: Session, prepared: Prepared, params: Params | None = None) -> R
         result = connection.execute(prepared.statement, dict(params))
         rows = list(result) if result.returns_rows else []
         return Rows(rows, result.rowcount if not result.returns_rows else len(rows))
-    return _execute(connection, form, form.values(params))
+    return _execute(connection, form, form.values(params), session.info.get(_PIPELINE))
+
+
+class _Batch:
+    """A pipeline of psycopg's, open until ``end``."""
+
+    def __init__(self, session: Session, connection: Connection, raw: psycopg.Connection) -> None:
+        self._session, self._connection = session, connection
+        self._mode = raw.pipeline()
+        self.pipeline: Any = self._mode.__enter__()
+        self.open = True
+        session.info[_PIPELINE] = self
+
+    def end(self, failure: BaseException | None = None) -> None:
+        """Everything queued sent, and every answer read: one round trip."""
+        if not self.open:
+            return
+        self.open = False
+        del self._session.info[_PIPELINE]
+        try:
+            # With a failure already on its way, psycopg logs its own and does not raise.
+            if failure is None:
+                self._mode.__exit__(None, None, None)
+            else:
+                self._mode.__exit__(type(failure), failure, failure.__traceback__)
+        except psycopg.Error as exc:
+            self._connection._handle_dbapi_exception(exc, "(pipeline)", None, None, None)
+
+
+@contextmanager
+def pipelined(session: Session) -> Iterator[Callable[[], None]]:
+    """On PostgreSQL, the statements ``run`` and ``run_many`` send in the block go to the
+    server without waiting for each answer (psycopg's pipeline mode): the server answers
+    them all when the block ends, or earlier when the function the block is given is
+    called (answers read after it need no further round trip), or when a result is read
+    before (one round trip more). Errors come as SQLAlchemy's, at the latest when the
+    pipeline ends. On SQLite (no round trips), and inside another pipeline, the block
+    changes nothing."""
+    session.flush()
+    connection = session.connection()
+    raw = connection.connection.dbapi_connection
+    if not isinstance(raw, psycopg.Connection) or _PIPELINE in session.info:
+        yield lambda: None
+        return
+    batch = _Batch(session, connection, raw)
+    try:
+        yield batch.end
+    except BaseException as exc:
+        batch.end(exc)
+        raise
+    batch.end()
+
+
+_PIPELINE = "loadmaster_pipeline"
 
 
 def _cursor(connection: Connection) -> Any:
@@ -155,16 +227,40 @@ def _cursor(connection: Connection) -> Any:
     return psycopg.RawCursor(raw) if isinstance(raw, psycopg.Connection) else raw.cursor()  # type: ignore[union-attr]
 
 
-def _execute(connection: Connection, form: _Form, values: Any) -> Rows:
+def _execute(connection: Connection, form: _Form, values: Any, batch: _Batch | None = None) -> Rows:
     cursor = _cursor(connection)
+    if batch is None:
+        try:
+            connection._cursor_execute(cursor, form.sql, values)
+            return Rows(*_answer(connection, form, cursor))
+        finally:
+            cursor.close()
     try:
         connection._cursor_execute(cursor, form.sql, values)
-        description = cursor.description
-        if description is None:
-            return Rows([], cursor.rowcount)
-        fetched = cursor.fetchall()
-    finally:
+    except BaseException:
         cursor.close()
+        raise
+
+    def answer() -> tuple[list[Any], int]:
+        try:
+            if form.row is None and batch.open:
+                batch.pipeline.sync()  # a count only: no fetch asks the server for it
+            return _answer(connection, form, cursor)
+        except psycopg.Error as exc:
+            connection._handle_dbapi_exception(exc, form.sql, values, cursor, None)
+            raise  # (it raised already)
+        finally:
+            cursor.close()
+
+    return Rows([], -1, answer)
+
+
+def _answer(connection: Connection, form: _Form, cursor: Any) -> tuple[list[Any], int]:
+    """The rows of the statement ``cursor`` ran (a row-less one: the count it changed)."""
+    if form.row is None:
+        return [], cursor.rowcount
+    fetched = cursor.fetchall()
+    description = cursor.description
     if form.steps is None:
         processors = [
             kind._cached_result_processor(connection.dialect, column[1])
@@ -173,14 +269,14 @@ def _execute(connection: Connection, form: _Form, values: Any) -> Rows:
         form.steps = [(i, p) for i, p in enumerate(processors) if p is not None]
     make, steps = form.row._make, form.steps
     if not steps:
-        return Rows([make(row) for row in fetched], len(fetched))
+        return [make(row) for row in fetched], len(fetched)
     out = []
     for row in fetched:
         values = list(row)
         for i, process in steps:
             values[i] = process(values[i])
         out.append(make(values))
-    return Rows(out, len(fetched))
+    return out, len(fetched)
 
 
 def _compiling(dialect: Dialect) -> Dialect:
@@ -243,9 +339,10 @@ def run_many(session: Session, prepared: Prepared, rows: Sequence[Params]) -> No
         connection.execute(prepared.statement, [dict(r) for r in rows])
         return
     if len(rows) == 1:
-        _execute(connection, form, form.values(rows[0]))
+        _execute(connection, form, form.values(rows[0]), session.info.get(_PIPELINE))
         return
     values = [form.values(r) for r in rows]
+    batch = session.info.get(_PIPELINE)
     cursor = _cursor(connection)
     events = connection._has_events or connection.engine._has_events
     try:
@@ -261,4 +358,5 @@ def run_many(session: Session, prepared: Prepared, rows: Sequence[Params]) -> No
     except BaseException as exc:
         connection._handle_dbapi_exception(exc, form.sql, values, cursor, None)
     finally:
-        cursor.close()
+        if batch is None:  # in a pipeline, its answer is still to come
+            cursor.close()

@@ -19,7 +19,7 @@ queue up instead of deadlocking (SQLite serialises writers anyway):
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,7 +43,7 @@ from sqlalchemy.util.typing import TupleAny, Unpack
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run
+from loadmaster.store.driver import Prepared, Rows, run
 from loadmaster.store.engine import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import (
     ClusterClockRow,
@@ -133,7 +133,13 @@ def lock_groups(session: Session, group_ids: Collection[int]) -> list[ServerGrou
 
 
 def bump_generations(
-    session: Session, expected: Mapping[int, int], *, touch: Iterable[int] = (), clock: bool = True
+    session: Session,
+    expected: Mapping[int, int],
+    *,
+    touch: Iterable[int] = (),
+    clock: bool = True,
+    before_clock: Callable[[], None] | None = None,
+    sent: Callable[[], None] | None = None,
 ) -> int:
     """Compare-and-swap: each host's generation must still be what was read, else nothing lands.
 
@@ -143,13 +149,18 @@ def bump_generations(
     deadlock. ``touch``: more hosts to bump without the compare-and-swap (as
     ``touch_generations``), locked in the same id order as the others (two separate passes
     could deadlock). ``clock=False``: the caller has more rows to lock and advances the
-    clock itself, last (``mark_changed``); returns 0 then.
+    clock itself, last (``mark_changed``); returns 0 then. ``before_clock``: the caller's
+    writes that lock rows after the hosts and before the clock (consumers). ``sent``:
+    called once every statement is sent and before any answer is read: a pipeline's end
+    (``driver.pipelined``), so that the caller's writes, the swaps, the consumers and the
+    clock's advance are one round trip on PostgreSQL.
 
     A chunk of one row is not locked apart: its UPDATE takes the same FOR NO KEY UPDATE
     lock on that one row, and there is no order to keep among one. Without
     ``touch``, the UPDATE also stamps the hosts with the clock value the clock is about to
     take (``mark_changed``, still advanced last); should another writer have moved the
-    clock in between (PostgreSQL), they are stamped again with the value it took.
+    clock in between (PostgreSQL), they are stamped again with the value it took. A swap
+    that did not land is found after the clock's advance: the caller's rollback undoes it.
     """
     extra = set(touch) - set(expected)
     if extra:
@@ -157,29 +168,36 @@ def bump_generations(
             _lock_hosts(session, chunk)
     ids = sorted(expected)
     stamp = clock and not extra
-    guessed: set[int] = set()
+    swaps = []
     for chunk in in_chunks(ids):
         if not extra and len(chunk) > 1:  # with ``touch``, every row is locked already
             _lock_hosts(session, chunk)
-        pairs = [(i, expected[i]) for i in chunk]
+        pairs = {"pairs": [(i, expected[i]) for i in chunk], "ids": chunk}
+        swaps.append((len(chunk), run(session, _CAS_AND_STAMP if stamp else _CAS, pairs)))
         if stamp:
-            stamped = run(session, _CAS_AND_STAMP, {"pairs": pairs, "ids": chunk}).scalars()
             _changed(session, chunk)
-            guessed.update(stamped)
-            landed = len(stamped)
-        else:
-            landed = run(session, _CAS, {"pairs": pairs, "ids": chunk}).rowcount
-        if landed != len(chunk):
+    if before_clock is not None:
+        before_clock()
+    if extra:
+        touch_generations(session, extra)
+    seq, advanced = 0, None
+    if clock and stamp:
+        advanced = _advance_rows(session, layout=False)
+    elif clock:
+        seq = mark_changed(session, ids)
+    if sent is not None:
+        sent()
+    if advanced is not None:
+        seq = int(advanced.scalar_one())
+    guessed: set[int] = set()
+    for wanted, swap in swaps:
+        landed = swap.rowcount
+        if stamp:
+            guessed.update(swap.scalars())
+        if landed != wanted:
             raise ConcurrentUpdate(
                 "a host was changed by another writer; retry", field="generation"
             )
-    if extra:
-        touch_generations(session, extra)
-    if not clock:
-        return 0
-    if not stamp:
-        return mark_changed(session, ids)
-    seq = _advance(session, layout=False)
     if guessed - {seq}:
         _stamp(session, ids, seq)
     return seq
@@ -216,6 +234,11 @@ def _advance(session: Session, *, layout: bool) -> int:
     when the transaction commits (they read which hosts from the clock; the notices of
     one transaction are one): every write that stamps hosts advances the clock, and a
     NOTIFY of its own was one more round trip per write."""
+    return int(_advance_rows(session, layout=layout).scalar_one())
+
+
+def _advance_rows(session: Session, *, layout: bool) -> Rows:
+    """``_advance``'s statement sent; its answer read when wanted."""
     postgres = session.get_bind().dialect.name == "postgresql"
     statement = {
         (False, False): _ADVANCE,
@@ -223,7 +246,7 @@ def _advance(session: Session, *, layout: bool) -> int:
         (False, True): _ADVANCE_AND_NOTIFY,
         (True, True): _ADVANCE_LAYOUT_AND_NOTIFY,
     }[layout, postgres]
-    return int(run(session, statement).scalar_one())
+    return run(session, statement)
 
 
 def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
