@@ -13,10 +13,12 @@ from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import Receive, Scope, Send
 
 from loadmaster.api import errors, microversion
 from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, TokenTable, resolve_auth
 from loadmaster.api.deps import MetricsDep
+from loadmaster.api.direct import DirectRoutes
 from loadmaster.api.longpoll import HeldPolls
 from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
@@ -98,10 +100,12 @@ def create_app(
                 await asyncio.to_thread(evacuation.stop)
             service.host_agents.watch = None
             await watch.stop()
+            if isinstance(app, Api):
+                app.direct.close()
             if owned:
                 service.close()
 
-    app = FastAPI(
+    app = Api(
         title="loadmaster",
         version="1",
         description=DESCRIPTION,
@@ -161,8 +165,29 @@ def create_app(
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
     # Outermost: a long-poll waits before it enters the stack (api/longpoll.py).
     app.add_middleware(HeldPolls, watch=app.state.watch, tokens=app.state.tokens)
+    # The placement path's routes, answered without the stack when a request takes the
+    # common way (api/direct.py); every other request, and every refusal, goes down it.
+    app.direct = DirectRoutes(
+        app,
+        [r for router in routers for r in router.routes if isinstance(r, APIRoute)],
+        app.state.tokens,
+        max_body_size,
+    )
     app.openapi = lambda: _openapi(app, secured=auth is not None)  # type: ignore[method-assign]
     return app
+
+
+class Api(FastAPI):
+    """The app, whose placement path's requests go to ``direct`` first (which hands
+    the others to the stack)."""
+
+    direct: DirectRoutes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            await self.direct(scope, receive, send, super().__call__)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def app_from_env() -> FastAPI:

@@ -87,6 +87,24 @@ def parse(header: str | None) -> Version:
     return version
 
 
+_HEADER_BYTES = HEADER.encode()
+
+
+def requested(scope: Scope) -> Version:
+    """The version the request's headers ask for (``parse`` of them all together)."""
+    raw = [v.decode("latin-1") for k, v in scope["headers"] if k == _HEADER_BYTES]
+    return parse(", ".join(raw) if raw else None)
+
+
+def use(version: Version) -> contextvars.Token[Version]:
+    """Answer the rest of this request at ``version`` (``current()``)."""
+    return _current.set(version)
+
+
+def done(token: contextvars.Token[Version]) -> None:
+    _current.reset(token)
+
+
 Render = Callable[[LoadmasterError, Mapping[str, str]], Response]
 
 
@@ -103,28 +121,20 @@ class MicroversionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw = [v.decode("latin-1") for k, v in scope["headers"] if k == HEADER.encode()]
         try:
-            version = parse(", ".join(raw) if raw else None)
+            version = requested(scope)
         except (BadVersion, UnacceptableVersion) as exc:
             await self.render(exc, _headers(MIN))(scope, receive, send)
             return
         token = _current.set(version)
 
-        # Placement says when a representation it returns was last modified: on reads,
-        # and on writes that answer 200 with the written resource (not 201 or 204).
-        cached = version.matches(*CACHE_HEADERS_SINCE)
         method = scope["method"]
 
         async def labelled(message: Message) -> None:
             if message["type"] == "http.response.start":
-                added = _headers(version)
-                status = message["status"]
-                if cached and (status == 200 or (method == "GET" and 200 <= status < 300)):
-                    added.update(cache_headers())
                 message["headers"] = [
                     *message.get("headers", []),
-                    *((k.encode(), v.encode()) for k, v in added.items()),
+                    *labels(version, method, message["status"]),
                 ]
             await send(message)
 
@@ -132,6 +142,18 @@ class MicroversionMiddleware:
             await self.app(scope, receive, labelled)
         finally:
             _current.reset(token)
+
+
+def labels(version: Version, method: str, status: int) -> list[tuple[bytes, bytes]]:
+    """The headers an answer at ``version`` carries: the version, ``vary`` and, from 1.15,
+    Placement's cache headers where it sends them: on reads, and on writes that answer 200
+    with the written resource (not 201 or 204)."""
+    added = _headers(version)
+    if version.matches(*CACHE_HEADERS_SINCE) and (
+        status == 200 or (method == "GET" and 200 <= status < 300)
+    ):
+        added.update(cache_headers())
+    return [(k.encode(), v.encode()) for k, v in added.items()]
 
 
 def _headers(version: Version) -> dict[str, str]:

@@ -29,6 +29,8 @@ from loadmaster.service import Loadmaster
 REQUEST_ID_HEADER = "x-request-id"
 # The id is echoed under loadmaster's header and under OpenStack's two.
 ECHOED_AS = (REQUEST_ID_HEADER, "openstack-request-id", "x-openstack-request-id")
+_REQUEST_ID_BYTES = REQUEST_ID_HEADER.encode()
+_ECHOED_BYTES = tuple(name.encode() for name in ECHOED_AS)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "loadmaster_request_id", default=None
@@ -141,6 +143,25 @@ class Metrics:
         )
         self.registry.register(_PendingRecords(lm))
         self.registry.register(_WaitingPolls(watch))
+        # Each series' child, looked up once: ``labels()`` takes a lock and builds a key
+        # on every call, and every request counts in two series.
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def answered(self, template: str, method: str, status: int, seconds: float) -> None:
+        """One answered request: counted by route template, method and status, timed by
+        route template; a 409 also counts as a conflict."""
+        key = (template, method, status)
+        series = self._series.get(key)
+        if series is None:
+            series = (
+                self.requests.labels(template, method, str(status)),
+                self.request_seconds.labels(template),
+            )
+            self._series[key] = series
+        series[0].inc()
+        series[1].observe(seconds)
+        if status == 409:
+            self.conflicts.labels("http_409").inc()
 
     def observe_schedule(self, result: ScheduleResult) -> None:
         for placement in result.placements:
@@ -153,10 +174,49 @@ class Metrics:
             self.conflicts.labels("claim_race").inc(result.conflicts)
 
 
+def request_id_of(scope: Scope) -> str:
+    """The client's ``X-Request-ID`` if sane, else a new id in OpenStack's form, which its
+    clients and logs expect."""
+    given = b""
+    for name, value in scope["headers"]:
+        if name == _REQUEST_ID_BYTES:
+            given = value
+    text = given.decode("latin-1")
+    return text if _SAFE_ID.match(text) else f"req-{uuid.uuid4()}"
+
+
+def id_headers(request_id: str) -> list[tuple[bytes, bytes]]:
+    """The request id under each name it is echoed as."""
+    value = request_id.encode()
+    return [(name, value) for name in _ECHOED_BYTES]
+
+
+def record_request(
+    metrics: Metrics, scope: Scope, template: str, status: int, seconds: float
+) -> None:
+    """Count, time and log one answered request (by route template, not raw path, which
+    would make a metric series per VM)."""
+    metrics.answered(template, scope["method"], status, seconds)
+    access_log.info(
+        "%s %s %s",
+        scope["method"],
+        scope["path"],
+        status,
+        extra={
+            "fields": {
+                "method": scope["method"],
+                "path": scope["path"],
+                "route": template,
+                "status": status,
+                "ms": round(seconds * 1000, 2),
+            }
+        },
+    )
+
+
 class RequestContextMiddleware:
     """Gives every request an id (the client's ``X-Request-ID`` if sane, else a new one),
-    echoes it, logs the outcome and counts it by route template (not raw path, which
-    would make a metric series per VM)."""
+    echoes it, logs the outcome and counts it by route template."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -166,9 +226,7 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
-        # A made id has OpenStack's form, which its clients and logs expect.
-        request_id = given if _SAFE_ID.match(given) else f"req-{uuid.uuid4()}"
+        request_id = request_id_of(scope)
         token = request_id_var.set(request_id)
         started = time.perf_counter()
         status = 500
@@ -177,35 +235,13 @@ class RequestContextMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [
-                    *message.get("headers", []),
-                    *((name.encode(), request_id.encode()) for name in ECHOED_AS),
-                ]
+                message["headers"] = [*message.get("headers", []), *id_headers(request_id)]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            seconds = time.perf_counter() - started
             route = scope.get("route")
             template = getattr(route, "path", None) or "<unmatched>"
-            self.metrics.requests.labels(template, scope["method"], str(status)).inc()
-            self.metrics.request_seconds.labels(template).observe(seconds)
-            if status == 409:
-                self.metrics.conflicts.labels("http_409").inc()
-            access_log.info(
-                "%s %s %s",
-                scope["method"],
-                scope["path"],
-                status,
-                extra={
-                    "fields": {
-                        "method": scope["method"],
-                        "path": scope["path"],
-                        "route": template,
-                        "status": status,
-                        "ms": round(seconds * 1000, 2),
-                    }
-                },
-            )
+            record_request(self.metrics, scope, template, status, time.perf_counter() - started)
             request_id_var.reset(token)
