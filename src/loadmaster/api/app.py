@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from loadmaster.api import errors, microversion
 from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, TokenTable, resolve_auth
+from loadmaster.api.batching import Batcher
 from loadmaster.api.deps import MetricsDep
 from loadmaster.api.direct import DirectRoutes
 from loadmaster.api.longpoll import HeldPolls
@@ -121,6 +122,7 @@ def create_app(
     app.state.watch = HostWatch(service.store)
     app.state.metrics = Metrics(service, app.state.watch)
     app.state.tokens = TokenTable(auth) if auth is not None else None
+    app.state.vm_creates = Batcher(service.vms.create_many)
     # What SIGHUP reloads (``api.reload``); ``app_from_env`` sets it, knowing the sources.
     app.state.reload = None
     errors.install(app)

@@ -79,7 +79,7 @@ class _Parameters:
 
 # The dependencies a direct route may have: the services (given by name) and the app's
 # checks, which the direct path makes itself (no query string; no NUL in path or body).
-_SERVICES = {deps._loadmaster: "lm", deps._metrics: "metrics"}
+_SERVICES = {deps._loadmaster: "lm", deps._metrics: "metrics", deps._vm_creates: "vm_creates"}
 _CHECKS = (errors.no_nul, errors.no_unknown_query)
 
 
