@@ -21,13 +21,22 @@ import numpy as np
 
 from loadmaster.errors import LoadmasterError, PluginFailed
 from loadmaster.scheduler.explain import explanation
-from loadmaster.scheduler.plugins import LoadedFilter, Verdict, Weigher, host_view
+from loadmaster.scheduler.plugins import (
+    LoadedFilter,
+    Verdict,
+    Weigher,
+    host_view,
+    local_weigher,
+)
 from loadmaster.scheduler.request import VmRequest
 from loadmaster.scheduler.results import HostScore, NoHostFits
 from loadmaster.scheduler.snapshot import Bools, Floats, Ints, Snapshot
 
 log = logging.getLogger("loadmaster.scheduler")
 T = TypeVar("T")
+# A kept verdict is worked out again over every host after this many changes (or an
+# eighth of the hosts, if more) since it was last used.
+FULL_AFTER = 64
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,10 @@ class FilterResult:
 class Decision:
     """One request's outcome: ``host`` (an index into the snapshot), or ``error`` saying
     why none (``NoHostFits`` with its explanation, ``PluginFailed`` naming the plugin).
-    ``scores``: with ``breakdown``, the chosen host's score per weigher, then the
-    runners-up's."""
+    ``results``: every filter's verdict, when the request fits nowhere or with
+    ``breakdown`` (a placed VM's are not kept: a mass start would work them out over every
+    host for every VM). ``scores``: with ``breakdown``, the chosen host's score per
+    weigher, then the runners-up's."""
 
     index: int
     request: VmRequest
@@ -85,6 +96,153 @@ class _Call:
     statics: dict[tuple[Hashable, ...], tuple[Bools, list[FilterResult]]] = field(
         default_factory=dict
     )
+    # The host-local plugins' verdicts and raw scores, kept up to date (None: every
+    # plugin is asked over every host for every request, as ``incremental=False`` does).
+    local: _Local | None = None
+
+
+class _KeptVerdict:
+    """A host-local filter's hosts kept, for one value of the request fields it reads,
+    up to date as of change ``seen``; ``reasons``: its checks' (None: it said None)."""
+
+    __slots__ = ("keep", "reasons", "seen")
+
+    def __init__(self, seen: int, verdict: Verdict | None) -> None:
+        self.seen = seen
+        self.reasons = None if verdict is None else tuple(r for _, r in verdict.checks)
+        self.keep = None if verdict is None else np.array(verdict.keep, np.bool_)
+
+
+class _KeptScores:
+    """A host-local weigher's raw scores over every host, for one value of the request
+    fields it reads (None: no opinion), up to date as of change ``seen``."""
+
+    __slots__ = ("raw", "seen")
+
+    def __init__(self, seen: int, raw: Floats | None) -> None:
+        self.seen = seen
+        self.raw = None if raw is None else np.array(raw)
+
+
+_MISSING = object()
+
+
+class _Values:
+    """The request fields plugins read, made hashable once per request."""
+
+    def __init__(self) -> None:
+        self.request: VmRequest | None = None
+        self.memo: dict[str, Hashable] = {}
+
+    def of(self, request: VmRequest, fields: Sequence[str]) -> tuple[Hashable, ...]:
+        if request is not self.request:
+            self.request, self.memo = request, {}
+        out = []
+        for name in fields:
+            value = self.memo.get(name, _MISSING)
+            if value is _MISSING:
+                value = self.memo[name] = _hashable(getattr(request, name))
+            out.append(value)
+        return tuple(out)
+
+
+class _Local:
+    """The host-local plugins of a plan and their answers, kept per value of the request
+    fields each reads, and which hosts the decisions so far changed. A filter's kept
+    verdict is brought up to date by asking it about the hosts changed since it was last
+    used (``changes``), or about every host once many have; a weigher's kept scores the
+    same way."""
+
+    def __init__(self, plan: Plan, requests: int, size: int) -> None:
+        self.filters = {
+            id(e): tuple(sorted(e.reads or ())) for e in plan.filters if e.local is not None
+        }
+        self.weighers: dict[int, tuple[str, tuple[str, ...]]] = {}
+        for position, (weigher, _) in enumerate(plan.weighers):
+            reads = local_weigher(weigher)
+            if reads is not None:
+                name = str(getattr(weigher, "name", type(weigher).__name__))
+                self.weighers[position] = (name, tuple(sorted(reads)))
+        statics = [e for e in plan.filters if e.mask is not None and not e.dynamic]
+        # The fields the static filters read, when all declare them (None: not cached).
+        self.static_fields = (
+            tuple(sorted({f for e in statics for f in e.reads or ()}))
+            if all(e.reads is not None for e in statics)
+            else None
+        )
+        self.statics: dict[tuple[Hashable, ...], Bools] = {}
+        self.verdicts: dict[tuple[Hashable, ...], _KeptVerdict] = {}
+        self.scores: dict[tuple[Hashable, ...], _KeptScores] = {}
+        self.values = _Values()
+        self.changes = np.zeros(requests, np.int64)  # the host each decision changed
+        self.count = 0
+        self.size = size
+        # Past this many changes since a kept verdict was last used, ask about every host.
+        self.full_after = max(size // 8, FULL_AFTER)
+
+    def changed(self, host: int) -> None:
+        self.changes[self.count] = host
+        self.count += 1
+
+    def verdict(self, snap: Snapshot, entry: LoadedFilter, request: VmRequest) -> Bools | None:
+        """The hosts the filter keeps, as of now (None: it said None)."""
+        key = (id(entry), *self.values.of(request, self.filters[id(entry)]))
+        kept = self.verdicts.get(key)
+        if kept is not None:
+            if kept.reasons is None or kept.seen == self.count:
+                # (Whether a host-local filter concerns a request depends on the request.)
+                return kept.keep
+            if self.count - kept.seen <= self.full_after:
+                at = self.changes[kept.seen : self.count]
+                assert entry.local is not None and kept.keep is not None
+                seen = cast(VmRequest, _Fields(request, entry.name, entry.reads))
+                part = _plugin("filter", entry.name, entry.local.mask_at, snap, seen, at)
+                if part is not None and tuple(r for _, r in part.checks) == kept.reasons:
+                    kept.keep[at] = part.keep
+                    kept.seen = self.count
+                    return kept.keep
+                # Other checks than before: ask about every host.
+        assert entry.local is not None
+        seen = cast(VmRequest, _Fields(request, entry.name, entry.reads))
+        verdict = _plugin("filter", entry.name, entry.local.mask, snap, seen)
+        kept = self.verdicts[key] = _KeptVerdict(self.count, verdict)
+        return kept.keep
+
+    def raw(
+        self, snap: Snapshot, position: int, weigher: Weigher, request: VmRequest, at: Ints
+    ) -> tuple[bool, Floats | None]:
+        """The weigher's raw scores for the candidates ``at``, as of now: (False, None) if
+        it is not host-local, (True, None) if it has no opinion."""
+        if position not in self.weighers or len(at) * 4 < self.size:
+            # A few candidates (a sample): scoring them afresh costs less than reading
+            # their kept scores, scattered over arrays of every host.
+            return False, None
+        name, fields = self.weighers[position]
+        key = (position, *self.values.of(request, fields))
+        kept = self.scores.get(key)
+        if kept is not None and kept.raw is None:
+            return True, None  # (so does whether a host-local weigher has an opinion)
+        seen = cast(VmRequest, _Fields(request, name, frozenset(fields)))
+        if kept is not None and kept.seen < self.count:
+            if self.count - kept.seen <= self.full_after:
+                changed = self.changes[kept.seen : self.count]
+                part = _plugin("weigher", name, weigher.weigh, snap, seen, changed)
+                if part is not None and kept.raw is not None:
+                    kept.raw[changed] = part
+                    kept.seen = self.count
+                else:  # (not as host-local as it says: ask it as any other)
+                    del self.scores[key]
+                    return False, None
+            else:
+                kept = None
+        if kept is None:
+            everywhere = np.arange(self.size)
+            raw = _plugin("weigher", name, weigher.weigh, snap, seen, everywhere)
+            kept = self.scores[key] = _KeptScores(self.count, raw)
+            if kept.raw is None:
+                return True, None
+        assert kept.raw is not None
+        return True, kept.raw[at]
 
 
 def decide(
@@ -96,14 +254,25 @@ def decide(
     all_or_nothing: bool = False,
     breakdown: bool = False,
     attempt: int = 0,
+    incremental: bool = True,
 ) -> list[Decision]:
     """One decision per request, in the order they were decided: members of a hard-
     affinity group move up to their first member, which carries the others' resources as
     companions, so the group lands together. ``all_or_nothing``: stop at the first request
     that fits nowhere (a gang fails as one). ``attempt`` > 0 draws from another stream
-    of the same seed, for deciding again after a lost claim race."""
+    of the same seed, for deciding again after a lost claim race.
+
+    Host-local plugins (``plugins.py``) are asked over every host once per value of the
+    request fields they read, then only about the hosts the decisions since changed;
+    ``incremental=False`` asks every plugin about every host for every request instead
+    (the same decisions, slower: the reference the tests hold the fast way to)."""
     rng = np.random.default_rng(seed if not attempt else [seed, attempt])
     call = _Call(plan, rng, breakdown, snapshot)
+    if incremental and (
+        any(e.local is not None for e in plan.filters)
+        or any(local_weigher(w) is not None for w, _ in plan.weighers)
+    ):
+        call.local = _Local(plan, len(requests), snapshot.size)
     ordered = order_for_groups(list(enumerate(requests)))
     unplaceable: dict[str, NoHostFits] = {}
     decisions = []
@@ -156,10 +325,18 @@ def order_for_groups(items: list[tuple[int, VmRequest]]) -> list[tuple[int, VmRe
 
 def _decide_one(call: _Call, index: int, request: VmRequest, *, last: bool) -> Decision:
     try:
-        results, keep = filter_hosts(call.snap, request, call.plan, call.statics)
-        host, scores = _pick(call, request, np.flatnonzero(keep))
+        results: list[FilterResult] | None = None
+        if call.local is None:
+            results, keep = filter_hosts(call.snap, request, call.plan, call.statics)
+        else:
+            keep = _kept_hosts(call, call.local, request)
+        host, scores = _pick(call, request, keep.nonzero()[0])
+        if results is None and (host is None or call.breakdown):
+            # Explaining needs every filter's verdict over every host: worked out only now.
+            results, _ = filter_hosts(call.snap, request, call.plan, call.statics)
     except PluginFailed as exc:
         return Decision(index, request, None, [], exc)
+    results = results or []
     if host is None:
         return Decision(
             index, request, None, results, NoHostFits(explanation(call.snap, request, results))
@@ -176,7 +353,36 @@ def _decide_one(call: _Call, index: int, request: VmRequest, *, last: bool) -> D
             group.name if group is not None else None,
             one_node=request.one_numa_node,
         )
-    return Decision(index, request, host, results, scores=scores)
+        if call.local is not None:
+            call.local.changed(host)
+    # (A placed VM's results are kept only with breakdown, whichever way they were found.)
+    return Decision(index, request, host, results if call.breakdown else [], scores=scores)
+
+
+def _kept_hosts(call: _Call, local: _Local, request: VmRequest) -> Bools:
+    """The hosts every filter keeps, as ``filter_hosts`` finds them, with the host-local
+    filters' verdicts brought up to date rather than worked out again."""
+    snap, plan = call.snap, call.plan
+    if local.static_fields is None:
+        keep, _ = _static_part(snap, request, plan, call.statics, local.values)
+    else:
+        key = local.values.of(request, local.static_fields)
+        if key not in local.statics:
+            local.statics[key], _ = _static_part(snap, request, plan, call.statics, local.values)
+        keep = local.statics[key]
+    keep = keep.copy()
+    for entry in plan.filters:
+        if entry.mask is not None and not entry.dynamic:
+            continue
+        if id(entry) in local.filters:
+            kept = local.verdict(snap, entry, request)
+            if kept is not None:
+                keep &= kept
+            continue
+        verdict = _verdict(snap, entry, request, keep)
+        if verdict is not None:
+            keep &= verdict.keep
+    return keep
 
 
 def filter_hosts(
@@ -205,6 +411,7 @@ def _static_part(
     request: VmRequest,
     plan: Plan,
     statics: dict[tuple[Hashable, ...], tuple[Bools, list[FilterResult]]],
+    values: _Values | None = None,
 ) -> tuple[Bools, list[FilterResult]]:
     """The verdicts of the filters that ignore usage: once per combination of the request
     fields they declare they read, or every time while one of them declares none."""
@@ -212,9 +419,9 @@ def _static_part(
     cacheable = all(entry.reads is not None for entry in entries)
     key: tuple[Hashable, ...] = ()
     if cacheable:
+        values = values or _Values()
         key = tuple(
-            (entry.name, *(_hashable(getattr(request, f)) for f in sorted(entry.reads or ())))
-            for entry in entries
+            (entry.name, *values.of(request, sorted(entry.reads or ()))) for entry in entries
         )
         if key in statics:
             return statics[key]
@@ -224,7 +431,11 @@ def _static_part(
         assert entry.mask is not None
         # A filter whose verdict is cached sees only the fields it declared: reading
         # another one fails loudly, naming it, instead of answering from a stale cache.
-        seen = request if entry.reads is None else cast(VmRequest, _Fields(request, entry))
+        seen = (
+            request
+            if entry.reads is None
+            else cast(VmRequest, _Fields(request, entry.name, entry.reads))
+        )
         verdict = _plugin("filter", entry.name, entry.mask.mask, snap, seen)
         if verdict is not None:
             results.append(FilterResult(entry.name, verdict))
@@ -235,16 +446,16 @@ def _static_part(
 
 
 class _Fields:
-    """A request as a static filter that declared ``reads`` sees it."""
+    """A request as a plugin that declared ``reads`` sees it."""
 
-    def __init__(self, request: VmRequest, entry: LoadedFilter) -> None:
-        self._request, self._entry = request, entry
+    def __init__(self, request: VmRequest, plugin: str, reads: frozenset[str] | None) -> None:
+        self._request, self._plugin, self._reads = request, plugin, reads or frozenset()
 
     def __getattr__(self, name: str) -> Any:
-        if name not in (self._entry.reads or ()):
+        if name not in self._reads:
             raise AttributeError(
-                f"filter {self._entry.name!r} read request.{name} but declares it reads only "
-                f"{sorted(self._entry.reads or ())}"
+                f"plugin {self._plugin!r} read request.{name} but declares it reads only "
+                f"{sorted(self._reads)}"
             )
         return getattr(self._request, name)
 
@@ -292,7 +503,7 @@ def _pick(
         candidates = candidates[rng.integers(0, len(candidates), plan.sample)]
     if len(candidates) == 1 or not plan.weighers:
         return int(candidates[rng.integers(len(candidates))]), ()
-    weighed = weigh(call.snap, request, candidates, plan.weighers)
+    weighed = weigh(call.snap, request, candidates, plan.weighers, call.local)
     scores = sum((w for _, w in weighed), np.zeros(len(candidates)))
     tolerance = plan.tie_tolerance * sum(abs(m) for _, m in plan.weighers)
     near = np.flatnonzero(scores >= scores.max() - tolerance)
@@ -312,16 +523,21 @@ def weigh(
     request: VmRequest,
     candidates: Ints,
     weighers: Sequence[tuple[Weigher, float]],
+    local: _Local | None = None,
 ) -> list[tuple[str, Floats]]:
     """Each weigher's multiplier times its raw scores rescaled to [0, 1] over the
     candidates, as Nova does; a weigher with no opinion, or the same one for all, adds
-    nothing."""
+    nothing. With ``local``, the host-local weighers' raw scores are its kept ones."""
     if not len(candidates):
         return []  # nothing fits: weighers have nothing to rank (and min() would fail)
     weighed = []
-    for weigher, multiplier in weighers:
+    for position, (weigher, multiplier) in enumerate(weighers):
         name = str(getattr(weigher, "name", type(weigher).__name__))
-        raw = _plugin("weigher", name, weigher.weigh, snap, request, candidates)
+        kept, raw = (
+            local.raw(snap, position, weigher, request, candidates) if local else (False, None)
+        )
+        if not kept:
+            raw = _plugin("weigher", name, weigher.weigh, snap, request, candidates)
         if raw is None:
             continue
         low, high = float(raw.min()), float(raw.max())

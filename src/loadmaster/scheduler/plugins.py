@@ -17,6 +17,17 @@ those fields, as kube-scheduler caches per plugin, and it sees only those fields
 another fails, naming the filter, rather than answering from a stale cache). A static
 filter that declares nothing is asked again for every request.
 
+A dynamic mask filter whose verdict on a host depends only on that host's row of the
+snapshot (its usage, VM count, group members) and on the request is **host-local**: it
+declares ``reads`` and also implements ``mask_at(hosts, request, at) -> Verdict | None``,
+the same checks (same reasons, same order) for the hosts ``at`` only. A batch then asks
+``mask`` once per value of the fields it reads and, after each decision, ``mask_at`` for
+the hosts that decision changed, instead of ``mask`` over every host for every VM. A
+weigher is host-local the same way when its score for a candidate depends only on that
+candidate: it sets ``host_local = True`` and declares ``reads``, and its raw scores are
+kept per value of those fields and recomputed only on the hosts that changed. Plugins
+that declare neither are asked over every host (or candidate) for every request.
+
 A **weigher** scores candidate hosts: ``weigh(hosts, request, candidates) -> raw scores``
 (higher is better, None for no opinion). The scheduler rescales the raw scores to [0, 1]
 over the candidates, as Nova does, and multiplies them by the policy's multiplier.
@@ -56,11 +67,13 @@ class Verdict:
 
     def __init__(self, checks: Sequence[tuple[Bools, str]], size: int) -> None:
         self.checks = tuple(checks)
-        self.keep: Bools = (
-            np.logical_and.reduce([ok for ok, _ in self.checks])
-            if self.checks
-            else np.ones(size, np.bool_)
-        )
+        if not self.checks:
+            self.keep: Bools = np.ones(size, np.bool_)
+            return
+        keep = np.array(self.checks[0][0], np.bool_)  # (a copy, whatever the check was)
+        for ok, _ in self.checks[1:]:
+            np.logical_and(keep, ok, out=keep)
+        self.keep = keep
 
     @classmethod
     def one_reason(cls, keep: Bools, reason: str) -> Verdict:
@@ -107,6 +120,17 @@ class MaskFilter(Protocol):
 
 
 @runtime_checkable
+class LocalMaskFilter(Protocol):
+    """A host-local mask filter (see the module docstring)."""
+
+    name: str
+
+    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None: ...
+
+    def mask_at(self, hosts: Snapshot, request: VmRequest, at: Ints) -> Verdict | None: ...
+
+
+@runtime_checkable
 class HostFilter(Protocol):
     name: str
 
@@ -143,6 +167,8 @@ class LoadedFilter:
     dynamic: bool
     order: int
     reads: frozenset[str] | None = None
+    # Host-local (dynamic, declares reads, has mask_at): updated on the changed hosts only.
+    local: LocalMaskFilter | None = None
 
 
 def load_filters() -> list[LoadedFilter]:
@@ -159,32 +185,46 @@ def load_filters() -> list[LoadedFilter]:
         per_host = plugin if isinstance(plugin, HostFilter) else None
         if mask is None and per_host is None:
             raise TypeError(f"filter plugin {name} has neither mask() nor filter()")
+        dynamic = bool(getattr(plugin, "dynamic", True))
+        reads = _reads(name, getattr(plugin, "reads", None))
+        local = None
+        if dynamic and reads is not None and isinstance(plugin, LocalMaskFilter):
+            local = plugin
         loaded.append(
             LoadedFilter(
                 plugin.name,
                 mask,
                 per_host,
-                bool(getattr(plugin, "dynamic", True)),
+                dynamic,
                 int(getattr(plugin, "order", 50)),
-                _reads(name, getattr(plugin, "reads", None)),
+                reads,
+                local,
             )
         )
     return sorted(loaded, key=lambda f: (f.order, f.name))
 
 
-def _reads(name: str, reads: object) -> frozenset[str] | None:
+def _reads(name: str, reads: object, kind: str = "filter") -> frozenset[str] | None:
     if reads is None:
         return None
     known = {f.name for f in fields(VmRequest)} | {"companion_total"}
     if isinstance(reads, str) or not isinstance(reads, Iterable):
-        raise TypeError(f"filter plugin {name}: reads must be a list of VmRequest fields")
+        raise TypeError(f"{kind} plugin {name}: reads must be a list of VmRequest fields")
     unknown = sorted(str(r) for r in reads if r not in known)
     if unknown:
         raise TypeError(
-            f"filter plugin {name}: reads names {unknown[0]!r}, not a VmRequest field "
+            f"{kind} plugin {name}: reads names {unknown[0]!r}, not a VmRequest field "
             f"(known: {', '.join(sorted(known))})"
         )
     return frozenset(str(r) for r in reads)
+
+
+def local_weigher(weigher: Weigher) -> frozenset[str] | None:
+    """The request fields a host-local weigher reads (None: it is not host-local)."""
+    if not getattr(weigher, "host_local", False):
+        return None
+    name = str(getattr(weigher, "name", type(weigher).__name__))
+    return _reads(name, getattr(weigher, "reads", None), "weigher")
 
 
 def load_weighers(settings: Sequence[WeigherSetting]) -> list[tuple[Weigher, float]]:
@@ -199,7 +239,9 @@ def load_weighers(settings: Sequence[WeigherSetting]) -> list[tuple[Weigher, flo
                 field="policy",
             )
         if setting.multiplier:
-            out.append((factory(**setting.options), setting.multiplier))
+            weigher = factory(**setting.options)
+            local_weigher(weigher)  # a host-local weigher's reads name request fields
+            out.append((weigher, setting.multiplier))
     return out
 
 

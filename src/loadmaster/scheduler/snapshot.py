@@ -112,8 +112,9 @@ class Snapshot:
         self.agent_silent_after = DEFAULT_SILENT_AFTER_S
         # Per server group of the call: its placed members (pending counted) per host.
         self.group_members: dict[str, Ints] = {}
-        # Caches of pure functions of the arrays above (cleared whenever they change).
-        self._unit_ok: dict[tuple[int, int], Bools] = {}  # also offers(), as (column, -1)
+        # Caches of pure functions of the arrays above (cleared whenever they change);
+        # _unit_ok also holds offers() as (column, -1), offered_everywhere() as (column, -2).
+        self._unit_ok: dict[tuple[int, int], Bools] = {}
         self._shares: tuple[Ints | None, dict[tuple[int, int], Floats]] = (None, {})
 
     @property
@@ -259,23 +260,55 @@ class Snapshot:
             self._unit_ok[key] = self.host_capacity[column] > 0
         return self._unit_ok[key]
 
+    def offered_everywhere(self, column: int) -> bool:
+        """Does every host have inventory of the class."""
+        key = (column, -2)
+        if key not in self._unit_ok:
+            self._unit_ok[key] = np.array(self.offers(column).all())
+        return bool(self._unit_ok[key])
+
+    def rows_of(self, at: Ints) -> tuple[Ints, Ints | None]:
+        """The provider rows of the hosts ``at`` (their trees, root first) and, per row,
+        its host's position in ``at`` (None when every host is one provider)."""
+        if self.flat:
+            return at, None  # (row h is host h)
+        trees = [self.tree[h] for h in at.tolist()]
+        rows = np.fromiter((r for tree in trees for r in tree), np.int64)
+        return rows, np.repeat(np.arange(len(at)), [len(tree) for tree in trees])
+
     def fits(
-        self, amounts: Mapping[str, int], extra: Mapping[str, int] | None = None
+        self,
+        amounts: Mapping[str, int],
+        extra: Mapping[str, int] | None = None,
+        at: Ints | None = None,
     ) -> dict[str, Bools]:
         """Per requested class, which hosts can take ``amounts`` (one provider of the tree
-        holding the whole amount, as the ledger claims it) plus ``extra`` on top."""
+        holding the whole amount, as the ledger claims it) plus ``extra`` on top. With
+        ``at``, only for those hosts (one entry per host of ``at``)."""
         extra = extra or {}
         out = {}
+        rows: Ints | slice = slice(None)
+        owner: Ints | None = None
+        if at is not None:
+            rows, owner = self.rows_of(at)
+        size = self.size if at is None else len(at)
         for name in amounts.keys() | extra.keys():
             column = self.classes.get(name)
             if column is None:
-                out[name] = np.zeros(self.size, np.bool_)
+                out[name] = np.zeros(size, np.bool_)
                 continue
             amount = amounts.get(name, 0)
-            ok = self.capacity[column] - self.used[column] >= amount + extra.get(name, 0)
+            ok = self.capacity[column][rows] - self.used[column][rows] >= amount + extra.get(
+                name, 0
+            )
             if amount:
-                ok &= self.unit_ok(column, amount)
-            out[name] = self.any_per_host(ok)
+                ok &= self.unit_ok(column, amount)[rows]
+            if at is None:
+                out[name] = self.any_per_host(ok)
+            elif owner is None:
+                out[name] = ok
+            else:
+                out[name] = np.bincount(owner, weights=ok, minlength=size) > 0
         return out
 
     def share(self, column: int, amount: int, candidates: Ints) -> Floats:
@@ -328,6 +361,30 @@ class Snapshot:
         the tree (root first) that holds it; with ``one_node`` (``hw:numa_nodes=1``) the
         classes the host's nodes offer on the first node with room for all of them. Only
         for a working copy, or for the owner of the arrays (the snapshot source)."""
+        for row, column, amount in self._placing(host, amounts, one_node):
+            self.used[column, row] += amount
+            if not self.flat:
+                self.host_used[column, host] += amount
+        self.vm_count[host] += 1
+        if group is not None and group in self.group_members:
+            self.group_members[group][host] += 1
+        self._shares = (None, {})
+
+    def _placing(
+        self, host: int, amounts: Mapping[str, int], one_node: bool
+    ) -> list[tuple[int, int, int]]:
+        """Where ``fit_in_tree`` puts the amounts, as (row, column, amount); nothing if
+        they do not fit."""
+        if self.flat:
+            # A tree of one provider: every class on it, if it offers and has room for
+            # each (fit_in_tree's answer, without its generality).
+            plan = []
+            for name, amount in sorted(amounts.items()):
+                column = self.classes[name]
+                if not (self.max_unit[column, host] > 0 and self._room(column, host, amount)):
+                    return []
+                plan.append((host, column, amount))
+            return plan
         fit = fit_in_tree(
             self.tree[host],
             amounts,
@@ -337,15 +394,7 @@ class Snapshot:
                 "" if self._room(self.classes[name], row, amount) else "full"
             ),
         )
-        for row, name, amount in fit.plan:
-            column = self.classes[name]
-            self.used[column, row] += amount
-            if not self.flat:
-                self.host_used[column, host] += amount
-        self.vm_count[host] += 1
-        if group is not None and group in self.group_members:
-            self.group_members[group][host] += 1
-        self._shares = (None, {})
+        return [(row, self.classes[name], amount) for row, name, amount in fit.plan]
 
     def _room(self, column: int, row: int, amount: int) -> bool:
         return bool(

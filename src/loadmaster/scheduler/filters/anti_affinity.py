@@ -5,19 +5,24 @@ from __future__ import annotations
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Snapshot
+from loadmaster.scheduler.snapshot import Ints, Snapshot
 
 
 class AntiAffinityFilter:
     name = "anti_affinity"
     order = 60
     dynamic = True
+    reads = ("group",)
 
     def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
+        return self.mask_at(hosts, request, None)
+
+    def mask_at(self, hosts: Snapshot, request: VmRequest, at: Ints | None) -> Verdict | None:
         group = request.group
         if group is None or group.policy != "anti-affinity":
             return None
         limit = group.max_per_host or 1
+        members = hosts.group_members[group.name]
         return Verdict.one_reason(
-            hosts.group_members[group.name] < limit, f"anti-affinity(group {group.name})"
+            (members if at is None else members[at]) < limit, f"anti-affinity(group {group.name})"
         )

@@ -2,6 +2,9 @@
 
 "One VM of this kind per host" needs no filter of its own: give each host a custom class
 with total 1 (``CUSTOM_ONE_PER_HOST``) and the flavor a demand of 1.
+
+Host-local: a host's verdict depends on its own tree's usage only, so a batch asks again
+only for the hosts its last decisions changed (``mask_at``).
 """
 
 from __future__ import annotations
@@ -10,25 +13,34 @@ import numpy as np
 
 from loadmaster.scheduler.plugins import Verdict
 from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Bools, Snapshot
+from loadmaster.scheduler.snapshot import Bools, Ints, Snapshot
 
 
 class ResourcesFilter:
     name = "resources"
     order = 90
     dynamic = True
+    reads = ("resources", "companion_total", "one_numa_node")
 
     def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict:
+        return self.mask_at(hosts, request, None)
+
+    def mask_at(self, hosts: Snapshot, request: VmRequest, at: Ints | None) -> Verdict:
+        size = hosts.size if at is None else len(at)
         checks: list[tuple[Bools, str]] = []
         for name in sorted(request.resources):
             column = hosts.classes.get(name)
-            offered = hosts.offers(column) if column is not None else np.zeros(hosts.size, np.bool_)
-            if not offered.all():
-                checks.append((offered, f"no {name} inventory"))
-        fits = hosts.fits(request.resources, request.companion_total)
+            if column is None:
+                if hosts.size:  # (no host at all lacks it)
+                    checks.append((np.zeros(size, np.bool_), f"no {name} inventory"))
+            elif not hosts.offered_everywhere(column):
+                offered = hosts.offers(column)
+                checks.append((offered if at is None else offered[at], f"no {name} inventory"))
+        fits = hosts.fits(request.resources, request.companion_total, at)
         checks += [(ok, f"short of {name}") for name, ok in sorted(fits.items())]
         if request.one_numa_node:
+            counts = hosts.one_node_counts(request.resources)
             checks.append(
-                (hosts.one_node_counts(request.resources) > 0, "no NUMA node with room for all")
+                (counts > 0 if at is None else counts[at] > 0, "no NUMA node with room for all")
             )
-        return Verdict(checks, hosts.size)
+        return Verdict(checks, size)

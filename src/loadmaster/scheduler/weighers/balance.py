@@ -12,6 +12,8 @@ from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 class BalanceWeigher:
     name = "balance"
+    host_local = True  # a candidate's score depends on its own row only
+    reads = ("resources",)
 
     def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         shares = [
@@ -21,6 +23,8 @@ class BalanceWeigher:
         ]
         if len(shares) < 2:
             return None
-        highest = np.maximum.reduce(shares)
-        lowest = np.minimum.reduce(shares)
+        highest, lowest = shares[0], shares[0]
+        for share in shares[1:]:
+            highest = np.maximum(highest, share)
+            lowest = np.minimum(lowest, share)
         return lowest - highest

@@ -41,6 +41,8 @@ def _weights(classes: Mapping[str, float] | Sequence[str] | None) -> dict[str, f
 
 class PackWeigher:
     name = "pack"
+    host_local = True  # a candidate's score depends on its own row only
+    reads = ("resources",)
 
     def __init__(self, classes: Mapping[str, float] | Sequence[str] | None = None) -> None:
         self.classes = _weights(classes)

@@ -8,6 +8,8 @@ from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 class SoftAffinityWeigher:
     name = "soft_affinity"
+    host_local = True  # a candidate's score depends on its own row only
+    reads = ("group",)
 
     def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         group = request.group

@@ -9,6 +9,8 @@ from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
 
 class VmCountWeigher:
     name = "vm_count"
+    host_local = True  # a candidate's score depends on its own row only
+    reads = ()
 
     def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
         return -hosts.vm_count[candidates].astype(float)
