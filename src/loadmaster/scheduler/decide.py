@@ -5,6 +5,9 @@ snapshot's usage that takes each decision before the next one is made (pending c
 used, for resources and for server groups alike), and returns one ``Decision`` per request.
 The snapshot is never changed, nothing is kept between calls, and the same snapshot,
 requests, plan and seed give the same decisions: a decision can be replayed from its seed.
+Within a call, the verdicts and raw scores of host-local plugins (``plugins.py``) are kept
+per request shape and brought up to date on the hosts the decisions changed, so a mass
+start does not ask every plugin about every host for every VM.
 Resolving requests from the store and claiming the decisions live around it
 (``resolve.py``, ``scheduler.py``).
 """

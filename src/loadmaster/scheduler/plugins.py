@@ -25,8 +25,12 @@ the same checks (same reasons, same order) for the hosts ``at`` only. A batch th
 the hosts that decision changed, instead of ``mask`` over every host for every VM. A
 weigher is host-local the same way when its score for a candidate depends only on that
 candidate: it sets ``host_local = True`` and declares ``reads``, and its raw scores are
-kept per value of those fields and recomputed only on the hosts that changed. Plugins
-that declare neither are asked over every host (or candidate) for every request.
+kept per value of those fields and recomputed only on the hosts that changed. A
+host-local plugin sees only the fields it declares, as a static filter does. Whether a
+host-local plugin answers None (the request does not concern it, no opinion) must
+depend on the request alone: a kept None is not asked again. Plugins that declare
+neither are asked over every host (or candidate) for every request; either way the
+decisions are the same (``decide(..., incremental=False)`` asks every plugin every time).
 
 A **weigher** scores candidate hosts: ``weigh(hosts, request, candidates) -> raw scores``
 (higher is better, None for no opinion). The scheduler rescales the raw scores to [0, 1]
