@@ -463,7 +463,12 @@ class _Fields:
         return getattr(self._request, name)
 
 
+_PLAIN = (str, int, float, frozenset, type(None))
+
+
 def _hashable(value: object) -> Hashable:
+    if isinstance(value, _PLAIN):  # (first: the Mapping check is slow, and these are most)
+        return value
     if isinstance(value, Mapping):
         return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
     if isinstance(value, list | tuple):
