@@ -108,6 +108,8 @@ class Snapshot:
         # on every host); the time the snapshot was taken and the agents' silence limit.
         self.agent_seen: Floats = np.zeros(0, np.float64)
         self.agents_in_use = False
+        # A working copy: whether any host reported a load (None: not worked out).
+        self.any_load: bool | None = None
         self.taken_at = 0.0
         self.agent_silent_after = DEFAULT_SILENT_AFTER_S
         # Per server group of the call: its placed members (pending counted) per host.
@@ -224,6 +226,7 @@ class Snapshot:
         twin.vm_count = self.vm_count.copy()
         twin.group_members = {name: c.copy() for name, c in self.group_members.items()}
         twin._shares = (None, {})
+        twin.any_load = bool((~np.isnan(self.load)).any())  # (loads do not change in a call)
         return twin
 
     # -- views the plugins use ---------------------------------------------------------

@@ -13,6 +13,8 @@ class LoadWeigher:
     name = "load"
 
     def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
+        if hosts.any_load is False:
+            return None  # (no host reported any)
         load = hosts.load[candidates]
         known = ~np.isnan(load)
         if not known.any():
