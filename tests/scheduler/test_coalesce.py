@@ -1,7 +1,7 @@
 """Calls that queue behind a deciding call are decided together (``coalesce.py``), and no
 caller can tell from its own result: it holds exactly its own VMs, a refused call gets
-its own error, and calls that cannot be merged (another policy, a seed, the same VM) are
-decided on their own."""
+its own error, and calls that cannot be merged (another policy, a seed, the same VM, a
+migration with placements) are decided on their own."""
 
 from __future__ import annotations
 
@@ -148,6 +148,52 @@ def test_calls_that_differ_are_decided_on_their_own(slm: Loadmaster, other: dict
     seeds = [r.seed for r in results if isinstance(r, ScheduleResult)]
     # The two plain calls share a batch; the other one was decided by itself.
     assert seeds[0] == seeds[2] != seeds[1]
+
+
+def test_starts_and_placements_go_together_each_vm_with_its_own_intent(
+    slm: Loadmaster,
+) -> None:
+    """A start and a plain placement both place a VM that is not running, so they share a
+    batch (an operator's tool starts VMs while other callers ``POST /schedule``); each VM
+    is still resolved and claimed with its own call's intent: a start of a running VM is
+    refused while a placement of one migrates it. A migration keeps to its own kind."""
+    lm = slm
+    add_hosts(lm, 4)
+    small_flavor(lm)
+    vms = add_vms(lm, 6)
+    for vm in vms[2:5]:
+        lm.scheduler.schedule([RequestSpec(vms=[vm])])
+        lm.allocations.activate(vm)
+    lm.scheduler.refresh()
+    results = _queued_behind_the_lock(
+        lm,
+        [
+            lambda: lm.scheduler.start(vms[0]),
+            lambda: lm.scheduler.schedule([RequestSpec(vms=[vms[1]])]),
+            lambda: lm.scheduler.start(vms[2]),  # running: a start is refused
+            lambda: lm.scheduler.schedule([RequestSpec(vms=[vms[3]])]),  # running: migrates
+            lambda: lm.scheduler.migrate(vms[4]),
+            lambda: lm.scheduler.start(vms[5]),
+        ],
+    )
+    assert all(isinstance(r, ScheduleResult) for r in results), results
+    outcomes = [r for r in results if isinstance(r, ScheduleResult)]
+    seeds = [r.seed for r in outcomes]
+    assert len({seeds[i] for i in (0, 1, 2, 3, 5)}) == 1
+    assert seeds[4] != seeds[0]
+    (refused,) = outcomes[2].placements
+    assert refused.error is not None and refused.error.code == "loadmaster.invalid_transition"
+    assert "already running" in refused.error.detail
+    states = {v.uuid: v.state for v in lm.vms.list()}
+    assert [states[v] for v in vms] == [
+        "pending",
+        "pending",
+        "running",
+        "migrating",
+        "migrating",
+        "pending",
+    ]
+    assert audit(lm.store) == []
 
 
 @pytest.mark.parametrize("junk", [{"vms": ["x"]}, "x", None])

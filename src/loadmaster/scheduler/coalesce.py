@@ -6,7 +6,10 @@ A scheduler decides one call at a time (its host arrays are not thread-safe), so
 answering four clients had three of them waiting for the lock, then paying a whole call's
 fixed cost (two transactions, a refresh, a commit) for one VM each. Only calls that cannot
 tell the difference are merged: best effort (one VM's failure is its own), real (not dry
-runs), no seed given, and the same policy and intent. A caller's result reports the seed
+runs), no seed given, the same policy, and an intent of the same kind: a start and a
+plain placement (no intent) go together, as both place a VM that is not running, each
+VM resolved and claimed with its own call's intent; migrations and evacuations go with
+their own kind. A caller's result reports the seed
 its batch was decided with. A call whose requests are refused (a VM that does not exist,
 a bad trait) gets its own error; the others go on without it.
 """
@@ -24,15 +27,22 @@ from loadmaster.scheduler.resolve import Resolved, vm_count
 from loadmaster.scheduler.results import ScheduleResult
 
 
+def intent_kind(intent: str | None) -> str | None:
+    """What calls with ``intent`` may be decided with: a start is a placement."""
+    return None if intent == "start" else intent
+
+
 @dataclass(eq=False)
 class Ticket:
     """One caller's ``schedule`` call, waiting to be decided (by itself or by whichever
     call holds the scheduler's lock)."""
 
     requests: Sequence[RequestSpec]
-    # (policy, intent): only calls that agree on both are decided together.
+    # (policy, kind of intent, ``intent_kind``): only calls that agree on both are
+    # decided together.
     key: tuple[str, str | None]
     started: float
+    intent: str | None = None
     size: int = field(init=False)
     vms: frozenset[str] = field(init=False)
     result: ScheduleResult | None = None

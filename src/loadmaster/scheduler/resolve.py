@@ -34,6 +34,9 @@ class Item:
     error: LoadmasterError | None = None
     attempts: int = 0
     seconds: float = 0.0
+    # Its call's intent (``Claim.intent``): calls of different intents may be decided
+    # together (``coalesce.py``), each VM claimed with its own.
+    intent: str | None = None
 
 
 @dataclass
@@ -169,7 +172,11 @@ class _Resolver:
             flavor = lookup.flavor_row(session, spec.flavor, f"{where}.flavor")
             request = with_flavor(base, flavor, spec.overrides)
             items.extend(
-                Item(len(items) + n, replace(request, label=f"{flavor.name}#{n}"))
+                Item(
+                    len(items) + n,
+                    replace(request, label=f"{flavor.name}#{n}"),
+                    intent=self.intent,
+                )
                 for n in range(spec.count or 1)
             )
         else:
@@ -244,7 +251,7 @@ class _Resolver:
                 request.exclude_hosts = request.exclude_hosts | {snap.names[current]}
                 if group is not None and group.policy == "affinity":
                     self.out.leaving.setdefault(group.name, []).append(current)
-            self.out.items.append(Item(position + j, request, error))
+            self.out.items.append(Item(position + j, request, error, intent=self.intent))
 
 
 def with_flavor(

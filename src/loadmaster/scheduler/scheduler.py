@@ -35,7 +35,7 @@ from loadmaster.errors import (
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
 from loadmaster.scheduler import questions
-from loadmaster.scheduler.coalesce import Ticket, Waiting, merge
+from loadmaster.scheduler.coalesce import Ticket, Waiting, intent_kind, merge
 from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
 from loadmaster.scheduler.plugins import LoadedFilter, load_filters, load_weighers
 from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
@@ -196,7 +196,7 @@ class Scheduler:
         with self._lock:
             if seed is None:
                 seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
-            call = _Call(self._begin(requests, dry_run, move_pending, intent), seed, intent)
+            call = _Call(self._begin(requests, dry_run, move_pending, intent), seed)
             plan = self._plan(chosen)
             run = self._gang if gang else self._best_effort
             placements, conflicts = run(call, plan, dry_run, move_pending)
@@ -313,24 +313,26 @@ class Scheduler:
     def _together(
         self, requests: Sequence[RequestSpec], policy: Policy, intent: str | None, started: float
     ) -> ScheduleResult:
-        ticket = Ticket(requests, (policy.name, intent), started)
+        ticket = Ticket(requests, (policy.name, intent_kind(intent)), started, intent)
         self._waiting.add(ticket)
         with self._lock:
             if not ticket.served:
                 batch = self._waiting.take(ticket, self._max_vms)
                 try:
-                    self._decide_together(batch, policy, intent)
+                    self._decide_together(batch, policy)
                 except BaseException as exc:
                     for waiting in batch:
                         if not waiting.served:
                             waiting.error = exc
         return ticket.outcome()
 
-    def _decide_together(self, batch: list[Ticket], policy: Policy, intent: str | None) -> None:
+    def _decide_together(self, batch: list[Ticket], policy: Policy) -> None:
         seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
         plan = self._plan(policy)
-        resolved, spans = self._begin_many([t.requests for t in batch], False, False, intent)
-        placements, _ = self._best_effort(_Call(resolved, seed, intent), plan, False, False)
+        resolved, spans = self._begin_many(
+            [t.requests for t in batch], False, False, [t.intent for t in batch]
+        )
+        placements, _ = self._best_effort(_Call(resolved, seed), plan, False, False)
         placements.sort(key=lambda pair: pair[0])
         for ticket, span in zip(batch, spans, strict=True):
             if isinstance(span, LoadmasterError):
@@ -425,7 +427,7 @@ class Scheduler:
         move_pending: bool = False,
         intent: str | None = None,
     ) -> Resolved:
-        resolved, (span,) = self._begin_many([requests], dry_run, move_pending, intent)
+        resolved, (span,) = self._begin_many([requests], dry_run, move_pending, [intent])
         if isinstance(span, LoadmasterError):
             raise span
         return resolved
@@ -434,16 +436,16 @@ class Scheduler:
         self,
         calls: Sequence[Sequence[RequestSpec]],
         dry_run: bool,
-        move_pending: bool = False,
-        intent: str | None = None,
+        move_pending: bool,
+        intents: Sequence[str | None],
     ) -> tuple[Resolved, list[range | LoadmasterError]]:
-        """The calls resolved as one batch (see ``coalesce.merge``), a refused call
-        carrying its error. One read transaction for all: the snapshot's refresh, the
-        requests and their groups' members."""
+        """The calls resolved as one batch (see ``coalesce.merge``), each with its intent,
+        a refused call carrying its error. One read transaction for all: the snapshot's
+        refresh, the requests and their groups' members."""
         with self._store.read() as session:
             snap = self._source.refresh(session)
             each: list[Resolved | LoadmasterError] = []
-            for requests in calls:
+            for requests, intent in zip(calls, intents, strict=True):
                 try:
                     each.append(
                         resolve(
@@ -505,7 +507,8 @@ class Scheduler:
                 return [self._placed(item, d) for item, d in decided], conflicts
             try:
                 self._ledger.claim_many(
-                    [self._claim(d, call, move_pending) for _, d in decided], all_or_nothing=True
+                    [self._claim(item, d, move_pending) for item, d in decided],
+                    all_or_nothing=True,
                 )
             except LoadmasterError as exc:
                 if not _lost_race(exc):
@@ -559,7 +562,7 @@ class Scheduler:
     ) -> list[Item]:
         """Claim one chunk in one transaction; record what landed, return the VMs to
         decide again."""
-        claims = [self._claim(decision, call, move_pending) for _, decision in chosen]
+        claims = [self._claim(item, decision, move_pending) for item, decision in chosen]
         try:
             outcomes = self._ledger.claim_many(claims, all_or_nothing=False)
         except ConcurrentUpdate as exc:
@@ -587,7 +590,7 @@ class Scheduler:
         self._source.landed(landed, clock)
         return retry
 
-    def _claim(self, decision: Decision, call: _Call, move_pending: bool) -> Claim:
+    def _claim(self, item: Item, decision: Decision, move_pending: bool) -> Claim:
         # Not pinned to the generations the decision saw: the ledger checks capacity and
         # group rules again under the hosts' and groups' locks, so a stale view can only
         # cost a refusal (decided again), never an overcommit. Pinning made every agent's
@@ -598,7 +601,7 @@ class Scheduler:
             decision.request.vm or "",
             self._source.snapshot.names[decision.host],
             move=move_pending,
-            intent=call.intent,
+            intent=item.intent,
         )
 
     def _abort(
@@ -635,8 +638,8 @@ class Scheduler:
 class _Call:
     """One ``schedule`` call: what it resolved, its seed and how many rounds it decided."""
 
-    def __init__(self, resolved: Resolved, seed: int, intent: str | None) -> None:
-        self.resolved, self.seed, self.intent = resolved, seed, intent
+    def __init__(self, resolved: Resolved, seed: int) -> None:
+        self.resolved, self.seed = resolved, seed
         self.round = 0
 
 
