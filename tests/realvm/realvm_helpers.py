@@ -31,8 +31,11 @@ from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
 ROOT = Path(__file__).resolve().parents[2]
 # The first start of a libvirtd probes the QEMU binary's capabilities (~8 s on 2 cores).
 DAEMON_START_S = 90.0
-# Each daemon gets its own range of incoming migration ports.
-MIGRATION_PORTS = {"a": 49300, "b": 49320, "c": 49340}
+# Each daemon gets its own range of incoming migration ports, below the kernel's range
+# for outgoing connections (32768-60999): inside it, the local ends of other tests'
+# connections (and their TIME_WAIT) took all 16 ports once, and QEMU found none to
+# listen on ("Failed to find an available port").
+MIGRATION_PORTS = {"a": 31300, "b": 31320, "c": 31340}
 # Where the destination QEMU listens for a migration: both "hosts" are this machine.
 MIGRATION_URI = "tcp://127.0.0.1"
 AGENT_FIXTURES = ROOT / "tests" / "agent" / "fixtures"
