@@ -28,9 +28,9 @@ from harness import ServedApi, wait_until
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
 
-# Enough work that eight kills, each waiting for the killed process's replacement (a
-# new worker imports the whole app before it serves), land before the clients are done:
-# with 2,000 VMs they finished after three or four once placements got faster.
+# Enough work that eight kills land before the clients are done; the clients wait while
+# a killed process is replaced (``Client.go``): with 2,000 VMs and clients that went on
+# meanwhile, they had finished after three or four kills once placements got faster.
 VMS = 8000
 HOSTS = VMS // 50
 CLIENTS = 4
@@ -53,9 +53,12 @@ def _setup(url: str) -> list[str]:
 class Client(threading.Thread):
     """Places its own share of the VMs, batch after batch, until none is left requested."""
 
-    def __init__(self, api: ServedApi, mine: list[str], seed: int) -> None:
+    def __init__(self, api: ServedApi, mine: list[str], seed: int, go: threading.Event) -> None:
         super().__init__(daemon=True)
         self.api, self.mine, self.rng = api, set(mine), random.Random(seed)
+        # Cleared while a killed process is being replaced: the work waits, so the kills
+        # land mid-work however fast placements are and however slow a replacement.
+        self.go = go
         self.broken = 0  # requests whose worker, or scheduling process, died under them
         self.error: BaseException | None = None
         self.claiming = threading.Event()  # set once its first batch is on its way
@@ -75,6 +78,7 @@ class Client(threading.Thread):
         # grow with the square of its VMs.)
         waiting: set[str] | None = None
         while time.monotonic() < deadline:
+            self.go.wait(timeout=PLACE_WITHIN_S)
             try:
                 if waiting is None:
                     listed = http.get("/vms", params={"state": "requested"})
@@ -119,7 +123,9 @@ def test_kill_nine_mid_batch_claim(pg_url: str, target: str, tmp_path: Path) -> 
     rng = random.Random(11)
     log = tmp_path / "serve.log"
     with ServedApi(pg_url, workers=2, log_path=log) as api:
-        clients = [Client(api, uuids[i::CLIENTS], seed=i) for i in range(CLIENTS)]
+        go = threading.Event()
+        go.set()
+        clients = [Client(api, uuids[i::CLIENTS], seed=i, go=go) for i in range(CLIENTS)]
         for client in clients:
             client.start()
         # The first kill waits for the clients to be claiming, however slow the machine;
@@ -139,14 +145,18 @@ def test_kill_nine_mid_batch_claim(pg_url: str, target: str, tmp_path: Path) -> 
             victim = rng.choice(api.worker_pids()) if target == "worker" else api.scheduling_pid()
             assert victim is not None
             os.kill(victim, signal.SIGKILL)
+            go.clear()  # requests in flight go on; no new one until the replacement
             killed.append(victim)
-            # Audited while the survivors keep claiming: a dead transaction left nothing.
-            with loadmaster.open(pg_url, migrate=False) as lm:
-                assert audit(lm.store) == [], f"after kill {len(killed)}"
-            api.wait_ready(2)  # the supervisor replaced the dead worker
-            wait_until(
-                partial(_replaced, api, victim), PLACE_WITHIN_S, "the killed process replaced"
-            )
+            try:
+                # A dead transaction left nothing.
+                with loadmaster.open(pg_url, migrate=False) as lm:
+                    assert audit(lm.store) == [], f"after kill {len(killed)}"
+                api.wait_ready(2)  # the supervisor replaced the dead worker
+                wait_until(
+                    partial(_replaced, api, victim), PLACE_WITHIN_S, "the killed process replaced"
+                )
+            finally:
+                go.set()
         for client in clients:
             client.join(timeout=PLACE_WITHIN_S + 30)
             assert client.error is None, repr(client.error)
