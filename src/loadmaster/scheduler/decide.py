@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 
@@ -40,6 +40,11 @@ T = TypeVar("T")
 # A kept verdict is worked out again over every host after this many changes (or an
 # eighth of the hosts, if more) since it was last used.
 FULL_AFTER = 64
+# A spreading batch of at least ROUNDS_FROM requests is decided ROUND requests at a time
+# (``_decide_round``): one numpy pass per shape instead of one per VM. Smaller calls, and
+# every call with ``rounds=False``, decide one request at a time.
+ROUNDS_FROM = 64
+ROUND = 256
 
 
 @dataclass(frozen=True)
@@ -212,11 +217,12 @@ class _Local:
         return kept.keep
 
     def raw(
-        self, snap: Snapshot, position: int, weigher: Weigher, request: VmRequest, at: Ints
+        self, snap: Snapshot, position: int, weigher: Weigher, request: VmRequest, at: Ints | None
     ) -> tuple[bool, Floats | None]:
-        """The weigher's raw scores for the candidates ``at``, as of now: (False, None) if
-        it is not host-local, (True, None) if it has no opinion."""
-        if position not in self.weighers or len(at) * 4 < self.size:
+        """The weigher's raw scores for the candidates ``at`` (None: every host, the kept
+        array itself, not to be changed), as of now: (False, None) if it is not
+        host-local, (True, None) if it has no opinion."""
+        if position not in self.weighers or (at is not None and len(at) * 4 < self.size):
             # A few candidates (a sample): scoring them afresh costs less than reading
             # their kept scores, scattered over arrays of every host.
             return False, None
@@ -245,7 +251,7 @@ class _Local:
             if kept.raw is None:
                 return True, None
         assert kept.raw is not None
-        return True, kept.raw[at]
+        return True, kept.raw if at is None else kept.raw[at]
 
 
 def decide(
@@ -258,6 +264,7 @@ def decide(
     breakdown: bool = False,
     attempt: int = 0,
     incremental: bool = True,
+    rounds: bool = True,
 ) -> list[Decision]:
     """One decision per request, in the order they were decided: members of a hard-
     affinity group move up to their first member, which carries the others' resources as
@@ -268,7 +275,13 @@ def decide(
     Host-local plugins (``plugins.py``) are asked over every host once per value of the
     request fields they read, then only about the hosts the decisions since changed;
     ``incremental=False`` asks every plugin about every host for every request instead
-    (the same decisions, slower: the reference the tests hold the fast way to)."""
+    (the same decisions, slower: the reference the tests hold the fast way to).
+
+    A spreading batch (a policy with ``sample``) of ``ROUNDS_FROM`` requests or more is
+    decided in rounds of ``ROUND`` (``_decide_round``), unless ``rounds=False``: every
+    host taken is feasible with every decision before it counted, as one at a time, but
+    which sampled host wins may differ, so the same seed replays the same decisions only
+    with the same ``rounds``."""
     rng = np.random.default_rng(seed if not attempt else [seed, attempt])
     call = _Call(plan, rng, breakdown, snapshot)
     if incremental and (
@@ -277,9 +290,32 @@ def decide(
     ):
         call.local = _Local(plan, len(requests), snapshot.size)
     ordered = order_for_groups(list(enumerate(requests)))
+    in_rounds = (
+        call.local is not None
+        and rounds
+        and plan.sample is not None
+        and len(ordered) >= ROUNDS_FROM
+    )
     unplaceable: dict[str, NoHostFits] = {}
-    decisions = []
-    for position, (index, request) in enumerate(ordered):
+    decisions: list[Decision] = []
+    position = 0
+    while position < len(ordered):
+        index, request = ordered[position]
+        if in_rounds and _in_round(request):
+            run = [ordered[position]]
+            while (
+                len(run) < ROUND
+                and position + len(run) < len(ordered)
+                and _in_round(ordered[position + len(run)][1])
+            ):
+                run.append(ordered[position + len(run)])
+            position += len(run)
+            decided = _decide_round(call, run, stop_on_error=all_or_nothing)
+            decisions += decided
+            if all_or_nothing and decided[-1].error is not None:
+                break
+            continue
+        position += 1
         group = request.group
         if group is not None and group.name in unplaceable:
             # The group's first member, carrying the rest, fits nowhere: the group fails
@@ -289,7 +325,7 @@ def decide(
             decisions.append(Decision(index, request, None, [], error))
             continue
         started = time.perf_counter()
-        decision = _decide_one(call, index, request, last=position == len(ordered) - 1)
+        decision = _decide_one(call, index, request, last=position == len(ordered))
         decision.seconds = time.perf_counter() - started
         decisions.append(decision)
         if isinstance(decision.error, NoHostFits) and group is not None and request.companions:
@@ -297,6 +333,139 @@ def decide(
         if decision.error is not None and all_or_nothing:
             break
     return decisions
+
+
+def _in_round(request: VmRequest) -> bool:
+    """Whether a request may be decided in a round: not a hard-affinity member (the
+    affinity filter reads the whole group, and its members follow their first one)."""
+    return not request.companions and (request.group is None or request.group.policy != "affinity")
+
+
+def _decide_round(
+    call: _Call, run: list[tuple[int, VmRequest]], *, stop_on_error: bool
+) -> list[Decision]:
+    """Up to ``ROUND`` requests of a large spreading batch decided by one numpy pass per
+    request shape: every filter once for the shape, each request's random sample drawn
+    and weighed in one matrix. A request whose chosen host an earlier one of the round
+    changed, or that a filter neither static nor host-local concerns, or whose shape has
+    no more feasible hosts than the sample (a small or nearly full cluster), is decided
+    alone at its turn, on the state the round's earlier decisions left. So every host
+    taken was feasible, with every decision before it counted, as ``_decide_one``'s are;
+    what differs from deciding one at a time is only which sampled host won: a runner-up
+    changed earlier in the round is ranked as it was at the round's start."""
+    local, plan = call.local, call.plan
+    assert local is not None and plan.sample is not None
+    started = time.perf_counter()
+    shapes: dict[tuple[Hashable, ...], list[int]] = {}
+    for row, (_, request) in enumerate(run):
+        shapes.setdefault(_shape(request), []).append(row)
+    picks: dict[int, tuple[Ints, int, list[tuple[str, Floats]]]] = {}
+    for rows in shapes.values():
+        request = run[rows[0]][1]
+        keep = _kept_hosts(call, local, request, only_local=True)
+        if keep is None:
+            continue
+        candidates = np.flatnonzero(keep)
+        if len(candidates) <= plan.sample:
+            continue
+        sample = candidates[call.rng.integers(0, len(candidates), (len(rows), plan.sample))]
+        chosen, weighed = _pick_rows(call, [run[row][1] for row in rows], sample)
+        for at, (row, column) in enumerate(zip(rows, chosen.tolist(), strict=True)):
+            picks[row] = (
+                sample[at],
+                column,
+                [(name, scores[at]) for name, scores, opinion in weighed if opinion[at]],
+            )
+    each = (time.perf_counter() - started) / len(run)
+    decisions = []
+    changed: set[int] = set()
+    for row, (index, request) in enumerate(run):
+        picked = picks.get(row)
+        host = None if picked is None else int(picked[0][picked[1]])
+        if picked is None or host in changed:
+            began = time.perf_counter()
+            decision = _decide_one(call, index, request, last=False)
+            decision.seconds = time.perf_counter() - began
+        else:
+            assert host is not None
+            decision = Decision(index, request, host, [], seconds=each)
+            if call.breakdown:
+                decision.results, _ = filter_hosts(call.snap, request, plan, call.statics)
+                decision.scores = _breakdown(call.snap, *picked)
+            _take(call, request, host)
+        decisions.append(decision)
+        if decision.host is not None:
+            changed.add(decision.host)
+        elif stop_on_error:
+            break
+    return decisions
+
+
+def _shape(request: VmRequest) -> tuple[Hashable, ...]:
+    """Everything of a request a plugin may read but which VM it is."""
+    return tuple(_hashable(getattr(request, name)) for name in _SHAPE_FIELDS)
+
+
+_SHAPE_FIELDS = tuple(
+    f.name for f in fields(VmRequest) if f.name not in ("vm", "label", "companions")
+)
+
+
+def _pick_rows(
+    call: _Call, requests: list[VmRequest], sample: Ints
+) -> tuple[Ints, list[tuple[str, Floats, Bools]]]:
+    """One column per row of ``sample`` (one row of sampled candidates per request, all
+    of one shape), chosen as ``_pick`` chooses: the weighers' raw scores rescaled to
+    [0, 1] over each row, then at random among the row's ``subset_size`` best within
+    ``tie_tolerance`` of its best; and each weigher's rescaled scores, with the rows it
+    has an opinion on."""
+    plan, snap, local = call.plan, call.snap, call.local
+    assert local is not None
+    count, size = sample.shape
+    total = np.zeros((count, size))
+    weighed: list[tuple[str, Floats, Bools]] = []
+    for position, (weigher, multiplier) in enumerate(plan.weighers):
+        name = str(getattr(weigher, "name", type(weigher).__name__))
+        kept, raw = local.raw(snap, position, weigher, requests[0], None)
+        if kept:
+            if raw is None:
+                continue
+            scores = raw[sample]
+        else:
+            parts = [
+                _plugin("weigher", name, weigher.weigh, snap, request, sample[row])
+                for row, request in enumerate(requests)
+            ]
+            if all(part is None for part in parts):
+                continue
+            scores = np.array([np.zeros(size) if p is None else p for p in parts])
+        low = scores.min(axis=1, keepdims=True)
+        spread = scores.max(axis=1, keepdims=True) - low
+        opinion = spread[:, 0] > 0
+        part = np.zeros((count, size))
+        part[opinion] = multiplier * (scores[opinion] - low[opinion]) / spread[opinion]
+        total += part
+        weighed.append((name, part, opinion))
+    tolerance = plan.tie_tolerance * sum(abs(m) for _, m in plan.weighers)
+    near = total >= total.max(axis=1, keepdims=True) - tolerance
+    if size > plan.subset_size:
+        # Only the subset_size best of each row may win (as ``_pick``'s argpartition).
+        best = np.argpartition(-total, plan.subset_size - 1, axis=1)[:, : plan.subset_size]
+        among = np.zeros_like(near)
+        np.put_along_axis(among, best, True, axis=1)
+        near &= among
+    # Uniformly at random among each row's remaining hosts: the largest of random keys.
+    keys = np.where(near, call.rng.random((count, size)), -1.0)
+    return keys.argmax(axis=1), weighed
+
+
+def _breakdown(
+    snap: Snapshot, candidates: Ints, chosen: int, weighed: list[tuple[str, Floats]]
+) -> tuple[HostScore, ...]:
+    """The chosen candidate's scores per weigher, then the runners-up's (as ``_pick``)."""
+    total = sum((w for _, w in weighed), np.zeros(len(candidates)))
+    others = [int(i) for i in np.argsort(-total, kind="stable")[:5] if i != chosen][:4]
+    return score_rows(snap, candidates, weighed, [chosen, *others])
 
 
 def order_for_groups(items: list[tuple[int, VmRequest]]) -> list[tuple[int, VmRequest]]:
@@ -345,26 +514,40 @@ def _decide_one(call: _Call, index: int, request: VmRequest, *, last: bool) -> D
             index, request, None, results, NoHostFits(explanation(call.snap, request, results))
         )
     if not last:
-        # The next request must see this one; the caller's snapshot stays as it was.
-        if not call.owned:
-            # (The static verdicts cached so far ignore usage: they hold for the copy.)
-            call.snap, call.owned = call.snap.working(), True
-        group = request.group
-        call.snap.apply(
-            host,
-            request.resources,
-            group.name if group is not None else None,
-            one_node=request.one_numa_node,
-        )
-        if call.local is not None:
-            call.local.changed(host)
+        _take(call, request, host)
     # (A placed VM's results are kept only with breakdown, whichever way they were found.)
     return Decision(index, request, host, results if call.breakdown else [], scores=scores)
 
 
-def _kept_hosts(call: _Call, local: _Local, request: VmRequest) -> Bools:
+def _take(call: _Call, request: VmRequest, host: int) -> None:
+    """The next request must see this one; the caller's snapshot stays as it was."""
+    if not call.owned:
+        # (The static verdicts cached so far ignore usage: they hold for the copy.)
+        call.snap, call.owned = call.snap.working(), True
+    group = request.group
+    call.snap.apply(
+        host,
+        request.resources,
+        group.name if group is not None else None,
+        one_node=request.one_numa_node,
+    )
+    if call.local is not None:
+        call.local.changed(host)
+
+
+@overload
+def _kept_hosts(call: _Call, local: _Local, request: VmRequest) -> Bools: ...
+@overload
+def _kept_hosts(
+    call: _Call, local: _Local, request: VmRequest, *, only_local: bool
+) -> Bools | None: ...
+def _kept_hosts(
+    call: _Call, local: _Local, request: VmRequest, *, only_local: bool = False
+) -> Bools | None:
     """The hosts every filter keeps, as ``filter_hosts`` finds them, with the host-local
-    filters' verdicts brought up to date rather than worked out again."""
+    filters' verdicts brought up to date rather than worked out again. ``only_local``:
+    None if a dynamic filter that is not host-local concerns the request (its verdict
+    could change with any decision, so the request is decided alone)."""
     snap, plan = call.snap, call.plan
     if local.static_fields is None:
         keep, _ = _static_part(snap, request, plan, call.statics, local.values)
@@ -384,6 +567,8 @@ def _kept_hosts(call: _Call, local: _Local, request: VmRequest) -> Bools:
             continue
         verdict = _verdict(snap, entry, request, keep)
         if verdict is not None:
+            if only_local and entry.dynamic:
+                return None
             keep &= verdict.keep
     return keep
 
