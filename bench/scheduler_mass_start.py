@@ -41,6 +41,7 @@ from rich.table import Table
 import loadmaster
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import Claim, audit
+from loadmaster.runtime import settle_heap
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
 
@@ -164,6 +165,7 @@ def run_scheduler(lm: Loadmaster, uuids: Sequence[str]) -> Figures:
     started = time.perf_counter()
     lm.scheduler.refresh()
     load_seconds = time.perf_counter() - started
+    settle_heap()  # as ``serve`` and its scheduling process do once loaded
     started = time.perf_counter()
     result = lm.scheduler.schedule([RequestSpec(vms=list(uuids))], policy="spread")
     seconds = time.perf_counter() - started

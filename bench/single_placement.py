@@ -106,6 +106,7 @@ def worker_build(db: str, hosts: int, vms: int) -> dict[str, Any]:
 
 def worker_inprocess(db: str) -> dict[str, Any]:
     import loadmaster
+    from loadmaster.runtime import settle_heap
     from loadmaster.scheduler import RequestSpec
 
     lm = loadmaster.open(db)
@@ -113,6 +114,7 @@ def worker_inprocess(db: str) -> dict[str, Any]:
     started = time.perf_counter()
     lm.scheduler.refresh()
     load = time.perf_counter() - started
+    settle_heap()  # as ``serve`` and its scheduling process do once loaded
     latencies = []
     placed = 0
     started = time.perf_counter()

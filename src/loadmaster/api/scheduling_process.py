@@ -14,6 +14,7 @@ from pathlib import Path
 from loadmaster.api.observability import configure_logging
 from loadmaster.api.reload import reload_policies
 from loadmaster.api.supervisor import die_with
+from loadmaster.runtime import settle_heap
 from loadmaster.scheduler.remote import SchedulingServer
 from loadmaster.service import scheduler_for
 from loadmaster.settings import load_settings
@@ -40,6 +41,7 @@ def run(directory: str, supervisor: int) -> None:  # pragma: no cover - its own 
 
     signal.signal(signal.SIGHUP, reload)
     scheduler.refresh()  # the first call should not pay the whole load
+    settle_heap()
     log.info("scheduling process serving on %s", directory)
     server.serve_forever()
 
