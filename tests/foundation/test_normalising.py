@@ -64,3 +64,14 @@ def test_a_nul_anywhere_in_a_body_is_found(data: Any, path: list[int]) -> None:
     planted, done = _plant(data, path)
     if done:
         assert _nul_in(planted, "") is not None
+
+
+@given(
+    st.text(alphabet="0123456789abcdefABCDEF-{}", min_size=30, max_size=40) | st.uuids().map(str)
+)
+def test_the_quick_path_for_canonical_uuids_answers_as_parsing_does(text: str) -> None:
+    try:
+        parsed = str(uuidlib.UUID(text))
+    except ValueError:
+        parsed = text
+    assert canonical_uuid(text) == parsed

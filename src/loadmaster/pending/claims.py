@@ -98,7 +98,9 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
     """
     many = len(claims) > 1
     prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
-    claims = [replace(c, vm=lookup.canonical_uuid(c.vm)) for c in claims]
+    claims = [
+        c if (vm := lookup.canonical_uuid(c.vm)) == c.vm else replace(c, vm=vm) for c in claims
+    ]
     vms, flavors = vms_with_flavors(session, {c.vm for c in claims}, lock=True)
     groups = GroupRules.lock(session, {v.group_id for v in vms.values() if v.group_id is not None})
     groups.evacuating = _on_down_hosts(
