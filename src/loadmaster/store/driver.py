@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from sqlalchemy import Executable
+from sqlalchemy import BindParameter, Executable
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.visitors import iterate
 
 # Forms kept per statement: one per dialect and length of each IN list. A placement's
 # lists are short; a mass start's vary with its chunks, and past this many a shape is
@@ -130,6 +131,31 @@ class Prepared:
 
     statement: Executable
     _forms: dict[tuple[Any, ...], _Form | None] = field(default_factory=dict, repr=False)
+    # The names of its IN lists' parameters.
+    _lists: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._lists = frozenset(
+            element.key
+            for element in iterate(self.statement)  # type: ignore[arg-type]
+            if isinstance(element, BindParameter) and element.expanding
+        )
+
+    def padded(self, params: Params) -> Params:
+        """``params`` with each IN list grown to its length's bucket (``_bucket``) by
+        repeating its last value, which changes no answer: a mass start's chunks, whose
+        lists have every length, then share a few dozen forms instead of compiling
+        one each (a compile costs milliseconds; 4 % of a mass start)."""
+        if not self._lists:
+            return params
+        out = dict(params)
+        for name in self._lists & params.keys():
+            value = params[name]
+            if isinstance(value, list | tuple) and value:
+                missing = _bucket(len(value)) - len(value)
+                if missing:
+                    out[name] = [*value, *[value[-1]] * missing]
+        return out
 
     def form(self, dialect: Dialect, params: Params) -> _Form | None:
         key = (
@@ -146,6 +172,15 @@ class Prepared:
             return made
 
 
+def _bucket(length: int) -> int:
+    """The length an IN list is padded to: itself up to 16, then the next multiple of an
+    eighth to a sixteenth of its power of two (at most 1/8 more values)."""
+    if length <= 16:
+        return length
+    step = 1 << (length.bit_length() - 4)
+    return -(-length // step) * step
+
+
 def _shape(value: Any) -> int:
     """What of a parameter's value the SQL depends on: a list's length (its IN list),
     -1 for a single value."""
@@ -157,7 +192,7 @@ def run(session: Session, prepared: Prepared, params: Params | None = None) -> R
     statement would have it."""
     session.flush()
     connection = session.connection()
-    params = params or {}
+    params = prepared.padded(params or {})
     form = prepared.form(connection.dialect, params)
     if form is None:
         result = connection.execute(prepared.statement, dict(params))
