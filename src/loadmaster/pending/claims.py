@@ -98,9 +98,7 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
     """
     many = len(claims) > 1
     prefix = [f"claims[{i}]." if many else "" for i in range(len(claims))]
-    claims = [
-        c if (vm := lookup.canonical_uuid(c.vm)) == c.vm else replace(c, vm=vm) for c in claims
-    ]
+    claims = [_canonical(c) for c in claims]
     vms, flavors = vms_with_flavors(session, {c.vm for c in claims}, lock=True)
     groups = GroupRules.lock(session, {v.group_id for v in vms.values() if v.group_id is not None})
     groups.evacuating = _on_down_hosts(
@@ -242,6 +240,11 @@ def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> li
             sent=send,
         )
     return [replace(o, clock=clock) if o.ok else o for o in outcomes]
+
+
+def _canonical(claim: Claim) -> Claim:
+    uuid = lookup.canonical_uuid(claim.vm)
+    return claim if uuid == claim.vm else replace(claim, vm=uuid)
 
 
 def _write_back(session: Session, claimed: list[VmState], providers: list[ProviderRow]) -> None:
