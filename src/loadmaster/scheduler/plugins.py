@@ -31,6 +31,9 @@ host-local plugin answers None (the request does not concern it, no opinion) mus
 depend on the request alone: a kept None is not asked again. Plugins that declare
 neither are asked over every host (or candidate) for every request; either way the
 decisions are the same (``decide(..., incremental=False)`` asks every plugin every time).
+A large spreading batch is decided in rounds (``decide._decide_round``): a request that a
+dynamic filter which is not host-local concerns (does not answer None) is decided alone,
+and a weigher that is not host-local is asked once per request of the round.
 
 A **weigher** scores candidate hosts: ``weigh(hosts, request, candidates) -> raw scores``
 (higher is better, None for no opinion). The scheduler rescales the raw scores to [0, 1]
