@@ -8,6 +8,7 @@ host the real run takes."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,10 +16,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_incremental import FLAVORS, GROUPS, _host, _plan, host_strategy, request_strategy
+from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
-from loadmaster.scheduler import Decision, Plan, Snapshot, SyntheticHost, VmRequest, decide
+from loadmaster.pending import audit
+from loadmaster.scheduler import (
+    Decision,
+    Plan,
+    RequestSpec,
+    Snapshot,
+    SyntheticHost,
+    VmRequest,
+    decide,
+)
 from loadmaster.scheduler.decide import filter_hosts
+from loadmaster.scheduler.policies import POLICIES
 from loadmaster.scheduler.results import NoHostFits
+from loadmaster.service import Loadmaster
 
 decide_module = importlib.import_module("loadmaster.scheduler.decide")
 
@@ -64,9 +77,11 @@ def _requests(specs: list[tuple[str, str | None, frozenset[str], bool]]) -> list
 
 @pytest.fixture
 def small_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rounds from 2 requests, 3 at a time: hypothesis's small examples exercise them."""
+    """Rounds from 2 requests, 3 at a time whatever the hosts: hypothesis's small
+    examples exercise them."""
     monkeypatch.setattr(decide_module, "ROUNDS_FROM", 2)
     monkeypatch.setattr(decide_module, "ROUND", 3)
+    monkeypatch.setattr(decide_module, "ROUND_SHARE", 1)
 
 
 @settings(
@@ -160,3 +175,37 @@ def test_a_mass_start_is_decided_in_rounds_and_spreads_as_one_at_a_time(
 
     single = decide(snap, reqs, plan, seed=11, rounds=False)
     assert spread(rounds) <= spread(single) * 1.25
+
+
+def test_a_mass_start_in_rounds_lands_within_capacity_and_group_rules(
+    lm: Loadmaster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the scheduler and the ledger: 600 VMs on 320 hosts of 2 slots each (a
+    sample of 10 hosts, so rounds run until the hosts nearly fill), 100 of them in one
+    anti-affinity group: all placed, none over capacity, no two members together, and
+    the ledger's audit finds nothing."""
+    add_hosts(lm, 320, vcpu=4, memory=8192)
+    small_flavor(lm)
+    lm.groups.create("apart", "anti-affinity")
+    members = add_vms(lm, 100, group="apart")
+    others = add_vms(lm, 500, prefix="free")
+    spread = POLICIES["spread"]
+    lm.scheduler.use_policies({"sampled": replace(spread, name="sampled", sample=10)})
+    alone = 0
+    one = decide_module._decide_one
+
+    def counted(*args: Any, **kwargs: Any) -> Decision:
+        nonlocal alone
+        alone += 1
+        return one(*args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(decide_module, "_decide_one", counted)
+    result = lm.scheduler.schedule([RequestSpec(vms=members + others)], policy="sampled")
+    assert len(result.placed) == 600
+    assert alone < 300
+    for usage in lm.allocations.usages().values():
+        for used in usage.values():
+            assert used.active + used.pending <= used.capacity
+    hosts = [lm.vms.get(uuid).host for uuid in members]
+    assert len(set(hosts)) == 100
+    assert audit(lm.store) == []

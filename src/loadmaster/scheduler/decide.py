@@ -41,10 +41,12 @@ T = TypeVar("T")
 # eighth of the hosts, if more) since it was last used.
 FULL_AFTER = 64
 # A spreading batch of at least ROUNDS_FROM requests is decided ROUND requests at a time
-# (``_decide_round``): one numpy pass per shape instead of one per VM. Smaller calls, and
-# every call with ``rounds=False``, decide one request at a time.
+# (``_decide_round``), at most one per ROUND_SHARE hosts: one numpy pass per shape instead
+# of one per VM. Smaller calls, and every call with ``rounds=False``, decide one request
+# at a time.
 ROUNDS_FROM = 64
 ROUND = 256
+ROUND_SHARE = 32
 
 
 @dataclass(frozen=True)
@@ -290,11 +292,15 @@ def decide(
     ):
         call.local = _Local(plan, len(requests), snapshot.size)
     ordered = order_for_groups(list(enumerate(requests)))
+    # Two requests of one round seldom want the same host (one that does is decided
+    # alone) when a round has at most one request per ROUND_SHARE hosts.
+    round_size = min(ROUND, snapshot.size // ROUND_SHARE)
     in_rounds = (
         call.local is not None
         and rounds
         and plan.sample is not None
         and len(ordered) >= ROUNDS_FROM
+        and round_size >= 2
     )
     unplaceable: dict[str, NoHostFits] = {}
     decisions: list[Decision] = []
@@ -304,7 +310,7 @@ def decide(
         if in_rounds and _in_round(request):
             run = [ordered[position]]
             while (
-                len(run) < ROUND
+                len(run) < round_size
                 and position + len(run) < len(ordered)
                 and _in_round(ordered[position + len(run)][1])
             ):
