@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import pq
-from sqlalchemy import bindparam, event, insert, select, tuple_, update
+from sqlalchemy import Text, bindparam, cast, event, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError, NoResultFound
 
 import loadmaster
@@ -45,6 +45,15 @@ _BUMP_IF = Prepared(
     .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
     .values(generation=_HOSTS.c.generation + 1)
     .returning(_HOSTS.c.id, _HOSTS.c.generation)
+)
+_RETAG = Prepared(
+    update(_VMS)
+    .where(_VMS.c.id == bindparam("vm_id"))
+    .values(
+        overrides=bindparam("overrides"),
+        tags=bindparam("tags"),
+        updated_at=bindparam("updated_at"),
+    )
 )
 _RENAME = Prepared(
     update(_HOSTS).where(_HOSTS.c.id == bindparam("host_id")).values(name=bindparam("new_name"))
@@ -169,6 +178,30 @@ def test_a_statement_with_python_side_defaults_runs_through_sqlalchemy(
         run_many(session, statement, [row])
     made = filled.resource_classes.get("CUSTOM_DEFAULTED")
     assert made.description == ""
+
+
+def test_values_are_written_as_sqlalchemy_writes_them(filled: Loadmaster) -> None:
+    """Bind processors of plain parameters, not only of IN lists' members: JSON is
+    serialised (the driver takes no dict), SQLite's datetimes are SQLAlchemy's text
+    (sqlite3's own adapter drops a whole second's ``.000000``)."""
+    at = datetime(2026, 1, 2, 3, 4, 5)
+    values = {"overrides": {"VCPU": 3}, "tags": ["gold"], "updated_at": at}
+    with filled.store.write() as session:
+        run(session, _RETAG, {"vm_id": 1, **values})
+        session.connection().execute(_RETAG.statement, {"vm_id": 2, **values})
+    with filled.store.read() as session:
+        stored = session.connection().execute(
+            select(
+                cast(VmRow.overrides, Text), cast(VmRow.tags, Text), cast(VmRow.updated_at, Text)
+            )
+            .where(VmRow.id.in_([1, 2]))
+            .order_by(VmRow.id)
+        )
+        mine, theirs = (tuple(row) for row in stored)
+    assert mine == theirs
+    with filled.store.read() as session:
+        (row,) = run(session, _VMS_BY_ID, {"ids": [1]})
+    assert (row.overrides, row.updated_at) == ({"VCPU": 3}, at)
 
 
 def _round_trips(service: Loadmaster, tmp_path: Path, work: Callable[[], object]) -> int:

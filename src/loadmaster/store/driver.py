@@ -345,7 +345,9 @@ def _compile(statement: Executable, dialect: Dialect, params: Params) -> _Form |
     names = list(state.positiontup) if compiled.positional else list(state.parameters)
     binds: list[tuple[str | None, int, int, Any, Callable[[Any], Any] | None]] = []
     for name in names:
-        process = state.processors.get(name)
+        # The expanded state has the processors of the IN lists' members only; the
+        # others' (JSON, SQLite's datetimes) are the compiled statement's.
+        process = state.processors.get(name) or compiled._bind_processors.get(name)
         if name in origin:
             binds.append((*origin[name], None, process))
         elif name in params:
