@@ -7,11 +7,10 @@ import json
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, Strict, with_config
-from sqlalchemy import String, cast, exists, insert, or_, select
+from sqlalchemy import String, bindparam, cast, exists, insert, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from loadmaster import shapes
@@ -23,6 +22,7 @@ from loadmaster.resources import parse_amounts
 from loadmaster.shapes import Amount, Name
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.driver import Prepared, pipelined, run, run_many
 from loadmaster.store.locking import execute_core, now, touch_generations
 from loadmaster.store.schema import (
     ConsumerRow,
@@ -124,106 +124,94 @@ class VmService:
         checked: builtins.list[tuple[VmSpec, dict[str, int], builtins.list[str], str]],
         count: int,
     ) -> builtins.list[VmRecord]:
+        # Core statements on the driver, no ORM entity: on SQLite this transaction holds
+        # the one write turn a start's claim waits for (POST /vms then /start).
         with self._store.write() as session:
-            flavors: dict[str, FlavorRow] = {}
-            groups: dict[str, ServerGroupRow] = {}
             stamp = now()
-            rows = []
+            flavors = _flavors(session, {spec.flavor for spec, *_ in checked})
+            groups = _groups(session, {spec.group for spec, *_ in checked if spec.group})
+            known: dict[str, int] | None = None
+            wanted: builtins.list[dict[str, Any]] = []
+            records: builtins.list[VmRecord] = []
             for (spec, overrides, tags, vm_uuid), prefix in zip(
                 checked, _prefixes(count), strict=True
             ):
-                if spec.flavor not in flavors:
-                    flavors[spec.flavor] = lookup.flavor_row(
-                        session, spec.flavor, prefix + "flavor"
+                flavor = flavors.get(spec.flavor)
+                if flavor is None:
+                    raise NotFound(
+                        f"{prefix}flavor {spec.flavor!r}: no such flavor", field=f"{prefix}flavor"
                     )
-                lookup.require_classes(session, overrides, prefix + "overrides", lock=True)
-                flavor = flavors[spec.flavor]
-                if not lookup.effective_resources(flavor.resources, overrides):
+                if overrides:
+                    known = lookup.require_classes(
+                        session, overrides, prefix + "overrides", lock=True, known=known
+                    )
+                resources = lookup.effective_resources(flavor.resources, overrides)
+                if not resources:
                     # Such a VM holds no records: nothing would ever end its claim.
                     raise ValidationError(
                         f"{prefix}overrides: flavor {flavor.name} with these overrides asks "
                         "for no resource at all",
                         field=f"{prefix}overrides",
                     )
-                group_id = None
+                group = None
                 if spec.group is not None:
-                    if spec.group not in groups:
-                        groups[spec.group] = lookup.group_row(session, spec.group, prefix + "group")
-                    group_id = groups[spec.group].id
-                rows.append(
-                    VmRow(
+                    group = groups.get(spec.group)
+                    if group is None:
+                        raise NotFound(
+                            f"{prefix}group {spec.group!r}: no such server group",
+                            field=f"{prefix}group",
+                        )
+                wanted.append(
+                    {
+                        "uuid": vm_uuid,
+                        "consumer_uuid": vm_uuid,
+                        "name": spec.name,
+                        "project_id": spec.project_id,
+                        "user_id": spec.user_id,
+                        "flavor_id": flavor.id,
+                        "overrides": overrides,
+                        "tags": tags,
+                        "state": "requested",
+                        "group_id": group.id if group is not None else None,
+                        "generation": 0,
+                        "tried_hosts": [],
+                        "created_at": stamp,
+                        "updated_at": stamp,
+                    }
+                )
+                records.append(
+                    VmRecord(
                         uuid=vm_uuid,
                         name=spec.name,
                         project_id=spec.project_id,
                         user_id=spec.user_id,
-                        flavor_id=flavor.id,
-                        overrides=overrides,
-                        tags=tags,
+                        flavor=flavor.name,
+                        overrides=dict(overrides),
+                        tags=tuple(tags),
                         state="requested",
-                        group_id=group_id,
+                        host=None,
+                        target_host=None,
+                        group=group.name if group is not None else None,
+                        resources=resources,
+                        required_traits=tuple(flavor.required_traits or ()),
+                        forbidden_traits=tuple(flavor.forbidden_traits or ()),
                         generation=0,
                         created_at=stamp,
                         updated_at=stamp,
                     )
                 )
-            uuids = [r.uuid for r in rows]
+            uuids = [w["uuid"] for w in wanted]
             if len(set(uuids)) != len(uuids):
                 raise Conflict("the same VM uuid appears twice in one request", field="uuid")
-            existing: dict[str, VmRow] = {}
+            existing: dict[str, Any] = {}
             for chunk in in_chunks(uuids):
-                existing.update(
-                    (r.uuid, r) for r in session.scalars(select(VmRow).where(VmRow.uuid.in_(chunk)))
-                )
-            for row, prefix in zip(rows, _prefixes(count), strict=True):
-                if row.uuid in existing:
-                    _same_vm(existing[row.uuid], row, prefix)
-            new = [r for r in rows if r.uuid not in existing]
-            self._add_consumers(session, new, stamp)
-            session.add_all(new)
-            session.flush()
-            return vm_records(session, [existing.get(r.uuid, r) for r in rows])
-
-    @staticmethod
-    def _add_consumers(session: Session, rows: builtins.list[VmRow], stamp: datetime) -> None:
-        """Each new VM is the consumer of its uuid; a uuid a Placement client already uses
-        for a plain consumer is refused (one consumer is not both)."""
-        uuids = [r.uuid for r in rows]
-        for chunk in in_chunks(uuids):
-            # A VM's own consumer is not "taken": a twin create committed meanwhile, and
-            # the insert below fails on it and the whole create is read again.
-            taken = session.scalar(
-                select(ConsumerRow.uuid).where(
-                    ConsumerRow.uuid.in_(chunk),
-                    ~exists().where(VmRow.consumer_id == ConsumerRow.id),
-                )
-            )
-            if taken is not None:
-                raise Conflict(
-                    f"uuid {taken} is already a consumer of allocations written through "
-                    "Placement's API; a VM needs a uuid of its own",
-                    field="uuid",
-                )
-        ids = (
-            session.scalars(
-                insert(ConsumerRow).returning(ConsumerRow.id, sort_by_parameter_order=True),
-                [
-                    {
-                        "uuid": r.uuid,
-                        "project_id": r.project_id,
-                        "user_id": r.user_id,
-                        "consumer_type": "INSTANCE",
-                        "generation": 0,
-                        "created_at": stamp,
-                        "updated_at": stamp,
-                    }
-                    for r in rows
-                ],
-            ).all()
-            if rows
-            else []
-        )
-        for row, consumer_id in zip(rows, ids, strict=True):
-            row.consumer_id = consumer_id
+                existing.update((r.uuid, r) for r in run(session, _EXISTING, {"uuids": chunk}))
+            for i, (row, prefix) in enumerate(zip(wanted, _prefixes(count), strict=True)):
+                if row["uuid"] in existing:
+                    _same_vm(existing[row["uuid"]], row, prefix)
+                    records[i] = _record(existing[row["uuid"]])
+            _insert(session, [w for w in wanted if w["uuid"] not in existing])
+            return records
 
     def get(self, ident: str) -> VmRecord:
         uuid = lookup.vm_uuid(ident)
@@ -351,19 +339,76 @@ class VmService:
 _CHOSEN = ("name", "project_id", "user_id", "flavor_id", "overrides", "tags", "group_id")
 
 
-def _same_vm(existing: VmRow, wanted: VmRow, prefix: str) -> None:
+def _same_vm(existing: Any, wanted: Mapping[str, Any], prefix: str) -> None:
     """Refuse a create whose uuid is taken by a VM with other fields."""
     for attr in _CHOSEN:
-        if getattr(existing, attr) != getattr(wanted, attr):
+        if getattr(existing, attr) != wanted[attr]:
             shown = {"flavor_id": "flavor", "group_id": "group"}.get(attr, attr)
             raise Conflict(
-                f"{prefix}uuid {wanted.uuid} is already used by a VM with another {shown}",
+                f"{prefix}uuid {wanted['uuid']} is already used by a VM with another {shown}",
                 field=f"{prefix}uuid",
             )
 
 
 def _prefixes(count: int) -> list[str]:
     return [f"vms[{i}]." if count > 1 else "" for i in range(count)]
+
+
+def _flavors(session: Session, names: Iterable[str]) -> dict[str, Any]:
+    """The flavors of these names, by name (those that exist)."""
+    found: dict[str, Any] = {}
+    for chunk in in_chunks(sorted(names)):
+        found.update((r.name, r) for r in run(session, _FLAVORS, {"names": chunk}))
+    return found
+
+
+def _groups(session: Session, idents: Iterable[str]) -> dict[str, Any]:
+    """The server groups these idents name, by ident: a uuid, else a name."""
+    idents = sorted(set(idents))
+    by_uuid: dict[str, Any] = {}
+    by_name: dict[str, Any] = {}
+    for chunk in in_chunks(idents):
+        params = {"uuids": [lookup.canonical_uuid(i) for i in chunk], "names": chunk}
+        for row in run(session, _GROUPS, params):
+            by_uuid[row.uuid], by_name[row.name] = row, row
+    found: dict[str, Any] = {}
+    for ident in idents:
+        row = by_uuid.get(lookup.canonical_uuid(ident)) or by_name.get(ident)
+        if row is not None:
+            found[ident] = row
+    return found
+
+
+def _insert(session: Session, vms: list[dict[str, Any]]) -> None:
+    """Each new VM is the consumer of its uuid; a uuid a Placement client already uses
+    for a plain consumer is refused (one consumer is not both)."""
+    for chunk in in_chunks([vm["uuid"] for vm in vms]):
+        # A VM's own consumer is not "taken": a twin create committed meanwhile, and the
+        # insert below fails on it and the whole create is read again.
+        taken = run(session, _TAKEN, {"uuids": chunk}).first()
+        if taken is not None:
+            raise Conflict(
+                f"uuid {taken.uuid} is already a consumer of allocations written through "
+                "Placement's API; a VM needs a uuid of its own",
+                field="uuid",
+            )
+    consumers = [
+        {
+            "uuid": vm["uuid"],
+            "project_id": vm["project_id"],
+            "user_id": vm["user_id"],
+            "consumer_type": "INSTANCE",
+            "generation": 0,
+            "created_at": vm["created_at"],
+            "updated_at": vm["updated_at"],
+        }
+        for vm in vms
+    ]
+    # Two statements however many VMs: each VM's row finds its consumer's id by the uuid
+    # (unique, indexed), as an executemany returns no ids to pass on.
+    with pipelined(session):
+        run_many(session, _INSERT_CONSUMERS, consumers)
+        run_many(session, _INSERT_VMS, vms)
 
 
 def vm_records(session: Session, rows: list[VmRow]) -> list[VmRecord]:
@@ -433,4 +478,42 @@ _RECORDS = (
     .outerjoin(_HOST, _HOST.id == VmRow.host_id)
     .outerjoin(_TARGET, _TARGET.id == VmRow.target_host_id)
     .outerjoin(ServerGroupRow, ServerGroupRow.id == VmRow.group_id)
+)
+
+# A retry's VM: its record, and what its client chose (``_CHOSEN``) to compare.
+_EXISTING = Prepared(
+    _RECORDS.add_columns(VmRow.flavor_id, VmRow.group_id).where(
+        VmRow.uuid.in_(bindparam("uuids", expanding=True))
+    )
+)
+_FLAVORS = Prepared(
+    select(
+        FlavorRow.id,
+        FlavorRow.name,
+        FlavorRow.resources,
+        FlavorRow.required_traits,
+        FlavorRow.forbidden_traits,
+    ).where(FlavorRow.name.in_(bindparam("names", expanding=True)))
+)
+_GROUPS = Prepared(
+    select(ServerGroupRow.id, ServerGroupRow.uuid, ServerGroupRow.name).where(
+        ServerGroupRow.uuid.in_(bindparam("uuids", expanding=True))
+        | ServerGroupRow.name.in_(bindparam("names", expanding=True))
+    )
+)
+_CONSUMERS = ConsumerRow.metadata.tables["consumers"]
+_VMS = VmRow.metadata.tables["vms"]
+_TAKEN = Prepared(
+    select(_CONSUMERS.c.uuid).where(
+        _CONSUMERS.c.uuid.in_(bindparam("uuids", expanding=True)),
+        ~exists().where(_VMS.c.consumer_id == _CONSUMERS.c.id),
+    )
+)
+_INSERT_CONSUMERS = Prepared(insert(_CONSUMERS))
+_INSERT_VMS = Prepared(
+    insert(_VMS).values(
+        consumer_id=select(_CONSUMERS.c.id)
+        .where(_CONSUMERS.c.uuid == bindparam("consumer_uuid"))
+        .scalar_subquery()
+    )
 )
