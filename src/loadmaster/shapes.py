@@ -95,9 +95,7 @@ def check(value: Any, field: str = "") -> None:
     own declaration, as ``parse`` checks what a client sends."""
     # Only the top level as a dict (``asdict`` copies every list: half the check's cost);
     # a nested dataclass as a dict too, since pydantic would take its instance unchecked.
-    data = {
-        f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
-    }
+    data = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     parse(type(value), data, field)
 
 

@@ -161,7 +161,12 @@ class Prepared:
         key = (
             type(dialect),
             dialect.server_version_info,
-            tuple(sorted((name, _shape(value)) for name, value in params.items())),
+            tuple(
+                sorted(
+                    (name, _shape(value) if name in self._lists else -1)
+                    for name, value in params.items()
+                )
+            ),
         )
         try:
             return self._forms[key]
@@ -182,8 +187,8 @@ def _bucket(length: int) -> int:
 
 
 def _shape(value: Any) -> int:
-    """What of a parameter's value the SQL depends on: a list's length (its IN list),
-    -1 for a single value."""
+    """What of an IN list's value the SQL depends on: its length (-1 for a single value:
+    a list given as a column's value, JSON, binds as one)."""
     return len(value) if isinstance(value, list | tuple) else -1
 
 
