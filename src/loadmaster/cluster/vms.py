@@ -216,8 +216,7 @@ class VmService:
     def get(self, ident: str) -> VmRecord:
         uuid = lookup.vm_uuid(ident)
         with self._store.read() as session:
-            query = _RECORDS.where(VmRow.uuid == uuid)
-            row = execute_core(session, query).first()
+            row = run(session, _RECORD_OF, {"uuid": uuid}).first()
         if row is None:
             raise NotFound(f"vm {ident!r}: no such VM", field="vm")
         return _record(row)
@@ -416,7 +415,7 @@ def vm_records(session: Session, rows: list[VmRow]) -> list[VmRecord]:
     ids = [r.id for r in rows]
     found: dict[int, VmRecord] = {}
     for chunk in in_chunks(ids):
-        for row in execute_core(session, _RECORDS.where(VmRow.id.in_(chunk))):
+        for row in run(session, _RECORDS_BY_ID, {"ids": chunk}):
             found[row.id] = _record(row)
     return [found[i] for i in ids]
 
@@ -479,6 +478,10 @@ _RECORDS = (
     .outerjoin(_TARGET, _TARGET.id == VmRow.target_host_id)
     .outerjoin(ServerGroupRow, ServerGroupRow.id == VmRow.group_id)
 )
+
+# On the operator's path (the answer of a start or a migration): on the driver's cursor.
+_RECORD_OF = Prepared(_RECORDS.where(VmRow.uuid == bindparam("uuid")))
+_RECORDS_BY_ID = Prepared(_RECORDS.where(VmRow.id.in_(bindparam("ids", expanding=True))))
 
 # A retry's VM: its record, and what its client chose (``_CHOSEN``) to compare.
 _EXISTING = Prepared(
