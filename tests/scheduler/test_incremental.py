@@ -76,6 +76,32 @@ def _host(i: int, spec: dict[str, Any]) -> SyntheticHost:
     )
 
 
+def _snapshot(hosts: list[dict[str, Any]]) -> Snapshot:
+    """Hosts drawn by ``host_strategy``, with the groups' members they say."""
+    members = {
+        name: {f"h{i}": spec["members"] for i, spec in enumerate(hosts) if spec["members"]}
+        for name in ("anti2", "soft", "near")
+    }
+    groups = members | {"anti": {}, "aff": {}}
+    return Snapshot.of([_host(i, spec) for i, spec in enumerate(hosts)], groups)
+
+
+def _requests(specs: list[tuple[str, str | None, frozenset[str], bool]]) -> list[VmRequest]:
+    """Requests drawn by ``request_strategy``."""
+    return [
+        VmRequest(
+            f"v{i}",
+            f"v{i}",
+            flavor,
+            dict(FLAVORS[flavor]),
+            required_traits=traits,
+            group=GROUPS[group] if group else None,
+            one_numa_node=numa,
+        )
+        for i, (flavor, group, traits, numa) in enumerate(specs)
+    ]
+
+
 def _plan(policy: str, sample: int | None) -> Plan:
     chosen = POLICIES[policy]
     return Plan(policy, FILTERS, tuple(load_weighers(chosen.weighers)), sample, subset_size=2)
@@ -117,24 +143,8 @@ def test_incremental_decisions_are_the_full_recomputes(
     breakdown: bool,
     full_after: int,
 ) -> None:
-    members = {
-        name: {f"h{i}": spec["members"] for i, spec in enumerate(hosts) if spec["members"]}
-        for name in ("anti2", "soft", "near")
-    }
-    groups = members | {"anti": {}, "aff": {}}
-    snap = Snapshot.of([_host(i, spec) for i, spec in enumerate(hosts)], groups)
-    reqs = [
-        VmRequest(
-            f"v{i}",
-            f"v{i}",
-            flavor,
-            dict(FLAVORS[flavor]),
-            required_traits=traits,
-            group=GROUPS[group] if group else None,
-            one_numa_node=numa,
-        )
-        for i, (flavor, group, traits, numa) in enumerate(requests)
-    ]
+    snap = _snapshot(hosts)
+    reqs = _requests(requests)
     plan = _plan(policy, sample)
     kw: dict[str, Any] = {"all_or_nothing": all_or_nothing, "breakdown": breakdown}
     saved = decide_module.FULL_AFTER

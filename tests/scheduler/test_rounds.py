@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_incremental import FLAVORS, GROUPS, _host, _plan, host_strategy, request_strategy
+from test_incremental import (
+    GROUPS,
+    _plan,
+    _requests,
+    _snapshot,
+    host_strategy,
+    request_strategy,
+)
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.pending import audit
@@ -60,19 +67,18 @@ def _replay_holds(snap: Snapshot, plan: Plan, decisions: list[Decision]) -> None
         )
 
 
-def _requests(specs: list[tuple[str, str | None, frozenset[str], bool]]) -> list[VmRequest]:
-    return [
-        VmRequest(
-            f"v{i}",
-            f"v{i}",
-            flavor,
-            dict(FLAVORS[flavor]),
-            required_traits=traits,
-            group=GROUPS[group] if group else None,
-            one_numa_node=numa,
-        )
-        for i, (flavor, group, traits, numa) in enumerate(specs)
-    ]
+@pytest.fixture
+def alone(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many requests are decided one at a time (``_decide_one``), counted."""
+    count = [0]
+    one = decide_module._decide_one
+
+    def counted(*args: Any, **kwargs: Any) -> Decision:
+        count[0] += 1
+        return one(*args, **kwargs)
+
+    monkeypatch.setattr(decide_module, "_decide_one", counted)
+    return count
 
 
 @pytest.fixture
@@ -106,13 +112,7 @@ def test_every_host_a_round_takes_passes_every_filter_in_turn(
     seed: int,
     breakdown: bool,
 ) -> None:
-    members = {
-        name: {f"h{i}": spec["members"] for i, spec in enumerate(hosts) if spec["members"]}
-        for name in ("anti2", "soft", "near")
-    }
-    snap = Snapshot.of(
-        [_host(i, spec) for i, spec in enumerate(hosts)], members | {"anti": {}, "aff": {}}
-    )
+    snap = _snapshot(hosts)
     reqs = _requests(requests)
     plan = _plan(policy, sample)
     decisions = decide(snap, reqs, plan, seed, breakdown=breakdown)
@@ -127,7 +127,7 @@ def test_every_host_a_round_takes_passes_every_filter_in_turn(
 
 
 def test_a_mass_start_is_decided_in_rounds_and_spreads_as_one_at_a_time(
-    monkeypatch: pytest.MonkeyPatch,
+    alone: list[int],
 ) -> None:
     """400 VMs on 2,000 hosts with a sample of 20: most decided in rounds (few of their
     chosen hosts were taken earlier in the round), every one valid, and the spread as
@@ -149,18 +149,9 @@ def test_a_mass_start_is_decided_in_rounds_and_spreads_as_one_at_a_time(
         for i in range(400)
     ]
     plan = _plan("spread", 20)
-    alone = 0
-    one = decide_module._decide_one
-
-    def counted(*args: Any, **kwargs: Any) -> Decision:
-        nonlocal alone
-        alone += 1
-        return one(*args, **kwargs)  # type: ignore[no-any-return]
-
-    monkeypatch.setattr(decide_module, "_decide_one", counted)
     rounds = decide(snap, reqs, plan, seed=11)
     assert all(d.host is not None for d in rounds)
-    assert alone < len(reqs) // 4
+    assert alone[0] < len(reqs) // 4
     _replay_holds(snap, plan, rounds)
     anti = [d.host for d in rounds if d.request.group is not None]
     assert len(set(anti)) == len(anti) == 100
@@ -178,7 +169,7 @@ def test_a_mass_start_is_decided_in_rounds_and_spreads_as_one_at_a_time(
 
 
 def test_a_mass_start_in_rounds_lands_within_capacity_and_group_rules(
-    lm: Loadmaster, monkeypatch: pytest.MonkeyPatch
+    lm: Loadmaster, alone: list[int]
 ) -> None:
     """Through the scheduler and the ledger: 600 VMs on 320 hosts of 2 slots each (a
     sample of 10 hosts, so rounds run until the hosts nearly fill), 100 of them in one
@@ -191,18 +182,9 @@ def test_a_mass_start_in_rounds_lands_within_capacity_and_group_rules(
     others = add_vms(lm, 500, prefix="free")
     spread = POLICIES["spread"]
     lm.scheduler.use_policies({"sampled": replace(spread, name="sampled", sample=10)})
-    alone = 0
-    one = decide_module._decide_one
-
-    def counted(*args: Any, **kwargs: Any) -> Decision:
-        nonlocal alone
-        alone += 1
-        return one(*args, **kwargs)  # type: ignore[no-any-return]
-
-    monkeypatch.setattr(decide_module, "_decide_one", counted)
     result = lm.scheduler.schedule([RequestSpec(vms=members + others)], policy="sampled")
     assert len(result.placed) == 600
-    assert alone < 300
+    assert alone[0] < 300
     for usage in lm.allocations.usages().values():
         for used in usage.values():
             assert used.active + used.pending <= used.capacity
