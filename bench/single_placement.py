@@ -128,8 +128,12 @@ def worker_inprocess(db: str) -> dict[str, Any]:
         result = lm.scheduler.schedule([RequestSpec(vms=[uuid])])
         latencies.append(time.perf_counter() - t0)
         placed += len(result.placed)
+    seconds = time.perf_counter() - started
+    # Closed, so SQLite folds its write-ahead log back: a frozen heap is not collected
+    # at exit, and a log left behind beside the next round's copy corrupts it.
+    lm.close()
     return {
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
         "latencies": latencies,
         "placed": placed,
         "conflicts": 0,
@@ -458,6 +462,8 @@ def main() -> None:
                                 url = pg_database(pg.url, f"run_{n}", templates[(build.name, "pg")])
                             else:
                                 copy = work / f"run-{n}.db"
+                                for stale in (f"{copy}-wal", f"{copy}-shm"):
+                                    Path(stale).unlink(missing_ok=True)
                                 shutil.copyfile(templates[(build.name, "sqlite")], copy)
                                 url = f"sqlite:///{copy}"
                             if mode == "inprocess":
