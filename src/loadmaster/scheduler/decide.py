@@ -364,7 +364,7 @@ def _decide_round(
     started = time.perf_counter()
     shapes: dict[tuple[Hashable, ...], list[int]] = {}
     for row, (_, request) in enumerate(run):
-        shapes.setdefault(_shape(request), []).append(row)
+        shapes.setdefault(local.values.of(request, _SHAPE_FIELDS), []).append(row)
     picks: dict[int, tuple[Ints, int, list[tuple[str, Floats]]]] = {}
     for rows in shapes.values():
         request = run[rows[0]][1]
@@ -407,11 +407,7 @@ def _decide_round(
     return decisions
 
 
-def _shape(request: VmRequest) -> tuple[Hashable, ...]:
-    """Everything of a request a plugin may read but which VM it is."""
-    return tuple(_hashable(getattr(request, name)) for name in _SHAPE_FIELDS)
-
-
+# Everything of a request a plugin may read but which VM it is: its shape.
 _SHAPE_FIELDS = tuple(
     f.name for f in fields(VmRequest) if f.name not in ("vm", "label", "companions")
 )
@@ -710,10 +706,7 @@ def _pick(
         best = np.argpartition(-scores[near], plan.subset_size)[: plan.subset_size]
         near = near[best]
     chosen = int(near[rng.integers(len(near))])
-    breakdown: tuple[HostScore, ...] = ()
-    if call.breakdown:
-        others = [int(i) for i in np.argsort(-scores, kind="stable")[:5] if i != chosen][:4]
-        breakdown = score_rows(call.snap, candidates, weighed, [chosen, *others])
+    breakdown = _breakdown(call.snap, candidates, chosen, weighed) if call.breakdown else ()
     return int(candidates[chosen]), breakdown
 
 
