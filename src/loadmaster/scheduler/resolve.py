@@ -221,11 +221,7 @@ class _Resolver:
                     )
                 group = groups.setdefault(own.name, own)
             flavor = flavors.get(row.flavor_id) if row.flavor_id is not None else None
-            key = (
-                row.flavor_id if flavor is not None else None,
-                tuple(sorted(row.overrides.items())),
-                group,
-            )
+            key = (row.flavor_id, tuple(sorted(row.overrides.items())), group)
             if key not in shared:
                 shared[key] = replace(
                     with_flavor(base, flavor, row.overrides) if flavor is not None else base,
