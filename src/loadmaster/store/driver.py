@@ -163,7 +163,8 @@ class Prepared:
             dialect.server_version_info,
             tuple(
                 sorted(
-                    (name, _shape(value) if name in self._lists else -1)
+                    # An IN list's length; any other value binds as one, lists too (JSON).
+                    (name, len(value) if name in self._lists else -1)
                     for name, value in params.items()
                 )
             ),
@@ -184,12 +185,6 @@ def _bucket(length: int) -> int:
         return length
     step = 1 << (length.bit_length() - 4)
     return -(-length // step) * step
-
-
-def _shape(value: Any) -> int:
-    """What of an IN list's value the SQL depends on: its length (-1 for a single value:
-    a list given as a column's value, JSON, binds as one)."""
-    return len(value) if isinstance(value, list | tuple) else -1
 
 
 def run(session: Session, prepared: Prepared, params: Params | None = None) -> Rows:
