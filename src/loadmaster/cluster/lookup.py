@@ -110,8 +110,12 @@ def flavor_row(
     query = select(FlavorRow).where(FlavorRow.name == name)
     row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
-        raise NotFound(f"{field} {name!r}: no such flavor", field=field)
+        raise no_such_flavor(name, field)
     return row
+
+
+def no_such_flavor(name: str, field: str = "flavor") -> NotFound:
+    return NotFound(f"{field} {name!r}: no such flavor", field=field)
 
 
 def group_row(
@@ -122,8 +126,12 @@ def group_row(
     )
     row = session.scalar(query.with_for_update() if lock else query)
     if row is None:
-        raise NotFound(f"{field} {ident!r}: no such server group", field=field)
+        raise no_such_group(ident, field)
     return row
+
+
+def no_such_group(ident: str, field: str = "group") -> NotFound:
+    return NotFound(f"{field} {ident!r}: no such server group", field=field)
 
 
 def live_vms_using(session: Session, column: Any, row_id: int) -> int:

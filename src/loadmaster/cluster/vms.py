@@ -138,9 +138,7 @@ class VmService:
             ):
                 flavor = flavors.get(spec.flavor)
                 if flavor is None:
-                    raise NotFound(
-                        f"{prefix}flavor {spec.flavor!r}: no such flavor", field=f"{prefix}flavor"
-                    )
+                    raise lookup.no_such_flavor(spec.flavor, f"{prefix}flavor")
                 if overrides:
                     known = lookup.require_classes(
                         session, overrides, prefix + "overrides", lock=True, known=known
@@ -157,10 +155,7 @@ class VmService:
                 if spec.group is not None:
                     group = groups.get(spec.group)
                     if group is None:
-                        raise NotFound(
-                            f"{prefix}group {spec.group!r}: no such server group",
-                            field=f"{prefix}group",
-                        )
+                        raise lookup.no_such_group(spec.group, f"{prefix}group")
                 wanted.append(
                     {
                         "uuid": vm_uuid,
