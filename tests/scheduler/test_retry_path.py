@@ -106,13 +106,13 @@ def test_a_pinned_claim_is_not_retried(slm: Loadmaster, monkeypatch: pytest.Monk
     (vm,) = add_vms(slm, 1)
     ledger = Ledger(slm.store, conflict_retries=5)
     writes = [0]
-    real_write = slm.store.write
+    real_transaction = slm.store.transaction
 
     def counted() -> Any:
         writes[0] += 1
-        return real_write()
+        return real_transaction()
 
-    monkeypatch.setattr(slm.store, "write", counted)
+    monkeypatch.setattr(slm.store, "transaction", counted)
     stale = slm.hosts.get("h0").generation
     slm.hosts.set_state("h0", "up")
     writes[0] = 0

@@ -12,11 +12,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Text, bindparam, cast, select, update
-from sqlalchemy.orm import Session
 
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, run, run_many
 from loadmaster.store.schema import FlavorRow, VmRow
+from loadmaster.store.transaction import Transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class VmState:
 
 
 def vms_with_flavors(
-    session: Session, uuids: Iterable[str], *, lock: bool
+    session: Transaction, uuids: Iterable[str], *, lock: bool
 ) -> tuple[dict[str, VmState], dict[int, FlavorRules]]:
     """The VMs by (canonical) uuid and their flavors by id, in one statement per chunk;
     ``lock``: the VM rows locked in id order (``store/locking.py``'s order: VMs first)."""
@@ -70,7 +70,7 @@ def vms_with_flavors(
     return found, flavors
 
 
-def write_vms(session: Session, vms: Iterable[VmState]) -> None:
+def write_vms(session: Transaction, vms: Iterable[VmState]) -> None:
     """The changed fields of ``vms`` written back, one executemany."""
     rows = [
         {

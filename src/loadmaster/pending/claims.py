@@ -50,6 +50,7 @@ from loadmaster.store.locking import (
     now,
 )
 from loadmaster.store.schema import AllocationRow, HostRow, VmRow
+from loadmaster.store.transaction import Transaction
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ class ClaimOutcome:
         return self.error is None
 
 
-def claim(session: Session, claims: Sequence[Claim], all_or_nothing: bool) -> list[ClaimOutcome]:
+def claim(
+    session: Transaction, claims: Sequence[Claim], all_or_nothing: bool
+) -> list[ClaimOutcome]:
     """Write the claims in the caller's transaction, each seeing the ones before it.
 
     ``all_or_nothing``: the first failure raises (the caller rolls back: a gang).
@@ -247,7 +250,7 @@ def _canonical(claim: Claim) -> Claim:
     return claim if uuid == claim.vm else replace(claim, vm=uuid)
 
 
-def _write_back(session: Session, claimed: list[VmState], providers: list[ProviderRow]) -> None:
+def _write_back(session: Transaction, claimed: list[VmState], providers: list[ProviderRow]) -> None:
     """The claimed VMs' rows and their events. An entity of one of them the session had
     loaded before (a Placement write of a VM's allocations) is expired, so that nothing
     reads its old values or writes them back."""
@@ -257,6 +260,8 @@ def _write_back(session: Session, claimed: list[VmState], providers: list[Provid
         [(vm, vm.before) for vm in claimed],
         {p.id: p.name for p in providers},
     )
+    if not isinstance(session, Session):  # a Core transaction: no entity to expire
+        return
     for vm in claimed:
         loaded = session.identity_map.get(identity_key(VmRow, vm.id))
         if loaded is not None:
@@ -363,7 +368,7 @@ def _plan(
 
 
 def _hosts_by_ident(
-    session: Session, idents: set[str]
+    session: Transaction, idents: set[str]
 ) -> tuple[dict[str, ProviderRow], list[ProviderRow]]:
     """The hosts by each ident given (a name, or a uuid in any case), and every provider
     of their trees (in id order): read in one statement, so a host is never without its
@@ -407,7 +412,7 @@ _TREES_OF_HOSTS = Prepared(
 )
 
 
-def _on_down_hosts(session: Session, vms: Sequence[VmState]) -> set[int]:
+def _on_down_hosts(session: Transaction, vms: Sequence[VmState]) -> set[int]:
     """Ids of ``vms`` running or pending (not migrating) on a root host that is down."""
     hosts = {v.host_id for v in vms if v.state in ("running", "pending") and v.host_id}
     if not hosts:
@@ -420,7 +425,7 @@ def _on_down_hosts(session: Session, vms: Sequence[VmState]) -> set[int]:
     return {v.id for v in vms if v.state in ("running", "pending") and v.host_id in down}
 
 
-def _drop_pending(session: Session, vm: VmState) -> set[int]:
+def _drop_pending(session: Transaction, vm: VmState) -> set[int]:
     """Delete a re-placed VM's records (pending, or on a host that is down); the providers
     they were on."""
     mine = AllocationRow.consumer_id == vm.consumer_id

@@ -18,21 +18,24 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, select
 
 from loadmaster.cluster.vm_rows import VmState
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import GroupPolicyViolation
 from loadmaster.pending.trees import ProviderRow
+from loadmaster.store.chunks import in_chunks
+from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import lock_groups
-from loadmaster.store.schema import ServerGroupRow, VmRow
+from loadmaster.store.schema import VmRow
+from loadmaster.store.transaction import Transaction
 
 
 @dataclass
 class GroupRules:
-    groups: dict[int, ServerGroupRow]
+    groups: dict[int, Any]  # rows of lock_groups
     # group id -> member VM id -> root hosts it runs on or is headed to
     members: dict[int, dict[int, set[int]]] = field(default_factory=dict)
     # group id -> root host -> how many members count there: a batch of a 1,000-member
@@ -43,15 +46,15 @@ class GroupRules:
     evacuating: set[int] = field(default_factory=set)
 
     @classmethod
-    def lock(cls, session: Session, group_ids: Collection[int]) -> GroupRules:
+    def lock(cls, session: Transaction, group_ids: Collection[int]) -> GroupRules:
         if not group_ids:
             return cls({})
         groups = {g.id: g for g in lock_groups(session, group_ids)}
         rules = cls(groups, {gid: {} for gid in groups}, {gid: Counter() for gid in groups})
-        placed = session.execute(
-            select(VmRow.id, VmRow.group_id, VmRow.host_id, VmRow.target_host_id).where(
-                VmRow.group_id.in_(groups), VmRow.state.in_(PLACED_STATES)
-            )
+        placed = (
+            row
+            for chunk in in_chunks(sorted(groups))
+            for row in run(session, _PLACED_MEMBERS, {"ids": chunk})
         )
         for vm_id, group_id, host_id, target_id in placed:
             assert group_id is not None  # selected by group
@@ -137,3 +140,10 @@ def _shared(member_hosts: Iterable[set[int]], hosts: set[int]) -> bool:
         if not common:
             return False
     return True
+
+
+_PLACED_MEMBERS = Prepared(
+    select(VmRow.id, VmRow.group_id, VmRow.host_id, VmRow.target_host_id).where(
+        VmRow.group_id.in_(bindparam("ids", expanding=True)), VmRow.state.in_(PLACED_STATES)
+    )
+)

@@ -78,8 +78,8 @@ class Ledger:
         retries = 0 if futile else self._retries
         for attempt in range(retries + 1):
             try:
-                with self._store.write() as session:
-                    return claims_module.claim(session, claims, all_or_nothing)
+                with self._store.transaction() as transaction:
+                    return claims_module.claim(transaction, claims, all_or_nothing)
             except ConcurrentUpdate:
                 if attempt == retries:
                     raise

@@ -35,6 +35,7 @@ from loadmaster.store.schema import (
     ResourceClassRow,
     TraitRow,
 )
+from loadmaster.store.transaction import Transaction
 
 
 class Named(Protocol):
@@ -105,7 +106,7 @@ class ProviderTree:
 
 
 def load_trees(
-    session: Session, root_ids: set[int], providers: Sequence[ProviderRow] | None = None
+    session: Transaction, root_ids: set[int], providers: Sequence[ProviderRow] | None = None
 ) -> dict[int, ProviderTree]:
     """The trees of these roots, with their inventories, usage and traits. ``providers``:
     the trees' host rows, already read by the caller (every provider of each root, in id
@@ -211,9 +212,9 @@ def tree_ids(session: Session, root_id: int | None) -> set[int]:
     return set(session.scalars(select(HostRow.id).where(HostRow.root_id == root_id)))
 
 
-def with_roots(session: Session, host_ids: set[int]) -> set[int]:
+def with_roots(session: Transaction, host_ids: set[int]) -> set[int]:
     """The touched providers and their roots: a change under a root is a change of its host."""
-    rows = session.execute(
-        select(HostRow.id, HostRow.root_id).where(HostRow.id.in_(host_ids))
+    rows = execute_core(
+        session, select(HostRow.id, HostRow.root_id).where(HostRow.id.in_(host_ids))
     ).all()
     return set(host_ids) | {root for _, root in rows if root}

@@ -31,8 +31,9 @@ import psycopg
 from sqlalchemy import BindParameter, Executable
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
-from sqlalchemy.orm import Session
 from sqlalchemy.sql.visitors import iterate
+
+from loadmaster.store.transaction import Transaction
 
 # Forms kept per statement: one per dialect and length of each IN list. A placement's
 # lists are short; a mass start's vary with its chunks, and past this many a shape is
@@ -187,7 +188,7 @@ def _bucket(length: int) -> int:
     return -(-length // step) * step
 
 
-def run(session: Session, prepared: Prepared, params: Params | None = None) -> Rows:
+def run(session: Transaction, prepared: Prepared, params: Params | None = None) -> Rows:
     """``prepared`` in the session's transaction, after the ORM's autoflush as an ORM
     statement would have it."""
     session.flush()
@@ -204,7 +205,9 @@ def run(session: Session, prepared: Prepared, params: Params | None = None) -> R
 class _Batch:
     """A pipeline of psycopg's, open until ``end``."""
 
-    def __init__(self, session: Session, connection: Connection, raw: psycopg.Connection) -> None:
+    def __init__(
+        self, session: Transaction, connection: Connection, raw: psycopg.Connection
+    ) -> None:
         self._session, self._connection = session, connection
         self._mode = raw.pipeline()
         self.pipeline: Any = self._mode.__enter__()
@@ -228,7 +231,7 @@ class _Batch:
 
 
 @contextmanager
-def pipelined(session: Session) -> Iterator[Callable[[], None]]:
+def pipelined(session: Transaction) -> Iterator[Callable[[], None]]:
     """On PostgreSQL, the statements ``run`` and ``run_many`` send in the block go to the
     server without waiting for each answer (psycopg's pipeline mode): the server answers
     them all when the block ends, or earlier when the function the block is given is
@@ -364,7 +367,7 @@ def _compile(statement: Executable, dialect: Dialect, params: Params) -> _Form |
     )
 
 
-def run_many(session: Session, prepared: Prepared, rows: Sequence[Params]) -> None:
+def run_many(session: Transaction, prepared: Prepared, rows: Sequence[Params]) -> None:
     """``prepared`` once per row (an INSERT or UPDATE, each row with the same keys and
     no IN list), handed to the driver's ``executemany``; one row is one execution."""
     if not rows:

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
 from loadmaster.store.schema import Base
+from loadmaster.store.transaction import CoreTransaction
 
 log = logging.getLogger("loadmaster.store")
 
@@ -219,7 +220,28 @@ class Store:
             self._write_sessions.begin() as session,
         ):
             yield session
-        changed = session.info.get(CHANGED_HOSTS)
+        self._tell_listeners(session.info)
+
+    @contextmanager
+    def transaction(self) -> Iterator[CoreTransaction]:
+        """``write``'s transaction on a Core connection, for code that needs no ORM entity
+        (``store/transaction.py``): the same turn, errors, events and listeners."""
+        from loadmaster.store.history import write_events
+
+        with (
+            self._turn(),
+            self._guard(),
+            self._unavailable_as_503(),
+            self._write_engine.connect() as connection,
+            connection.begin(),
+        ):
+            transaction = CoreTransaction(connection)
+            yield transaction
+            write_events(transaction)
+        self._tell_listeners(transaction.info)
+
+    def _tell_listeners(self, info: dict[Any, Any]) -> None:
+        changed = info.get(CHANGED_HOSTS)
         if changed:
             hosts = frozenset(changed)
             for listener in list(self._listeners):

@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.util import identity_key
 
 from loadmaster.store.driver import Prepared, run_many
-from loadmaster.store.locking import now
+from loadmaster.store.locking import execute_core, now
 from loadmaster.store.schema import HostRow, VmEventRow, VmRow
+from loadmaster.store.transaction import Transaction
 
 _WATCHED = ("state", "host_id", "target_host_id")
 _CHANGES = "loadmaster_vm_changes"
@@ -40,7 +41,7 @@ class _Change:
 
 
 def note_written(
-    session: Session,
+    session: Transaction,
     vms: Iterable[tuple[_VmLike, tuple[Any, ...]]],
     host_names: Mapping[int, str],
 ) -> None:
@@ -108,6 +109,12 @@ def _name_hosts(session: Session, host_ids: Iterable[int | None]) -> None:
 
 def _before_commit(session: Session) -> None:
     session.flush()  # what is still unflushed is part of the account too
+    write_events(session)
+
+
+def write_events(session: Transaction) -> None:
+    """The events of the VMs the transaction changed, written before it commits (a
+    ``Session``'s commit hook calls it; ``Store.transaction`` does itself)."""
     changes = {
         vm_id: change
         for vm_id, change in session.info.pop(_CHANGES, {}).items()
@@ -123,7 +130,7 @@ def _before_commit(session: Session) -> None:
     if missing:
         # Hosts the transaction never loaded (a stop, a migration's source): one query.
         query = select(HostRow.id, HostRow.name).where(HostRow.id.in_(missing))
-        names.update((host_id, name) for host_id, name in session.execute(query))
+        names.update((host_id, name) for host_id, name in execute_core(session, query))
     stamp = now()
     rows = []
     for vm_id, change in changes.items():

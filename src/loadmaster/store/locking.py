@@ -52,6 +52,7 @@ from loadmaster.store.schema import (
     ServerGroupRow,
     VmRow,
 )
+from loadmaster.store.transaction import Transaction
 
 CLOCK_ROW = 1
 
@@ -118,22 +119,20 @@ def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
         )
 
 
-def lock_groups(session: Session, group_ids: Collection[int]) -> list[ServerGroupRow]:
-    """The groups, locked for update in id order (a claim checks and changes their rules)."""
+def lock_groups(session: Transaction, group_ids: Collection[int]) -> list[Any]:
+    """The groups (id, name, policy, max_per_host), locked for update in id order (a claim
+    checks and changes their rules)."""
     if not group_ids:
         return []
-    return list(
-        session.scalars(
-            select(ServerGroupRow)
-            .where(ServerGroupRow.id.in_(group_ids))
-            .order_by(ServerGroupRow.id)
-            .with_for_update()
-        )
-    )
+    return [
+        row
+        for chunk in in_chunks(sorted(group_ids))
+        for row in run(session, _LOCK_GROUPS, {"ids": chunk})
+    ]
 
 
 def bump_generations(
-    session: Session,
+    session: Transaction,
     expected: Mapping[int, int],
     *,
     touch: Iterable[int] = (),
@@ -203,7 +202,7 @@ def bump_generations(
     return seq
 
 
-def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
+def touch_generations(session: Transaction, host_ids: Iterable[int]) -> int:
     """Bump the hosts' generations without a compare-and-swap, for changes that never add
     usage (activation, release): they decide nothing from what they read of the host, but
     schedulers holding the old generation must still see the host changed. Rows are locked
@@ -215,7 +214,7 @@ def touch_generations(session: Session, host_ids: Iterable[int]) -> int:
     return mark_changed(session, ids)
 
 
-def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = False) -> int:
+def mark_changed(session: Transaction, host_ids: Iterable[int], *, layout: bool = False) -> int:
     """Advance the cluster clock and stamp the hosts with it: schedulers reload them.
     ``layout``: providers were added, removed or moved between trees (a full reload).
     Placement's generations are the clients' compare-and-swap tokens and move only where
@@ -226,7 +225,7 @@ def mark_changed(session: Session, host_ids: Iterable[int], *, layout: bool = Fa
     return seq
 
 
-def _advance(session: Session, *, layout: bool) -> int:
+def _advance(session: Transaction, *, layout: bool) -> int:
     """The clock moved one on (and its layout too): the value it now holds. The row stays
     locked until commit; taken last of all, see the module's lock order.
 
@@ -237,9 +236,9 @@ def _advance(session: Session, *, layout: bool) -> int:
     return int(_advance_rows(session, layout=layout).scalar_one())
 
 
-def _advance_rows(session: Session, *, layout: bool) -> Rows:
+def _advance_rows(session: Transaction, *, layout: bool) -> Rows:
     """``_advance``'s statement sent; its answer read when wanted."""
-    postgres = session.get_bind().dialect.name == "postgresql"
+    postgres = session.connection().dialect.name == "postgresql"
     statement = {
         (False, False): _ADVANCE,
         (True, False): _ADVANCE_LAYOUT,
@@ -249,13 +248,13 @@ def _advance_rows(session: Session, *, layout: bool) -> Rows:
     return run(session, statement)
 
 
-def _stamp(session: Session, host_ids: list[int], seq: int) -> None:
+def _stamp(session: Transaction, host_ids: list[int], seq: int) -> None:
     for chunk in in_chunks(host_ids):
         run(session, _STAMP, {"ids": chunk, "seq": seq})
     _changed(session, host_ids)
 
 
-def _changed(session: Session, host_ids: Iterable[int]) -> None:
+def _changed(session: Transaction, host_ids: Iterable[int]) -> None:
     """Noted for ``Store.listen``'s listeners, told once the transaction commits (other
     processes hear of it from the clock's advance, ``_advance``)."""
     session.info.setdefault(CHANGED_HOSTS, set()).update(host_ids)
@@ -272,7 +271,7 @@ def clock(session: Session) -> tuple[int, int]:
 
 
 def clock_and_changed(
-    session: Session, since: int
+    session: Transaction, since: int
 ) -> tuple[tuple[int, int], list[tuple[int, int, int]]]:
     """``clock()``, and the providers stamped after ``since`` as ``(id, changed_seq,
     generation)``: one statement, so both are of one moment."""
@@ -306,7 +305,7 @@ def generation_of(session: Session, host_id: int | None) -> int:
     return int(session.scalar(select(HostRow.generation).where(HostRow.id == host_id)) or 0)
 
 
-def lock_hosts(session: Session, ids: Iterable[int]) -> None:
+def lock_hosts(session: Transaction, ids: Iterable[int]) -> None:
     """Lock hosts ``FOR NO KEY UPDATE`` in id order, all in one pass: for a write that
     learns the hosts it will touch in pieces (several consumers, a reshape's inventories
     and allocations), so that its later locks on them are held already and two such
@@ -315,15 +314,15 @@ def lock_hosts(session: Session, ids: Iterable[int]) -> None:
         _lock_hosts(session, chunk)
 
 
-def _lock_hosts(session: Session, ids: list[int]) -> None:
-    if session.get_bind().dialect.name == "sqlite":
+def _lock_hosts(session: Transaction, ids: list[int]) -> None:
+    if session.connection().dialect.name == "sqlite":
         # No row locks (writers take turns): the SELECT would only read the rows again.
         session.flush()  # what it did besides, as every statement of an ORM session does
         return
     run(session, _LOCK_HOSTS, {"ids": ids})
 
 
-def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
+def bump_consumers(session: Transaction, consumer_ids: Iterable[int]) -> None:
     """A consumer's records changed (claim, activation, release, a Placement write): its
     generation moves, so a Placement client holding the old one is refused, never lets
     its write undo a change it has not seen."""
@@ -332,7 +331,7 @@ def bump_consumers(session: Session, consumer_ids: Iterable[int]) -> None:
 
 
 def execute_core(
-    session: Session, statement: Executable, params: Any = None
+    session: Transaction, statement: Executable, params: Any = None
 ) -> Result[Unpack[TupleAny]]:
     """A Core statement in the session's transaction, after the ORM's autoflush as an ORM
     statement would have it, but on the session's connection: the session's own
@@ -388,4 +387,12 @@ _BUMP_CONSUMERS = Prepared(
     update(_CONSUMERS)
     .where(_CONSUMERS.c.id.in_(_IDS))
     .values(generation=_CONSUMERS.c.generation + 1)
+)
+_LOCK_GROUPS = Prepared(
+    select(
+        ServerGroupRow.id, ServerGroupRow.name, ServerGroupRow.policy, ServerGroupRow.max_per_host
+    )
+    .where(ServerGroupRow.id.in_(_IDS))
+    .order_by(ServerGroupRow.id)
+    .with_for_update()
 )
