@@ -7,10 +7,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from sqlalchemy import select
 
 from loadmaster.errors import LoadmasterError
 from loadmaster.pending import Claim
 from loadmaster.service import Loadmaster
+from loadmaster.store.schema import HostRow
 
 
 @pytest.fixture
@@ -77,3 +79,23 @@ def test_a_write_that_fails_leaves_no_event(cluster: Loadmaster) -> None:
         lm.allocations.claim_many([Claim(vm, "h1") for vm in vms])
     assert {v.state for v in lm.vms.list()} == {"requested"}
     assert lm.vms.events() == []
+
+
+def test_a_claims_core_transaction_tells_listeners_only_when_it_commits(
+    cluster: Loadmaster,
+) -> None:
+    """Claims run on ``Store.transaction`` (a Core connection, no ORM session): its events
+    and its listeners as a session's, and nothing at all when it fails."""
+    lm = cluster
+    heard: list[frozenset[int]] = []
+    stop = lm.store.listen(heard.append)
+    vms = [lm.vms.create(f"v{i}", "small").uuid for i in range(5)]
+    with pytest.raises(LoadmasterError):
+        lm.allocations.claim_many([Claim(vm, "h1") for vm in vms])
+    assert heard == []
+    lm.allocations.claim_many([Claim(vms[0], "h2")])
+    stop()
+    with lm.store.read() as session:
+        h2 = session.scalar(select(HostRow.id).where(HostRow.name == "h2"))
+    assert heard == [frozenset({h2})]
+    assert [(e.state, e.host) for e in lm.vms.events(vm=vms[0])] == [("pending", "h2")]
