@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import uuid as uuidlib
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 
@@ -45,7 +46,8 @@ def validate_policy(policy: object, field: str = "policy") -> str:
     return policy
 
 
-def group_record(row: ServerGroupRow) -> GroupRecord:
+def group_record(row: ServerGroupRow | Any) -> GroupRecord:
+    """From the entity, or a row of its columns."""
     return GroupRecord(row.uuid, row.name, row.policy, row.max_per_host)
 
 

@@ -9,7 +9,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -21,6 +21,8 @@ from loadmaster.resources import aggregate_specs, one_numa_node
 from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.snapshot import Snapshot
 from loadmaster.store import Store
+from loadmaster.store.chunks import in_chunks
+from loadmaster.store.driver import Prepared, run
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 
 SCHEDULABLE_STATES = ("requested", "stopped", "running")
@@ -193,9 +195,8 @@ class _Resolver:
         group_rows = (
             {
                 g.id: g
-                for g in session.scalars(
-                    select(ServerGroupRow).where(ServerGroupRow.id.in_(group_ids))
-                )
+                for chunk in in_chunks(sorted(group_ids))
+                for g in run(session, _GROUPS_BY_ID, {"ids": chunk})
             }
             if group_ids
             else {}
@@ -275,3 +276,15 @@ def with_flavor(
         forbidden_aggregates=base.forbidden_aggregates | forbidden_aggregates,
         one_numa_node=one_numa_node(flavor.extra_specs),
     )
+
+
+# A group's columns, not its entity: read for every call whose VMs are in groups.
+_GROUPS_BY_ID = Prepared(
+    select(
+        ServerGroupRow.id,
+        ServerGroupRow.uuid,
+        ServerGroupRow.name,
+        ServerGroupRow.policy,
+        ServerGroupRow.max_per_host,
+    ).where(ServerGroupRow.id.in_(bindparam("ids", expanding=True)))
+)
