@@ -38,6 +38,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
+from loadmaster.store.checkpoints import Checkpointer
 from loadmaster.store.schema import Base
 from loadmaster.store.transaction import CoreTransaction
 
@@ -59,6 +60,10 @@ CLOCK_CHANNEL = "loadmaster_clock"
 ChangeListener = Callable[[frozenset[int]], None]
 
 
+def _is_file(url: str) -> bool:
+    return ":memory:" not in url and url not in ("sqlite://", "sqlite+pysqlite://")
+
+
 def _sqlite_engine(url: str) -> Engine:
     engine = create_engine(
         url, connect_args={"timeout": _SQLITE_BUSY_S, "check_same_thread": False}
@@ -69,9 +74,11 @@ def _sqlite_engine(url: str) -> Engine:
         # Take transaction control away from pysqlite so BEGIN IMMEDIATE is ours to emit.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        if ":memory:" not in url and url not in ("sqlite://", "sqlite+pysqlite://"):
+        if _is_file(url):
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
+            # The store's ``Checkpointer`` folds the log back, outside every writer's turn.
+            cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_S * 1000}")
         cursor.close()
@@ -183,6 +190,9 @@ class Store:
         # as before, instead of waiting for itself.
         self._write_turn = threading.RLock() if self.is_sqlite else None
         self._listeners: list[ChangeListener] = []
+        self._checkpointer = (
+            Checkpointer(str(make_url(url).database)) if self.is_sqlite and _is_file(url) else None
+        )
 
     def listen(self, listener: ChangeListener) -> Callable[[], None]:
         """Call ``listener(host_ids)`` after every write transaction of this process that
@@ -220,7 +230,7 @@ class Store:
             self._write_sessions.begin() as session,
         ):
             yield session
-        self._tell_listeners(session.info)
+        self._committed(session.info)
 
     @contextmanager
     def transaction(self) -> Iterator[CoreTransaction]:
@@ -238,9 +248,12 @@ class Store:
             transaction = CoreTransaction(connection)
             yield transaction
             write_events(transaction)
-        self._tell_listeners(transaction.info)
+        self._committed(transaction.info)
 
-    def _tell_listeners(self, info: dict[Any, Any]) -> None:
+    def _committed(self, info: dict[Any, Any]) -> None:
+        """After a write transaction commits."""
+        if self._checkpointer is not None:
+            self._checkpointer.wrote()
         changed = info.get(CHANGED_HOSTS)
         if changed:
             hosts = frozenset(changed)
@@ -361,6 +374,8 @@ class Store:
         return current, head
 
     def dispose(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         self.engine.dispose()
 
 
