@@ -204,9 +204,8 @@ class AllocationRow(Base):
 
     __tablename__ = "allocations"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    consumer_id: Mapped[int] = mapped_column(
-        ForeignKey("consumers.id", ondelete="CASCADE"), index=True
-    )
+    # Searched by the unique constraint below, which begins with it (no index of its own).
+    consumer_id: Mapped[int] = mapped_column(ForeignKey("consumers.id", ondelete="CASCADE"))
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     resource_class_id: Mapped[int] = mapped_column(ForeignKey("resource_classes.id"))
     amount: Mapped[int] = mapped_column(BigInteger)
