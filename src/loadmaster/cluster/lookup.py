@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import NotFound, ValidationError
 from loadmaster.resources import Inventory
-from loadmaster.store.locking import share_groups
+from loadmaster.store.locking import execute_core, share_groups
 from loadmaster.store.schema import (
     AllocationRow,
     FlavorRow,
@@ -23,6 +23,7 @@ from loadmaster.store.schema import (
     TraitRow,
     VmRow,
 )
+from loadmaster.store.transaction import Transaction
 
 # What an Inventory is made of, for reads that need no whole row.
 INVENTORY_COLUMNS = (
@@ -158,10 +159,10 @@ def let_go_of(session: Session, column: Any, row_id: int) -> None:
     )
 
 
-def class_ids(session: Session) -> dict[str, int]:
+def class_ids(session: Transaction) -> dict[str, int]:
     return {
         name: id_
-        for id_, name in session.execute(select(ResourceClassRow.id, ResourceClassRow.name))
+        for id_, name in execute_core(session, select(ResourceClassRow.id, ResourceClassRow.name))
     }
 
 
@@ -170,7 +171,7 @@ def class_names(session: Session) -> dict[int, str]:
 
 
 def require_classes(
-    session: Session,
+    session: Transaction,
     names: Iterable[str],
     field: str,
     *,
@@ -185,11 +186,12 @@ def require_classes(
     ``known``: ``class_ids`` read already (one read for many checks)."""
     names = list(names)
     if lock and names:
-        session.execute(
+        execute_core(
+            session,
             select(ResourceClassRow.id)
             .where(ResourceClassRow.name.in_(sorted(set(names))))
             .order_by(ResourceClassRow.id)
-            .with_for_update(read=True, key_share=True)
+            .with_for_update(read=True, key_share=True),
         )
     if known is None:
         known = class_ids(session)
@@ -200,7 +202,7 @@ def require_classes(
 
 
 def require_traits(
-    session: Session, names: Iterable[str], field: str, *, known: dict[str, int] | None = None
+    session: Transaction, names: Iterable[str], field: str, *, known: dict[str, int] | None = None
 ) -> dict[str, int]:
     """Ids of the named traits; an unknown one is an error naming ``field``. ``known``:
     ``trait_ids`` read already for these names and more."""
@@ -214,12 +216,12 @@ def require_traits(
     return found
 
 
-def trait_ids(session: Session, names: Iterable[str]) -> dict[str, int]:
+def trait_ids(session: Transaction, names: Iterable[str]) -> dict[str, int]:
     """Ids of those of ``names`` that are traits."""
     return {
         name: id_
-        for id_, name in session.execute(
-            select(TraitRow.id, TraitRow.name).where(TraitRow.name.in_(set(names)))
+        for id_, name in execute_core(
+            session, select(TraitRow.id, TraitRow.name).where(TraitRow.name.in_(set(names)))
         )
     }
 

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord, group_record
@@ -23,7 +22,9 @@ from loadmaster.scheduler.snapshot import Snapshot
 from loadmaster.store import Store
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, run
+from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
+from loadmaster.store.transaction import Transaction, as_session
 
 SCHEDULABLE_STATES = ("requested", "stopped", "running")
 
@@ -78,7 +79,7 @@ def resolve(
     dry_run: bool,
     move_pending: bool = False,
     intent: str | None = None,
-    session: Session | None = None,
+    session: Transaction | None = None,
 ) -> Resolved:
     """Every request resolved against the store (and the snapshot's host names).
     ``move_pending``: a pending VM may be placed again (a drain); ``intent`` ("start" or
@@ -97,7 +98,7 @@ def resolve(
                 field=f"requests[{i}].flavor",
             )
     out = Resolved([])
-    with store.read(session) as session:
+    with store.read_transaction(session) as session:
         resolver = _Resolver(session, snap, out, move_pending, intent)
         for i, spec in enumerate(requests):
             resolver.one(spec, f"requests[{i}]")
@@ -112,14 +113,15 @@ def resolve(
     return out
 
 
-def _count_group_sizes(session: Session, out: Resolved) -> None:
+def _count_group_sizes(session: Transaction, out: Resolved) -> None:
     """Each request learns how many VMs its group holds once the call is done: the
     members placed now and those of the call (counted once if both)."""
     members: dict[str, set[str]] = {name: set() for name in out.groups}
-    for name, uuid in session.execute(
+    for name, uuid in execute_core(
+        session,
         select(ServerGroupRow.name, VmRow.uuid)
         .join(VmRow, VmRow.group_id == ServerGroupRow.id)
-        .where(ServerGroupRow.name.in_(members), VmRow.state.in_(PLACED_STATES))
+        .where(ServerGroupRow.name.in_(members), VmRow.state.in_(PLACED_STATES)),
     ):
         members[name].add(uuid)
     for item in out.items:
@@ -134,7 +136,7 @@ def _count_group_sizes(session: Session, out: Resolved) -> None:
 
 @dataclass
 class _Resolver:
-    session: Session
+    session: Transaction
     snap: Snapshot
     out: Resolved
     move_pending: bool
@@ -155,7 +157,9 @@ class _Resolver:
                     )
         group = None
         if spec.group is not None:
-            group = group_record(lookup.group_row(session, spec.group, f"{where}.group"))
+            group = group_record(
+                lookup.group_row(as_session(session), spec.group, f"{where}.group")
+            )
             self.out.groups[group.name] = group
         base = VmRequest(
             vm=None,
@@ -172,7 +176,7 @@ class _Resolver:
         )
         items = self.out.items
         if spec.flavor is not None:
-            flavor = lookup.flavor_row(session, spec.flavor, f"{where}.flavor")
+            flavor = lookup.flavor_row(as_session(session), spec.flavor, f"{where}.flavor")
             request = with_flavor(base, flavor, spec.overrides)
             items.extend(
                 Item(

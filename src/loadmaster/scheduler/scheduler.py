@@ -442,7 +442,7 @@ class Scheduler:
         """The calls resolved as one batch (see ``coalesce.merge``), each with its intent,
         a refused call carrying its error. One read transaction for all: the snapshot's
         refresh, the requests and their groups' members."""
-        with self._store.read() as session:
+        with self._store.read_transaction() as session:
             snap = self._source.refresh(session)
             each: list[Resolved | LoadmasterError] = []
             for requests, intent in zip(calls, intents, strict=True):

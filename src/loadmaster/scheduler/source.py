@@ -28,7 +28,6 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
 from loadmaster.cluster import lookup
@@ -52,6 +51,7 @@ from loadmaster.store.schema import (
     TraitRow,
     VmRow,
 )
+from loadmaster.store.transaction import Transaction
 
 
 class SnapshotSource:
@@ -81,11 +81,11 @@ class SnapshotSource:
             self.snapshot.freeze()  # a full load replaces it: freeze whichever is current
 
     # -- refreshing --------------------------------------------------------------------
-    def refresh(self, session: Session | None = None) -> Snapshot:
+    def refresh(self, session: Transaction | None = None) -> Snapshot:
         """Bring the snapshot up to date with the store, reloading only what changed: the
         cluster clock says whether anything did (one row read), and which providers.
         ``session``: a read transaction the caller has open, else one of its own."""
-        with self._store.read(session) as session, self._writing():
+        with self._store.read_transaction(session) as session, self._writing():
             # Read first (or with the providers stamped since, in one statement): a change
             # committed after it is stamped later and seen next time.
             stamped: list[tuple[int, int, int]] = []
@@ -116,10 +116,11 @@ class SnapshotSource:
             self._load_agents(session)
         return self.snapshot
 
-    def _load_all(self, session: Session) -> None:
+    def _load_all(self, session: Transaction) -> None:
         snap = self.snapshot = Snapshot()
-        rows = session.execute(
-            select(HostRow.id, HostRow.uuid, HostRow.name, HostRow.root_id).order_by(HostRow.id)
+        rows = execute_core(
+            session,
+            select(HostRow.id, HostRow.uuid, HostRow.name, HostRow.root_id).order_by(HostRow.id),
         ).all()
         snap.provider_ids = np.array([r.id for r in rows], np.int64)
         snap.provider_names = [r.name for r in rows]
@@ -142,13 +143,19 @@ class SnapshotSource:
         snap.traits = {
             name: t
             for t, name in enumerate(
-                sorted(session.scalars(select(TraitRow.name).join(HostTraitRow).distinct()))
+                sorted(
+                    execute_core(
+                        session, select(TraitRow.name).join(HostTraitRow).distinct()
+                    ).scalars()
+                )
             )
         }
         snap.aggregates = {
             name: a
             for a, name in enumerate(
-                sorted(session.scalars(select(HostAggregateRow.aggregate).distinct()))
+                sorted(
+                    execute_core(session, select(HostAggregateRow.aggregate).distinct()).scalars()
+                )
             )
         }
         p, c = len(rows), len(snap.classes)
@@ -171,7 +178,7 @@ class SnapshotSource:
         loaded = self._reload(session, list(snap.row_of))
         assert loaded, "a full load knows every class, trait and aggregate"
 
-    def _reload(self, session: Session, host_ids: Sequence[int]) -> bool:
+    def _reload(self, session: Transaction, host_ids: Sequence[int]) -> bool:
         """Reload these providers; False when they use a class, trait or aggregate (or a
         tree shape) the arrays have no room for, so the caller must load everything. One
         statement per chunk reads their rows, inventories, usage, traits and aggregates
@@ -229,7 +236,7 @@ class SnapshotSource:
         """A report was recorded through this scheduler: the next refresh reads it."""
         self._reports_read = None
 
-    def _load_reports(self, session: Session) -> None:
+    def _load_reports(self, session: Transaction) -> None:
         """The hosts' measured load, for the load weigher: read at most once a second
         (agents report every several seconds, and a read per call was a round trip per
         placement on PostgreSQL), and at the next refresh after a report this process
@@ -254,7 +261,7 @@ class SnapshotSource:
             if self._reports_seen is None or reported_at > self._reports_seen:
                 self._reports_seen = reported_at
 
-    def _load_agents(self, session: Session) -> None:
+    def _load_agents(self, session: Transaction) -> None:
         """When each host's agent was last heard from: every agent at a full load, then
         those heard from since the last read (less a margin, since the processes that
         write the stamps commit them a little after taking them), at most once a second:
@@ -282,7 +289,7 @@ class SnapshotSource:
         self,
         groups: Collection[GroupRecord],
         leaving: Mapping[str, Sequence[int]],
-        session: Session | None = None,
+        session: Transaction | None = None,
     ) -> None:
         """Count each group's placed members per host, pending ones included, less the
         hard-affinity members of the call that are ``leaving`` a host (the group follows
@@ -291,7 +298,7 @@ class SnapshotSource:
         with self._writing() as snap:
             snap.group_members = {g.name: np.zeros(snap.size, np.int64) for g in groups}
             if groups:
-                with self._store.read(session) as session:
+                with self._store.read_transaction(session) as session:
                     rows = execute_core(
                         session,
                         select(ServerGroupRow.name, VmRow.host_id, VmRow.target_host_id)

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
 from loadmaster.store.checkpoints import Checkpointer
 from loadmaster.store.schema import Base
-from loadmaster.store.transaction import CoreTransaction
+from loadmaster.store.transaction import CoreTransaction, Transaction
 
 log = logging.getLogger("loadmaster.store")
 
@@ -176,6 +176,7 @@ class Store:
                 isolation_level="REPEATABLE READ", postgresql_readonly=True
             )
         )
+        self._read_engine = read_engine
         self._read_sessions = sessionmaker(read_engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
         # Imported here: the history stamps events with store.locking's clock, and
@@ -246,9 +247,32 @@ class Store:
             connection.begin(),
         ):
             transaction = CoreTransaction(connection)
-            yield transaction
-            write_events(transaction)
+            try:
+                yield transaction
+                write_events(transaction)
+            finally:
+                transaction.close()
         self._committed(transaction.info)
+
+    @contextmanager
+    def read_transaction(self, transaction: Transaction | None = None) -> Iterator[Transaction]:
+        """``read``'s transaction on a Core connection (one snapshot, read-only on
+        PostgreSQL), for the scheduler's reads; given ``transaction``, that one."""
+        if transaction is not None:
+            yield transaction
+            return
+        with (
+            self._guard(),
+            self._unavailable_as_503(),
+            self._read_engine.connect() as connection,
+        ):
+            connection.begin()
+            core = CoreTransaction(connection)
+            try:
+                yield core
+            finally:
+                core.close()
+            connection.commit()  # not the ROLLBACK of closing: see ``read``
 
     def _committed(self, info: dict[Any, Any]) -> None:
         """After a write transaction commits."""

@@ -260,12 +260,13 @@ def _changed(session: Transaction, host_ids: Iterable[int]) -> None:
     session.info.setdefault(CHANGED_HOSTS, set()).update(host_ids)
 
 
-def clock(session: Session) -> tuple[int, int]:
+def clock(session: Transaction) -> tuple[int, int]:
     """``(seq, layout_seq)`` as committed now."""
-    seq, layout = session.execute(
+    seq, layout = execute_core(
+        session,
         select(ClusterClockRow.seq, ClusterClockRow.layout_seq).where(
             ClusterClockRow.id == CLOCK_ROW
-        )
+        ),
     ).one()
     return int(seq), int(layout)
 

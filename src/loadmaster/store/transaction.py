@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 
 class Transaction(Protocol):
@@ -46,3 +47,27 @@ class CoreTransaction:
 
     def flush(self) -> None:
         pass
+
+    def close(self) -> None:
+        """The ORM session ``as_session`` made on it closed (its connection and
+        transaction are the caller's, ended by the caller)."""
+        session = self.info.pop(_SESSION, None)
+        if session is not None:
+            session.close()
+
+
+def as_session(transaction: Transaction) -> Session:
+    """The transaction as an ORM session, for the lookups that read entities (a named
+    flavor or server group): itself if it is one, else a session made at first use on the
+    Core transaction's connection, which joins its transaction without ending it."""
+    if isinstance(transaction, Session):
+        return transaction
+    session = transaction.info.get(_SESSION)
+    if session is None:
+        session = transaction.info[_SESSION] = Session(
+            bind=transaction.connection(), join_transaction_mode="rollback_only"
+        )
+    return session
+
+
+_SESSION = "loadmaster_orm_session"
