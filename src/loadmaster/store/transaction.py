@@ -6,8 +6,9 @@ a ``Session``: Placement's consumer writes call it inside their own ORM transact
 the VMs' events were written by the session's commit hook. The session's begin and
 commit cost about twice a Core connection's (measured on SQLite: 70 against 35 us, the
 statement aside; in ``Store.write`` with its hooks about 120 us), 17 % of a placement
-in-process. ``Store.transaction`` gives the scheduler's claims a ``CoreTransaction``;
-a ``Session`` still serves every other writer, and both satisfy ``Transaction``.
+in-process. ``Store.transaction`` gives the scheduler's claims a ``CoreTransaction``, and
+``Store.read_transaction`` its reads (the snapshot's refresh, the resolve); a ``Session``
+still serves every other reader and writer, and both satisfy ``Transaction``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class Transaction(Protocol):
 
 
 class CoreTransaction:
-    """A transaction on a Core connection, begun by ``Store.transaction``: no ORM objects,
-    so nothing to flush."""
+    """A transaction on a Core connection, begun by ``Store.transaction`` or
+    ``Store.read_transaction``: no ORM objects, so nothing to flush."""
 
     __slots__ = ("_connection", "info")
 
