@@ -4,7 +4,8 @@ a raising plugin is named, and the vocabulary sync never gives up silently."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -23,12 +24,20 @@ from loadmaster.service import Loadmaster
 from loadmaster.store.schema import ResourceClassRow
 
 
+@contextmanager
+def _apart(calls: object) -> Iterator[None]:
+    yield None
+
+
 def _lose_first_claim(
     slm: Loadmaster, monkeypatch: pytest.MonkeyPatch, meanwhile: Any
 ) -> list[int]:
     """The scheduler's first claim loses: just before it, another writer changes the
     chosen host (``meanwhile``, which must bump its generation). Returns the claim-call
-    counter."""
+    counter. The reads and the claim in two transactions, as on PostgreSQL and for a
+    batch over a claim chunk: SQLite's one transaction per call lets no writer in between
+    (``test_one_transaction.py`` has its races)."""
+    monkeypatch.setattr(slm.scheduler, "_one_transaction", _apart)
     ledger = slm.scheduler._ledger
     real = ledger.claim_many
     calls = [0]

@@ -27,6 +27,7 @@ from loadmaster.pending.consumers import ConsumerWrite
 from loadmaster.pending.lifecycle import FailOutcome
 from loadmaster.pending.reconcile import ReconcileResult
 from loadmaster.store import Store
+from loadmaster.store.transaction import Transaction
 
 DEFAULT_CONFLICT_RETRIES = 10
 
@@ -56,12 +57,19 @@ class Ledger:
         return list(outcome.allocations)
 
     def claim_many(
-        self, claims: Sequence[Claim], *, all_or_nothing: bool = True
+        self,
+        claims: Sequence[Claim],
+        *,
+        all_or_nothing: bool = True,
+        transaction: Transaction | None = None,
     ) -> list[ClaimOutcome]:
         """Claim many VMs in one transaction, each seeing the claims before it.
 
         ``all_or_nothing``: the first failure raises and nothing is written (a gang).
         Otherwise every claim gets its own outcome and the good ones land together.
+        ``transaction``: a write transaction the caller holds (``Store.transaction()``),
+        claimed in as it is, never retried: a failure raises and the caller must roll the
+        whole transaction back, since a claim may have written before it failed.
         """
         if not claims:
             return []
@@ -71,6 +79,8 @@ class Ledger:
                     f"claims[{i}].intent must be start, migrate or evacuate, got {c.intent!r}",
                     field=f"claims[{i}].intent",
                 )
+        if transaction is not None:
+            return claims_module.claim(transaction, claims, all_or_nothing)
         # A claim pinned to the generation its caller read cannot succeed on a re-read: the
         # host has moved on. Retrying is worth it only if some claim could still land.
         pinned = [c.expected_generation is not None for c in claims]

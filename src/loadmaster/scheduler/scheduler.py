@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -42,7 +43,7 @@ from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
 from loadmaster.scheduler.remote import NotReached, SchedulingClient
 from loadmaster.scheduler.reports import record_report
 from loadmaster.scheduler.request import MAX_VMS_PER_CALL, RequestSpec
-from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve
+from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve, vm_count
 from loadmaster.scheduler.results import (
     CapacityReport,
     Explanation,
@@ -52,6 +53,7 @@ from loadmaster.scheduler.results import (
 )
 from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.store import Store
+from loadmaster.store.transaction import Transaction
 
 MAX_SEED = 2**63 - 1
 
@@ -329,10 +331,19 @@ class Scheduler:
     def _decide_together(self, batch: list[Ticket], policy: Policy) -> None:
         seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
         plan = self._plan(policy)
-        resolved, spans = self._begin_many(
-            [t.requests for t in batch], False, False, [t.intent for t in batch]
-        )
-        placements, _ = self._best_effort(_Call(resolved, seed), plan, False, False)
+        calls, intents = [t.requests for t in batch], [t.intent for t in batch]
+        try:
+            with self._one_transaction(calls) as transaction:
+                resolved, spans = self._begin_many(calls, False, False, intents, transaction)
+                call = _Call(resolved, seed, transaction)
+                placements, _ = self._best_effort(call, plan, False, False)
+            if call.landing is not None:
+                self._source.landed(*call.landing)
+        except _RaceInOneTransaction:
+            # Rolled back whole, nothing applied to the snapshot: decided again with the
+            # reads and the claims apart, where a lost race is decided again as usual.
+            resolved, spans = self._begin_many(calls, False, False, intents)
+            placements, _ = self._best_effort(_Call(resolved, seed), plan, False, False)
         placements.sort(key=lambda pair: pair[0])
         for ticket, span in zip(batch, spans, strict=True):
             if isinstance(span, LoadmasterError):
@@ -432,17 +443,39 @@ class Scheduler:
             raise span
         return resolved
 
+    @contextmanager
+    def _one_transaction(
+        self, calls: Sequence[Sequence[RequestSpec]]
+    ) -> Iterator[Transaction | None]:
+        """On SQLite, calls that fit one claim chunk read, decide and claim in one write
+        transaction: one begin and commit fewer, and since SQLite has one writer at a time
+        and this holds it, what was read is still true when the claim checks it. A larger
+        batch commits chunk by chunk, so that its first VMs land, and other writers get
+        their turn, while the rest are decided. On PostgreSQL the reads stay one read-only
+        REPEATABLE READ snapshot and the claims a READ COMMITTED transaction of their own
+        (``store/locking.py``): a write transaction at REPEATABLE READ would fail on every
+        row another scheduler changed since it began. None: no shared transaction."""
+        vms = sum(
+            vm_count(spec) for call in calls for spec in call if isinstance(spec, RequestSpec)
+        )
+        if not self._store.is_sqlite or vms > self._claim_chunk:
+            yield None
+            return
+        with self._store.transaction() as transaction:
+            yield transaction
+
     def _begin_many(
         self,
         calls: Sequence[Sequence[RequestSpec]],
         dry_run: bool,
         move_pending: bool,
         intents: Sequence[str | None],
+        transaction: Transaction | None = None,
     ) -> tuple[Resolved, list[range | LoadmasterError]]:
         """The calls resolved as one batch (see ``coalesce.merge``), each with its intent,
-        a refused call carrying its error. One read transaction for all: the snapshot's
-        refresh, the requests and their groups' members."""
-        with self._store.read_transaction() as session:
+        a refused call carrying its error. One read transaction for all (``transaction``
+        if given): the snapshot's refresh, the requests and their groups' members."""
+        with self._store.read_transaction(transaction) as session:
             snap = self._source.refresh(session)
             each: list[Resolved | LoadmasterError] = []
             for requests, intent in zip(calls, intents, strict=True):
@@ -465,8 +498,9 @@ class Scheduler:
         return resolved, spans
 
     def _reload(self, call: _Call) -> None:
-        self._source.refresh()
-        self._source.load_groups(call.resolved.groups.values(), call.resolved.leaving)
+        with self._store.read_transaction() as session:
+            self._source.refresh(session)
+            self._source.load_groups(call.resolved.groups.values(), call.resolved.leaving, session)
 
     # -- one batch, two modes ------------------------------------------------------------
     def _decide(
@@ -564,9 +598,18 @@ class Scheduler:
         decide again."""
         claims = [self._claim(item, decision, move_pending) for item, decision in chosen]
         try:
-            outcomes = self._ledger.claim_many(claims, all_or_nothing=False)
+            outcomes = self._ledger.claim_many(
+                claims, all_or_nothing=False, transaction=call.transaction
+            )
         except ConcurrentUpdate as exc:
+            if call.transaction is not None:
+                raise _RaceInOneTransaction from exc
             outcomes = [ClaimOutcome(c.vm, c.host, error=exc) for c in claims]
+        if call.transaction is not None and any(
+            o.error is not None and _lost_race(o.error) for o in outcomes
+        ):
+            # The claim may have written some: the caller rolls back and starts over.
+            raise _RaceInOneTransaction
         landed, retry = [], []
         clocks = {o.clock for o in outcomes if o.error is None}
         for (item, decision), outcome in zip(chosen, outcomes, strict=True):
@@ -587,7 +630,10 @@ class Scheduler:
             out.append(self._failed(item))
         # A drain's re-placed VMs also left hosts the snapshot did not update: read all.
         clock = clocks.pop() if len(clocks) == 1 and not move_pending else None
-        self._source.landed(landed, clock)
+        if call.transaction is None:
+            self._source.landed(landed, clock)
+        else:
+            call.landing = (landed, clock)  # once committed
         return retry
 
     def _claim(self, item: Item, decision: Decision, move_pending: bool) -> Claim:
@@ -636,14 +682,25 @@ class Scheduler:
 
 
 class _Call:
-    """One ``schedule`` call: what it resolved, its seed and how many rounds it decided."""
+    """One ``schedule`` call: what it resolved, its seed, how many rounds it decided, and
+    the write transaction it holds from its reads to its claim (``_one_transaction``),
+    with what landed in it, applied to the snapshot once that commits."""
 
-    def __init__(self, resolved: Resolved, seed: int) -> None:
-        self.resolved, self.seed = resolved, seed
+    def __init__(self, resolved: Resolved, seed: int, transaction: Transaction | None = None):
+        self.resolved, self.seed, self.transaction = resolved, seed, transaction
         self.round = 0
+        self.landing: tuple[list[Landed], int | None] | None = None
 
 
-def _landed(decision: Decision) -> tuple[int, Mapping[str, int], str | None, bool]:
+class _RaceInOneTransaction(Exception):
+    """A claim in a call's one transaction met a race (with a writer SQLite let in, or
+    a check the snapshot and the ledger judge apart): the transaction is rolled back."""
+
+
+Landed = tuple[int, Mapping[str, int], str | None, bool]
+
+
+def _landed(decision: Decision) -> Landed:
     assert decision.host is not None
     request = decision.request
     group = request.group.name if request.group is not None else None
