@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import uuid as uuidlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from sqlalchemy import select
 
@@ -46,8 +46,20 @@ def validate_policy(policy: object, field: str = "policy") -> str:
     return policy
 
 
-def group_record(row: ServerGroupRow | Any) -> GroupRecord:
-    """From the entity, or a row of its columns."""
+class GroupFields(Protocol):
+    """What a group record is made of: the entity, or a row of its columns."""
+
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def max_per_host(self) -> int | None: ...
+
+
+def group_record(row: GroupFields) -> GroupRecord:
     return GroupRecord(row.uuid, row.name, row.policy, row.max_per_host)
 
 

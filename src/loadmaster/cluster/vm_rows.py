@@ -13,8 +13,7 @@ from typing import Any
 
 from sqlalchemy import Text, bindparam, cast, select, update
 
-from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run, run_many
+from loadmaster.store.driver import Prepared, run_chunked, run_many
 from loadmaster.store.schema import FlavorRow, VmRow
 from loadmaster.store.transaction import Transaction
 
@@ -60,13 +59,12 @@ def vms_with_flavors(
     found: dict[str, VmState] = {}
     flavors: dict[int, FlavorRules] = {}
     statement = _LOCK if lock else _READ
-    for chunk in in_chunks(sorted(set(uuids))):
-        for row in run(session, statement, {"uuids": chunk}):
-            id_, uuid, consumer_id, flavor_id, overrides, *rest = row[:_VM_WIDTH]
-            vm = VmState(id_, uuid, consumer_id, flavor_id, _decoded(overrides), *rest)
-            found[vm.uuid] = vm
-            if vm.flavor_id is not None and vm.flavor_id not in flavors and row.f_name:
-                flavors[vm.flavor_id] = _flavor(vm.flavor_id, row)
+    for row in run_chunked(session, statement, "uuids", sorted(set(uuids))):
+        id_, uuid, consumer_id, flavor_id, overrides, *rest = row[:_VM_WIDTH]
+        vm = VmState(id_, uuid, consumer_id, flavor_id, _decoded(overrides), *rest)
+        found[vm.uuid] = vm
+        if vm.flavor_id is not None and vm.flavor_id not in flavors and row.f_name:
+            flavors[vm.flavor_id] = _flavor(vm.flavor_id, row)
     return found, flavors
 
 

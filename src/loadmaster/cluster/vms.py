@@ -22,7 +22,7 @@ from loadmaster.resources import parse_amounts
 from loadmaster.shapes import Amount, Name
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, pipelined, run, run_many
+from loadmaster.store.driver import Prepared, pipelined, run, run_chunked, run_many
 from loadmaster.store.locking import execute_core, now, touch_generations
 from loadmaster.store.schema import (
     ConsumerRow,
@@ -199,8 +199,7 @@ class VmService:
             if len(set(uuids)) != len(uuids):
                 raise Conflict("the same VM uuid appears twice in one request", field="uuid")
             existing: dict[str, Any] = {}
-            for chunk in in_chunks(uuids):
-                existing.update((r.uuid, r) for r in run(session, _EXISTING, {"uuids": chunk}))
+            existing.update((r.uuid, r) for r in run_chunked(session, _EXISTING, "uuids", uuids))
             for i, (row, prefix) in enumerate(zip(wanted, _prefixes(count), strict=True)):
                 if row["uuid"] in existing:
                     _same_vm(existing[row["uuid"]], row, prefix)

@@ -26,8 +26,7 @@ from loadmaster.cluster.vm_rows import VmState
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import GroupPolicyViolation
 from loadmaster.pending.trees import ProviderRow
-from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run
+from loadmaster.store.driver import Prepared, run_chunked
 from loadmaster.store.locking import lock_groups
 from loadmaster.store.schema import VmRow
 from loadmaster.store.transaction import Transaction
@@ -51,11 +50,7 @@ class GroupRules:
             return cls({})
         groups = {g.id: g for g in lock_groups(session, group_ids)}
         rules = cls(groups, {gid: {} for gid in groups}, {gid: Counter() for gid in groups})
-        placed = (
-            row
-            for chunk in in_chunks(sorted(groups))
-            for row in run(session, _PLACED_MEMBERS, {"ids": chunk})
-        )
+        placed = run_chunked(session, _PLACED_MEMBERS, "ids", sorted(groups))
         for vm_id, group_id, host_id, target_id in placed:
             assert group_id is not None  # selected by group
             hosts = {h for h in (host_id, target_id) if h is not None}

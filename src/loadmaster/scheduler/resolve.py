@@ -20,9 +20,8 @@ from loadmaster.resources import aggregate_specs, one_numa_node
 from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.snapshot import Snapshot
 from loadmaster.store import Store
-from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run
-from loadmaster.store.locking import execute_core
+from loadmaster.store.driver import Prepared, run_chunked
+from loadmaster.store.locking import GROUP_COLUMNS, execute_core
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 from loadmaster.store.transaction import Transaction, as_session
 
@@ -196,15 +195,9 @@ class _Resolver:
         rows, flavors = vms_with_flavors(session, uuids, lock=False)
         # One VM per call is the common case: no query for groups none of them has.
         group_ids = {r.group_id for r in rows.values() if r.group_id}
-        group_rows = (
-            {
-                g.id: g
-                for chunk in in_chunks(sorted(group_ids))
-                for g in run(session, _GROUPS_BY_ID, {"ids": chunk})
-            }
-            if group_ids
-            else {}
-        )
+        group_rows = {
+            g.id: g for g in run_chunked(session, _GROUPS_BY_ID, "ids", sorted(group_ids))
+        }
         position = len(self.out.items)
         movable = SCHEDULABLE_STATES + (("pending",) if self.move_pending else ())
         # VMs of one flavor, overrides and group share one request but for which VM they
@@ -284,11 +277,5 @@ def with_flavor(
 
 # A group's columns, not its entity: read for every call whose VMs are in groups.
 _GROUPS_BY_ID = Prepared(
-    select(
-        ServerGroupRow.id,
-        ServerGroupRow.uuid,
-        ServerGroupRow.name,
-        ServerGroupRow.policy,
-        ServerGroupRow.max_per_host,
-    ).where(ServerGroupRow.id.in_(bindparam("ids", expanding=True)))
+    select(*GROUP_COLUMNS).where(ServerGroupRow.id.in_(bindparam("ids", expanding=True)))
 )

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.sql.visitors import iterate
 
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.transaction import Transaction
 
 # Forms kept per statement: one per dialect and length of each IN list. A placement's
@@ -186,6 +187,22 @@ def _bucket(length: int) -> int:
         return length
     step = 1 << (length.bit_length() - 4)
     return -(-length // step) * step
+
+
+def run_chunked(
+    session: Transaction,
+    prepared: Prepared,
+    name: str,
+    values: Sequence[Any],
+    params: Params | None = None,
+) -> list[Any]:
+    """``prepared`` once per piece of ``values`` (an IN list bound to ``name``, cut as
+    ``in_chunks`` cuts it), with ``params`` besides; the rows of all, in order."""
+    return [
+        row
+        for chunk in in_chunks(values)
+        for row in run(session, prepared, {**(params or {}), name: chunk})
+    ]
 
 
 def run(session: Transaction, prepared: Prepared, params: Params | None = None) -> Rows:

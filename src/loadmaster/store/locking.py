@@ -43,7 +43,7 @@ from sqlalchemy.util.typing import TupleAny, Unpack
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, Rows, run
+from loadmaster.store.driver import Prepared, Rows, run, run_chunked
 from loadmaster.store.engine import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import (
     ClusterClockRow,
@@ -120,15 +120,9 @@ def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
 
 
 def lock_groups(session: Transaction, group_ids: Collection[int]) -> list[Any]:
-    """The groups (id, name, policy, max_per_host), locked for update in id order (a claim
-    checks and changes their rules)."""
-    if not group_ids:
-        return []
-    return [
-        row
-        for chunk in in_chunks(sorted(group_ids))
-        for row in run(session, _LOCK_GROUPS, {"ids": chunk})
-    ]
+    """The groups' ``GROUP_COLUMNS``, locked for update in id order (a claim checks and
+    changes their rules)."""
+    return run_chunked(session, _LOCK_GROUPS, "ids", sorted(group_ids))
 
 
 def bump_generations(
@@ -249,8 +243,7 @@ def _advance_rows(session: Transaction, *, layout: bool) -> Rows:
 
 
 def _stamp(session: Transaction, host_ids: list[int], seq: int) -> None:
-    for chunk in in_chunks(host_ids):
-        run(session, _STAMP, {"ids": chunk, "seq": seq})
+    run_chunked(session, _STAMP, "ids", host_ids, {"seq": seq})
     _changed(session, host_ids)
 
 
@@ -327,8 +320,7 @@ def bump_consumers(session: Transaction, consumer_ids: Iterable[int]) -> None:
     """A consumer's records changed (claim, activation, release, a Placement write): its
     generation moves, so a Placement client holding the old one is refused, never lets
     its write undo a change it has not seen."""
-    for chunk in in_chunks(sorted(set(consumer_ids))):
-        run(session, _BUMP_CONSUMERS, {"ids": chunk})
+    run_chunked(session, _BUMP_CONSUMERS, "ids", sorted(set(consumer_ids)))
 
 
 def execute_core(
@@ -389,10 +381,16 @@ _BUMP_CONSUMERS = Prepared(
     .where(_CONSUMERS.c.id.in_(_IDS))
     .values(generation=_CONSUMERS.c.generation + 1)
 )
+# What a claim and a scheduler's resolve read of a server group, as columns.
+GROUP_COLUMNS = (
+    ServerGroupRow.id,
+    ServerGroupRow.uuid,
+    ServerGroupRow.name,
+    ServerGroupRow.policy,
+    ServerGroupRow.max_per_host,
+)
 _LOCK_GROUPS = Prepared(
-    select(
-        ServerGroupRow.id, ServerGroupRow.name, ServerGroupRow.policy, ServerGroupRow.max_per_host
-    )
+    select(*GROUP_COLUMNS)
     .where(ServerGroupRow.id.in_(_IDS))
     .order_by(ServerGroupRow.id)
     .with_for_update()
