@@ -197,7 +197,8 @@ def run_chunked(
     params: Params | None = None,
 ) -> list[Any]:
     """``prepared`` once per piece of ``values`` (an IN list bound to ``name``, cut as
-    ``in_chunks`` cuts it), with ``params`` besides; the rows of all, in order."""
+    ``in_chunks`` cuts it), with ``params`` besides; the rows of all, in order. For
+    reads: in a pipeline (``pipelined``) reading the rows waits for the answers."""
     return [
         row
         for chunk in in_chunks(values)

@@ -243,7 +243,8 @@ def _advance_rows(session: Transaction, *, layout: bool) -> Rows:
 
 
 def _stamp(session: Transaction, host_ids: list[int], seq: int) -> None:
-    run_chunked(session, _STAMP, "ids", host_ids, {"seq": seq})
+    for chunk in in_chunks(host_ids):
+        run(session, _STAMP, {"ids": chunk, "seq": seq})
     _changed(session, host_ids)
 
 
@@ -320,7 +321,8 @@ def bump_consumers(session: Transaction, consumer_ids: Iterable[int]) -> None:
     """A consumer's records changed (claim, activation, release, a Placement write): its
     generation moves, so a Placement client holding the old one is refused, never lets
     its write undo a change it has not seen."""
-    run_chunked(session, _BUMP_CONSUMERS, "ids", sorted(set(consumer_ids)))
+    for chunk in in_chunks(sorted(set(consumer_ids))):
+        run(session, _BUMP_CONSUMERS, {"ids": chunk})
 
 
 def execute_core(
