@@ -116,12 +116,6 @@ class SnapshotSource:
             self._load_agents(session)
         return self.snapshot
 
-    def forget(self) -> None:
-        """Load everything again at the next refresh: claims applied here (``landed``)
-        were rolled back with the transaction that held them."""
-        self._clock = None
-        self._own_stamps.clear()
-
     def _load_all(self, session: Transaction) -> None:
         snap = self.snapshot = Snapshot()
         rows = execute_core(
