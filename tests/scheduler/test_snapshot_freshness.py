@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import loadmaster
 from loadmaster.errors import LoadmasterError
 from loadmaster.pending import Claim
-from loadmaster.scheduler.snapshot import Snapshot
+from loadmaster.scheduler.reports import record_report
+from loadmaster.scheduler.snapshot import ARRAYS, Snapshot
 from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.service import Loadmaster
 
@@ -121,6 +122,54 @@ def test_a_refreshed_snapshot_equals_a_fresh_one(
                 _do(writer, step, vms)
             fresh = SnapshotSource(reader.store).refresh()
             assert _view(cached.refresh()) == _view(fresh), step
+            assert _read_only(cached.snapshot), step
     finally:
         writer.close()
         reader.close()
+
+
+def _read_only(state: Snapshot) -> bool:
+    arrays = [getattr(state, name) for name in ARRAYS] + list(state.group_members.values())
+    return not any(array.flags.writeable for array in arrays)
+
+
+def test_the_kept_snapshot_is_read_only_after_every_kind_of_change(tmp_path: Path) -> None:
+    """The source thaws the arrays only for what it writes (most refreshes write nothing)
+    and freezes them again: plugins and questions never see a writable array. Each step
+    alone, so that no later write's freeze covers an earlier one's."""
+    lm = loadmaster.open(f"sqlite:///{tmp_path / 'frozen.db'}")
+    try:
+        inventories = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}
+        for name in HOSTS:
+            lm.hosts.create(name, inventories=inventories)
+        lm.groups.create("apart", "anti-affinity")
+        source = SnapshotSource(lm.store)
+        steps = {
+            "full load, no agent, no report": lambda: source.refresh(),
+            "nothing changed": lambda: source.refresh(),
+            "a provider reloaded": lambda: (
+                lm.hosts.set_inventory("h1", "VCPU", {"total": 16}),
+                source.refresh(),
+            ),
+            "an agent read": lambda: (
+                lm.host_agents.register("h2", hypervisor_uri="test:///h2", inventories=inventories),
+                source.refresh(),
+            ),
+            "a report read": lambda: (
+                record_report(lm.store, "h0", {}, {"cpu": 0.5}, None),
+                source.reported(),
+                source.refresh(),
+            ),
+            # (Last: a registration reloads all, which counts no group until one is named.)
+            "group members counted": lambda: source.load_groups([lm.groups.get("apart")], {}),
+            "a claim landed": lambda: source.landed([(0, {"VCPU": 1}, "apart", False)], None),
+        }
+        for step, change in steps.items():
+            change()
+            assert _read_only(source.snapshot), step
+        snap = source.snapshot
+        assert snap.agents_in_use and not np.isnan(snap.load).all()  # every step took effect
+        assert snap.group_members["apart"].tolist() == [1, 0, 0]
+        assert snap.capacity[snap.classes["VCPU"]].tolist() == [8, 16, 8]
+    finally:
+        lm.close()

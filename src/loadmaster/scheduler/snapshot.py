@@ -216,7 +216,7 @@ class Snapshot:
     def freeze(self, frozen: bool = True) -> None:
         """Make every array read-only (or writable again, for whoever owns them)."""
         for array in (*(getattr(self, name) for name in ARRAYS), *self.group_members.values()):
-            array.flags.writeable = not frozen
+            array.setflags(write=not frozen)  # (half the cost of ``flags.writeable =``)
 
     def working(self) -> Snapshot:
         """A copy whose usage (and group counts) can take claims, sharing everything else."""

@@ -71,14 +71,26 @@ class SnapshotSource:
         self._clock: tuple[int, int] | None = None
         # Provider id -> the clock value our own last claim there stamped.
         self._own_stamps: dict[int, int] = {}
+        self._thawed = False
 
     @contextmanager
-    def _writing(self) -> Iterator[Snapshot]:
-        self.snapshot.freeze(False)
+    def _writing(self) -> Iterator[None]:
+        """Around changes to the snapshot: each writer thaws its arrays first (``_thaw``),
+        so that a refresh which finds nothing to change, most of them, leaves the
+        arrays' flags alone (setting them was 4 % of a placement in-process); whatever
+        was thawed is frozen again at the end."""
         try:
-            yield self.snapshot
+            yield
         finally:
-            self.snapshot.freeze()  # a full load replaces it: freeze whichever is current
+            if self._thawed:
+                self._thawed = False
+                self.snapshot.freeze()  # a full load replaces it: freeze whichever is current
+
+    def _thaw(self) -> Snapshot:
+        if not self._thawed:
+            self.snapshot.freeze(False)
+            self._thawed = True
+        return self.snapshot
 
     # -- refreshing --------------------------------------------------------------------
     def refresh(self, session: Transaction | None = None) -> Snapshot:
@@ -184,7 +196,7 @@ class SnapshotSource:
         statement per chunk reads their rows, inventories, usage, traits and aggregates
         (on PostgreSQL each statement is a round trip, and with several workers every
         refresh reloads what the others changed)."""
-        snap = self.snapshot
+        snap = self._thaw()
         for chunk in in_chunks(list(host_ids)):
             chunk_rows = [snap.row_of[i] for i in chunk]
             for array in (snap.capacity, snap.used, snap.min_unit, snap.max_unit):
@@ -256,6 +268,7 @@ class SnapshotSource:
             row = snap.row_of.get(host_id)
             if row is None:
                 continue
+            snap = self._thaw()
             values = [float(v) for v in load.values()] if load else []
             snap.load[snap.root_of[row]] = max(values) if values else np.nan
             if self._reports_seen is None or reported_at > self._reports_seen:
@@ -280,6 +293,7 @@ class SnapshotSource:
             row = snap.row_of.get(host_id)
             if row is None:
                 continue
+            snap = self._thaw()
             snap.agent_seen[snap.root_of[row]] = epoch(last_seen)
             snap.agents_in_use = True
             if self._agents_seen is None or last_seen > self._agents_seen:
@@ -295,7 +309,8 @@ class SnapshotSource:
         hard-affinity members of the call that are ``leaving`` a host (the group follows
         them, so they must not pin it to where they are leaving). ``session``: a read
         transaction the caller has open, else one of its own."""
-        with self._writing() as snap:
+        with self._writing():
+            snap = self._thaw() if groups else self.snapshot
             snap.group_members = {g.name: np.zeros(snap.size, np.int64) for g in groups}
             if groups:
                 with self._store.read_transaction(session) as session:
@@ -325,7 +340,8 @@ class SnapshotSource:
         ledger wrote them. The ledger bumped each tree's generations once and stamped
         them with ``clock``, a change the snapshot then holds (None: do not trust that,
         read those providers again at the next refresh)."""
-        with self._writing() as snap:
+        with self._writing():
+            snap = self._thaw()
             for host, amounts, group, one_node in claims:
                 snap.apply(host, amounts, group, one_node=one_node)
             for host in {claim[0] for claim in claims}:
