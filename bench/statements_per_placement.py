@@ -32,7 +32,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=200)
     parser.add_argument("--vms", type=int, default=20)
-    parser.add_argument("--db", default=None)
+    parser.add_argument(
+        "--db", default=None, help="an empty database's URL (default: a new SQLite file)"
+    )
     parser.add_argument("--group", action="store_true")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
@@ -43,6 +45,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         lm = loadmaster.open(args.db or f"sqlite:///{tmp}/statements.db")
+        if lm.hosts.list():
+            lm.close()
+            parser.error(f"--db: {args.db} holds hosts already; name an empty database")
         lm.resource_classes.create("CUSTOM_GPU", kind="accelerator", unit="gpu")
         lm.hosts.create_many([host_spec(i) for i in range(args.hosts)])
         lm.flavors.create({"name": "bench", "resources": FLAVOR})
