@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from loadmaster.agent.manager import backoff, matches_work_list
+from loadmaster.heartbeat import AGENT_HEADER
 
 LEGACY_WAIT_S = 5.0
 LEGACY_SLA_REPORT_S = 15.0
@@ -189,7 +190,9 @@ class SimAgent:
 
     async def _pass(self, until: float) -> None:
         wait = min(self.wait * random.uniform(0.8, 1.0), max(0.0, until - time.monotonic()))
-        headers = {} if self.legacy or self.seen < 0 else {"If-None-Match": f'"{self.seen}"'}
+        headers = {AGENT_HEADER: self.host}
+        if not self.legacy and self.seen >= 0:
+            headers["If-None-Match"] = f'"{self.seen}"'
         status, answer, body = await self.poll.request(
             "GET",
             f"/hosts/{self.host}/work?after={self.seen}&wait={wait:.2f}",

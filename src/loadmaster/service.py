@@ -54,6 +54,7 @@ class Loadmaster:
             self.allocations,
             self.scheduler,
             silent_after_s=settings.agent_silent_after,
+            heard_every_s=settings.agent_heard_every,
         )
         self.waiting = WaitingClaims(
             store, lambda: self.host_agents.silent_after, settings.pending_warn_after

@@ -52,6 +52,12 @@ OPTIONS = {
         "seconds without a word from a host's agent before the host and its VMs are shown "
         "as silent and the scheduler stops choosing the host (their claims are kept)",
     ),
+    "agent_heard_every": Option(
+        10.0,
+        "seconds between the server's records of a live agent whose long-poll it holds; "
+        "agent_silent_after must be at least twice this plus its flush (24 s by default), "
+        "so that a live agent never looks silent",
+    ),
     "pending_warn_after": Option(
         300.0,
         "seconds a claim may stay pending on a host whose agent is silent or absent before "
@@ -112,4 +118,5 @@ def load_settings() -> Settings:
         error = exc.errors()[0]
         option = str(error["loc"][0]) if error["loc"] else ""
         name = env_name(option) if option in OPTIONS else PREFIX
-        raise ValidationError(f"{name}: {error['msg']}", field=option or None) from exc
+        said = error["msg"].removeprefix("Value error, ")
+        raise ValidationError(f"{name}: {said}", field=option or None) from exc

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from loadmaster.heartbeat import flush_every, min_silent_after
 from loadmaster.settings import OPTIONS, PREFIX
 
 
@@ -31,6 +32,8 @@ class Settings(BaseSettings):
     tokens_file: Path | None = _field("tokens_file")
     no_auth: bool = _field("no_auth")
     max_body: int = _field("max_body", ge=1)
+    # Before agent_silent_after: its check reads this one.
+    agent_heard_every: float = _field("agent_heard_every", ge=0.1)
     agent_silent_after: float = _field("agent_silent_after", ge=1.0)
     fence_command: str = _field("fence_command")
     fence_timeout: float = _field("fence_timeout", gt=0.0)
@@ -40,3 +43,19 @@ class Settings(BaseSettings):
     unknown_specs: Literal["refuse", "warn"] = _field("unknown_specs")
     randomize_allocation_candidates: bool = _field("randomize_allocation_candidates")
     scheduling_dir: Path | None = _field("scheduling_dir")
+
+    @field_validator("agent_silent_after")
+    @classmethod
+    def _longer_than_liveness_guarantees(cls, value: float, info: ValidationInfo) -> float:
+        heard_every = info.data.get("agent_heard_every")
+        if heard_every is None:
+            return value  # agent_heard_every was refused: that error is the one to fix
+        least = min_silent_after(heard_every)
+        if value < least:
+            raise ValueError(
+                f"{value:g} s is below the {least:g} s a live agent is guaranteed to be "
+                f"heard within, twice over (agent_heard_every {heard_every:g} s plus a "
+                f"{flush_every(heard_every):g} s flush): healthy hosts would be taken for dead "
+                f"and fenced; set it to at least {least:g}, or agent_heard_every lower"
+            )
+        return value

@@ -93,6 +93,7 @@ def test_serve_takes_the_fence_command_as_an_option(tmp_path: Path) -> None:
     script.write_text(f'#!/bin/sh\necho "$1" >> {fenced}\n')
     script.chmod(0o755)
     options = ["--fence-command", str(script), "--agent-silent-after", "1"]
+    options += ["--agent-heard-every", "0.25"]
     db = f"sqlite:///{tmp_path / 'lm.db'}"
     with ServedApi(db, 1, tmp_path / "serve.log", options=options) as api, api.client() as http:
         for host in ("h0", "h1"):

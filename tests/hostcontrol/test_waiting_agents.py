@@ -21,6 +21,7 @@ from sqlalchemy import event, select
 from fleet_agents import Connection
 from loadmaster.api.app import create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
+from loadmaster.heartbeat import AGENT_HEADER
 from loadmaster.hostcontrol import HostWatch
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
@@ -157,7 +158,7 @@ class Pollers:
         status, _, _ = await connection.request(
             "GET",
             f"/hosts/h{i}/work?after={self.after}&wait={self.wait}",
-            headers={"If-None-Match": f'"{self.after}"'},
+            headers={"If-None-Match": f'"{self.after}"', AGENT_HEADER: f"h{i}"},
             timeout=self.wait + 30,
         )
         self.took.append(time.monotonic() - started)

@@ -47,7 +47,7 @@ from loadmaster.agent.runner import ApiClient
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import serve_in_thread
 from loadmaster.demo.cloud import ADMIN_TOKEN, agent_token
-from loadmaster.hostcontrol.watch import DEFAULT_FLUSH_S
+from loadmaster.heartbeat import flush_every
 from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
@@ -59,13 +59,15 @@ pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
 GUEST_MIB = 128
 SILENT_S = 8.0
+# Held polls recorded this often: the least that allows the threshold above.
+HEARD_EVERY_S = 2.0
 # The server's pass: a quarter of the threshold.
 PASS_S = 2.0
 # A launch and a TCG boot on 2 shared cores: generous.
 ACT_S = 60.0
 # Death to the claim on the other host: the threshold, a liveness flush, one pass, and
 # the seconds a loaded 2-core machine adds to the fence and the placement.
-PLACED_S = SILENT_S + DEFAULT_FLUSH_S + PASS_S + 3.0
+PLACED_S = SILENT_S + flush_every(HEARD_EVERY_S) + PASS_S + 3.0
 
 
 @dataclass
@@ -157,7 +159,9 @@ def test_a_dead_hosts_ha_vm_runs_once_on_another_host(real_hosts: RealHosts) -> 
     agents: dict[str, Agent] = {}
     spec = new_spec(GUEST_MIB, "ha")
     settings = Settings(
-        fence_command=str(_fence_script(scratch, daemons[0])), agent_silent_after=SILENT_S
+        fence_command=str(_fence_script(scratch, daemons[0])),
+        agent_silent_after=SILENT_S,
+        agent_heard_every=HEARD_EVERY_S,
     )
     lm = loadmaster.open(f"sqlite:///{scratch / 'loadmaster.db'}", settings=settings)
     tokens = {ADMIN_TOKEN: "admin", **{agent_token(n): f"agent:{n}" for n in ("real-a", "real-c")}}

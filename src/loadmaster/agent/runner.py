@@ -20,6 +20,7 @@ from loadmaster.agent.reporting import MeasurementReporter
 from loadmaster.apiclient import ApiClient as HttpClient
 from loadmaster.apiclient import ApiError
 from loadmaster.errors import InvalidTransition
+from loadmaster.heartbeat import AGENT_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ class ApiClient(HttpClient):
             f"/hosts/{host}/work",
             params={"after": after, "wait": wait},
             timeout=wait + self.timeout + 5,
-            headers={"If-None-Match": f'"{after}"'} if after >= 0 else None,
+            # Only the host's own agent's polls keep the host live (an admin's would too
+            # if the header were not there: heartbeat.polls_as_agent).
+            headers={AGENT_HEADER: host, **({"If-None-Match": f'"{after}"'} if after >= 0 else {})},
         )
         return answer
 

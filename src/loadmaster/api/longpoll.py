@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.api.auth import AGENT_PREFIX, TokenTable, presented_token
+from loadmaster.heartbeat import AGENT_HEADER, polls_as_agent
 from loadmaster.hostcontrol import HostWatch
 
 # The longest wait an agent may ask (Nomad's blocking queries: 10 minutes); the shipped
@@ -55,8 +56,7 @@ class HeldPolls:
         except Exception:  # no such host, a child, the database away: the stack says so
             await self.app(scope, receive, send)
             return
-        # Its own agent, an admin, or anyone without authentication counts as the agent.
-        agent = bound is None or bound == host.name
+        agent = polls_as_agent(bound, host.name, _header(scope, AGENT_HEADER))
         replay = _Replay(receive)
         if agent:
             self.watch.heard(host.id)
@@ -98,6 +98,14 @@ class HeldPolls:
             elif role != "admin":
                 bound = ""  # a reader may watch a list; it is no host's agent
         return match.group("host"), after, wait, bound, query
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    wanted = name.lower().encode("latin-1")
+    for key, value in scope["headers"]:
+        if key == wanted:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 class _Replay:

@@ -225,7 +225,15 @@ class EvacuationOut(Out):
     unplaced: list[UnplacedOut] = Field(
         description="VMs that fit nowhere: they keep their claim on the dead host"
     )
-    in_flight: list[str] = Field(description="migrations from or to the host, left to their agents")
+    taken_over: dict[str, str] = Field(
+        description="migrations from or to the host, VM uuid -> aborted (back on its "
+        "source: the destination is down) or landed (started on its destination: the source "
+        "is down; also in moved)"
+    )
+    deferred: list[str] = Field(
+        description="VMs not tagged ha left for a later pass while other hosts are on their "
+        "way to being fenced (automatic evacuation only)"
+    )
     order: list[str] = Field(description="the VMs in the order placed, highly available first")
     seconds: float
     names: dict[str, str]
@@ -318,6 +326,10 @@ class AgentOut(Out):
     status: Literal["none", "ok", "silent"]
     hypervisor_uri: str | None
     last_seen_at: str | None = Field(description="ISO 8601, UTC, with its offset")
+    fence_failures: int = Field(
+        0, description="fences of the host's current silence that failed in a row"
+    )
+    fence_error: str | None = Field(None, description="why the last fence failed")
 
 
 class RegistrationOut(Out):

@@ -242,6 +242,11 @@ class EvacuateRequest(Body):
         default=False,
         description="the operator confirms the host is off (powered down, its VMs dead)",
     )
+    force: bool = Field(
+        default=False,
+        description="with confirm_down: evacuate at once, even if the host's agent was heard "
+        "within the silence threshold",
+    )
 
 
 class VmUp(Body):

@@ -5,6 +5,8 @@ audit of a database. Heavy packages are imported inside each command, so
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -53,6 +55,14 @@ def serve(
             "are shown as silent (their claims are kept)",
         ),
     ] = default("agent_silent_after"),
+    agent_heard_every: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            envvar=env_name("agent_heard_every"),
+            help=OPTIONS["agent_heard_every"].description,
+        ),
+    ] = default("agent_heard_every"),
     fence_command: Annotated[
         str,
         typer.Option(envvar=env_name("fence_command"), help=OPTIONS["fence_command"].description),
@@ -85,13 +95,12 @@ def serve(
         fail(exc.detail, Exit.USAGE)
     except OSError as exc:
         fail(f"cannot read {tokens}: {exc}", Exit.USAGE)
-    # Migrate once here, so workers starting together find the schema ready.
-    open_database(db, migrate=True).close()
     # Worker processes read their settings from the environment (api.app.app_from_env).
     chosen = {
         "db": db,
         "max_body": max_body,
         "agent_silent_after": agent_silent_after,
+        "agent_heard_every": agent_heard_every,
         "fence_command": fence_command,
         "fence_timeout": fence_timeout,
     }
@@ -101,10 +110,18 @@ def serve(
         chosen["tokens_file"] = tokens.resolve()
     for name, value in chosen.items():
         os.environ[env_name(name)] = str(value)
+    try:
+        load_settings()  # the options together: a threshold below what liveness allows
+    except LoadmasterError as exc:
+        fail(exc.detail, Exit.USAGE)
+    fencing = _fencing_note(fence_command, agent_silent_after)
+    # Migrate once here, so workers starting together find the schema ready.
+    open_database(db, migrate=True).close()
     auth_note = "no auth" if no_auth else "bearer tokens"
     err_console().print(
         f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
     )
+    err_console().print(fencing)
     from loadmaster.api.observability import configure_logging
     from loadmaster.api.server import (
         GRACEFUL_SHUTDOWN_S,
@@ -132,6 +149,31 @@ def serve(
             # Agents reconnecting together after a restart queue in the kernel, not refused.
             backlog=LISTEN_BACKLOG,
         )
+    )
+
+
+def _fencing_note(fence_command: str, silent_after: float) -> str:
+    """What the server will do about a host whose agent falls silent; a fence command
+    that cannot be run is refused now, not found out when a host dies."""
+    if not fence_command.strip():
+        return (
+            "no fence command (--fence-command): a host whose agent falls silent is shown "
+            "silent and never fenced; its VMs are restarted elsewhere only when you run "
+            "loadmaster host evacuate HOST --confirm-down"
+        )
+    try:
+        program = shlex.split(fence_command)[0]
+    except ValueError as exc:
+        fail(f"--fence-command: {exc}", Exit.USAGE)
+    if shutil.which(program) is None:
+        fail(
+            f"--fence-command: {program} is not an executable file (nor on PATH); hosts "
+            "whose agent falls silent could not be fenced",
+            Exit.USAGE,
+        )
+    return (
+        f"fencing with {fence_command}: a host whose agent is silent {silent_after:g} s is "
+        "fenced and its VMs restarted elsewhere, unless more than half the fleet is silent"
     )
 
 

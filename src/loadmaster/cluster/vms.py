@@ -41,7 +41,8 @@ TRANSITIONS: Mapping[str, frozenset[str]] = {
     "requested": frozenset({"pending", "deleted"}),
     "pending": frozenset({"running", "requested", "stopped", "deleted"}),
     "running": frozenset({"migrating", "stopped", "deleted"}),
-    "migrating": frozenset({"running", "stopped", "deleted"}),
+    # To pending: its source died mid-migration and the destination launches it.
+    "migrating": frozenset({"running", "pending", "stopped", "deleted"}),
     "stopped": frozenset({"pending", "deleted"}),
     "deleted": frozenset(),
 }

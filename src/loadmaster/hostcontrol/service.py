@@ -25,6 +25,7 @@ from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, agent_live, epoc
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
+from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import Inventory
@@ -108,12 +109,17 @@ class AgentStatus:
     status: str
     hypervisor_uri: str | None = None
     last_seen_at: datetime | None = None
+    # Fences of the host's current silence that failed in a row, and the last one's error.
+    fence_failures: int = 0
+    fence_error: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "status": self.status,
             "hypervisor_uri": self.hypervisor_uri,
             "last_seen_at": iso_utc(self.last_seen_at) if self.last_seen_at else None,
+            "fence_failures": self.fence_failures,
+            "fence_error": self.fence_error,
         }
 
 
@@ -154,6 +160,7 @@ class HostControl:
         *,
         max_launch_attempts: int = DEFAULT_MAX_LAUNCH_ATTEMPTS,
         silent_after_s: float = DEFAULT_SILENT_AFTER_S,
+        heard_every_s: float = DEFAULT_HEARD_EVERY_S,
     ) -> None:
         self._store = store
         self._hosts = hosts
@@ -162,6 +169,9 @@ class HostControl:
         self._scheduler = scheduler
         self.max_launch_attempts = max_launch_attempts
         self.silent_after = timedelta(seconds=silent_after_s)
+        # How often a server records a live agent (``agent_heard_every``): its watcher's
+        # refresh, and what evacuation's fleet rule allows for.
+        self.heard_every = heard_every_s
         # A server process sets its watcher here: liveness is then written in bulk, and
         # host generations come from its cache.
         self.watch: HostWatch | None = None
@@ -546,5 +556,10 @@ class HostControl:
                 epoch(agent.last_seen_at), epoch(now()), self.silent_after.total_seconds()
             )
             return AgentStatus(
-                row.name, "ok" if live else "silent", agent.hypervisor_uri, agent.last_seen_at
+                row.name,
+                "ok" if live else "silent",
+                agent.hypervisor_uri,
+                agent.last_seen_at,
+                agent.fence_failures,
+                agent.fence_error,
             )

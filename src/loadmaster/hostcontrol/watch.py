@@ -40,6 +40,7 @@ from sqlalchemy import bindparam, select, update
 
 from loadmaster.cluster import lookup
 from loadmaster.errors import Busy, ValidationError
+from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S, flush_every
 from loadmaster.store import ClockNotices, Store
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import clock_and_changed, now
@@ -55,7 +56,6 @@ DEFAULT_TICK_S = 0.1
 NOTICED_TICKS = 10
 # A wait for a notice is cut in slices this long at most, so that stopping is quick.
 STOP_CHECK_S = 0.5
-DEFAULT_FLUSH_S = 2.0
 # Work lists one process reads at once, and how many more may wait for a turn: past
 # that an agent is told to come back later (503), so a fleet starting together cannot
 # queue the placements and reads of everyone else behind its first reads. Each agent
@@ -64,9 +64,6 @@ DEFAULT_FLUSH_S = 2.0
 # the time the server needs to read their lists, not all again a second later.
 READS_AT_ONCE = 4
 MAX_QUEUED_READS = 64
-# A held long-poll is written as "heard" this often; well inside the shortest
-# ``--agent-silent-after`` (1 s is allowed, 60 s is the default).
-DEFAULT_REFRESH_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -83,12 +80,13 @@ class HostWatch:
         store: Store,
         *,
         tick_s: float = DEFAULT_TICK_S,
-        flush_s: float = DEFAULT_FLUSH_S,
-        refresh_s: float = DEFAULT_REFRESH_S,
+        refresh_s: float = DEFAULT_HEARD_EVERY_S,
     ) -> None:
+        """``refresh_s``: a held long-poll is written as heard this often
+        (``agent_heard_every``); what was heard is flushed as ``heartbeat.flush_every``."""
         self._store = store
         self.tick_s = tick_s
-        self.flush_s = flush_s
+        self.flush_s = flush_every(refresh_s)
         self.refresh_s = refresh_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None

@@ -4,6 +4,7 @@ and keeps the VM's state and its records in step."""
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -196,3 +197,56 @@ def fail(session: Session, vm: str, host: str, reason: str) -> FailOutcome:
     else:
         release_row(session, row, session.get(HostRow, row.target_host_id))
     return FailOutcome(vm_records(session, [row])[0], kind)
+
+
+@dataclass(frozen=True)
+class TakenOver:
+    """What became of a migration with an end on a host down (``take_over_migration``):
+    ``outcome`` ``aborted`` or ``landed``; ``dead_host`` the end that is down (the source
+    when both are); ``landed_on`` the destination it now starts on."""
+
+    outcome: str
+    dead_host: str
+    landed_on: str | None = None
+
+
+def take_over_migration(session: Session, vm: str, down: Set[int]) -> TakenOver | None:
+    """A migration with an end on a host known down (ids in ``down``) can be carried out
+    by no agent: the dead end cannot, and the live end waits for it. None when the VM is
+    no longer migrating to or from such a host.
+
+    ``aborted``: the destination is down; the VM is back to running on its source (down
+    too: it is then evacuated like any VM there). ``landed``: the source is down and the
+    destination lives; its claim there becomes a launch, which its agent carries out (or
+    just says up, when the guest already arrived). The fault says which host died."""
+    row = lookup.vm_row(session, vm, lock=True)
+    if row.state != "migrating" or not ({row.host_id, row.target_host_id} & down):
+        return None
+    source = session.get(HostRow, row.host_id)
+    target = session.get(HostRow, row.target_host_id)
+    assert source is not None and target is not None
+    if target.id in down:
+        row.fault = f"migration to {target.name} aborted: host {target.name} is down"
+        release_row(session, row, target)
+        return TakenOver("aborted", source.name if source.id in down else target.name)
+    row.fault = (
+        f"migration from {source.name} taken over: host {source.name} is down; "
+        f"started again on {target.name}"
+    )
+    doomed = [
+        r
+        for r in session.scalars(
+            select(AllocationRow).where(AllocationRow.consumer_id == row.consumer_id)
+        )
+        if r.host_id in tree_ids(session, source.id)
+    ]
+    touched = with_roots(session, {r.host_id for r in doomed}) | {source.id, target.id}
+    for r in doomed:
+        session.delete(r)
+    row.host_id, row.target_host_id = target.id, None
+    move(row, "pending")
+    session.flush()
+    touch_generations(session, touched)
+    bump_consumers(session, [row.consumer_id])
+    row.host_seq = generation_of(session, target.id)
+    return TakenOver("landed", source.name, target.name)

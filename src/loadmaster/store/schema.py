@@ -250,3 +250,7 @@ class HostAgentRow(Base):
     # When a server process took on fencing the host, its agent silent (compare-and-swap:
     # one process fences a host per silence; NULL: never).
     fence_claimed_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # Fences of this silence that failed in a row (the next try backs off), and why the
+    # last one failed (NULL once one succeeds).
+    fence_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    fence_error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -24,6 +24,7 @@ from loadmaster.api.responses import (
     WorkListOut,
 )
 from loadmaster.api.schemas import AgentRegistration, HostFailure, HostReport
+from loadmaster.heartbeat import AGENT_HEADER, polls_as_agent
 from loadmaster.hostcontrol import HostWatch, WatchedHost, WorkList
 from loadmaster.service import Loadmaster
 
@@ -46,13 +47,13 @@ def check_vm_of_agent(lm: Loadmaster, request: Request, vm: str) -> None:
         raise Forbidden(f"VM {vm} is not on host {host}; its agent may not act on it")
 
 
-def _speaks_for(request: Request, host: str) -> bool:
-    """Whether the caller may be the host's agent: its own agent, an admin, or anyone
-    on a server without authentication; a reader watching a work list is not."""
+def _polls_as_agent(request: Request, host: str) -> bool:
+    """Whether the caller's poll counts as hearing from the host's agent
+    (``heartbeat.polls_as_agent``); a reader watching a work list never does."""
     bound = agent_host(request)
-    if bound is not None:
-        return bound == host
-    return getattr(request.state, "role", "admin") == "admin"
+    if bound is None and getattr(request.state, "role", "admin") != "admin":
+        return False
+    return polls_as_agent(bound, host, request.headers.get(AGENT_HEADER))
 
 
 def _check_host_of_agent(request: Request, host: str) -> None:
@@ -113,7 +114,7 @@ async def work(
     lm: Loadmaster = request.app.state.lm
     watch: HostWatch = request.app.state.watch
     host = await watch.host(host_name)
-    if _speaks_for(request, host.name):
+    if _polls_as_agent(request, host.name):
         watch.heard(host.id)
     work_list = None
     if watch.maybe_newer(host.id, after):

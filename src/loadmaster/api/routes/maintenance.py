@@ -42,8 +42,12 @@ def evacuate_host(lm: LM, host_name: str, body: EvacuateRequest | None = None) -
     through the scheduler (every filter, group rule and pending claim). The host must be
     known down: already ``down``, confirmed by ``confirm_down``, or fenced by the server's
     fence command; otherwise 409 and nothing changes (a host that is only silent may still
-    run its VMs). Refused while the host's agent is heard from. The host becomes ``down``
+    run its VMs). Refused while the host's agent is heard from, unless ``force`` goes with
+    ``confirm_down``. The host becomes ``down``
     and each VM's claim there ends as it is claimed elsewhere; a VM that fits nowhere
-    keeps its claim there, for the next evacuation. Evacuating again places what is left."""
-    confirm = body.confirm_down if body is not None else False
-    return lm.evacuation.evacuate(host_name, confirm_down=confirm).to_dict()
+    keeps its claim there, for the next evacuation. Evacuating again places what is left.
+    Migrations from or to the host are taken over (``taken_over``)."""
+    body = body or EvacuateRequest()
+    return lm.evacuation.evacuate(
+        host_name, confirm_down=body.confirm_down, force=body.force
+    ).to_dict()

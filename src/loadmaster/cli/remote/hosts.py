@@ -269,6 +269,10 @@ def host_report(name: HostArg, as_json: JsonOpt = False) -> None:
         f"{name}: agent {agent['status']} ({agent['hypervisor_uri'] or 'no hypervisor'}), "
         f"last heard {seen}; {len(vms)} VMs"
     )
+    if agent.get("fence_failures"):
+        title += (
+            f"\nfencing failed {agent['fence_failures']} time(s) in a row: {agent['fence_error']}"
+        )
     show(data, as_json, title, VM_COLUMNS, [vm_row(v) for v in vms])
 
 
@@ -383,14 +387,24 @@ def host_evacuate(
             help="you made sure HOST is off (powered down, its VMs dead): its claims end",
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="with --confirm-down: at once, even if HOST's agent was heard within the "
+            "silence threshold",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the VMs of a dead HOST on other hosts, highly available ones (tag ha) first.
     HOST must be known down: confirmed with --confirm-down, fenced by the server's fence
-    command, or already down; otherwise nothing changes (exit 4). The host then stays
-    down until you set it up again (host state HOST up). Evacuating again places what is
-    left. Exits 4 if VMs fit nowhere (they keep their claim on HOST)."""
-    result = api().post(f"/hosts/{name}/evacuate", {"confirm_down": confirm_down})
+    command, or already down; otherwise nothing changes (exit 4). While its agent was
+    heard within the silence threshold, --confirm-down also needs --force. The host then
+    stays down until you set it up again (host state HOST up). Evacuating again places
+    what is left; migrations from or to HOST are taken over. Exits 4 if VMs fit nowhere
+    (they keep their claim on HOST)."""
+    result = api().post(f"/hosts/{name}/evacuate", {"confirm_down": confirm_down, "force": force})
     if as_json:
         print_json(result)
     else:
@@ -418,9 +432,14 @@ def _print_evacuation(result: dict[str, Any]) -> None:
     for u in result["unplaced"]:
         why = format_explanation(u["explanation"]) if u["explanation"] else u["reason"]
         say(f"VM {names.get(u['vm'], u['vm'])} fits nowhere, still claimed on the host: {why}")
-    if result["in_flight"]:
-        say(f"{len(result['in_flight'])} migrations are left to their agents")
-    if not (moved or result["unplaced"] or result["in_flight"]):
+    for vm, outcome in result["taken_over"].items():
+        if outcome == "landed":
+            say(f"VM {names.get(vm, vm)} was migrating away: started on {moved.get(vm)} instead")
+        else:
+            say(f"VM {names.get(vm, vm)} was migrating to {result['host']}: migration aborted")
+    if result["deferred"]:
+        say(f"{len(result['deferred'])} VMs not tagged ha wait for the next pass")
+    if not (moved or result["unplaced"] or result["taken_over"] or result["deferred"]):
         say(f"no VMs left on {result['host']}")
 
 
