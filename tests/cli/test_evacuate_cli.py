@@ -19,6 +19,7 @@ from harness import ServedApi
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.cli import app
 from loadmaster.service import Loadmaster
+from loadmaster.settings import OPTIONS, env_name
 
 runner = CliRunner()
 
@@ -107,3 +108,30 @@ def test_serve_takes_the_fence_command_as_an_option(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert http.get("/hosts/h1").json()["state"] == "up"
     assert fenced.read_text().split() == ["h0"]
+
+
+def test_serve_refuses_a_fence_command_it_cannot_run_and_a_threshold_liveness_cannot_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found out at start, not when a host dies; nothing is served (nor migrated)."""
+    monkeypatch.chdir(tmp_path)
+    for option in OPTIONS:  # serve hands its options to workers in the environment
+        monkeypatch.delenv(env_name(option), raising=False)
+    db = f"sqlite:///{tmp_path / 'lm.db'}"
+    missing = runner.invoke(app, ["serve", "--db", db, "--no-auth", "--fence-command", "nope-x"])
+    assert missing.exit_code == 2
+    assert "--fence-command: nope-x is not an executable file" in missing.output
+    short = runner.invoke(app, ["serve", "--db", db, "--no-auth", "--agent-silent-after", "5"])
+    assert short.exit_code == 2 and "at least 24" in short.output
+    assert not (tmp_path / "lm.db").exists()
+
+
+def test_serve_says_at_start_that_without_a_fence_command_no_host_is_fenced(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "serve.log"
+    with ServedApi(f"sqlite:///{tmp_path / 'lm.db'}", 1, log):
+        pass
+    said = " ".join(log.read_text().split())
+    assert "no fence command (--fence-command): a host whose agent falls silent" in said
+    assert "never fenced" in said

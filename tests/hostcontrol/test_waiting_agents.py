@@ -132,8 +132,12 @@ class Pollers:
     """``count`` long-polls, one per host, each waiting ``wait`` s, in a thread of their own
     (an event loop and one HTTP connection each)."""
 
-    def __init__(self, url: str, count: int, wait: float, after: int = 10**6) -> None:
+    def __init__(
+        self, url: str, count: int, wait: float, after: int = 10**6, *, as_agent: bool = True
+    ) -> None:
+        """``as_agent``: each poll says it is its host's agent (``AGENT_HEADER``)."""
         self.url, self.count, self.wait, self.after = url, count, wait, after
+        self.as_agent = as_agent
         self.took: list[float] = []
         self.statuses: list[int] = []
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
@@ -158,7 +162,10 @@ class Pollers:
         status, _, _ = await connection.request(
             "GET",
             f"/hosts/h{i}/work?after={self.after}&wait={self.wait}",
-            headers={"If-None-Match": f'"{self.after}"', AGENT_HEADER: f"h{i}"},
+            headers={
+                "If-None-Match": f'"{self.after}"',
+                **({AGENT_HEADER: f"h{i}"} if self.as_agent else {}),
+            },
             timeout=self.wait + 30,
         )
         self.took.append(time.monotonic() - started)
@@ -356,6 +363,36 @@ def test_a_held_long_poll_keeps_its_agent_heard(served: Served) -> None:
         first = heard()
         time.sleep(1.5)
         assert heard() > first, "a held wait is refreshed"
+
+
+def test_a_long_poll_that_is_not_the_hosts_agent_keeps_no_dead_host_live(
+    served: Served,
+) -> None:
+    """Anyone may watch a work list on a server without authentication (an admin may
+    with a token): such a poll would keep a dead host live, unfenced and chosen by the
+    scheduler. Only a poll that says it is the host's agent counts."""
+    served.watch.flush_s = 0.2
+    served.watch.refresh_s = 0.5
+    with served.lm.store.write() as session:
+        host_id = session.scalar(select(HostRow.id).where(HostRow.name == "h9"))
+        row = session.get(HostAgentRow, host_id)
+        assert row is not None
+        row.last_seen_at = row.last_seen_at.replace(year=2000)
+    with Pollers(served.url, 10, wait=3.0, as_agent=False):
+        wait_until(lambda: served.watch.waiting() == 10, 10, "10 waiting")
+        time.sleep(1.5)  # three refreshes and flushes
+        assert served.lm.host_agents.status("h9").last_seen_at.year == 2000
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        assert http.get("/hosts/h9/work", params={"after": 10**6, "wait": 0.3}).status_code == 200
+        time.sleep(0.5)
+        assert served.lm.host_agents.status("h9").last_seen_at.year == 2000
+        said = {AGENT_HEADER: "h9"}
+        assert http.get("/hosts/h9/work", params={"wait": 0}, headers=said).status_code == 200
+    wait_until(
+        lambda: served.lm.host_agents.status("h9").last_seen_at.year > 2000,
+        5,
+        "the agent's own poll written",
+    )
 
 
 @pytest.mark.postgres

@@ -231,8 +231,8 @@ class EvacuationOut(Out):
         "is down; also in moved)"
     )
     deferred: list[str] = Field(
-        description="VMs not tagged ha left for a later pass while other hosts are on their "
-        "way to being fenced (automatic evacuation only)"
+        description="VMs not tagged ha left for a later pass while hosts holding ha VMs are "
+        "on their way to being fenced (automatic evacuation only)"
     )
     order: list[str] = Field(description="the VMs in the order placed, highly available first")
     seconds: float

@@ -27,9 +27,9 @@ server's own trouble) fall silent a few seconds apart; counted one pass at a tim
 first few would each look like a minority and be fenced. Fences run side by side, each
 in a process group killed at its timeout, so a hung one delays no other host; a failed
 one is tried again after a backoff and reported on the host's agent status. The VMs of
-hosts fenced are placed together, highly available ones first; the others wait while
-another host is on its way to the threshold, so that the ``ha`` VMs of hosts dying
-together are placed before anyone else's take the room. A host that comes back stays
+hosts fenced are placed together, highly available ones first; the others wait while a
+host holding ``ha`` VMs is on its way to the threshold or being fenced, so that the
+``ha`` VMs of hosts dying together are placed before anyone else's take the room. A host that comes back stays
 ``down`` until the operator sets it ``up``; its agent stops what the ledger moved away,
 since its work list no longer holds it.
 """
@@ -98,7 +98,7 @@ class EvacuationResult:
     were placed (highly available ones first). ``taken_over``: migrations from or to the
     host, VM -> ``aborted`` (back on its source) or ``landed`` (started on its
     destination, also in ``moved``). ``deferred``: VMs not tagged ``ha`` left for a later
-    pass while other hosts are on their way to being fenced. ``names``: VM uuid -> name."""
+    pass while hosts holding ``ha`` VMs are on their way to being fenced. ``names``: VM uuid -> name."""
 
     host: str
     known_down: str
@@ -599,12 +599,25 @@ class EvacuationService:
                     del self._fencing[name]
                     if future.result():
                         fenced[name] = "fenced"
-            fencing = bool(self._fencing)
+            coming = set(fleet.approaching) | set(self._fencing)
         known = {name: "already" for name in fleet.down} | fenced
         if not known:
             return []
-        defer = fencing or bool(fleet.approaching)
+        defer = self._holds_ha_vms(coming)
         return self._place(known, None, time.perf_counter(), defer_plain=defer)
+
+    def _holds_ha_vms(self, hosts: set[str]) -> bool:
+        """Whether any of these hosts (on their way to being fenced) runs a VM tagged
+        ``ha``: only then do the others' VMs wait for them."""
+        if not hosts:
+            return False
+        with self._store.read() as session:
+            tags = session.scalars(
+                select(VmRow.tags)
+                .join(HostRow, HostRow.id == VmRow.host_id)
+                .where(HostRow.name.in_(hosts), VmRow.state.in_(PLACED))
+            )
+            return any(HA_TAG in t for t in tags)
 
 
 class AutoEvacuation:
