@@ -115,8 +115,9 @@ def test_serve_refuses_a_fence_command_it_cannot_run_and_a_threshold_liveness_ca
 ) -> None:
     """Found out at start, not when a host dies; nothing is served (nor migrated)."""
     monkeypatch.chdir(tmp_path)
-    for option in OPTIONS:  # serve hands its options to workers in the environment
-        monkeypatch.delenv(env_name(option), raising=False)
+    for option in OPTIONS:  # serve hands its options to workers in the environment:
+        monkeypatch.setenv(env_name(option), "")  # undone at the end, whatever serve set
+        monkeypatch.delenv(env_name(option))
     db = f"sqlite:///{tmp_path / 'lm.db'}"
     missing = runner.invoke(app, ["serve", "--db", db, "--no-auth", "--fence-command", "nope-x"])
     assert missing.exit_code == 2
