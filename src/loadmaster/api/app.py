@@ -22,7 +22,12 @@ from loadmaster.api.direct import DirectRoutes
 from loadmaster.api.longpoll import HeldPolls
 from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
-from loadmaster.api.reload import on_sighup, reload_policies, reload_tokens
+from loadmaster.api.reload import (
+    on_sighup,
+    reload_certificate,
+    reload_policies,
+    reload_tokens,
+)
 from loadmaster.api.responses import HealthOut
 from loadmaster.api.routes import (
     agents,
@@ -207,6 +212,7 @@ def app_from_env() -> FastAPI:
         scheduler.hand_claims_to(SchedulingClient(settings.scheduling_dir))
     app.state.reload = lambda: (
         reload_tokens(app.state.tokens, settings),
+        reload_certificate(settings),
         reload_policies(scheduler, settings),
     )
     return app
