@@ -123,6 +123,11 @@ class ApiClient:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self._parts = parts
+        if parts.scheme == "http" and tls is not None and (tls.ca or tls.cert or tls.key):
+            raise TlsSetupError(
+                f"a CA or client certificate is given (--ca, --tls-cert, --tls-key) but "
+                f"{self.url} is plain HTTP: they are for an https:// API"
+            )
         # Made once: loading a CA file takes milliseconds, and connections share it.
         self._tls = (tls or ClientTls()).context() if parts.scheme == "https" else None
         self._client_cert = tls.cert if tls is not None and self._tls is not None else None

@@ -180,6 +180,11 @@ def test_the_cli_verifies_the_server_against_its_ca(served: Served) -> None:
     missing = run("--url", url, "--ca", str(served.directory / "nope.pem"), "class", "list")
     assert missing.returncode == 2
     assert "the CA file" in missing.stderr and "nope.pem" in missing.stderr
+    # A CA for a plain-HTTP URL protects nothing: said, not ignored.
+    plain = url.replace("https://", "http://")
+    mixed = run("--url", plain, "--ca", str(served.ca.file), "class", "list")
+    assert mixed.returncode == 2
+    assert f"{plain} is plain HTTP: they are for an https:// API" in mixed.stderr
 
 
 def test_the_python_client_verifies_the_server(served: Served) -> None:

@@ -59,7 +59,9 @@ project usages), plus what Placement lacks: pending state, scheduling with
 explanations, server groups, capacity questions and host reports.
 
 Every request needs `Authorization: Bearer <token>` or `X-Auth-Token: <token>` (role
-`admin` writes, `reader` reads) unless the server runs with `--no-auth`. Errors are
+`admin` writes, `reader` reads) unless the server runs with `--no-auth`; over HTTPS with
+`--tls-client-ca`, a host's agent may instead present a client certificate naming its
+host. Errors are
 `{code, title, detail, field}` with a stable dotted `code`, and Placement's `errors` list
 beside it. `OpenStack-API-Version: placement X.Y` (1.0 to 1.39, default 1.0) picks
 Placement's microversion; `GET /` lists the range."""
