@@ -63,10 +63,15 @@ def stop_server(process: subprocess.Popen[str]) -> None:
 
 
 def run_cli(
-    *args: str, url: str | None = None, token: str | None = ADMIN
+    *args: str,
+    url: str | None = None,
+    token: str | None = ADMIN,
+    settings: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """The real entry point in a new process."""
+    """The real entry point in a new process, with none of this process's LOADMASTER_
+    variables but ``settings``, ``url`` and ``token``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOADMASTER_")}
+    env.update(settings or {})
     if url is not None:
         env["LOADMASTER_URL"] = url
     if token is not None:

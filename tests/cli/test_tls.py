@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_helpers import LOADMASTER, ROOT
+from cli_helpers import run_cli
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -142,17 +142,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield Served(api, ca, agents, rogue, directory)
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``loadmaster`` in a new process, with none of this shell's LOADMASTER_ settings."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("LOADMASTER_")}
-    return subprocess.run(
-        [LOADMASTER, *args],
-        capture_output=True,
-        text=True,
-        env={**clean, **(env or {})},
-        timeout=120,
-        cwd=ROOT,
-    )
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """``loadmaster`` with no token but those its options give."""
+    return run_cli(*args, token=None)
 
 
 def test_the_cli_verifies_the_server_against_its_ca(served: Served) -> None:
@@ -161,14 +153,8 @@ def test_the_cli_verifies_the_server_against_its_ca(served: Served) -> None:
     assert trusted.returncode == 0, trusted.stderr
     assert "VCPU" in trusted.stdout
     # The setting does what the option does.
-    by_env = run(
-        "class",
-        "list",
-        env={
-            "LOADMASTER_URL": url,
-            "LOADMASTER_TOKEN": ADMIN,
-            "LOADMASTER_CA": str(served.ca.file),
-        },
+    by_env = run_cli(
+        "class", "list", url=url, token=ADMIN, settings={"LOADMASTER_CA": str(served.ca.file)}
     )
     assert by_env.returncode == 0, by_env.stderr
     # No CA given: the system's trust store, which has never heard of this CA.
