@@ -163,7 +163,8 @@ def test_the_cli_verifies_the_server_against_its_ca(served: Served) -> None:
         assert refused.returncode == 5, refused.stderr
         assert "presented a certificate this client does not trust" in refused.stderr
         assert "unable to get local issuer certificate" in refused.stderr
-    missing = run("--url", url, "--ca", str(served.directory / "nope.pem"), "class", "list")
+    # After the subcommand, as every remote option.
+    missing = run("class", "list", "--url", url, "--ca", str(served.directory / "nope.pem"))
     assert missing.returncode == 2
     assert "the CA file" in missing.stderr and "nope.pem" in missing.stderr
     # A CA for a plain-HTTP URL protects nothing: said, not ignored.
