@@ -8,6 +8,7 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -158,13 +159,17 @@ class ServedApi:
         token: str | None = None,
         command: Sequence[str] | None = None,
         options: Sequence[str] = (),
+        ca: Path | None = None,
     ) -> None:
         """``env``: the server's environment (default: this process's), e.g. another
         build's ``PYTHONPATH``. ``port`` and ``token``: those of a server this one
         replaces (a restart), else new ones. ``command``: what runs ``loadmaster``
-        (default: the installed command); ``options``: more options for ``serve``."""
+        (default: the installed command); ``options``: more options for ``serve``.
+        ``ca``: the server serves HTTPS (``options`` give its ``--tls-cert``) with a
+        certificate this CA file signed, for 127.0.0.1."""
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.ca = ca
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         # Hexadecimal: a token starting with "-" would read as an option on a command line.
         self.token = token or secrets.token_hex(24)
         self.workers = workers
@@ -204,6 +209,7 @@ class ServedApi:
             base_url=self.url,
             headers={**CLIENT_HEADERS, "Authorization": f"Bearer {self.token}"},
             timeout=timeout,
+            verify=ssl.create_default_context(cafile=self.ca) if self.ca else True,
         )
 
     def worker_pids(self) -> list[int]:

@@ -11,6 +11,9 @@
   only when it did not do the work.
 - An error answer becomes ``ApiError`` with the server's ``detail``, ``field`` and
   ``code`` and a message a person can act on; no answer at all, ``ApiUnreachable``.
+- An ``https://`` API's certificate is verified, against ``ClientTls.ca`` or else the
+  system's trust store, and must name the URL's host; an agent may present a client
+  certificate (``ClientTls.cert``) naming its host instead of a token.
 
 The standard library's ``http.client``, not httpx: the CLI imports this at every start,
 and httpx (with what it pulls in) would double the start-up of every quick command.
@@ -23,9 +26,12 @@ import http.client
 import json
 import random
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -65,18 +71,66 @@ class ApiError(Exception):
         super().__init__(message)
 
 
+class TlsSetupError(ValueError):
+    """A file ``ClientTls`` names cannot be used; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """How a client speaks TLS to an ``https://`` API: ``ca`` the PEM file of the CA its
+    certificate must chain to (None: the system's trust store), ``cert`` and ``key`` a
+    client certificate to present (an agent's, naming its host)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """Raises ``TlsSetupError`` for a file that cannot be read or used."""
+        try:
+            context = ssl.create_default_context(cafile=self.ca)
+        except OSError as exc:
+            raise TlsSetupError(f"the CA file {self.ca} (--ca, LOADMASTER_CA): {exc}") from exc
+        if self.cert is not None:
+            try:
+                context.load_cert_chain(self.cert, self.key)
+            except OSError as exc:
+                raise TlsSetupError(
+                    f"the client certificate {self.cert} (--tls-cert, LOADMASTER_TLS_CERT) "
+                    f"and its key {self.key or '(in the same file)'} (--tls-key, "
+                    f"LOADMASTER_TLS_KEY): {exc}"
+                ) from exc
+        elif self.key is not None:
+            raise TlsSetupError("--tls-key (LOADMASTER_TLS_KEY) needs --tls-cert, its certificate")
+        return context
+
+
 class ApiClient:
     """Calls to the API at ``url`` with ``token``; see the module docstring. Thread-safe."""
 
     retries = 3
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 60.0,
+        tls: ClientTls | None = None,
+    ) -> None:
         parts = urlsplit(url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{url!r} is not an http:// or https:// URL")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self._parts = parts
+        if parts.scheme == "http" and tls is not None and (tls.ca or tls.cert or tls.key):
+            raise TlsSetupError(
+                f"a CA or client certificate is given (--ca, --tls-cert, --tls-key) but "
+                f"{self.url} is plain HTTP: they are for an https:// API"
+            )
+        # Made once: loading a CA file takes milliseconds, and connections share it.
+        self._tls = (tls or ClientTls()).context() if parts.scheme == "https" else None
+        self._client_cert = tls.cert if tls is not None and self._tls is not None else None
         self._headers = {"Accept": "application/json", **CLIENT_HEADERS}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -192,12 +246,12 @@ class ApiClient:
                 raise ApiUnreachable(f"the client of the loadmaster API at {self.url} is closed")
             conn = None if fresh or not self._idle else self._idle.pop()
             if conn is None:
-                kind = (
-                    http.client.HTTPSConnection
-                    if self._parts.scheme == "https"
-                    else http.client.HTTPConnection
+                host, port = self._parts.hostname or "", self._parts.port
+                conn = (
+                    http.client.HTTPSConnection(host, port, timeout=timeout, context=self._tls)
+                    if self._tls is not None
+                    else http.client.HTTPConnection(host, port, timeout=timeout)
                 )
-                conn = kind(self._parts.hostname or "", self._parts.port, timeout=timeout)
                 reused = False
             else:
                 reused = True
@@ -215,6 +269,24 @@ class ApiClient:
         conn.close()
 
     def _unreachable(self, exc: BaseException) -> ApiUnreachable:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return ApiUnreachable(
+                f"the loadmaster API at {self.url} presented a certificate this client does "
+                f"not trust ({exc.verify_message}): --ca (LOADMASTER_CA) must name the CA that "
+                f"signed it, and the certificate must be current and name "
+                f"{self._parts.hostname}"
+            )
+        if self._client_cert is not None and isinstance(
+            exc, ssl.SSLError | http.client.RemoteDisconnected | ConnectionResetError
+        ):
+            # Over TLS 1.3 the server judges a client's certificate after the client sent
+            # its request: a refusal reads as a connection closed without an answer.
+            return ApiUnreachable(
+                f"the loadmaster API at {self.url} closed the connection without answering "
+                f"({exc}): if it refused this client's certificate {self._client_cert}, that "
+                "must be signed by the CA the server was given with --tls-client-ca, and be "
+                "current"
+            )
         reason = "timed out" if isinstance(exc, socket.timeout | TimeoutError) else exc
         return ApiUnreachable(f"cannot reach the loadmaster API at {self.url}: {reason}")
 

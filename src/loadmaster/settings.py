@@ -46,6 +46,22 @@ OPTIONS = {
         None, "the server's token file (.toml/.yaml/.json: [tokens] TOKEN = ROLE)"
     ),
     "no_auth": Option(False, "serve without tokens (local use only)"),
+    "tls_cert": Option(
+        None,
+        "PEM certificate this process presents: serve's server certificate (it then serves "
+        "HTTPS; read again on SIGHUP), an agent's client certificate naming its host",
+    ),
+    "tls_key": Option(None, "the private key of tls_cert (PEM; default: in tls_cert's file)"),
+    "tls_client_ca": Option(
+        None,
+        "serve: PEM file of the CA that signs agents' client certificates; a verified client "
+        "certificate naming host H authenticates as role agent:H, without a token",
+    ),
+    "ca": Option(
+        None,
+        "PEM file of the CA the CLI and the agent verify an https:// API's certificate "
+        "against (default: the system's trust store)",
+    ),
     "max_body": Option(1024 * 1024, "largest request body the server accepts, in bytes"),
     "agent_silent_after": Option(
         60.0,

@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     tokens: SecretStr = _field("tokens")
     tokens_file: Path | None = _field("tokens_file")
     no_auth: bool = _field("no_auth")
+    tls_cert: Path | None = _field("tls_cert")
+    tls_key: Path | None = _field("tls_key")
+    tls_client_ca: Path | None = _field("tls_client_ca")
+    ca: Path | None = _field("ca")
     max_body: int = _field("max_body", ge=1)
     # Before agent_silent_after: its check reads this one.
     agent_heard_every: float = _field("agent_heard_every", ge=0.1)

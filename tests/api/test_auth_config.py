@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.auth import resolve_auth
+from loadmaster.api.tls import peer_host
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.settings import load_settings
@@ -41,6 +43,32 @@ def test_tokens_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     config = resolve_auth(no_auth=False, tokens_file=None, inline=inline)
     assert config is not None
     assert config.role_of(SECRET) == "admin" and config.role_of("r:tok") == "reader"
+
+
+def test_hashed_tokens_inline_and_malformed_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    monkeypatch.setenv("LOADMASTER_TOKENS", f"sha256:{digest}:agent:host-1, plain:reader")
+    config = resolve_auth(
+        no_auth=False, tokens_file=None, inline=load_settings().tokens.get_secret_value()
+    )
+    assert config is not None
+    assert config.role_of(SECRET) == "agent:host-1" and config.role_of("plain") == "reader"
+    assert config.role_of(f"sha256:{digest}") is None
+    for entry in (f"sha256:{digest[:-1]}", f"sha256:{digest.upper()}", "sha256:"):
+        with pytest.raises(ValidationError) as err:
+            AuthConfig({"fine": "admin", entry: "admin"})
+        assert err.value.field == "tokens" and "token entry 1" in err.value.detail
+        assert entry == "sha256:" or entry not in err.value.detail
+
+
+def test_the_host_a_client_certificate_names() -> None:
+    cn = ((("countryName", "FR"),), (("commonName", "host-1"),))
+    assert peer_host({"subject": cn, "subjectAltName": (("DNS", "other"),)}) == "host-1"
+    assert peer_host({"subject": (), "subjectAltName": (("DNS", "host-2"),)}) == "host-2"
+    two = (("DNS", "host-2"), ("DNS", "host-3"), ("IP Address", "10.0.0.1"))
+    assert peer_host({"subject": (), "subjectAltName": two}) is None
+    # Not verified (empty) or not sent.
+    assert peer_host({}) is None and peer_host(None) is None
 
 
 def test_misconfiguration_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,14 +34,18 @@ def start_server(args: list[str], port: int) -> subprocess.Popen[str]:
     return wait_until_healthy(process, port)
 
 
-def wait_until_healthy(process: subprocess.Popen[str], port: int | str) -> subprocess.Popen[str]:
-    """``process`` once its server answers /healthz; killed if it never does."""
+def wait_until_healthy(
+    process: subprocess.Popen[str], port: int | str, *, https: bool = False
+) -> subprocess.Popen[str]:
+    """``process`` once its server answers /healthz; killed if it never does. ``https``:
+    it serves HTTPS, whose certificate is the caller's to check."""
     deadline = time.monotonic() + 60
+    url = f"{'https' if https else 'http'}://127.0.0.1:{port}/healthz"
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited: {process.stdout.read() if process.stdout else ''}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1, verify=not https).status_code == 200:
                 return process
         except httpx.TransportError:
             time.sleep(0.1)
@@ -59,10 +63,15 @@ def stop_server(process: subprocess.Popen[str]) -> None:
 
 
 def run_cli(
-    *args: str, url: str | None = None, token: str | None = ADMIN
+    *args: str,
+    url: str | None = None,
+    token: str | None = ADMIN,
+    settings: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """The real entry point in a new process."""
+    """The real entry point in a new process, with none of this process's LOADMASTER_
+    variables but ``settings``, ``url`` and ``token``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOADMASTER_")}
+    env.update(settings or {})
     if url is not None:
         env["LOADMASTER_URL"] = url
     if token is not None:

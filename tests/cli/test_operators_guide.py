@@ -1,8 +1,8 @@
 """docs/operators-guide.md, run: every ``$ command`` of its ``console`` blocks in order,
 in an empty directory, against the server the guide itself starts. A command must end
 with the ``[exit N]`` written under it (0 when none is) and print every other line
-written under it (table borders and padding ignored). Port 8080 in the guide becomes a
-free port; ``export`` lines set the environment of the commands after them; a command
+written under it (table borders and padding ignored). Ports 8080 and 8443 (its HTTPS
+server) in the guide become free ports; ``export`` lines set the environment of the commands after them; a command
 ending in ``&`` runs in the background until the end. The PostgreSQL commands of the
 guide are prose, outside console blocks: they need a PostgreSQL server."""
 
@@ -52,26 +52,28 @@ def test_the_guide_parses() -> None:
     assert any(s.command.startswith("loadmaster serve") for s in parsed)
     assert any(s.exit_code == 4 for s in parsed)
     assert all(
-        s.command.split()[0] in {"loadmaster", "printf", "export", "cp", "curl"} for s in parsed
+        s.command.split()[0] in {"loadmaster", "printf", "export", "cp", "curl", "openssl"}
+        for s in parsed
     )
 
 
 def test_every_command_of_the_guide(tmp_path: Path) -> None:
-    port = str(free_port())
+    port, tls_port = str(free_port()), str(free_port())
     bin_dir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOADMASTER_")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     background: list[subprocess.Popen[str]] = []
     try:
         for step in steps(GUIDE.read_text()):
-            command = step.command.replace("8080", port)
+            command = step.command.replace("8080", port).replace("8443", tls_port)
             if command.startswith("export "):
                 for assignment in shlex.split(command)[1:]:
                     key, _, value = assignment.partition("=")
                     env[key] = value
                 continue
             if command.endswith("&"):
-                background.append(start(command.rstrip("& "), tmp_path, env, port))
+                served = tls_port if "--tls-cert" in command else port
+                background.append(start(command.rstrip("& "), tmp_path, env, served))
                 continue
             done = subprocess.run(
                 ["bash", "-c", command],
@@ -84,6 +86,7 @@ def test_every_command_of_the_guide(tmp_path: Path) -> None:
             output = flat(done.stdout + done.stderr)
             assert done.returncode == step.exit_code, f"{command}\n{done.stdout}{done.stderr}"
             for line in step.expected:
+                line = line.replace("8080", port).replace("8443", tls_port)
                 assert flat(line) in output, (
                     f"{command}: {line!r} not in\n{done.stdout}{done.stderr}"
                 )
@@ -101,7 +104,7 @@ def start(command: str, cwd: Path, env: dict[str, str], port: str) -> subprocess
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return wait_until_healthy(process, port)
+    return wait_until_healthy(process, port, https="--tls-cert" in command)
 
 
 def test_the_drain_section_names_the_vm_its_run_leaves() -> None:

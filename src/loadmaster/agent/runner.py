@@ -18,7 +18,7 @@ from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor
 from loadmaster.agent.reporting import MeasurementReporter
 from loadmaster.apiclient import ApiClient as HttpClient
-from loadmaster.apiclient import ApiError
+from loadmaster.apiclient import ApiError, ClientTls
 from loadmaster.errors import InvalidTransition
 from loadmaster.heartbeat import AGENT_HEADER
 
@@ -29,8 +29,14 @@ class ApiClient(HttpClient):
     """The agent's calls to the loadmaster API (``loadmaster.apiclient``); every call here
     is safe to repeat, so a 503 is retried after the server's ``Retry-After``."""
 
-    def __init__(self, api_url: str, token: str | None = None, timeout: float = 5.0) -> None:
-        super().__init__(api_url, token, timeout)
+    def __init__(
+        self,
+        api_url: str,
+        token: str | None = None,
+        timeout: float = 5.0,
+        tls: ClientTls | None = None,
+    ) -> None:
+        super().__init__(api_url, token, timeout, tls)
 
     def hint(self, method: str, path: str, status: int) -> str:
         parts = path.split("/")
@@ -43,8 +49,8 @@ class ApiClient(HttpClient):
             )
         if status in (401, 403):
             return (
-                "the loadmaster API refused the agent's token; an agent needs a token with "
-                "role agent:<its host name> or admin"
+                "the loadmaster API refused the agent; an agent needs a token with role "
+                "agent:<its host name> or admin, or a client certificate naming its host"
             )
         return ""
 
@@ -105,6 +111,7 @@ def run_agent(
     migration_data_uri: str | None = None,
     on_cycle: Callable[[CycleReport], None] | None = None,
     driver: str | None = None,
+    tls: ClientTls | None = None,
 ) -> list[CycleReport]:
     """Run the agent against ``hypervisor_uri`` (e.g. ``qemu:///system``, ``test:///default``)
     through the hypervisor ``driver`` (an entry of ``loadmaster.hypervisors``; default the
@@ -128,6 +135,8 @@ def run_agent(
     and the VM is placed elsewhere), and ``migration_data_uri`` (``tcp://ADDRESS``) is where
     the destination's QEMU listens for a live migration's data (default: the
     destination's host name, as libvirt resolves it).
+    ``tls``: the CA an ``https://`` API is verified against, and the client certificate
+    that may stand for ``token``; a file of it that cannot be used raises ``TlsSetupError``.
     """
     config = ManagerConfig.from_file(config_file) if config_file else ManagerConfig()
     journal = AppliedJournal(state_dir) if state_dir is not None else None
@@ -150,11 +159,11 @@ def run_agent(
             driver or config.driver or DEFAULT_DRIVER,
             DriverOptions(hypervisor_uri, sys_root, guest_image, migration_data_uri),
         )
-        client = ApiClient(api_url, token, timeout=10.0) if api_url else None
+        client = ApiClient(api_url, token, timeout=10.0, tls=tls) if api_url else None
         host_name = host_name or config.name or socket.gethostname()
         if client is not None:
             # A separate connection: the manager's long-polls must not hold up reports.
-            manager_client = ApiClient(api_url or "", token, timeout=10.0)
+            manager_client = ApiClient(api_url or "", token, timeout=10.0, tls=tls)
             manager = HostManager(
                 hypervisor,
                 manager_client,

@@ -22,7 +22,12 @@ from loadmaster.api.direct import DirectRoutes
 from loadmaster.api.longpoll import HeldPolls
 from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
 from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
-from loadmaster.api.reload import on_sighup, reload_policies, reload_tokens
+from loadmaster.api.reload import (
+    on_sighup,
+    reload_certificate,
+    reload_policies,
+    reload_tokens,
+)
 from loadmaster.api.responses import HealthOut
 from loadmaster.api.routes import (
     agents,
@@ -54,7 +59,9 @@ project usages), plus what Placement lacks: pending state, scheduling with
 explanations, server groups, capacity questions and host reports.
 
 Every request needs `Authorization: Bearer <token>` or `X-Auth-Token: <token>` (role
-`admin` writes, `reader` reads) unless the server runs with `--no-auth`. Errors are
+`admin` writes, `reader` reads) unless the server runs with `--no-auth`; over HTTPS with
+`--tls-client-ca`, a host's agent may instead present a client certificate naming its
+host. Errors are
 `{code, title, detail, field}` with a stable dotted `code`, and Placement's `errors` list
 beside it. `OpenStack-API-Version: placement X.Y` (1.0 to 1.39, default 1.0) picks
 Placement's microversion; `GET /` lists the range."""
@@ -207,6 +214,7 @@ def app_from_env() -> FastAPI:
         scheduler.hand_claims_to(SchedulingClient(settings.scheduling_dir))
     app.state.reload = lambda: (
         reload_tokens(app.state.tokens, settings),
+        reload_certificate(settings),
         reload_policies(scheduler, settings),
     )
     return app

@@ -13,14 +13,20 @@ Tokens come from a file (TOML, YAML or JSON, chosen by extension)::
     "s3cr3t-host-1" = "agent:host-1"
     "s3cr3t-tenant" = "member"
 
-or from ``LOADMASTER_TOKENS="tok1:admin,tok2:reader"``. A token comes as
+or from ``LOADMASTER_TOKENS="tok1:admin,tok2:reader"``. An entry may hold a token's
+SHA-256 instead of the token, ``"sha256:<64 hex digits>" = "reader"``, so that the file
+does not give the token away; the token sent is hashed and compared. A token comes as
 ``Authorization: Bearer <token>`` or, as OpenStack's clients send it, ``X-Auth-Token:
 <token>``; both map through the same table, so the same roles apply. Checking is a
 middleware, so a request without a valid token is refused before its body is read.
+
+Over HTTPS with a client CA (``serve --tls-client-ca``), a request that sends no token but
+came with a verified client certificate naming host H has role ``agent:H`` (``api.tls``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import re
@@ -33,12 +39,15 @@ import yaml
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loadmaster.api.errors import Forbidden, Unauthenticated, error_response
+from loadmaster.api.tls import CLIENT_HOST
 from loadmaster.errors import ValidationError
 from loadmaster.settings import env_name
 
 ROLES = ("admin", "reader", "member", "agent:<host>")
 PLAIN_ROLES = frozenset(ROLES[:3])
 AGENT_PREFIX = "agent:"
+HASHED_PREFIX = "sha256:"
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # The writes an agent may make, each naming its own host or a VM of it.
 _AGENT_HOST_WRITES = (re.compile(r"^/hosts/(?P<host>[^/]+)/(agent|report)$"),)
 _AGENT_VM_WRITES = re.compile(r"^/vms/[^/]+/(up|launch-failed|migration-failed|migrate)$")
@@ -65,14 +74,27 @@ class AuthConfig:
                 )
         if any(not token for token in self.tokens):
             raise ValidationError("a token must not be empty", field="tokens")
+        for i, token in enumerate(self.tokens):
+            if token.startswith(HASHED_PREFIX) and not _SHA256_HEX.fullmatch(
+                token[len(HASHED_PREFIX) :]
+            ):
+                # The entry itself is not echoed: it may be a token mistyped.
+                raise ValidationError(
+                    f"token entry {i} starts with {HASHED_PREFIX} but is not followed by a "
+                    "SHA-256 in 64 lower-case hexadecimal digits",
+                    field="tokens",
+                )
 
     def role_of(self, presented: str) -> str | None:
-        """The role of ``presented``, comparing against every token in constant time so
-        the time taken tells nothing about how much of a token matched."""
+        """The role of ``presented``, comparing against every token (or, for a hashed
+        entry, its SHA-256) in constant time so the time taken tells nothing about how
+        much of a token matched."""
         found = None
         given = presented.encode()
+        hashed = (HASHED_PREFIX + hashlib.sha256(given).hexdigest()).encode()
         for token, role in self.tokens.items():
-            if hmac.compare_digest(token.encode(), given):
+            expected = hashed if token.startswith(HASHED_PREFIX) else given
+            if hmac.compare_digest(token.encode(), expected):
                 found = role
         return found
 
@@ -143,9 +165,9 @@ class AuthMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        presented = presented_token(scope)
-        role = None if presented is None else self.tokens.config.role_of(presented)
+        role = request_role(scope, self.tokens)
         if role is None:
+            presented = presented_token(scope)
             # Both are 401, but an operator fixes them differently: configure a token, or
             # correct the one configured. The token itself is never echoed.
             detail = (
@@ -177,6 +199,16 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         await response(scope, receive, send)
+
+
+def request_role(scope: Scope, tokens: TokenTable) -> str | None:
+    """The role of the request: its token's if it sends one, else ``agent:<host>`` for a
+    verified client certificate naming the host; None when neither is known."""
+    presented = presented_token(scope)
+    if presented is not None:
+        return tokens.config.role_of(presented)
+    host = scope.get("state", {}).get(CLIENT_HOST)
+    return None if host is None else AGENT_PREFIX + host
 
 
 def presented_token(scope: Scope) -> str | None:

@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loadmaster.api.auth import AGENT_PREFIX, TokenTable, presented_token
+from loadmaster.api.auth import AGENT_PREFIX, TokenTable, request_role
 from loadmaster.heartbeat import AGENT_HEADER, polls_as_agent
 from loadmaster.hostcontrol import HostWatch
 
@@ -89,8 +89,7 @@ class HeldPolls:
             return None
         bound: str | None = None
         if self.tokens is not None:
-            token = presented_token(scope)
-            role = None if token is None else self.tokens.config.role_of(token)
+            role = request_role(scope, self.tokens)
             if role is None or role == "member":
                 return None
             if role.startswith(AGENT_PREFIX):

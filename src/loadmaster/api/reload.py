@@ -1,8 +1,9 @@
 """``SIGHUP`` (what ``systemctl reload`` sends): a serving process reads its files again
 and keeps serving.
 
-What lives in files is reloaded: the token file and the scheduler's policies file
-(``LOADMASTER_POLICIES_FILE``). Settings given as environment variables or options are
+What lives in files is reloaded: the token file, the scheduler's policies file
+(``LOADMASTER_POLICIES_FILE``) and the server's TLS certificate and key (``--tls-cert``,
+``--tls-key``; the client CA is read at start only). Settings given as environment variables or options are
 the process's own, fixed at its start (the database, the body limit, the fence command,
 the default policy, ...), so a change to one needs a restart. A file that cannot be read
 or parsed is logged and what was loaded before stays: a typo must not lock every agent
@@ -18,6 +19,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from loadmaster.api import tls
 from loadmaster.api.auth import TOKENS_ENV, TokenTable, resolve_auth
 from loadmaster.errors import LoadmasterError
 from loadmaster.scheduler import Scheduler
@@ -46,6 +48,18 @@ def reload_tokens(tokens: TokenTable | None, settings: Settings) -> bool:
         return len(fresh.tokens)
 
     return _reload("tokens", settings.tokens_file or TOKENS_ENV, install)
+
+
+def reload_certificate(settings: Settings) -> bool:
+    """The server's certificate and key read again from ``settings.tls_cert`` and
+    ``tls_key`` (none: serving plain HTTP, nothing to do); False, and the certificate
+    presented until now kept, if they cannot be used."""
+    cert = settings.tls_cert
+    if cert is None:
+        return True
+    return _reload(
+        "certificate and key", cert, lambda: tls.reload_certificate(cert, settings.tls_key)
+    )
 
 
 def reload_policies(scheduler: Scheduler, settings: Settings) -> bool:

@@ -13,9 +13,9 @@ and replaced, every 5 s, with nothing logged. Here:
 - only a worker that served and then stops answering is replaced (``HEALTHCHECK_S``);
 - a worker dies with its supervisor, SIGKILL included (Linux's ``PR_SET_PDEATHSIG``):
   orphans would keep answering on the port, with whatever tokens they started with;
-- ``SIGHUP`` is passed on to each serving worker, which reloads its tokens in place
-  (``api.reload``); uvicorn replaced every worker instead, ending agents' long-polls,
-  and gave up when a replacement took more than 5 s to start.
+- ``SIGHUP`` is passed on to each serving worker, which reloads its tokens and its TLS
+  certificate in place (``api.reload``); uvicorn replaced every worker instead, ending
+  agents' long-polls, and gave up when a replacement took more than 5 s to start.
 
 It also runs the one scheduling process the workers hand their placements to
 (``api.scheduling_process``): started before them, replaced when it ends (the workers
@@ -232,7 +232,10 @@ class Supervisor(Multiprocess):
             log.info("all %d workers serving", len(self.processes))
 
     def handle_hup(self) -> None:
-        log.info("SIGHUP: each worker reloads its tokens, the scheduling process its policies")
+        log.info(
+            "SIGHUP: each worker reloads its tokens and certificate, the scheduling process "
+            "its policies"
+        )
         if self.scheduling is not None and self.scheduling.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.scheduling.pid, signal.SIGHUP)

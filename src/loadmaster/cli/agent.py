@@ -15,7 +15,7 @@ from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, err_console, exit_code_for, fail
 from loadmaster.cli.output import JsonOpt, show
 from loadmaster.errors import LoadmasterError
-from loadmaster.settings import env_name
+from loadmaster.settings import OPTIONS, env_name
 
 if TYPE_CHECKING:
     pass
@@ -45,6 +45,24 @@ def agent(
     token: Annotated[
         str | None,
         typer.Option(envvar=env_name("token"), help="the agent's token (role agent:<host>)"),
+    ] = None,
+    ca: Annotated[
+        Path | None,
+        typer.Option(envvar=env_name("ca"), help=OPTIONS["ca"].description),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=env_name("tls_cert"),
+            help="client certificate (PEM) naming this host, presented to an https:// API "
+            "started with --tls-client-ca; it stands for --token",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=env_name("tls_key"), help="its private key (default: in --tls-cert's file)"
+        ),
     ] = None,
     host_name: Annotated[str | None, typer.Option(help="default: this machine's name")] = None,
     cycles: Annotated[int | None, typer.Option(help="stop after N cycles")] = None,
@@ -116,7 +134,7 @@ def agent(
     from loadmaster.agent.libvirt_hv import GuestImage
     from loadmaster.agent.loop import CycleReport
     from loadmaster.agent.narration import CycleNarrator
-    from loadmaster.apiclient import ApiError, ApiUnreachable
+    from loadmaster.apiclient import ApiError, ApiUnreachable, ClientTls, TlsSetupError
 
     if url is not None and api_alias is not None and url != api_alias:
         fail("--api is the old name of --url: give one of them", Exit.USAGE)
@@ -158,7 +176,10 @@ def agent(
             migration_data_uri=migration_data_uri,
             on_cycle=narrate,
             driver=driver,
+            tls=ClientTls(ca, tls_cert, tls_key),
         )
+    except TlsSetupError as exc:
+        fail(str(exc), Exit.USAGE)
     except LoadmasterError as exc:
         fail(exc.detail, Exit.SERVER_ERROR)
     except ApiUnreachable as exc:

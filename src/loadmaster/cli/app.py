@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -30,6 +31,7 @@ class Chosen:
 
     url: str | None = None  # None: not given, the url setting
     token: str | None = None
+    ca: Path | None = None
     debug: bool = False
 
 
@@ -51,14 +53,24 @@ def root(
         str | None,
         typer.Option("--token", envvar=env_name("token"), help="bearer token", show_default=False),
     ] = None,
+    ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca",
+            envvar=env_name("ca"),
+            help="CA file (PEM) an https:// API's certificate must chain to (default: the "
+            "system's trust store)",
+            show_default=False,
+        ),
+    ] = None,
     debug: Annotated[
         bool, typer.Option("--debug", help="show the traceback of an unexpected error")
     ] = False,
 ) -> None:
     """Remote commands (host, flavor, vm, group, class, trait, usage, schedule, capacity,
-    policies, audit --url) use --url and --token (or LOADMASTER_URL / LOADMASTER_TOKEN),
-    before or after the subcommand; the others run locally."""
-    chosen.url, chosen.token, chosen.debug = url, token, debug
+    policies, audit --url) use --url, --token and --ca (or LOADMASTER_URL, LOADMASTER_TOKEN,
+    LOADMASTER_CA), before or after the subcommand; the others run locally."""
+    chosen.url, chosen.token, chosen.ca, chosen.debug = url, token, ca, debug
 
 
 def _remote_options(
@@ -69,6 +81,12 @@ def _remote_options(
     token: Annotated[
         str | None,
         typer.Option(help="bearer token (also before the subcommand, or LOADMASTER_TOKEN)"),
+    ] = None,
+    ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="CA file of an https:// API (also before the subcommand, or LOADMASTER_CA)"
+        ),
     ] = None,
     debug: Annotated[
         bool, typer.Option("--debug", help="show the traceback of an unexpected error")
@@ -101,7 +119,8 @@ def _setter(name: str | None) -> Any:
 
 
 class RemoteCommand(TyperCommand):
-    """A command that talks to the API: takes --url, --token and --debug after its name."""
+    """A command that talks to the API: takes --url, --token, --ca and --debug after its
+    name."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -127,9 +146,9 @@ def remote_group(name: str, help_text: str) -> typer.Typer:
 def api() -> ApiClient:
     """The client configured by the options of the running command: one per process (one
     command runs per invocation), so a command's calls share its connection."""
-    return _client(chosen.url or default("url"), chosen.token)
+    return _client(chosen.url or default("url"), chosen.token, chosen.ca)
 
 
 @cache
-def _client(url: str, token: str | None) -> ApiClient:
-    return ApiClient(url, token)
+def _client(url: str, token: str | None, ca: Path | None) -> ApiClient:
+    return ApiClient(url, token, ca)

@@ -6,6 +6,7 @@ import json
 import sys
 from enum import IntEnum
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from loadmaster.apiclient import ApiClient as HttpClient
-from loadmaster.apiclient import ApiError, ApiUnreachable
+from loadmaster.apiclient import ApiError, ApiUnreachable, ClientTls, TlsSetupError
 from loadmaster.settings import default
 
 
@@ -61,9 +62,13 @@ class ApiClient(HttpClient):
     ``Retry-After`` honoured). Any failure prints the server's ``{code, detail}`` and exits
     with the code that status means."""
 
-    def __init__(self, url: str = default("url"), token: str | None = None) -> None:
+    def __init__(
+        self, url: str = default("url"), token: str | None = None, ca: Path | None = None
+    ) -> None:
         try:
-            super().__init__(url, token)
+            super().__init__(url, token, tls=ClientTls(ca=ca))
+        except TlsSetupError as exc:
+            fail(str(exc), Exit.USAGE)
         except ValueError as exc:
             fail(f"--url: {exc}", Exit.USAGE)
 

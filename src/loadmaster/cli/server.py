@@ -8,7 +8,7 @@ import os
 import shlex
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -42,6 +42,23 @@ def serve(
             help="token file (.toml/.yaml/.json): [tokens] TOKEN = ROLE",
         ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=env_name("tls_cert"),
+            help="serve HTTPS with this PEM certificate (read again on SIGHUP)",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=env_name("tls_key"), help="its private key (default: in --tls-cert's file)"
+        ),
+    ] = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(envvar=env_name("tls_client_ca"), help=OPTIONS["tls_client_ca"].description),
+    ] = None,
     max_body: Annotated[
         int,
         typer.Option(envvar=env_name("max_body"), help="largest request body in bytes"),
@@ -74,7 +91,8 @@ def serve(
         ),
     ] = default("fence_timeout"),
 ) -> None:
-    """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...")."""
+    """Serve the HTTP API (tokens from --tokens FILE or LOADMASTER_TOKENS="tok:admin,...";
+    HTTPS with --tls-cert, agents' client certificates with --tls-client-ca)."""
     import uvicorn
 
     from loadmaster.api.auth import resolve_auth
@@ -95,6 +113,15 @@ def serve(
         fail(exc.detail, Exit.USAGE)
     except OSError as exc:
         fail(f"cannot read {tokens}: {exc}", Exit.USAGE)
+    if tls_cert is None and (tls_key is not None or tls_client_ca is not None):
+        fail("--tls-key and --tls-client-ca need --tls-cert (the server's certificate)", Exit.USAGE)
+    if tls_cert is not None:
+        from loadmaster.api.tls import check_server_files
+
+        try:
+            check_server_files(tls_cert, tls_key, tls_client_ca)
+        except LoadmasterError as exc:
+            fail(exc.detail, Exit.USAGE)
     # Worker processes read their settings from the environment (api.app.app_from_env).
     chosen = {
         "db": db,
@@ -108,6 +135,9 @@ def serve(
         chosen["no_auth"] = True
     if tokens is not None:
         chosen["tokens_file"] = tokens.resolve()
+    # Absolute: a SIGHUP reads the certificate again, whatever the directory by then.
+    files = {"tls_cert": tls_cert, "tls_key": tls_key, "tls_client_ca": tls_client_ca}
+    chosen.update({name: path.resolve() for name, path in files.items() if path is not None})
     for name, value in chosen.items():
         os.environ[env_name(name)] = str(value)
     try:
@@ -118,8 +148,12 @@ def serve(
     # Migrate once here, so workers starting together find the schema ready.
     open_database(db, migrate=True).close()
     auth_note = "no auth" if no_auth else "bearer tokens"
+    if tls_client_ca is not None:
+        auth_note += " or agents' client certificates"
+    scheme = "https" if tls_cert is not None else "http"
     err_console().print(
-        f"loadmaster API on http://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), {auth_note})"
+        f"loadmaster API on {scheme}://{host}:{port} ({db.split('://')[0]}, {workers} worker(s), "
+        f"{auth_note})"
     )
     err_console().print(fencing)
     from loadmaster.api.observability import configure_logging
@@ -134,6 +168,20 @@ def serve(
 
     raise_open_files_limit()
     configure_logging()  # the supervisor's lines, as the workers', are JSON
+    tls: dict[str, Any] = {}
+    if tls_cert is not None:
+        import ssl
+
+        from loadmaster.api.tls import server_context
+
+        tls = {
+            "ssl_certfile": chosen["tls_cert"],
+            "ssl_keyfile": chosen.get("tls_key"),
+            "ssl_ca_certs": chosen.get("tls_client_ca"),
+            # Asked for, not required: operators and token-holding agents send none.
+            "ssl_cert_reqs": ssl.CERT_OPTIONAL if tls_client_ca is not None else ssl.CERT_NONE,
+            "ssl_context_factory": server_context,
+        }
     run_server(
         uvicorn.Config(
             "loadmaster.api.app:app_from_env",
@@ -148,6 +196,7 @@ def serve(
             timeout_worker_healthcheck=HEALTHCHECK_S,
             # Agents reconnecting together after a restart queue in the kernel, not refused.
             backlog=LISTEN_BACKLOG,
+            **tls,
         )
     )
 
