@@ -119,7 +119,12 @@ def test_hosts_fenced_within_the_threshold_still_count_as_silent(
     for i in range(8):
         lm.hosts.set_state(f"h{i}", "down")
     with lm.store.write() as session:  # the eight down ones: fenced just now
-        session.execute(update(HostAgentRow).values(fence_claimed_at=now()))
+        down = select(HostRow.id).where(HostRow.state == "down")
+        session.execute(
+            update(HostAgentRow)
+            .where(HostAgentRow.host_id.in_(down))
+            .values(fence_claimed_at=now() - timedelta(seconds=1))
+        )
     _heard_ago(lm, "h9", THRESHOLD_S + 1)
     assert _service(lm, _recorder(tmp_path)).run_pass() == []
     assert _fenced(tmp_path) == [] and lm.hosts.get("h9").state == "up"
