@@ -328,7 +328,7 @@ class HostManager:
         generation = int(work["generation"])
         report = StepReport(generation)
         guests = {g.uuid: g for g in self.hypervisor.list_guests()}
-        self._names = {str(i["vm"]).lower(): str(i["name"]) for i in work["items"]}
+        self._names = {str(i["vm"]).lower(): str(i["name"]) for i in work["items"] if i.get("name")}
         self._log_arrivals(work["items"])
         wanted: set[str] = set()
         for item in work["items"]:
