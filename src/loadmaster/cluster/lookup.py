@@ -67,22 +67,12 @@ def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
         select(HostRow).where((HostRow.uuid == canonical_uuid(ident)) | (HostRow.name == ident))
     )
     if row is None:
-        if _is_uuid(ident):
-            # Placement's words, which its clients and tests look for.
-            raise NotFound(f"No resource provider with uuid {ident} found", field=field)
         raise NotFound(
-            f"No resource provider with uuid {ident} found ({field} {ident!r}: no such host)",
+            f"{field} {ident!r}: no such host",
             field=field,
+            placement_detail=f"No resource provider with uuid {ident} found",
         )
     return row
-
-
-def _is_uuid(ident: str) -> bool:
-    try:
-        uuidlib.UUID(ident)
-    except ValueError:
-        return False
-    return True
 
 
 def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = False) -> VmRow:
@@ -96,6 +86,12 @@ def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = Fals
     if lock:
         share_groups(session, [row])
     return row
+
+
+def vm_name(session: Session, ident: str) -> str | None:
+    """The name of the VM ``ident`` (a uuid), for messages; None if there is none."""
+    name: str | None = session.scalar(select(VmRow.name).where(VmRow.uuid == vm_uuid(ident)))
+    return name
 
 
 def vm_uuid(ident: object, field: str = "vm") -> str:
