@@ -194,3 +194,44 @@ def test_small_things_an_operator_reads(server: str) -> None:
     ok(server, "vm", "create", "small-vm", "-f", "small.1", "--tag", "gold", "--tag", "priority:2")
     shown = ok(server, "vm", "show", "small-vm")
     assert "tags gold priority:2" in shown and "flavor small.1" in shown, shown
+
+
+def test_host_show_draws_the_tree_with_each_providers_inventory_and_usage(server: str) -> None:
+    """An agent puts CPUs and memory on its host's NUMA cells: ``host show`` of the host
+    shows them, with what is pending and active; the cells are in their host's state."""
+    ok(server, "host", "create", "tree-1", "-i", "DISK_GB=100")
+    for cell in (0, 1):
+        name = f"tree-1_numa{cell}"
+        ok(
+            server,
+            "host",
+            "create",
+            name,
+            "--parent",
+            "tree-1",
+            "-i",
+            "VCPU=4",
+            "-i",
+            "MEMORY_MB=4096",
+        )
+    ok(server, "flavor", "create", "tree.small", "-r", "VCPU=1", "-r", "MEMORY_MB=1024")
+    ok(server, "vm", "create", "tree-vm", "-f", "tree.small")
+    ok(server, "vm", "start", "tree-vm", "--host", "tree-1")
+    borders = r"[│┃┏┓┗┛┡┩└┘├┤┬┴┼━─╇┳]+"
+    shown = " ".join(re.sub(borders, " ", ok(server, "host", "show", "tree-1")).split())
+    assert "tree-1 DISK_GB 100" in shown, shown
+    for cell in (0, 1):
+        assert f"tree-1_numa{cell} VCPU 4" in shown and f"tree-1_numa{cell} MEMORY_MB 4096" in shown
+    # The VM's 1 VCPU and 1024 MB are pending on one cell.
+    assert re.search(r"tree-1_numa\d VCPU 4 0 1.0 4 0 1 3", shown), shown
+    data = json.loads(ok(server, "host", "show", "tree-1", "--json"))
+    assert [c["name"] for c in data["children"]] == ["tree-1_numa0", "tree-1_numa1"]
+
+    ok(server, "host", "state", "tree-1", "maintenance")
+    listed = json.loads(ok(server, "host", "list", "--json"))["hosts"]
+    states = {h["name"]: h["state"] for h in listed if h["name"].startswith("tree-1")}
+    assert states == dict.fromkeys(("tree-1", "tree-1_numa0", "tree-1_numa1"), "maintenance")
+    only = json.loads(ok(server, "host", "list", "--state", "maintenance", "--json"))["hosts"]
+    assert {"tree-1_numa0", "tree-1_numa1"} <= {h["name"] for h in only}
+    code, output = cli(server, "host", "state", "tree-1_numa0", "up")
+    assert code == 1 and "child provider" in output and "root host" in output, output
