@@ -12,9 +12,11 @@ import pytest
 from manager_helpers import cloud
 
 from loadmaster.agent.controllers import Action, Failure
+from loadmaster.agent.hypervisor import GuestSpec
 from loadmaster.agent.loop import CycleReport
-from loadmaster.agent.manager import ManagerConfig
+from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.narration import CycleNarrator
+from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 
 
 class Lines(logging.Handler):
@@ -98,3 +100,35 @@ def test_a_guest_left_out_again_is_not_news() -> None:
     assert narrator.lines(CycleReport(cycle=2, left_out=left_out), T0) == []
     more = {**left_out, "vm-8": "no balloon stats yet"}
     assert narrator.lines(CycleReport(cycle=3, left_out=more), T0) != []
+
+
+def test_a_move_quicker_than_the_destinations_look_at_its_list_is_logged_as_arrived(
+    manager_log: Lines,
+) -> None:
+    """The destination never saw the ``migrate_in`` item (the move ended before it read
+    its list again): the VM running here, new on its list, is still said to have arrived."""
+    arrived, other = "6f1c2e1a-0000-4000-8000-000000000001", "6f1c2e1a-0000-4000-8000-000000000002"
+
+    def item(vm: str, name: str) -> dict[str, object]:
+        return {"vm": vm, "name": name, "action": "run", "memory_mb": 256, "vcpus": 1}
+
+    class Api:
+        lists = [
+            {"generation": 1, "items": [item(other, "db-1")]},
+            {"generation": 2, "items": [item(other, "db-1"), item(arrived, "app-1")]},
+        ]
+
+        def work(self, host: str, after: int, wait: float) -> dict[str, object]:
+            return self.lists.pop(0)
+
+    hv = SimulatedHypervisor([], host_memory_kib=4 * GIB)
+    manager = HostManager(hv, Api(), ManagerConfig(), host_name="dst", hypervisor_uri="x")  # type: ignore[arg-type]
+    try:
+        hv.launch_guest(GuestSpec(uuid=other, name="db-1", memory_kib=262144, vcpus=1))
+        manager.step()
+        hv.launch_guest(GuestSpec(uuid=arrived, name="app-1", memory_kib=262144, vcpus=1))
+        manager.step()
+    finally:
+        manager.close()
+    assert manager_log.having(f"VM app-1 ({arrived}) migrated in"), manager_log.lines
+    assert not manager_log.having("db-1", "migrated in"), manager_log.lines

@@ -329,7 +329,7 @@ class HostManager:
         report = StepReport(generation)
         guests = {g.uuid: g for g in self.hypervisor.list_guests()}
         self._names = {str(i["vm"]).lower(): str(i["name"]) for i in work["items"] if i.get("name")}
-        self._log_arrivals(work["items"])
+        self._log_arrivals(work["items"], guests.keys())
         wanted: set[str] = set()
         for item in work["items"]:
             vm = str(item["vm"]).lower()
@@ -572,15 +572,22 @@ class HostManager:
         name = self._names.get(vm)
         return f"VM {name} ({vm})" if name else f"VM {vm}"
 
-    def _log_arrivals(self, items: Iterable[Mapping[str, Any]]) -> None:
+    def _log_arrivals(self, items: Iterable[Mapping[str, Any]], here: Set[str]) -> None:
         """A migration in is carried out by the source's agent: this host sees it begin
-        (a ``migrate_in`` item) and end (the VM runs here: ``run``)."""
+        (a ``migrate_in`` item) and end (the VM runs here, a ``run`` item). A move quicker
+        than this host's look at its list shows only its end: a VM running here that the
+        last list did not hold."""
         actions = {str(i["vm"]).lower(): i["action"] for i in items}
+        before = {str(i["vm"]).lower() for i in self._items} if self._seen >= 0 else None
         for vm, action in actions.items():
             if action == "migrate_in" and vm not in self._arriving:
                 self._arriving.add(vm)
                 log.info("%s is migrating here; its source host's agent moves it", self._vm(vm))
-            elif action == "run" and vm in self._arriving:
+            elif (
+                action == "run"
+                and vm in here
+                and (vm in self._arriving or (before is not None and vm not in before))
+            ):
                 log.info("%s migrated in: it runs here", self._vm(vm))
         # Arrived, or given up (aborted, failed at its source): no longer expected.
         self._arriving = {vm for vm in self._arriving if actions.get(vm) == "migrate_in"}
