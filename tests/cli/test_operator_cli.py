@@ -166,6 +166,8 @@ def test_errors_name_what_the_operator_typed(server: str) -> None:
     assert code == 4, output
     assert "VM words-run cannot move to host words-1: excluded (where the VM runs" in output
     assert "exclude_hosts" not in output, output
+    code, output = cli(server, "vm", "start", "words-run")
+    assert code == 4 and "VM words-run is already running on its host" in output, output
     assert ok(server, "vm", "delete", "words-vm").strip() == "VM words-vm deleted"
 
     import httpx

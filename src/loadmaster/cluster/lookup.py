@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid as uuidlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import NotFound, ValidationError
 from loadmaster.resources import Inventory
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import execute_core, share_groups
 from loadmaster.store.schema import (
     AllocationRow,
@@ -88,10 +89,13 @@ def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = Fals
     return row
 
 
-def vm_name(session: Session, ident: str) -> str | None:
-    """The name of the VM ``ident`` (a uuid), for messages; None if there is none."""
-    name: str | None = session.scalar(select(VmRow.name).where(VmRow.uuid == vm_uuid(ident)))
-    return name
+def vm_names(session: Transaction, uuids: Sequence[str]) -> dict[str, str]:
+    """uuid -> name of the VMs among ``uuids`` (canonical), for messages."""
+    names: dict[str, str] = {}
+    for chunk in in_chunks(uuids):
+        query = select(VmRow.uuid, VmRow.name).where(VmRow.uuid.in_(chunk))
+        names.update((uuid, name) for uuid, name in execute_core(session, query))
+    return names
 
 
 def vm_uuid(ident: object, field: str = "vm") -> str:

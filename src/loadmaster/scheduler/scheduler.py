@@ -247,7 +247,8 @@ class Scheduler:
             return result
         # Refused: said again with the VM's name, as its operator knows it.
         with self._store.read() as session:
-            name = lookup.vm_name(session, vm)
+            uuid = lookup.vm_uuid(vm)
+            name = lookup.vm_names(session, [uuid]).get(uuid)
         refused = NoHostFits(placement.error.explanation, pinned=host, intent=intent, name=name)
         return replace(result, placements=(replace(placement, error=refused),))
 
