@@ -47,7 +47,7 @@ def test_every_line_is_stamped_in_utc_and_the_run_starts_and_ends_with_one() -> 
     lines = ran.stderr.splitlines()
     assert lines and all(STAMPED.match(line) for line in lines), ran.stderr
     assert "agent of host log-1 starting: hypervisor test:///default" in lines[0]
-    assert lines[-1].endswith("agent of host log-1 stopped after its 2 cycles, 2 cycles run")
+    assert lines[-1].endswith("agent of host log-1 stopped after 2 cycles")
 
 
 def test_log_format_json_writes_one_object_a_line() -> None:

@@ -143,7 +143,7 @@ def run_agent(
     manager_thread: threading.Thread | None = None
     agent: Agent | None = None
     stop = threading.Event()
-    # What ended the run, for its last log line; None while it has not ended cleanly.
+    # What ended the run ("on SIGTERM "), for its last log line; None until it ends cleanly.
     ended: str | None = None
     try:
         hypervisor = open_hypervisor(
@@ -196,11 +196,11 @@ def run_agent(
                     on_cycle(reports[-1])
                 if i + 1 < cycles and stop.wait(interval):
                     break
-            ended = f"after its {len(reports)} cycles"
+            ended = ""
             return reports
         signals = _stop_on_signals(stop)
         agent.run_forever(stop, on_cycle)
-        ended = f"on {signals[-1]}" if signals else "when asked to"
+        ended = f"on {signals[-1]} " if signals else ""
         return []
     finally:
         stop.set()
@@ -225,7 +225,7 @@ def run_agent(
         if journal is not None:
             journal.close()
         if ended is not None and agent is not None:
-            log.info("agent of host %s stopped %s, %d cycles run", host_name, ended, agent.cycles)
+            log.info("agent of host %s stopped %safter %d cycles", host_name, ended, agent.cycles)
 
 
 def _stop_on_signals(stop: threading.Event) -> list[str]:
