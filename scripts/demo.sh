@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh minimal
+echo "demo: starting (loading loadmaster takes a few seconds)" >&2
 exec .venv/bin/loadmaster demo "$@"

@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_system="${1:-full}"   # "full" for tests, "minimal" for the demo
+# Each slow step is announced before it starts: a first run is quiet for half a minute
+# otherwise (pip's own output is kept quiet).
+say() { echo "setup: $*" >&2; }
 
 need=()
 command -v pkg-config >/dev/null || need+=(pkg-config)
@@ -28,6 +31,7 @@ if [ "$want_system" = full ]; then
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
+    say "installing system packages with apt-get: ${need[*]} (a minute or more)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   else
@@ -44,12 +48,15 @@ if [ "$want_system" = full ] && [ "$(id -u)" = 0 ]; then
 fi
 
 if [ ! -x .venv/bin/python ]; then
+  say "creating the virtual environment .venv"
   python3 -m venv .venv
 fi
 stamp=.venv/.loadmaster-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing loadmaster and its pinned dependencies into .venv with pip (about 30 s the first time)"
   .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v WARNING || true
   .venv/bin/pip install -q -e ".[dev,libvirt]" 2>&1 | grep -v WARNING || true
   .venv/bin/python -c "import loadmaster, libvirt, sqlalchemy, fastapi" 
   touch "$stamp"
+  say "installed"
 fi

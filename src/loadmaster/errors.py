@@ -13,10 +13,15 @@ class LoadmasterError(Exception):
     code = "loadmaster.error"
     title = "Error"
 
-    def __init__(self, detail: str, *, field: str | None = None) -> None:
+    def __init__(
+        self, detail: str, *, field: str | None = None, placement_detail: str | None = None
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.field = field
+        # Placement's words for the same error, answered on its routes (its clients and
+        # tests match them) where loadmaster's own say it as an operator would.
+        self.placement_detail = placement_detail
 
     def __reduce__(self) -> tuple[object, ...]:
         # Rebuilt from its attributes, not by calling the class with ``args`` as pickle

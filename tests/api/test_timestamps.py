@@ -72,7 +72,7 @@ def test_log_lines_carry_their_offset() -> None:
 
 
 def test_the_demo_log_file_writes_times_with_their_zone() -> None:
-    from loadmaster.cli.demo import UtcFormatter
+    from loadmaster.logs import UtcFormatter
 
     record = logging.LogRecord("loadmaster.agent", logging.INFO, __file__, 1, "up", None, None)
     line = UtcFormatter("%(asctime)s %(name)s %(message)s").format(record)

@@ -398,3 +398,18 @@ def test_vms_are_named_not_numbered(measured: dict[str, Any]) -> None:
     """The text named giant-1; the explanation named a uuid. No uuid is left anywhere."""
     assert UUID.findall(measured["text"]) == []
     assert "VM giant-1: no host fits" in measured["text"]
+
+
+def test_the_report_points_at_its_refused_launches_where_they_are(
+    report: tuple[Path, str],
+) -> None:
+    """The mass start's paragraph named "the table below" for a table above it."""
+    page = report[0].read_text()
+    assert "the table below" not in page
+    heading = re.search(r"<h2>Refused launches \((\d+)\)</h2>", page)
+    assert heading is not None
+    refused = int(heading.group(1))
+    found_no_host = page.index("<h2>Mass start: VMs that found no host</h2>")
+    assert page.index("<h2>Refused launches") < found_no_host
+    if refused and "no other host took it" not in page:
+        assert "(Refused launches, above)" in page[found_no_host:]

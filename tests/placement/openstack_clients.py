@@ -1,7 +1,8 @@
 """OpenStack's own clients against a live ``loadmaster serve``: openstackclient with the
 osc-placement plugin, and openstacksdk's placement proxy.
 
-They are installed, pinned, into a throw-away virtual environment under the clone
+They are installed, pinned as loadmaster's ``openstack`` extra pins them (pyproject.toml),
+into a throw-away virtual environment under the clone
 (``.cache/openstack-clients-venv``), never into loadmaster's own, and driven by
 ``osc_driver.py`` running in it: all the osc commands of a batch in one process, and a
 fixed walk through the SDK's placement calls. The clients authenticate as Keystone-less
@@ -15,12 +16,17 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".cache" / "openstack-clients-venv"
-PINS = ("python-openstackclient==10.5.0", "osc-placement==4.9.1", "openstacksdk==4.22.0")
+PINS = tuple(
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "openstack"
+    ]
+)
 DRIVER = Path(__file__).with_name("osc_driver.py")
 
 

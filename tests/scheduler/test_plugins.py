@@ -75,7 +75,7 @@ def test_third_party_filter_and_weigher(slm: Loadmaster, third_party: None) -> N
     explanation = scheduler.explain(RequestSpec(flavor="small", exclude_hosts=["h0"]))
     assert explanation.candidates == 2
     assert {f.filter: f.reasons for f in explanation.filters} == {
-        "hosts": {"in exclude_hosts": 1},
+        "hosts": {"excluded (where the VM runs, or by the request)": 1},
         "odd_hosts_out": {"odd host number": 3},
     }
 

@@ -524,7 +524,8 @@ class Agent:
                 )
                 continue
             for failure in outcome.failures:
-                log.warning("%s on %s: %s", failure.controller, failure.target, failure.error)
+                # Told to the operator by the agent's narration, once while it repeats.
+                log.debug("%s on %s: %s", failure.controller, failure.target, failure.error)
             report.actions += outcome.actions
             report.failures += outcome.failures
 

@@ -268,6 +268,10 @@ class HostManager:
         self._migrating: dict[str, Future[None]] = {}
         # Memory promised to launches under way, not yet visible in the host's free memory.
         self._launch_kib: dict[str, int] = {}
+        # For the log: the names of the VMs on the last work list, and those on their way
+        # here, whose arrival is logged when the ledger says they run here.
+        self._names: dict[str, str] = {}
+        self._arriving: set[str] = set()
         self._pool = ThreadPoolExecutor(
             max_workers=config.launch_workers, thread_name_prefix=f"lm-{self.host_name}"
         )
@@ -280,6 +284,14 @@ class HostManager:
         body = discover(self.hypervisor.host_info(), self.config, self.host_name)
         body["hypervisor_uri"] = self.hypervisor_uri
         answer = self.api.register(self.host_name, body)
+        cells = f" on {len(body['children'])} NUMA cells" if body["children"] else ""
+        log.info(
+            "host %s registered (%s): %s%s",
+            self.host_name,
+            self.hypervisor_uri,
+            _amounts(body["inventories"], *body["children"].values()),
+            cells,
+        )
         for where, why in dict(answer.get("refused") or {}).items():
             log.warning("inventory %s not changed: %s", where, why)
         return answer
@@ -299,6 +311,8 @@ class HostManager:
                 self.report()
                 failures = 0
             except Exception as exc:  # the API or the hypervisor away: try again shortly
+                if stop.is_set():
+                    return  # cut off by the agent's shutdown, not a failure
                 failures += 1
                 delay = backoff(failures)
                 log.warning("host manager step failed (again in %.1f s): %s", delay, exc)
@@ -314,6 +328,8 @@ class HostManager:
         generation = int(work["generation"])
         report = StepReport(generation)
         guests = {g.uuid: g for g in self.hypervisor.list_guests()}
+        self._names = {str(i["vm"]).lower(): str(i["name"]) for i in work["items"] if i.get("name")}
+        self._log_arrivals(work["items"], guests.keys())
         wanted: set[str] = set()
         for item in work["items"]:
             vm = str(item["vm"]).lower()
@@ -330,7 +346,7 @@ class HostManager:
                     # The source moved it and died before saying so.
                     self._say_up(vm, report)
             except Exception as exc:  # one VM's trouble must not stop the others
-                _log_failure(f"{action} of {vm}", exc)
+                _log_failure(f"{action} of {self._vm(vm)}", exc)
                 report.errors.append(f"{vm}: {action}: {exc}")
         with self._lock:
             busy = set(self._launching) | set(self._migrating)
@@ -352,6 +368,12 @@ class HostManager:
             try:
                 self.hypervisor.remove_guest(uuid)
                 report.removed.append(uuid)
+                name = guests[uuid].name if uuid in guests else None
+                log.info(
+                    "stopped and removed VM %s: no longer on this host's work list (stopped, "
+                    "deleted or moved away)",
+                    f"{name} ({uuid})" if name else uuid,
+                )
             except Exception as exc:
                 report.errors.append(f"{uuid}: remove: {exc}")
         # Only now is this work list seen: a pass that failed half way (the hypervisor
@@ -411,7 +433,7 @@ class HostManager:
                 return
         refusal = self._refusal(item)
         if refusal is not None:
-            log.info("refusing %s: %s", vm, refusal)
+            log.info("refused to launch %s, the API places it elsewhere: %s", self._vm(vm), refusal)
             self.api.launch_failed(vm, self.host_name, refusal)
             report.refused.append(vm)
             return
@@ -447,13 +469,22 @@ class HostManager:
         return None
 
     def _run_launch(self, spec: GuestSpec) -> None:
+        started = time.monotonic()
+        what = f"VM {spec.name} ({spec.uuid})"
         try:
             self.hypervisor.launch_guest(spec)
         except Exception as exc:
-            log.warning("launch of %s failed: %s", spec.uuid, exc)
+            log.warning("launch of %s failed, the API places it elsewhere: %s", what, exc)
             reason = f"launch failed: {exc}"
             self._finish(self._launching, spec.uuid, self.api.launch_failed, self.host_name, reason)
             return
+        log.info(
+            "launched %s: %d vCPUs, %d MiB, in %.1f s",
+            what,
+            spec.vcpus,
+            spec.memory_kib // KIB_PER_MB,
+            time.monotonic() - started,
+        )
         self._finish(self._launching, spec.uuid, self.api.up, self.host_name)
 
     def _retag(
@@ -475,6 +506,11 @@ class HostManager:
             return  # moved already (an earlier run of this agent): the destination says up
         target_uri = item.get("target_uri")
         if not target_uri:
+            log.warning(
+                "cannot migrate %s: destination %s has no agent",
+                self._vm(vm),
+                item.get("target_host"),
+            )
             self.api.migration_failed(
                 vm, self.host_name, f"destination {item.get('target_host')} has no agent"
             )
@@ -484,15 +520,29 @@ class HostManager:
                 self._run_migration, vm, str(target_uri), str(item.get("target_host"))
             )
         report.migrating.append(vm)
+        log.info("migrating %s to host %s (%s)", self._vm(vm), item.get("target_host"), target_uri)
 
     def _run_migration(self, vm: str, target_uri: str, target_host: str) -> None:
+        started = time.monotonic()
         try:
             self.hypervisor.migrate_guest(vm, target_uri)
         except Exception as exc:
-            log.warning("migration of %s to %s failed: %s", vm, target_uri, exc)
+            log.warning(
+                "migration of %s to host %s (%s) failed, it keeps running here: %s",
+                self._vm(vm),
+                target_host,
+                target_uri,
+                exc,
+            )
             reason = f"migration to {target_uri} failed: {exc}"
             self._finish(self._migrating, vm, self.api.migration_failed, self.host_name, reason)
             return
+        log.info(
+            "migrated %s to host %s in %.1f s",
+            self._vm(vm),
+            target_host,
+            time.monotonic() - started,
+        )
         self._finish(self._migrating, vm, self.api.up, target_host)
 
     def _finish(
@@ -507,7 +557,7 @@ class HostManager:
         try:
             say(vm, *args)
         except Exception as exc:
-            _log_failure(f"telling the API about {vm}", exc)
+            _log_failure(f"telling the API about {self._vm(vm)}", exc)
         finally:
             with self._lock:
                 under_way.pop(vm, None)
@@ -516,6 +566,40 @@ class HostManager:
     def _say_up(self, vm: str, report: StepReport) -> None:
         self.api.up(vm, self.host_name)
         report.completed.append(vm)
+
+    def _vm(self, vm: str) -> str:
+        """A VM as the log names it: its name, then its uuid."""
+        name = self._names.get(vm)
+        return f"VM {name} ({vm})" if name else f"VM {vm}"
+
+    def _log_arrivals(self, items: Iterable[Mapping[str, Any]], here: Set[str]) -> None:
+        """A migration in is carried out by the source's agent: this host sees it begin
+        (a ``migrate_in`` item) and end (the VM runs here, a ``run`` item). A move quicker
+        than this host's look at its list shows only its end: a VM running here that the
+        last list did not hold."""
+        actions = {str(i["vm"]).lower(): i["action"] for i in items}
+        before = {str(i["vm"]).lower() for i in self._items} if self._seen >= 0 else None
+        for vm, action in actions.items():
+            if action == "migrate_in" and vm not in self._arriving:
+                self._arriving.add(vm)
+                log.info("%s is migrating here; its source host's agent moves it", self._vm(vm))
+            elif (
+                action == "run"
+                and vm in here
+                and (vm in self._arriving or (before is not None and vm not in before))
+            ):
+                log.info("%s migrated in: it runs here", self._vm(vm))
+        # Arrived, or given up (aborted, failed at its source): no longer expected.
+        self._arriving = {vm for vm in self._arriving if actions.get(vm) == "migrate_in"}
+
+
+def _amounts(*inventories: Mapping[str, Mapping[str, Any]]) -> str:
+    """``VCPU=8, MEMORY_MB=7680``: each class's total over the given providers."""
+    totals: dict[str, int] = {}
+    for inventory in inventories:
+        for name, inv in inventory.items():
+            totals[name] = totals.get(name, 0) + int(inv["total"])
+    return ", ".join(f"{name}={total}" for name, total in sorted(totals.items())) or "nothing"
 
 
 def _log_failure(what: str, exc: Exception) -> None:

@@ -153,7 +153,10 @@ def run_agent(
     manager: HostManager | None = None
     manager_client: ApiClient | None = None
     manager_thread: threading.Thread | None = None
+    agent: Agent | None = None
     stop = threading.Event()
+    # What ended the run ("on SIGTERM "), for its last log line; None until it ends cleanly.
+    ended: str | None = None
     try:
         hypervisor = open_hypervisor(
             driver or config.driver or DEFAULT_DRIVER,
@@ -161,6 +164,14 @@ def run_agent(
         )
         client = ApiClient(api_url, token, timeout=10.0, tls=tls) if api_url else None
         host_name = host_name or config.name or socket.gethostname()
+        log.info(
+            "agent of host %s starting: hypervisor %s, policy %s, a cycle every %g s, %s",
+            host_name,
+            hypervisor_uri,
+            policy_dir,
+            interval,
+            f"API {api_url}" if api_url else "no API (SLA policy only)",
+        )
         if client is not None:
             # A separate connection: the manager's long-polls must not hold up reports.
             manager_client = ApiClient(api_url or "", token, timeout=10.0, tls=tls)
@@ -197,9 +208,11 @@ def run_agent(
                     on_cycle(reports[-1])
                 if i + 1 < cycles and stop.wait(interval):
                     break
+            ended = ""
             return reports
-        _stop_on_signals(stop)
+        signals = _stop_on_signals(stop)
         agent.run_forever(stop, on_cycle)
+        ended = f"on {signals[-1]} " if signals else ""
         return []
     finally:
         stop.set()
@@ -223,10 +236,20 @@ def run_agent(
             close()
         if journal is not None:
             journal.close()
+        if ended is not None and agent is not None:
+            log.info("agent of host %s stopped %safter %d cycles", host_name, ended, agent.cycles)
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
+def _stop_on_signals(stop: threading.Event) -> list[str]:
+    """Have SIGINT and SIGTERM set ``stop``; the list returned gets each one's name."""
+    received: list[str] = []
     if threading.current_thread() is not threading.main_thread():
-        return
+        return received
+
+    def handle(signum: int, _frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda _signum, _frame: stop.set())
+        signal.signal(sig, handle)
+    return received

@@ -203,23 +203,25 @@ RETRY_AFTER_S = "2"
 
 
 def error_response(
-    error: LoadmasterError, headers: Mapping[str, str] | None = None
+    error: LoadmasterError, headers: Mapping[str, str] | None = None, *, placement: bool = False
 ) -> JSONResponse:
+    """``placement``: answering one of Placement's routes, in its words where they differ."""
     if isinstance(error, StoreUnavailable | SchedulerUnavailable):
         headers = {**(headers or {}), "Retry-After": RETRY_AFTER_S}
     elif isinstance(error, Busy):
         headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}
-    body = {**error.to_dict(), "errors": [placement_error(error)]}
+    detail = (error.placement_detail if placement else None) or error.detail
+    body = {**error.to_dict(), "detail": detail, "errors": [placement_error(error, detail)]}
     return JSONResponse(body, status_code=status_of(error), headers=headers)
 
 
-def placement_error(error: LoadmasterError) -> dict[str, object]:
+def placement_error(error: LoadmasterError, detail: str | None = None) -> dict[str, object]:
     """``error`` as an entry of Placement's ``errors`` list: its title is the status's
     reason phrase, as Placement's (webob's) is."""
     entry: dict[str, object] = {
         "status": status_of(error),
         "title": HTTPStatus(status_of(error)).phrase,
-        "detail": error.detail,
+        "detail": detail or error.detail,
     }
     if microversion.current().matches(*ERROR_CODE_SINCE):
         entry["code"] = PLACEMENT_CODES.get(error.code, UNDEFINED_CODE)
@@ -388,9 +390,9 @@ _VERSION_ERRORS = (microversion.UnacceptableVersion, microversion.BadVersion)
 def install(app: FastAPI) -> None:
     """Route every failure through ``error_response``."""
 
-    async def domain(_request: Request, exc: Exception) -> JSONResponse:
+    async def domain(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, LoadmasterError)
-        return error_response(exc)
+        return error_response(exc, placement=is_placement_path(request.url.path))
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -8,13 +8,12 @@ gauge is read from the store at scrape time: the ledger keeps no counters to rea
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -23,6 +22,8 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.hostcontrol import HostWatch
+from loadmaster.logs import JsonFormatter as BaseJsonFormatter
+from loadmaster.logs import log_to_stream
 from loadmaster.scheduler import ScheduleResult
 from loadmaster.service import Loadmaster
 
@@ -38,32 +39,19 @@ request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 access_log = logging.getLogger("loadmaster.api.access")
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; ``extra={"fields": {...}}`` adds keys."""
+class JsonFormatter(BaseJsonFormatter):
+    """One JSON object per line, with the id of the request it was written for."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="seconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+    def entry(self, record: logging.LogRecord) -> dict[str, Any]:
+        entry = super().entry(record)
         request_id = request_id_var.get()
         if request_id is not None:
             entry["request_id"] = request_id
-        entry.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return entry
 
 
 def configure_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("loadmaster")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
+    log_to_stream(sys.stderr, "json", level).setFormatter(JsonFormatter())
 
 
 class _PendingRecords(Collector):

@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -15,10 +15,8 @@ from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, err_console, exit_code_for, fail
 from loadmaster.cli.output import JsonOpt, show
 from loadmaster.errors import LoadmasterError
+from loadmaster.logs import LogFormat, logging_to
 from loadmaster.settings import OPTIONS, env_name
-
-if TYPE_CHECKING:
-    pass
 
 
 @app.command("agent")
@@ -125,10 +123,21 @@ def agent(
             "(that is host.migration_uri in --config)"
         ),
     ] = None,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            help="text: one line an event, UTC time first; json: one JSON object a line, "
+            "as the server writes"
+        ),
+    ] = "text",
 ) -> None:
     """Run the host agent. With --url it is the host's manager: it registers the host with
     the inventory it discovers, launches, moves and removes guests as the scheduler placed
-    them, and reports; always, it applies the SLA policy every --interval."""
+    them, and reports; always, it applies the SLA policy every --interval. Its log (on
+    stderr) has a line for each launch, refusal, migration and removal it carries out and
+    for each SLA cycle that acted or failed; quiet cycles write nothing."""
+    import logging
+
     from loadmaster.agent import run_agent
     from loadmaster.agent.collectors import collector_selection
     from loadmaster.agent.libvirt_hv import GuestImage
@@ -154,38 +163,40 @@ def agent(
             log_dir=guest_console_dir.resolve() if guest_console_dir else None,
         )
     narrator = CycleNarrator()
+    cycles_log = logging.getLogger("loadmaster.agent.cycles")
 
     def narrate(report: CycleReport) -> None:
-        # Plain lines, never wrapped: they end up in journald and in grep.
-        sys.stderr.writelines(f"{line}\n" for line in narrator.lines(report, datetime.now(UTC)))
+        narrator.log(report, datetime.now(UTC), cycles_log)
 
-    try:
-        run_agent(
-            hypervisor,
-            policy_dir,
-            interval,
-            api_url,
-            token,
-            host_name,
-            cycles,
-            state_dir,
-            sys_root,
-            config,
-            collectors=collectors,
-            guest_image=image,
-            migration_data_uri=migration_data_uri,
-            on_cycle=narrate,
-            driver=driver,
-            tls=ClientTls(ca, tls_cert, tls_key),
-        )
-    except TlsSetupError as exc:
-        fail(str(exc), Exit.USAGE)
-    except LoadmasterError as exc:
-        fail(exc.detail, Exit.SERVER_ERROR)
-    except ApiUnreachable as exc:
-        fail(str(exc), Exit.UNREACHABLE)
-    except ApiError as exc:
-        fail(str(exc), exit_code_for(exc.status))
+    # Plain lines, never wrapped: they end up in journald and in grep.
+    with logging_to(sys.stderr, log_format):
+        try:
+            run_agent(
+                hypervisor,
+                policy_dir,
+                interval,
+                api_url,
+                token,
+                host_name,
+                cycles,
+                state_dir,
+                sys_root,
+                config,
+                collectors=collectors,
+                guest_image=image,
+                migration_data_uri=migration_data_uri,
+                on_cycle=narrate,
+                driver=driver,
+                tls=ClientTls(ca, tls_cert, tls_key),
+            )
+        except TlsSetupError as exc:
+            fail(str(exc), Exit.USAGE)
+        except LoadmasterError as exc:
+            fail(exc.detail, Exit.SERVER_ERROR)
+        except ApiUnreachable as exc:
+            fail(str(exc), Exit.UNREACHABLE)
+        except ApiError as exc:
+            fail(str(exc), exit_code_for(exc.status))
 
 
 @app.command("agent-journal")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from enum import IntEnum
 from functools import cache
 from pathlib import Path
@@ -84,15 +85,24 @@ class ApiClient(HttpClient):
                 where = f" ({exc.field})" if named else ""
                 message = f"{exc.detail}{where} [{exc.code}]"
                 explanation = exc.body.get("explanation")
-                if isinstance(explanation, dict):
-                    message += "\n" + format_explanation(explanation)
+                # The one host named (``--host``) is refused with each reason already.
+                if isinstance(explanation, dict) and exc.field != "host":
+                    message += "\n" + format_explanation(explanation, told=[exc.detail])
             else:
                 message = f"HTTP {exc.status}: {exc.detail}"
             fail(message, exit_code_for(exc.status))
 
 
-def format_explanation(explanation: dict[str, Any]) -> str:
-    lines = [str(explanation.get("message", ""))]
+def format_explanation(explanation: dict[str, Any], *, told: Sequence[str] = ()) -> str:
+    """Its message, then what each filter removed and why. What the lines ``told`` just
+    printed already say of the message is not said again."""
+    message = str(explanation.get("message", ""))
+    for line in told:
+        if message in line:
+            message = ""
+        elif line and message.startswith(line):
+            message = message.removeprefix(line).lstrip("; ")
+    lines = [message] if message else []
     for f in explanation.get("filters", []):
         reasons = ", ".join(f"{n} {r}" for r, n in f.get("reasons", {}).items())
         lines.append(f"  {f.get('filter')}: removed {f.get('removed')} ({reasons})")

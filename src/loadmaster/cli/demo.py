@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,17 +19,10 @@ import typer
 from loadmaster.cli.app import app
 from loadmaster.cli.client import Exit, fail
 from loadmaster.cli.output import console
+from loadmaster.logs import UtcFormatter
 
 if TYPE_CHECKING:
     from loadmaster.service import Loadmaster
-
-
-class UtcFormatter(logging.Formatter):
-    """Times as the API writes them: UTC with its offset, so a line in this file and one
-    in the report or the server's log are read on one clock."""
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
 
 
 def _log_to(path: Path) -> None:

@@ -89,16 +89,20 @@ def host_records(session: Session, rows: list[HostRow]) -> list[HostRecord]:
         ):
             aggs[host_id].append(agg)
     related = {r.parent_id for r in rows if r.parent_id} | {r.root_id for r in rows if r.root_id}
-    uuids = (
-        dict(session.execute(select(HostRow.id, HostRow.uuid).where(HostRow.id.in_(related))).all())
-        if related
-        else {}
-    )
+    uuids: dict[int, str] = {}
+    # A child's state is its root's: the scheduler judges a tree by its root alone, and
+    # a host set down or in maintenance takes its NUMA cells with it.
+    states: dict[int, str] = {}
+    if related:
+        for host_id, uuid, state in session.execute(
+            select(HostRow.id, HostRow.uuid, HostRow.state).where(HostRow.id.in_(related))
+        ):
+            uuids[host_id], states[host_id] = uuid, state
     return [
         HostRecord(
             uuid=r.uuid,
             name=r.name,
-            state=r.state,
+            state=states.get(r.root_id, r.state) if r.root_id else r.state,
             generation=r.generation,
             parent=uuids.get(r.parent_id) if r.parent_id else None,
             root=uuids.get(r.root_id, r.uuid) if r.root_id else r.uuid,

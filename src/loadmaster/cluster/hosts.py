@@ -87,7 +87,11 @@ class HostService:
                     .scalar_subquery()
                 )
             if state is not None:
-                query = query.where(HostRow.state == validate_state(state))
+                # A child provider is in its root's state (``host_records``).
+                root = aliased(HostRow)
+                query = query.join(
+                    root, root.id == func.coalesce(HostRow.root_id, HostRow.id)
+                ).where(root.state == validate_state(state))
             if roots_only:
                 query = query.where(HostRow.parent_id.is_(None))
             if aggregate is not None:
@@ -380,6 +384,12 @@ class HostService:
         validate_state(state)
         with self._store.write() as session:
             row = locked_host(session, ident, generation)
+            if row.parent_id is not None:
+                raise ValidationError(
+                    f"host {row.name} is a child provider: it is in its root host's state; "
+                    "set the root host's",
+                    field="host",
+                )
             row.state = state
             return self._bump(session, row)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid as uuidlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from loadmaster.errors import NotFound, ValidationError
 from loadmaster.resources import Inventory
+from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import execute_core, share_groups
 from loadmaster.store.schema import (
     AllocationRow,
@@ -67,22 +68,12 @@ def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
         select(HostRow).where((HostRow.uuid == canonical_uuid(ident)) | (HostRow.name == ident))
     )
     if row is None:
-        if _is_uuid(ident):
-            # Placement's words, which its clients and tests look for.
-            raise NotFound(f"No resource provider with uuid {ident} found", field=field)
         raise NotFound(
-            f"No resource provider with uuid {ident} found ({field} {ident!r}: no such host)",
+            f"{field} {ident!r}: no such host",
             field=field,
+            placement_detail=f"No resource provider with uuid {ident} found",
         )
     return row
-
-
-def _is_uuid(ident: str) -> bool:
-    try:
-        uuidlib.UUID(ident)
-    except ValueError:
-        return False
-    return True
 
 
 def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = False) -> VmRow:
@@ -96,6 +87,15 @@ def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = Fals
     if lock:
         share_groups(session, [row])
     return row
+
+
+def vm_names(session: Transaction, uuids: Sequence[str]) -> dict[str, str]:
+    """uuid -> name of the VMs among ``uuids`` (canonical), for messages."""
+    names: dict[str, str] = {}
+    for chunk in in_chunks(uuids):
+        query = select(VmRow.uuid, VmRow.name).where(VmRow.uuid.in_(chunk))
+        names.update((uuid, name) for uuid, name in execute_core(session, query))
+    return names
 
 
 def vm_uuid(ident: object, field: str = "vm") -> str:

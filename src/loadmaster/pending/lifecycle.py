@@ -148,12 +148,12 @@ def stop(session: Session, vm: str, *, if_on: str | None = None) -> VmRecord:
         host = lookup.host_row(session, if_on)
         if row.state not in ("running", "pending") or row.host_id != host.id:
             raise InvalidTransition(
-                f"VM {vm} is no longer running or pending on {host.name}", field="vm"
+                f"VM {row.name} is no longer running or pending on {host.name}", field="vm"
             )
     if row.state == "stopped":
         return vm_records(session, [row])[0]
     if "stopped" not in TRANSITIONS[row.state]:
-        raise InvalidTransition(f"VM {vm} is {row.state} and cannot be stopped", field="vm")
+        raise InvalidTransition(f"VM {row.name} is {row.state} and cannot be stopped", field="vm")
     release_row(session, row, None, then="stopped")
     if row.state != "stopped":
         move(row, "stopped")

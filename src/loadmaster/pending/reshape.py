@@ -98,4 +98,6 @@ def _provider(session: Session, uuid: str) -> lookup.HostRow:
     try:
         return lookup.host_row(session, uuid, field=f"inventories.{uuid}")
     except NotFound as error:
-        raise UnknownProviderInBody(error.detail, field=error.field) from None
+        raise UnknownProviderInBody(
+            error.detail, field=error.field, placement_detail=error.placement_detail
+        ) from None

@@ -61,7 +61,7 @@ def render(result: DemoResult, subtitle: str, facts: Sequence[tuple[str, str]]) 
     ]
     no_host = "\n".join([*result.no_host, *stranded]) or "every VM found a host"
     if account.refusals and not stranded:
-        no_host += f", not always the first: {refusals_line(account)} (the table below)"
+        no_host += f", not always the first: {refusals_line(account)} (Refused launches, above)"
     return template.substitute(
         subtitle=html.escape(subtitle),
         facts="\n".join(

@@ -28,10 +28,11 @@ STATE_COLOURS = {
     "migrating": "#d53f8c",
     "stopped": "#4a5568",
 }
+# Told apart by hue and by lightness: gold and silver once differed mostly in hue.
 TIER_COLOURS = {
     "platinum": "#805ad5",
     "gold": "#d69e2e",
-    "silver": "#718096",
+    "silver": "#2c5282",
     "compute": "#38a169",
     "vapor": "#e53e3e",
     "none": "#a0aec0",
@@ -122,9 +123,19 @@ def tier_memory(
     """Per tier, the smallest share of its memory any running guest keeps, against the
     tier's guarantee (dashed)."""
     figure, ax = _figure("tiers", 3.6)
-    for tier, values in minimum.items():
+    for i, (tier, values) in enumerate(minimum.items()):
         colour = TIER_COLOURS.get(tier, "#000000")
-        (line,) = ax.plot(times, [v * 100 for v in values], color=colour, label=tier, zorder=3)
+        # Tiers often keep the same share (all of it): each line is drawn narrower than
+        # the one beneath it, so one lying on another still shows as its edge.
+        width = max(1.0, 4.5 - 0.8 * i)
+        (line,) = ax.plot(
+            times,
+            [v * 100 for v in values],
+            color=colour,
+            label=tier,
+            linewidth=width,
+            zorder=3 + i,
+        )
         line.set_gid(f"tiers-series-{tier}")
         if guarantees.get(tier):
             ax.axhline(guarantees[tier] * 100, color=colour, linestyle="--", linewidth=1, zorder=2)

@@ -198,7 +198,8 @@ def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refu
         elif unknown_specs == "refuse":
             raise ValidationError(
                 f"{where} is not an extra spec loadmaster understands, so it would be "
-                "ignored; remove it (or create the flavor with unknown_specs=warn)",
+                "ignored; remove it, or keep it unused: create the flavor with "
+                '`--unknown-specs warn` (API: "unknown_specs": "warn")',
                 field=where,
             )
         else:

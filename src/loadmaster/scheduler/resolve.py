@@ -203,6 +203,14 @@ class _Resolver:
         # VMs of one flavor, overrides and group share one request but for which VM they
         # are (a mass start's 10,000 VMs have a few dozen).
         shared: dict[tuple[object, ...], VmRequest] = {}
+        names: dict[str, str] = {}
+
+        def vm(uuid: str) -> str:
+            """A refused VM by its name, read once for the call's VMs at the first refusal."""
+            if not names:
+                names.update(lookup.vm_names(session, uuids))
+            return names.get(uuid, uuid)
+
         for j, uuid in enumerate(uuids):
             row = rows.get(uuid)
             if row is None:
@@ -214,7 +222,7 @@ class _Resolver:
                 own = group_record(group_rows[row.group_id])
                 if group is not None and group.name != own.name:
                     raise ValidationError(
-                        f"{where}.group {group.name!r}: VM {uuid} belongs to group {own.name}",
+                        f"{where}.group {group.name!r}: VM {vm(uuid)} belongs to group {own.name}",
                         field=f"{where}.group",
                     )
                 group = groups.setdefault(own.name, own)
@@ -230,23 +238,23 @@ class _Resolver:
             error: LoadmasterError | None = None
             if row.state not in movable or flavor is None:
                 error = InvalidTransition(
-                    f"VM {uuid} is {row.state}; only a requested, stopped or running VM can be "
+                    f"VM {vm(uuid)} is {row.state}; only a requested, stopped or running VM can be "
                     "placed",
                     field=f"{where}.vms[{j}]",
                 )
             elif self.intent == "start" and row.state == "running":
                 error = InvalidTransition(
-                    f"VM {uuid} is already running on its host; to move it, migrate it",
+                    f"VM {vm(uuid)} is already running on its host; to move it, migrate it",
                     field=f"{where}.vms[{j}]",
                 )
             elif self.intent == "migrate" and row.state != "running":
                 error = InvalidTransition(
-                    f"VM {uuid} is {row.state}; only a running VM migrates",
+                    f"VM {vm(uuid)} is {row.state}; only a running VM migrates",
                     field=f"{where}.vms[{j}]",
                 )
             elif self.intent == "evacuate" and row.state not in ("running", "pending"):
                 error = InvalidTransition(
-                    f"VM {uuid} is {row.state}; only a running or pending VM is evacuated",
+                    f"VM {vm(uuid)} is {row.state}; only a running or pending VM is evacuated",
                     field=f"{where}.vms[{j}]",
                 )
             elif row.state in ("running", "pending") and row.host_id is not None:

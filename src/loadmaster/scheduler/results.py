@@ -82,14 +82,20 @@ class NoHostFits(NoValidHost):
     the request named, refused in that host's terms."""
 
     def __init__(
-        self, explanation: Explanation, pinned: str | None = None, intent: str = "start"
+        self,
+        explanation: Explanation,
+        pinned: str | None = None,
+        intent: str = "start",
+        name: str | None = None,
     ) -> None:
+        """``name``: the VM's, for the message (the explanation knows its uuid)."""
+        vm = name or explanation.vm
         if pinned is None:
-            super().__init__(f"VM {explanation.vm}: {explanation.message}", field="vm")
+            super().__init__(f"VM {vm}: {explanation.message}", field="vm")
         else:
             verb = "move to" if intent == "migrate" else "start on"
             super().__init__(
-                f"VM {explanation.vm} cannot {verb} host {pinned}: {explanation.host_refusal()}",
+                f"VM {vm} cannot {verb} host {pinned}: {explanation.host_refusal()}",
                 field="host",
             )
         self.explanation = explanation

@@ -243,9 +243,13 @@ class Scheduler:
         spec = RequestSpec(vms=[vm], include_hosts=[host] if host is not None else None)
         result = self.schedule([spec], policy=policy, intent=intent)
         (placement,) = result.placements
-        if host is None or not isinstance(placement.error, NoHostFits):
+        if not isinstance(placement.error, NoHostFits):
             return result
-        refused = NoHostFits(placement.error.explanation, pinned=host, intent=intent)
+        # Refused: said again with the VM's name, as its operator knows it.
+        with self._store.read() as session:
+            uuid = lookup.vm_uuid(vm)
+            name = lookup.vm_names(session, [uuid]).get(uuid)
+        refused = NoHostFits(placement.error.explanation, pinned=host, intent=intent, name=name)
         return replace(result, placements=(replace(placement, error=refused),))
 
     def explain(

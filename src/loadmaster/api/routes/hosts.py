@@ -28,8 +28,13 @@ def list_hosts(
     lm: LM,
     state: str | None = None,
     member_of: str | None = Query(None, description="only hosts in this aggregate"),
+    in_tree: str | None = Query(
+        None, description="only the providers of the tree this host (name or uuid) is in"
+    ),
 ) -> dict[str, Any]:
-    return {"hosts": [views.host(h) for h in lm.hosts.list(state=state, aggregate=member_of)]}
+    tree = lm.hosts.get(in_tree).uuid if in_tree is not None else None
+    hosts = lm.hosts.list(state=state, aggregate=member_of, in_tree=tree)
+    return {"hosts": [views.host(h) for h in hosts]}
 
 
 @router.post("/hosts", status_code=201, response_model=HostOut)

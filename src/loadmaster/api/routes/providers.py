@@ -225,7 +225,7 @@ def delete_provider(lm: LM, provider: str) -> Response:
     try:
         lm.hosts.delete(provider)
     except NotFound as exc:
-        exc.detail += " for delete"  # Placement's words
+        exc.placement_detail = f"{exc.placement_detail or exc.detail} for delete"
         raise
     return Response(status_code=204)
 

@@ -82,15 +82,45 @@ def host_tree(as_json: JsonOpt = False) -> None:
 
 @host_app.command("show")
 def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
-    """Inventories, usage per class (pending counted as used) and its agent's status."""
+    """Inventories and usage per class (pending counted as used) of the host and of each
+    child provider beneath it (its NUMA cells, where an agent puts CPUs and memory), and
+    its agent's status."""
     client = api()
     host = client.get(f"/hosts/{name}")
-    usages = client.get(f"/hosts/{name}/usages")
-    inventories = client.get(f"/resource_providers/{name}/inventories")["inventories"]
-    agent = client.get(f"/hosts/{name}/agent")
-    data = {**host, "inventories": inventories, "usages": usages["classes"], "agent": agent}
+    agent = client.get(f"/hosts/{host['name']}/agent")
+    tree = client.get("/hosts", in_tree=host["uuid"])["hosts"]
+    # The host first, then its children beneath their parents, as ``host tree`` draws them.
+    under: dict[str | None, list[dict[str, Any]]] = {}
+    for provider in tree:
+        under.setdefault(provider["parent_provider_uuid"], []).append(provider)
+
+    def beneath(uuid: str, depth: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        for child in under.get(uuid, []):
+            yield depth, child
+            yield from beneath(child["uuid"], depth + 1)
+
+    providers = [(0, host), *beneath(host["uuid"], 1)]
+    shown = []
+    for _depth, provider in providers:
+        shown.append(
+            {
+                "name": provider["name"],
+                "inventories": client.get(f"/resource_providers/{provider['uuid']}/inventories")[
+                    "inventories"
+                ],
+                "usages": client.get(f"/hosts/{provider['uuid']}/usages")["classes"],
+            }
+        )
+    data = {
+        **host,
+        "inventories": shown[0]["inventories"],
+        "usages": shown[0]["usages"],
+        "children": shown[1:],
+        "agent": agent,
+    }
     rows = [
         (
+            "  " * depth + p["name"],
             rc,
             inv["total"],
             inv["reserved"],
@@ -100,21 +130,17 @@ def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
             u.get("pending"),
             u.get("free"),
         )
-        for rc, inv in inventories.items()
-        for u in [usages["classes"].get(rc, {})]
+        for (depth, _), p in zip(providers, shown, strict=True)
+        for rc, inv in p["inventories"].items()
+        for u in [p["usages"].get(rc, {})]
     ]
     seen = f", last heard {agent['last_seen_at']}" if agent["last_seen_at"] else ""
     title = (
         f"{host['name']} ({host['state']}, generation {host['generation']}; "
         f"agent {agent['status']}{seen})"
     )
-    show(
-        data,
-        as_json,
-        title,
-        ("class", "total", "reserved", "ratio", "capacity", "active", "pending", "free"),
-        rows,
-    )
+    columns = ("provider", "class", "total", "reserved", "ratio", "capacity", "active")
+    show(data, as_json, title, (*columns, "pending", "free"), rows)
     if not as_json and host["drain"] is not None:
         warn(host["drain"]["warnings"])
 
@@ -150,7 +176,7 @@ def host_create(
         "aggregates": aggregate or [],
     }
     if parent is not None:
-        body["parent_provider_uuid"] = api().get(f"/resource_providers/{parent}")["uuid"]
+        body["parent_provider_uuid"] = api().get(f"/hosts/{parent}")["uuid"]
     host = api().post("/hosts", body)
     show(host, as_json, "Host created", ("name", "uuid"), [(host["name"], host["uuid"])])
 

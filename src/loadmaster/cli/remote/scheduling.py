@@ -115,7 +115,11 @@ def schedule(
     else:
         _print_schedule(result, names)
         if explanation is not None:
-            say(format_explanation(explanation))
+            say(
+                format_explanation(
+                    explanation, told=[f["reason"] for f in result["failure_reasons"]]
+                )
+            )
     if result["failed"]:
         raise typer.Exit(int(Exit.CONFLICT))
 
@@ -159,7 +163,7 @@ def capacity(
     """How many more VMs of FLAVOR fit now, and where: hosts taking the most first, then
     the hosts where none fits, each with what stops it."""
     data = api().get("/capacity", flavor=flavor, group=group, policy=policy)
-    rows = [(host, fits, "-") for host, fits in data["per_host"].items()]
+    rows = [(host, fits, "") for host, fits in data["per_host"].items()]
     rows += [(host, 0, reason) for host, reason in data["limits"].items()]
     title = f"{data['total']} more {flavor} fit on {len(data['per_host'])} hosts"
     show(data, as_json, title, ("host", "fits", "limited by"), rows[:top] if top else rows)

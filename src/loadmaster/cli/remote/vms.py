@@ -76,7 +76,11 @@ def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
         for amounts in [alloc[state]]
         if amounts
     ]
-    title = f"VM {data['name']} ({data['state']}, host {data['host'] or '-'}) {uuid}"
+    title = (
+        f"VM {data['name']} ({data['state']}, host {data['host'] or '-'}) {uuid}\n"
+        f"flavor {data['flavor']}, group {data['group'] or '-'}, "
+        f"tags {' '.join(data['tags']) or '-'}"
+    )
     if data.get("fault"):
         title += f"\nlast fault: {data['fault']}"
     show(data, as_json, title, ("host", "state", "resources"), rows)
@@ -180,4 +184,4 @@ def vm_delete(vm: VmArg) -> None:
     """Delete a VM and release what it holds (deleting again is harmless)."""
     uuid = vm_uuid(vm)
     api().delete(f"/vms/{uuid}")
-    say(f"VM {uuid} deleted")
+    say(f"VM {vm} deleted")

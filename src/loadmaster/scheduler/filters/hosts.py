@@ -16,6 +16,11 @@ def _marked(hosts: Snapshot, names: frozenset[str]) -> Bools:
     return marked
 
 
+# In an operator's words: they named a host (``vm start --host``) or are moving a VM.
+NOT_ASKED_FOR = "not a host asked for"
+EXCLUDED = "excluded (where the VM runs, or by the request)"
+
+
 class HostListFilter:
     name = "hosts"
     order = 20
@@ -25,7 +30,7 @@ class HostListFilter:
     def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
         checks = []
         if request.include_hosts is not None:
-            checks.append((_marked(hosts, request.include_hosts), "not in include_hosts"))
+            checks.append((_marked(hosts, request.include_hosts), NOT_ASKED_FOR))
         if request.exclude_hosts:
-            checks.append((~_marked(hosts, request.exclude_hosts), "in exclude_hosts"))
+            checks.append((~_marked(hosts, request.exclude_hosts), EXCLUDED))
         return Verdict(checks, hosts.size) if checks else None
