@@ -27,6 +27,8 @@ class ReconcileResult:
     unexpected: tuple[str, ...] = ()
     # The root host's generation once the reconciliation commits.
     generation: int = 0
+    # Why each released or stopped VM ended (VM uuid, reason), as its fault says.
+    reasons: tuple[tuple[str, str], ...] = ()
 
 
 def reconcile(
@@ -65,28 +67,32 @@ def reconcile(
         session, host, seen, busy, as_of, seen_generation, lock=not dry_run
     )
     activated: list[str] = []
-    released: list[str] = []
-    stopped: list[str] = []
+    ended: dict[str, list[str]] = {"release": [], "stop": []}
+    reasons: list[tuple[str, str]] = []
     for vm, verdict in verdicts:
         if verdict == "activate":
             if not dry_run:
                 activate_row(session, vm)
             activated.append(vm.uuid)
-        elif verdict == "release":
-            if not dry_run:
-                release_row(session, vm, root)
-                vm.fault = f"host {root.name} reported it neither running nor launching"
-            released.append(vm.uuid)
-        else:
-            if not dry_run:
-                release_row(session, vm, root)
-            stopped.append(vm.uuid)
+            continue
+        reason = (
+            f"host {root.name} reported it neither running nor launching"
+            if verdict == "release"
+            else f"host {root.name} reported it not running: its agent lists no such guest"
+        )
+        if not dry_run:
+            # Set before the release, so that the VM's event (``store.history``) carries it.
+            vm.fault = reason
+            release_row(session, vm, root)
+        ended[verdict].append(vm.uuid)
+        reasons.append((vm.uuid, reason))
     return ReconcileResult(
         tuple(activated),
-        tuple(released),
-        tuple(stopped),
+        tuple(ended["release"]),
+        tuple(ended["stop"]),
         tuple(unexpected),
         generation_of(session, root.id),
+        tuple(reasons),
     )
 
 
