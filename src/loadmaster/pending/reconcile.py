@@ -16,7 +16,7 @@ from loadmaster.errors import ValidationError
 from loadmaster.pending.lifecycle import activate_row, release_row
 from loadmaster.pending.trees import tree_ids
 from loadmaster.store.locking import generation_of, iso_utc, now
-from loadmaster.store.schema import AllocationRow, HostRow, VmRow
+from loadmaster.store.schema import AllocationRow, HostAgentRow, HostReportRow, HostRow, VmRow
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ def reconcile(
     root, verdicts, unexpected = _judge(
         session, host, seen, busy, as_of, seen_generation, lock=not dry_run
     )
+    if not dry_run and seen_generation is not None:
+        _keep_report(session, root, seen, seen_generation)
     activated: list[str] = []
     ended: dict[str, list[str]] = {"release": [], "stop": []}
     reasons: list[tuple[str, str]] = []
@@ -94,6 +96,26 @@ def reconcile(
         generation_of(session, root.id),
         tuple(reasons),
     )
+
+
+def _keep_report(session: Session, root: HostRow, running: set[str], seen: int) -> None:
+    """What the host's agent listed and the generation it had seen then, for the audit
+    (``audit.report_problems``). Kept with the reconciliation it led to, so that the audit
+    finds only what the ledger came to believe since, behind the reports' back. Written
+    before the hosts' generations move: the rows are taken in the lock order's place."""
+    agent = session.get(HostAgentRow, root.id)
+    if agent is None:
+        return  # reported on by hand: no agent whose word to keep
+    agent.seen_generation = seen
+    listed = sorted(running)
+    report = session.get(HostReportRow, root.id)
+    if report is None:
+        # No measurements yet: none are made up, the scheduler reads an empty load as none.
+        session.add(
+            HostReportRow(host_id=root.id, reported_at=now(), usage={}, load={}, running_vms=listed)
+        )
+    else:
+        report.running_vms = listed
 
 
 def _judge(
