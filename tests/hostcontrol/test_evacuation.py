@@ -143,6 +143,11 @@ def test_highly_available_vms_are_placed_first_when_room_is_short(lm: Loadmaster
     assert left.vm == plain and left.error.code == "loadmaster.no_valid_host"
     stays = lm.vms.get(plain)
     assert (stays.state, stays.host) == ("running", "h0")
+    # Each VM says why it moved, or why it runs nowhere; evacuating again keeps it.
+    lm.evacuation.evacuate("h0")
+    assert {lm.vms.get(vm).fault for vm in (high, low, plain)} == {
+        "host h0 is down (confirmed): evacuated"
+    }
     # The ledger is whole; the audit names the VM that runs nowhere until placed again.
     assert [(p.kind, p.subject) for p in audit(lm.store)] == [("on_down_host", plain)]
 

@@ -53,13 +53,15 @@ from loadmaster.scheduler.drain import Unplaced
 from loadmaster.scheduler.request import RequestSpec
 from loadmaster.scheduler.scheduler import Scheduler
 from loadmaster.store import Store
-from loadmaster.store.locking import now
+from loadmaster.store.locking import lock_vms, now
 from loadmaster.store.schema import HostAgentRow, HostRow, VmRow
 from loadmaster.tiers import priority_of
 
 log = logging.getLogger(__name__)
 
 HA_TAG = "ha"
+# How a host was known down (``EvacuationResult.known_down``), in its VMs' faults.
+KNOWN_DOWN = {"fenced": "down (fenced)", "confirmed": "down (confirmed)", "already": "down"}
 DEFAULT_FENCE_TIMEOUT_S = 60.0
 STATE_RETRIES = 20
 # More silent agents than this share of the hosts up: no host is fenced (see ``due``).
@@ -211,6 +213,23 @@ class EvacuationService:
                 if attempt == STATE_RETRIES - 1:
                     raise
 
+    def _say_why(
+        self, vms: Sequence[VmRow], origin: Mapping[str, str | None], known: Mapping[str, str]
+    ) -> None:
+        """Each VM's fault says that its host is down, before the evacuation moves it: the
+        move is the host's doing. Written once per host going down, so a VM that fits
+        nowhere costs no write at each pass (nor loses how its host was known down)."""
+        why = {}
+        for vm in vms:
+            host = origin[vm.uuid]
+            if host is not None and not (vm.fault or "").startswith(f"host {host} is down"):
+                why[vm.uuid] = f"host {host} is {KNOWN_DOWN[known[host]]}: evacuated"
+        if not why:
+            return
+        with self._store.write() as session:
+            for uuid, row in lock_vms(session, why).items():
+                row.fault = why[uuid]
+
     def _place(
         self, known: Mapping[str, str], policy: str | None, started: float
     ) -> list[EvacuationResult]:
@@ -234,6 +253,7 @@ class EvacuationService:
             (v for v in vms if v.state != "migrating"),
             key=lambda v: (HA_TAG not in v.tags, -priority_of(v.tags), v.name, v.uuid),
         )
+        self._say_why(staying, origin, known)
         # Two calls, not one batch: short of room, the highly available VMs get it.
         waves = [
             [v.uuid for v in staying if HA_TAG in v.tags],
