@@ -324,60 +324,67 @@ def _follow_drain(
     Returns the host's last drain status, with ``failed``: each failed move's VM as the
     server has it (state, host, fault)."""
     client = api()
-    moves = _Moves(name, result)
+    moves = _Moves(result)
     status: dict[str, Any] = client.get(f"/hosts/{name}")["drain"]
     started = time.monotonic()
     deadline = started + timeout
-    said: tuple[tuple[int, int, int], tuple[str, ...]] | None = None
+    said: tuple[tuple[int, int, int, int], tuple[str, ...]] | None = None
     last_line = started
     while True:
-        counts = moves.counts(status)
+        counts = (*moves.counts(status), moves.total)
         warnings = tuple(status["warnings"])
         now = time.monotonic()
         if not quiet and (said != (counts, warnings) or now - last_line >= PROGRESS_EVERY):
             if said is None or said[1] != warnings:
                 warn(warnings)
-            done, failed, under_way = counts
+            done, failed, under_way, total = counts
             err_console().print(
-                f"draining {name}: {done} of {len(moves.destination)} migrations done, "
+                f"draining {name}: {done} of {total} migrations done, "
                 f"{under_way} under way, {failed} failed, {now - started:.0f} s",
                 markup=False,
             )
             said, last_line = (counts, warnings), now
-        if (not status["migrating"] and not counts[2]) or now >= deadline:
+        if not status["migrating"] or now >= deadline:
             return {**status, "failed": list(moves.failed.values())}
         time.sleep(min(interval, max(deadline - now, 0)))
         status = client.get(f"/hosts/{name}")["drain"]
 
 
 class _Moves:
-    """The moves a drain follows (those it claimed, and those already under way) and how
-    each ended, as the server says: done once the VM runs on its destination."""
+    """The migrations a drain follows (those it claimed, and those already under way) and
+    how each ended, as the server says: done once the VM runs on its destination. A VM
+    the drain placed again before it ever ran is no migration: its launch is left out."""
 
-    def __init__(self, name: str, result: dict[str, Any]) -> None:
+    def __init__(self, result: dict[str, Any]) -> None:
         self.destination: dict[str, str | None] = dict(result["moved"])
         headed = {v["vm"]: v["target_host"] for v in result["vms"]}
         for vm in result["in_flight"]:
             # Headed to this host, or away from it to wherever it was claimed.
             self.destination.setdefault(vm, headed.get(vm))
+        self.seen_migrating: set[str] = set()
         self.done: set[str] = set()
         self.failed: dict[str, dict[str, Any]] = {}
+
+    @property
+    def total(self) -> int:
+        return len(self.destination)
 
     def counts(self, status: dict[str, Any]) -> tuple[int, int, int]:
         """(done, failed, under way) as of ``status``."""
         migrating = {v["vm"] for v in status["vms"] if v["state"] == "migrating"}
         under_way = 0
-        for vm, destination in self.destination.items():
+        for vm, destination in list(self.destination.items()):
             if vm in self.done or vm in self.failed:
                 continue
             if vm in migrating:
+                self.seen_migrating.add(vm)
                 under_way += 1
                 continue
             record = api().get(f"/vms/{vm}")
             if record["state"] == "running" and record["host"] == destination:
                 self.done.add(vm)
-            elif record["state"] == "pending" and record["host"] == destination:
-                under_way += 1  # placed there before it ever ran: its launch is under way
+            elif record["state"] == "pending" and vm not in self.seen_migrating:
+                del self.destination[vm]  # placed again before it ran: a launch
             else:
                 self.failed[vm] = {
                     k: record.get(k) for k in ("uuid", "name", "state", "host", "fault")
