@@ -67,7 +67,7 @@ def reconcile(
         session, host, seen, busy, as_of, seen_generation, lock=not dry_run
     )
     if not dry_run and seen_generation is not None:
-        _keep_report(session, root, seen, seen_generation)
+        _keep_report(session, root, seen | busy, seen_generation)
     activated: list[str] = []
     ended: dict[str, list[str]] = {"release": [], "stop": []}
     reasons: list[tuple[str, str]] = []
@@ -98,24 +98,25 @@ def reconcile(
     )
 
 
-def _keep_report(session: Session, root: HostRow, running: set[str], seen: int) -> None:
-    """What the host's agent listed and the generation it had seen then, for the audit
-    (``audit.report_problems``). Kept with the reconciliation it led to, so that the audit
-    finds only what the ledger came to believe since, behind the reports' back. Written
-    before the hosts' generations move: the rows are taken in the lock order's place."""
+def _keep_report(session: Session, root: HostRow, listed: set[str], seen: int) -> None:
+    """What the host's agent listed (running or launching: both are spared alike) and the
+    generation it had seen then, for the audit (``audit.world_problems``). Kept with the
+    reconciliation it led to, so that the audit finds only what the ledger came to believe
+    since, behind the reports' back. Written before the hosts' generations move: the rows
+    are taken in the lock order's place."""
     agent = session.get(HostAgentRow, root.id)
     if agent is None:
         return  # reported on by hand: no agent whose word to keep
     agent.seen_generation = seen
-    listed = sorted(running)
+    vms = sorted(listed)
     report = session.get(HostReportRow, root.id)
     if report is None:
         # No measurements yet: none are made up, the scheduler reads an empty load as none.
         session.add(
-            HostReportRow(host_id=root.id, reported_at=now(), usage={}, load={}, running_vms=listed)
+            HostReportRow(host_id=root.id, reported_at=now(), usage={}, load={}, running_vms=vms)
         )
     else:
-        report.running_vms = listed
+        report.running_vms = vms
 
 
 def _judge(
