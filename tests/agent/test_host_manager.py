@@ -351,3 +351,45 @@ def test_a_host_matching_its_work_list_sends_no_report_and_one_that_differs_does
         host.manager.step()
         assert host.manager.report()
         assert sent[-1]["running_vms"] == [] and c.lm.vms.get(vm).state != "running"
+
+
+@pytest.mark.parametrize(
+    ("target_uri", "why"),
+    [
+        ("test:///default", "libvirt's test driver inside its agent's own process"),
+        ("sim://here", "this host's own hypervisor URI sim://here"),
+    ],
+)
+def test_a_destination_this_host_cannot_reach_is_refused_before_anything_moves(
+    target_uri: str, why: str
+) -> None:
+    """The destination's URI is a test driver private to its agent's process, or this
+    host's own URI: opened here, either reaches a hypervisor that is not the destination's
+    (a cold move onto itself stopped the guest, and said it was up there). The migration
+    is reported failed with the reason, and the guest keeps running here."""
+    sim = SimulatedHypervisor([], host_memory_kib=4 * GIB)
+    vm = "6f2c1d9e-3b7a-4c55-9a0e-0000000000aa"
+    sim.launch_guest(GuestSpec(vm, "db-1", GIB, 1))
+    failed: list[tuple[str, str, str]] = []
+
+    class Api:
+        def work(self, host: str, after: int, wait: float) -> dict[str, object]:
+            item = {"vm": vm, "action": "migrate_out", "target_host": "there"}
+            return {"generation": 2, "items": [{**item, "target_uri": target_uri}]}
+
+        def migration_failed(self, vm: str, host: str, reason: str) -> None:
+            failed.append((vm, host, reason))
+
+    manager = HostManager(
+        sim, Api(), ManagerConfig(), host_name="here", hypervisor_uri="sim://here"
+    )  # type: ignore[arg-type]
+    try:
+        report = manager.step()
+        manager.wait_idle()
+    finally:
+        manager.close()
+    assert report.refused == [vm] and report.migrating == []
+    [(said_vm, host, reason)] = failed
+    assert (said_vm, host) == (vm, "here")
+    assert reason.startswith("destination there cannot be reached: ") and why in reason
+    assert [g.uuid for g in sim.list_guests()] == [vm]

@@ -167,3 +167,36 @@ def test_claims_waiting_on_a_silent_host_are_shown_not_ended(
     lm.waiting.warn_after = timedelta(hours=1)
     assert "warning" not in cli(url, "vm", "list")[1]
     assert lm.vms.get(waiting).state == "pending"  # shown, never ended
+
+
+def test_drain_wait_counts_only_migrations_that_arrived(served: tuple[str, Loadmaster]) -> None:
+    """--wait counts a migration done once its VM runs on its destination, and one that
+    ended otherwise failed, named with its fault; a VM placed again before it ever ran is
+    no migration."""
+    url, lm = served
+    waiting = lm.vms.create("w0", "small").uuid
+    lm.allocations.claim(waiting, "h0")  # claimed, never started: placed again, not moved
+    rolled_back = lm.vms.list(host="h0")[0]
+    assert rolled_back.name == "s0"
+
+    def agents_failing_s0(stop: threading.Event) -> None:
+        while not stop.is_set():
+            for vm in lm.vms.list(state="migrating"):
+                if vm.uuid == rolled_back.uuid:
+                    lm.allocations.fail(vm.uuid, "h0", "the destination refused the move")
+                else:
+                    lm.allocations.activate(vm.uuid)
+            time.sleep(0.05)
+
+    stop = threading.Event()
+    thread = threading.Thread(target=agents_failing_s0, args=(stop,))
+    thread.start()
+    try:
+        code, output = cli(url, "host", "drain", "h0", "--wait", "--interval", "0.1")
+    finally:
+        stop.set()
+        thread.join()
+    assert code == 4, output
+    assert "2 of 3 migrations done, 0 under way, 1 failed" in output, output
+    assert "VM s0 did not move (running on h0): migration on h0 failed: the destination" in output
+    assert lm.vms.get(waiting).state == "pending" and lm.vms.get(waiting).host != "h0"

@@ -143,7 +143,16 @@ def test_highly_available_vms_are_placed_first_when_room_is_short(lm: Loadmaster
     assert left.vm == plain and left.error.code == "loadmaster.no_valid_host"
     stays = lm.vms.get(plain)
     assert (stays.state, stays.host) == ("running", "h0")
-    assert audit(lm.store) == []
+    # Each VM says why it moved, or why it runs nowhere; evacuating again keeps it.
+    lm.evacuation.evacuate("h0")
+    assert {lm.vms.get(vm).fault for vm in (high, low)} == {
+        "host h0 is down (confirmed): evacuated"
+    }
+    fault = lm.vms.get(plain).fault or ""
+    assert fault.startswith("host h0 is down (confirmed): no other host fits it yet (")
+    assert fault.endswith("evacuated when room is found")
+    # The ledger is whole; the audit names the VM that runs nowhere until placed again.
+    assert [(p.kind, p.subject) for p in audit(lm.store)] == [("on_down_host", plain)]
 
 
 def test_evacuating_again_places_only_what_is_left_and_never_twice(lm: Loadmaster) -> None:
@@ -340,7 +349,7 @@ def test_hosts_dying_together_are_evacuated_in_one_batch_ha_first_across_them(
     assert by_host["h1"].moved == {ha: "h2"} and by_host["h1"].unplaced == ()
     assert by_host["h0"].moved == {} and [u.vm for u in by_host["h0"].unplaced] == [plain]
     assert lm.vms.get(plain).host == "h0"  # still claimed there, for the next pass
-    assert audit(lm.store) == []
+    assert [(p.kind, p.subject) for p in audit(lm.store)] == [("on_down_host", plain)]
 
 
 def test_no_host_is_fenced_when_most_agents_are_silent_at_once(

@@ -3,6 +3,7 @@ sequence (never by clocks), launch and migration failures."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -124,6 +125,29 @@ def test_slow_launch_keeps_its_claim_whatever_the_clocks(lm: Loadmaster) -> None
     assert result.released == (vm,)
     assert lm.vms.get(vm).state == "requested"
     assert "neither running nor launching" in (lm.vms.get(vm).fault or "")
+    assert audit(lm.store) == []
+
+
+def test_a_vm_its_host_reports_gone_is_stopped_with_the_reason(
+    lm: Loadmaster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A running VM its host's agent no longer lists ends stopped, and says why: in its
+    fault, in its event, and in a log line."""
+    _cluster(lm, 1)
+    vm = _pending_on(lm, "h0")
+    lm.allocations.activate(vm)
+    seen = lm.host_agents.generation("h0")
+    with caplog.at_level(logging.WARNING, logger="loadmaster.pending.ledger"):
+        result = lm.host_agents.report("h0", [], seen_generation=seen)
+    assert result.stopped == (vm,)
+    record = lm.vms.get(vm)
+    assert record.state == "stopped"
+    assert record.fault == "host h0 reported it not running: its agent lists no such guest"
+    last = lm.vms.events(vm=vm)[-1]
+    assert (last.old_state, last.state, last.fault) == ("running", "stopped", record.fault)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"VM {vm} ended by its host's report: {record.fault}"
+    ]
     assert audit(lm.store) == []
 
 

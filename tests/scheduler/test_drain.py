@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -30,7 +29,6 @@ from loadmaster.service import Loadmaster
 from loadmaster.store.schema import HostRow, VmRow
 
 PLACED = ("pending", "running", "migrating")
-AGENT_PAUSE = 0.03
 
 
 def group_violations(lm: Loadmaster) -> list[str]:
@@ -60,16 +58,23 @@ def vms_on(lm: Loadmaster, host: str) -> list[str]:
 
 
 def act_as_agents(
-    lm: Loadmaster, host: str, check: Checker, *, fails: Callable[[VmRecord], bool]
+    lm: Loadmaster,
+    host: str,
+    check: Checker,
+    *,
+    fails: Callable[[VmRecord], bool],
+    meanwhile: Callable[[], None],
 ) -> int:
     """The host agents carry out what the drain asked: a migration away from ``host``
     completes (activate) or ``fails`` (release the destination); a VM re-placed while
-    pending starts on its new host (activate). Returns how many migrations failed."""
+    pending starts on its new host (activate). ``meanwhile`` runs before each migration
+    ends (a migration takes a while: others act meanwhile). Returns how many migrations
+    failed."""
     aborted = 0
     for vm in lm.vms.list(state="migrating"):
         if vm.host != host:
             continue
-        time.sleep(AGENT_PAUSE)  # a migration takes a while: others act meanwhile
+        meanwhile()
         if fails(vm):
             lm.allocations.release(vm.uuid, host=vm.target_host)
             aborted += 1
@@ -91,8 +96,10 @@ def start_on(lm: Loadmaster, vm: str, host: str) -> None:
 
 @pytest.fixture
 def grouped(lm: Loadmaster) -> Loadmaster:
-    """h0 (to drain) runs members of three groups and holds two pending claims."""
-    add_hosts(lm, 6, vcpu=32, memory=65536)
+    """h0 (to drain) runs members of three groups and holds two pending claims. Each host
+    has room for 32 small VMs, more than are ever placed here: only the group rules
+    decide where a VM may go."""
+    add_hosts(lm, 6, vcpu=64, memory=131072)
     small_flavor(lm)
     lm.groups.create("apart", "anti-affinity")
     lm.groups.create("together", "affinity")
@@ -116,42 +123,99 @@ def grouped(lm: Loadmaster) -> Loadmaster:
     return lm
 
 
+class Progress:
+    """How many cycles the concurrent client has completed; the test waits for more at
+    each point where it lets the client act, so that the interleaving does not depend on
+    how fast either side runs."""
+
+    def __init__(self) -> None:
+        self.cycles = 0
+        self.stopped = False
+        self._changed = threading.Condition()
+
+    def cycle_done(self) -> None:
+        with self._changed:
+            self.cycles += 1
+            self._changed.notify_all()
+
+    def end(self) -> None:
+        with self._changed:
+            self.stopped = True
+            self._changed.notify_all()
+
+    def wait_for_more(self, cycles: int = 1) -> None:
+        with self._changed:
+            wanted = self.cycles + cycles
+            assert self._changed.wait_for(
+                lambda: self.cycles >= wanted or self.stopped, timeout=120
+            ), "the concurrent client made no progress"
+            assert not self.stopped, "the concurrent client ended early"
+
+
 def test_drain_keeps_group_rules_at_every_step_against_a_concurrent_client(
     grouped: Loadmaster, db_url: str
 ) -> None:
+    """The client runs in its own thread and service throughout, and completes at least
+    one cycle between any two steps of the drain's agents; what it may take is bounded so
+    that the drain always has a legal host for each member, whatever the interleaving:
+    hosts never fill (see ``grouped``); the one apart member it keeps and the one probe it
+    holds at a time leave one of h3..h5 free of the group for d-apart0; the two capped
+    members it keeps and a probe leave five of the eight capped places on h2..h5 for the
+    two drained ones (h1 is at the cap for good). Probes that break a rule by
+    construction (apart or capped on h1, where members stay for good) must be refused;
+    the others are checked by the checker after every step."""
     lm = grouped
     check = Checker(lm)
     drained = vms_on(lm, "h0")
     assert len(drained) == 12
-    rng = random.Random(7)
     stop = threading.Event()
+    progress = Progress()
     client_errors: list[BaseException] = []
     started: list[str] = []
-    ready = threading.Event()  # the client is under way: the drain may start
-    probes: list[bool] = []  # claimed directly: landed or refused
+    ready = threading.Event()  # the client's first cycle is done: the drain may start
+    landed: list[bool] = []  # probes the rules allowed at that moment (or not, by a race)
+    refused: list[bool] = []  # probes on h1, which the rules forbid for good: refused?
     rng_client = random.Random(11)
+
+    def probe(other: Loadmaster, group: str, n: int, host: str) -> bool:
+        uuid = other.vms.create(f"p-{group}{n}-{host}", "small", group=group).uuid
+        try:
+            other.allocations.claim(uuid, host)
+            return True
+        except LoadmasterError:
+            return False
+        finally:
+            check.step(f"client probe {group} on {host}")
+            other.allocations.delete(uuid)
+            check.step("client delete")
 
     def client() -> None:
         """Another client starts members of the same groups while the drain runs: through
-        its own scheduler (members it keeps), and by claiming a random host directly (a
-        probe it deletes again), so that the ledger alone has to refuse what breaks a rule.
-        """
+        its own scheduler (members it keeps, within ``budget``), and by claiming a host
+        directly (a probe it deletes again), so that the ledger alone has to refuse what
+        breaks a rule."""
         other = loadmaster.open(db_url, migrate=False)
-        # Budgets leave the drain a legal host for each of its members (one more apart
-        # member keeps two hosts free of the group): the client competes, it does not
-        # make the drain impossible. The together members may fill their host (16 small
-        # VMs), which leaves four hosts, eight places, for the capped group: its six
-        # members leave room for a probe holding one place meanwhile (with eight, a
-        # fast client filled them all, and a drain found no host for a capped member).
-        budget = {"apart": 1, "capped": 2, "together": 30}
+        budget = {"apart": 1, "capped": 2, "together": 4}
         groups = ("apart", "together", "capped")
         try:
+            # Before the drain nothing else moves: the apart member is kept (h3..h5 are
+            # free of the group), a capped probe on h2 lands, one on h1 is refused.
+            first = other.vms.create("c-apart0", "small", group="apart").uuid
+            assert other.scheduler.schedule([RequestSpec(vms=[first])]).ok
+            other.allocations.activate(first)
+            budget["apart"] -= 1
+            started.append(first)
+            check.step("client start apart")
+            assert probe(other, "capped", 0, "h2")
+            assert not probe(other, "capped", 0, "h1")
+            progress.cycle_done()
+            ready.set()
             n = 0
             while not stop.is_set():
                 group = groups[n % 3]
                 n += 1
-                uuid = other.vms.create(f"c-{group}{n}", "small", group=group).uuid
-                if n % 2 and budget[group]:
+                if budget[group]:
+                    uuid = other.vms.create(f"c-{group}{n}", "small", group=group).uuid
                     result = other.scheduler.schedule([RequestSpec(vms=[uuid])])
                     check.step(f"client schedule {group}")
                     if result.ok:
@@ -159,27 +223,23 @@ def test_drain_keeps_group_rules_at_every_step_against_a_concurrent_client(
                         other.allocations.activate(uuid)
                         check.step(f"client start {group}")
                         started.append(uuid)
-                        continue
-                else:
-                    # Half the probes aim where migrations are headed: the riskiest hosts.
-                    heading = [v.target_host for v in other.vms.list(state="migrating")]
-                    target = (
-                        rng_client.choice(heading)
-                        if heading and n % 4 < 2
-                        else f"h{rng_client.randrange(1, 6)}"
-                    )
-                    try:
-                        other.allocations.claim(uuid, str(target))
-                        probes.append(True)
-                    except LoadmasterError:
-                        probes.append(False)
-                    check.step(f"client probe {group}")
-                    ready.set()
-                other.allocations.delete(uuid)
-                check.step("client delete")
+                    else:
+                        other.allocations.delete(uuid)
+                # Half the probes aim where migrations are headed: the riskiest hosts.
+                heading = [v.target_host for v in other.vms.list(state="migrating")]
+                target = (
+                    rng_client.choice(heading)
+                    if heading and n % 2
+                    else f"h{rng_client.randrange(2, 6)}"
+                )
+                landed.append(probe(other, group, n, str(target)))
+                if group != "together":
+                    refused.append(not probe(other, group, n, "h1"))
+                progress.cycle_done()
         except BaseException as exc:  # reported by the main thread
             client_errors.append(exc)
         finally:
+            progress.end()
             other.close()
 
     # A checker that does nothing but read the committed state, as often as it can.
@@ -191,38 +251,43 @@ def test_drain_keeps_group_rules_at_every_step_against_a_concurrent_client(
     for t in threads:
         t.start()
     try:
-        assert ready.wait(timeout=60)
+        assert ready.wait(timeout=120), client_errors
         first = lm.maintenance.drain("h0")
         check.step("drain")
-        time.sleep(20 * AGENT_PAUSE)
+        progress.wait_for_more(3)  # the client acts while every migration is under way
         assert first.status.status == "draining"
         assert "h0" not in first.moved.values()
-        # In the first rounds some migrations fail (never an affinity member's: a failure
-        # after a sibling switched over would split the group; see docs/drain.md), and the
-        # host is drained again.
+        assert not first.unplaced, [u.to_dict() for u in first.unplaced]
+        # In the first round every other migration fails (never an affinity member's: a
+        # failure after a sibling switched over would split the group; see docs/drain.md),
+        # and the host is drained again.
         aborted_total = 0
         for round_ in range(6):
-            share = 0.4 if round_ < 2 else 0.0
+            turn = iter(range(1_000))
             aborted_total += act_as_agents(
                 lm,
                 "h0",
                 check,
-                fails=lambda vm, share=share: vm.group != "together" and rng.random() < share,
+                fails=lambda vm, r=round_, t=turn: (
+                    r == 0 and vm.group != "together" and next(t) % 2 == 0
+                ),
+                meanwhile=progress.wait_for_more,
             )
             if not vms_on(lm, "h0"):
                 break
             again = lm.maintenance.drain("h0")
             check.step(f"drain again ({round_})")
             assert not again.unplaced, [u.to_dict() for u in again.unplaced]
+            progress.wait_for_more()
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=120)
     assert not client_errors, client_errors
     assert aborted_total > 0, "the test must exercise aborted migrations"
-    assert started, "the concurrent client must have started members"
-    assert len(probes) > 10 and any(probes) and not all(probes), probes
-    assert check.steps > 50
+    assert len(started) > 1, "the concurrent client must have started members meanwhile"
+    assert len(refused) >= 10 and all(refused), refused
+    assert len(landed) >= 10, landed
     assert check.problems == []
     status = lm.maintenance.status("h0")
     assert (status.status, status.vms_left) == ("maintenance", ())

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from loadmaster.errors import LoadmasterError
 
@@ -274,6 +275,28 @@ def is_test_driver(uri: str) -> bool:
     """libvirt's test driver (``test:///default``, ``test:///path/to/host.xml``): a
     made-up host, whatever machine the agent runs on."""
     return uri.split(":", 1)[0].split("+", 1)[0] == "test"
+
+
+def unreachable_destination(uri: str, own_uri: str) -> str | None:
+    """Why a migration from the hypervisor ``own_uri`` cannot reach ``uri`` (None: it
+    may). libvirt's test driver without a transport (``test:///default``) lives inside the
+    process that opened it: another host's agent opening that URI gets a test host of its
+    own, or its very own one, and a move there would stop the guest for nothing. A
+    destination URI equal to this host's reaches this host's own hypervisor."""
+    parts = urlsplit(uri)
+    if parts.scheme == "test" and not parts.netloc:
+        return (
+            f"its hypervisor {uri} is libvirt's test driver inside its agent's own process, "
+            "which no other process can reach (serve the test driver from a libvirtd and give "
+            "each agent its test+unix:///default?socket=... URI)"
+        )
+    if uri == own_uri:
+        return (
+            f"it registered this host's own hypervisor URI {uri}, which reaches this host, "
+            "not that one (set host.migration_uri in each agent's --config to the URI other "
+            "hosts reach it by)"
+        )
+    return None
 
 
 def ksm_for(uri: str, sys_root: Path | None) -> Ksm:

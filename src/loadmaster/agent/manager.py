@@ -12,7 +12,9 @@ hypervisor match it:
 - ``run``: the VM's tags (its SLA tier) are kept in the domain metadata, where the SLA
   policy reads them.
 - ``migrate_out``: the guest is moved to the destination's hypervisor, then ``up``
-  completes the migration; a failure rolls back (the VM keeps running here).
+  completes the migration; a failure rolls back (the VM keeps running here). A
+  destination this host cannot reach (libvirt's test driver private to another agent's
+  process, or this host's own URI) is refused before anything moves.
 - ``migrate_in``: the source moves it; if it already runs here (the source's agent died
   after the move), ``up`` completes it.
 - A guest this manager launched that is on no item any more (stopped, deleted, moved
@@ -39,7 +41,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor
+from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor, unreachable_destination
 from loadmaster.errors import ValidationError
 
 log = logging.getLogger(__name__)
@@ -229,6 +231,7 @@ class StepReport:
 
     generation: int
     launched: list[str] = field(default_factory=list)
+    # Launches and migrations the host refused.
     refused: list[str] = field(default_factory=list)
     migrating: list[str] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
@@ -515,9 +518,18 @@ class HostManager:
                 vm, self.host_name, f"destination {item.get('target_host')} has no agent"
             )
             return
+        target_host = str(item.get("target_host"))
+        why = unreachable_destination(str(target_uri), self.hypervisor_uri)
+        if why is not None:
+            # Refused before anything moves: the guest keeps running here.
+            reason = f"destination {target_host} cannot be reached: {why}"
+            log.warning("not migrating %s: %s", vm, reason)
+            self.api.migration_failed(vm, self.host_name, reason)
+            report.refused.append(vm)
+            return
         with self._lock:
             self._migrating[vm] = self._pool.submit(
-                self._run_migration, vm, str(target_uri), str(item.get("target_host"))
+                self._run_migration, vm, str(target_uri), target_host
             )
         report.migrating.append(vm)
         log.info("migrating %s to host %s (%s)", self._vm(vm), item.get("target_host"), target_uri)

@@ -60,6 +60,10 @@ class VmOut(Out):
     overrides: dict[str, int]
     generation: int
     fault: str | None
+    tried_hosts: list[str] = Field(
+        description="hosts that refused its launch, while it is placed again (empty once "
+        "it runs or the launch was given up)"
+    )
     created_at: IsoText = Field(description="ISO 8601, UTC, with its offset")
     updated_at: IsoText = Field(description="ISO 8601, UTC, with its offset")
 

@@ -272,7 +272,9 @@ def audit(
     ] = False,
 ) -> None:
     """Check the ledger's promises (no host over capacity, no orphaned or partial claims,
-    VM states matching their records, group rules); exit 1 if one is broken. Reads the
+    VM states matching their records, group rules) and that its hosts agree (no VM
+    running or pending on a host that is down, none running where its host's agent last
+    reported no such guest); exit 1 if one is broken. Reads the
     database given by --db, or asks a server. Claims pending too long on hosts whose agent
     is silent or absent are warned about (they are kept, and do not change the exit code)."""
     if db is not None and remote:

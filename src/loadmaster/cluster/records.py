@@ -57,6 +57,9 @@ class VmRecord:
     # Why its last launch or migration failed, as its host said (kept once it runs).
     fault: str | None = None
     host_seq: int | None = None
+    # The hosts that refused its launch, while it is being placed again (empty once it
+    # runs, or once the launch was given up).
+    tried_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

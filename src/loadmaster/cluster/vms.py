@@ -438,6 +438,7 @@ def _record(row: Any) -> VmRecord:
         updated_at=row.updated_at,
         fault=row.fault,
         host_seq=row.host_seq,
+        tried_hosts=tuple(row.tried_hosts or ()),
     )
 
 
@@ -460,6 +461,7 @@ _RECORDS = (
         VmRow.updated_at,
         VmRow.fault,
         VmRow.host_seq,
+        VmRow.tried_hosts,
         FlavorRow.name.label("flavor"),
         FlavorRow.resources.label("flavor_resources"),
         FlavorRow.required_traits,

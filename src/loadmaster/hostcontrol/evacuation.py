@@ -69,13 +69,15 @@ from loadmaster.scheduler.drain import Unplaced
 from loadmaster.scheduler.request import RequestSpec
 from loadmaster.scheduler.scheduler import Scheduler
 from loadmaster.store import Store
-from loadmaster.store.locking import now
+from loadmaster.store.locking import lock_vms, now
 from loadmaster.store.schema import HostAgentRow, HostRow, VmRow
 from loadmaster.tiers import priority_of
 
 log = logging.getLogger(__name__)
 
 HA_TAG = "ha"
+# How a host was known down (``EvacuationResult.known_down``), in its VMs' faults.
+KNOWN_DOWN = {"fenced": "down (fenced)", "confirmed": "down (confirmed)", "already": "down"}
 DEFAULT_FENCE_TIMEOUT_S = 60.0
 STATE_RETRIES = 20
 # More silent hosts than this share of the fleet: no host is fenced (see ``due``).
@@ -349,6 +351,23 @@ class EvacuationService:
                     raise
 
     # -- placing ---------------------------------------------------------------------------
+    def _say_why(
+        self, vms: Sequence[VmRow], origin: Mapping[str, str], known: Mapping[str, str]
+    ) -> None:
+        """Each VM's fault says that its host is down, before the evacuation moves it: the
+        move is the host's doing. Written once per host going down, so a VM that fits
+        nowhere costs no write at each pass (nor loses how its host was known down)."""
+        why = {}
+        for vm in vms:
+            host = origin[vm.uuid]
+            if not (vm.fault or "").startswith(f"host {host} is down"):
+                why[vm.uuid] = f"host {host} is {KNOWN_DOWN[known[host]]}: evacuated"
+        if not why:
+            return
+        with self._store.write() as session:
+            for uuid, row in lock_vms(session, why).items():
+                row.fault = why[uuid]
+
     def _place(
         self,
         known: Mapping[str, str],
@@ -376,6 +395,7 @@ class EvacuationService:
         staying = sorted(
             vms, key=lambda v: (HA_TAG not in v.tags, -priority_of(v.tags), v.name, v.uuid)
         )
+        self._say_why(staying, origin, known)
         # Two calls, not one batch: short of room, the highly available VMs get it.
         waves = [
             [v.uuid for v in staying if HA_TAG in v.tags],
@@ -394,7 +414,7 @@ class EvacuationService:
             for placement in result.failed:
                 assert placement.error is not None
                 unplaced.append(Unplaced(placement.vm, placement.error))
-        self._say_unplaced(unplaced, origin)
+        self._say_unplaced(unplaced, origin, known)
         seconds = time.perf_counter() - started
         if staying or taken_over:
             log.warning(
@@ -453,17 +473,24 @@ class EvacuationService:
             )
         return taken
 
-    def _say_unplaced(self, unplaced: Sequence[Unplaced], origin: Mapping[str, str]) -> None:
-        """Each VM left on a dead host says why in its fault (once, not every pass)."""
+    def _say_unplaced(
+        self, unplaced: Sequence[Unplaced], origin: Mapping[str, str], known: Mapping[str, str]
+    ) -> None:
+        """Each VM left on a dead host says why in its fault (once, not at every pass)."""
+        why = {}
         for u in unplaced:
-            fault = (
-                f"host {origin[u.vm]} is down and no other host fits it yet: "
-                f"{u.error.detail[:1500]}; evacuated when room is found"
+            host = origin[u.vm]
+            why[u.vm] = (
+                f"host {host} is {KNOWN_DOWN[known[host]]}: no other host fits it yet "
+                f"({u.error.detail[:1500]}); evacuated when room is found"
             )
-            with self._store.write() as session:
-                row = lookup.vm_row(session, u.vm, lock=True)
-                if row.state in ("running", "pending") and row.fault != fault:
-                    row.fault = fault
+        if not why:
+            return
+        with self._store.write() as session:
+            for uuid, row in lock_vms(session, why).items():
+                said = row.fault or ""
+                if row.state in ("running", "pending") and "no other host fits it yet" not in said:
+                    row.fault = why[uuid]
 
     # -- the automatic pass ----------------------------------------------------------------
     def due(self, heard_since: datetime | None = None) -> FleetSilence:

@@ -462,9 +462,10 @@ class HostControl:
                 )
                 self._reconciled[host] = (said, (result.generation, self._commits(host)))
         if usage or load:
-            # Only the measurements feed the scheduler (its load weigher); a list of VMs
-            # alone is the ledger's business, reconciled above.
-            self._scheduler.record_report(host, *measures, running)
+            # Only the measurements feed the scheduler (its load weigher); the list of VMs
+            # is the ledger's business, reconciled (and kept with what the agent had seen)
+            # above.
+            self._scheduler.record_report(host, *measures, None)
         self._heard(host)
         return result
 

@@ -18,6 +18,8 @@ from loadmaster.store.schema import (
     AllocationRow,
     ConsumerRow,
     FlavorRow,
+    HostAgentRow,
+    HostReportRow,
     HostRow,
     InventoryRow,
     ServerGroupRow,
@@ -27,7 +29,9 @@ from loadmaster.store.schema import (
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # over_capacity | orphaned | partial_claim | state_mismatch | group_rule
+    # over_capacity | orphaned | partial_claim | state_mismatch | group_rule | not_running
+    # | on_down_host
+    kind: str
     subject: str
     detail: str
 
@@ -84,7 +88,61 @@ def audit(store: Store) -> list[Problem]:
                         "a consumer that is no VM holds pending records: nothing would end them",
                     )
                 )
-    return problems + group_rule_problems(store)
+    return problems + group_rule_problems(store) + world_problems(store)
+
+
+def world_problems(store: Store) -> list[Problem]:
+    """Where the ledger and its hosts disagree, read in one snapshot: a VM the ledger has
+    running or pending on a host that is down (fenced or confirmed down: the VM runs
+    nowhere until it is placed again), and a VM it has running on a host whose agent's
+    last report lists no such guest although the agent knew it ran there (its stamp,
+    ``host_seq``, at or below the generation the agent had seen). The reconciliation of
+    that report would have stopped such a VM: the ledger came to believe it since, behind
+    the reports' back."""
+    with store.read() as session:
+        rows = session.execute(
+            select(
+                VmRow.uuid,
+                VmRow.state,
+                VmRow.host_seq,
+                HostRow.name,
+                HostRow.state,
+                HostAgentRow.seen_generation,
+                HostReportRow.running_vms,
+            )
+            .join(HostRow, HostRow.id == VmRow.host_id)
+            .outerjoin(HostAgentRow, HostAgentRow.host_id == HostRow.id)
+            .outerjoin(HostReportRow, HostReportRow.host_id == HostRow.id)
+            .where(VmRow.state.in_(("pending", "running")))
+            .order_by(VmRow.id)
+        ).all()
+    problems = []
+    for vm, state, stamp, host, host_state, seen, listed in rows:
+        if host_state == "down":
+            problems.append(
+                Problem(
+                    "on_down_host",
+                    vm,
+                    f"{state} on host {host}, which is down: it runs nowhere until it is "
+                    f"placed again (loadmaster host evacuate {host})",
+                )
+            )
+        elif (
+            state == "running"
+            and seen
+            and listed is not None
+            and (stamp or 1) <= seen
+            and vm not in listed
+        ):
+            problems.append(
+                Problem(
+                    "not_running",
+                    vm,
+                    f"running on host {host} in the ledger, but the last report of its agent "
+                    f"(having seen generation {seen}) lists no such guest",
+                )
+            )
+    return problems
 
 
 def group_rule_problems(store: Store) -> list[Problem]:

@@ -14,6 +14,7 @@ report) and ``usage`` (reads). Locks and generations are ``store.locking``'s.
 from __future__ import annotations
 
 import functools
+import logging
 import random
 from collections.abc import Callable, Iterable, Sequence, Set
 from datetime import datetime
@@ -30,6 +31,8 @@ from loadmaster.store import Store
 from loadmaster.store.transaction import Transaction
 
 DEFAULT_CONFLICT_RETRIES = 10
+
+log = logging.getLogger(__name__)
 
 
 class Ledger:
@@ -142,7 +145,10 @@ class Ledger:
         if not (judged.activated or judged.released or judged.stopped):
             return judged
         with self._store.write() as session:
-            return judge(session)
+            result = judge(session)
+        for vm, reason in result.reasons:
+            log.warning("VM %s ended by its host's report: %s", vm, reason)
+        return result
 
     # -- reading -----------------------------------------------------------------------
     def allocations(

@@ -16,7 +16,7 @@ from loadmaster.errors import ValidationError
 from loadmaster.pending.lifecycle import activate_row, release_row
 from loadmaster.pending.trees import tree_ids
 from loadmaster.store.locking import generation_of, iso_utc, now
-from loadmaster.store.schema import AllocationRow, HostRow, VmRow
+from loadmaster.store.schema import AllocationRow, HostAgentRow, HostReportRow, HostRow, VmRow
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class ReconcileResult:
     unexpected: tuple[str, ...] = ()
     # The root host's generation once the reconciliation commits.
     generation: int = 0
+    # Why each released or stopped VM ended (VM uuid, reason), as its fault says.
+    reasons: tuple[tuple[str, str], ...] = ()
 
 
 def reconcile(
@@ -64,30 +66,57 @@ def reconcile(
     root, verdicts, unexpected = _judge(
         session, host, seen, busy, as_of, seen_generation, lock=not dry_run
     )
+    if not dry_run and seen_generation is not None:
+        _keep_report(session, root, seen | busy, seen_generation)
     activated: list[str] = []
-    released: list[str] = []
-    stopped: list[str] = []
+    ended: dict[str, list[str]] = {"release": [], "stop": []}
+    reasons: list[tuple[str, str]] = []
     for vm, verdict in verdicts:
         if verdict == "activate":
             if not dry_run:
                 activate_row(session, vm)
             activated.append(vm.uuid)
-        elif verdict == "release":
-            if not dry_run:
-                release_row(session, vm, root)
-                vm.fault = f"host {root.name} reported it neither running nor launching"
-            released.append(vm.uuid)
-        else:
-            if not dry_run:
-                release_row(session, vm, root)
-            stopped.append(vm.uuid)
+            continue
+        reason = (
+            f"host {root.name} reported it neither running nor launching"
+            if verdict == "release"
+            else f"host {root.name} reported it not running: its agent lists no such guest"
+        )
+        if not dry_run:
+            # Set before the release, so that the VM's event (``store.history``) carries it.
+            vm.fault = reason
+            release_row(session, vm, root)
+        ended[verdict].append(vm.uuid)
+        reasons.append((vm.uuid, reason))
     return ReconcileResult(
         tuple(activated),
-        tuple(released),
-        tuple(stopped),
+        tuple(ended["release"]),
+        tuple(ended["stop"]),
         tuple(unexpected),
         generation_of(session, root.id),
+        tuple(reasons),
     )
+
+
+def _keep_report(session: Session, root: HostRow, listed: set[str], seen: int) -> None:
+    """What the host's agent listed (running or launching: both are spared alike) and the
+    generation it had seen then, for the audit (``audit.world_problems``). Kept with the
+    reconciliation it led to, so that the audit finds only what the ledger came to believe
+    since, behind the reports' back. Written before the hosts' generations move: the rows
+    are taken in the lock order's place."""
+    agent = session.get(HostAgentRow, root.id)
+    if agent is None:
+        return  # reported on by hand: no agent whose word to keep
+    agent.seen_generation = seen
+    vms = sorted(listed)
+    report = session.get(HostReportRow, root.id)
+    if report is None:
+        # No measurements yet: none are made up, the scheduler reads an empty load as none.
+        session.add(
+            HostReportRow(host_id=root.id, reported_at=now(), usage={}, load={}, running_vms=vms)
+        )
+    else:
+        report.running_vms = vms
 
 
 def _judge(

@@ -222,7 +222,9 @@ class AllocationRow(Base):
 
 
 class HostReportRow(Base):
-    """The latest report from a host's agent: measured usage and load."""
+    """The latest report from a host's agent: measured usage and load, and the VMs it
+    listed running in the last report that changed the ledger (written by the
+    reconciliation, with ``host_agents.seen_generation``; read by the audit)."""
 
     __tablename__ = "host_reports"
     host_id: Mapped[int] = mapped_column(
@@ -245,7 +247,8 @@ class HostAgentRow(Base):
     hypervisor_uri: Mapped[str] = mapped_column(String(1024))
     registered_at: Mapped[datetime] = mapped_column(DateTime)
     last_seen_at: Mapped[datetime] = mapped_column(DateTime)
-    # The host generation of the last work list the agent read.
+    # The host generation of the last work list the agent had read when it listed the VMs
+    # of ``host_reports.running_vms``.
     seen_generation: Mapped[int] = mapped_column(BigInteger, default=0)
     # When a server process took on fencing the host, its agent silent (compare-and-swap:
     # one process fences a host per silence; NULL: never).

@@ -17,8 +17,10 @@ router = APIRouter(tags=["operations"])
 @router.get("/audit", response_model=AuditOut)
 def audit(lm: LM) -> dict[str, Any]:
     """The ledger's broken promises (none: an empty list): hosts over capacity, orphaned
-    or partial claims, VM states not matching their records, group rules broken. Reads
-    only, so a reader token may ask. ``warnings``: claims pending too long on hosts whose
+    or partial claims, VM states not matching their records, group rules broken; and
+    where it disagrees with its hosts: VMs running or pending on a host that is down, VMs
+    running on a host whose agent's last report lists no such guest. Reads only, so a
+    reader token may ask. ``warnings``: claims pending too long on hosts whose
     agent is silent or absent (kept, not problems)."""
     return {
         "problems": [asdict(p) for p in run_audit(lm.store)],

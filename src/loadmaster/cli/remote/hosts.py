@@ -328,7 +328,7 @@ def host_drain(
     agents carry out the migrations. Draining again places what is left (an aborted
     migration, a VM that did not fit before). Exits 4 if VMs are left on the host: VMs
     that fit nowhere (listed with the scheduler's explanation) or, with --wait, migrations
-    still under way at the timeout or aborted."""
+    still under way at the timeout, or that failed (each named with its reason)."""
     if timeout < 0 or interval <= 0:
         fail("--timeout must be at least 0 and --interval above 0", Exit.USAGE)
     client = api()
@@ -339,7 +339,7 @@ def host_drain(
     else:
         _print_drain(name, result, final)
     left = (final or result)["vms_left"]
-    if left:
+    if left or (final or {}).get("failed"):
         raise typer.Exit(int(Exit.CONFLICT))
 
 
@@ -347,35 +347,79 @@ def _follow_drain(
     name: str, result: dict[str, Any], timeout: float, interval: float, *, quiet: bool
 ) -> dict[str, Any]:
     """Poll the host until no migration from or to it is under way (or the timeout),
-    printing a line to stderr whenever the count changes and at least every
+    printing a line to stderr whenever the counts change and at least every
     ``PROGRESS_EVERY`` seconds, with the host's warnings (a silent agent) when they
-    change: a wait never looks like a hang. Returns the host's last drain status."""
+    change: a wait never looks like a hang. A migration is done only once its VM runs on
+    its destination; one that ended otherwise (rolled back, the VM stopped) is failed.
+    Returns the host's last drain status, with ``failed``: each failed move's VM as the
+    server has it (state, host, fault)."""
     client = api()
+    moves = _Moves(result)
     status: dict[str, Any] = client.get(f"/hosts/{name}")["drain"]
-    total = status["migrating"]
     started = time.monotonic()
     deadline = started + timeout
-    said: tuple[int, tuple[str, ...]] | None = None
+    said: tuple[tuple[int, int, int, int], tuple[str, ...]] | None = None
     last_line = started
     while True:
+        counts = (*moves.counts(status), moves.total)
         warnings = tuple(status["warnings"])
         now = time.monotonic()
-        if not quiet and (
-            said != (status["migrating"], warnings) or now - last_line >= PROGRESS_EVERY
-        ):
+        if not quiet and (said != (counts, warnings) or now - last_line >= PROGRESS_EVERY):
             if said is None or said[1] != warnings:
                 warn(warnings)
-            done = max(total - status["migrating"], 0)
+            done, failed, under_way, total = counts
             err_console().print(
                 f"draining {name}: {done} of {total} migrations done, "
-                f"{status['migrating']} under way, {now - started:.0f} s",
+                f"{under_way} under way, {failed} failed, {now - started:.0f} s",
                 markup=False,
             )
-            said, last_line = (status["migrating"], warnings), now
+            said, last_line = (counts, warnings), now
         if not status["migrating"] or now >= deadline:
-            return status
+            return {**status, "failed": list(moves.failed.values())}
         time.sleep(min(interval, max(deadline - now, 0)))
         status = client.get(f"/hosts/{name}")["drain"]
+
+
+class _Moves:
+    """The migrations a drain follows (those it claimed, and those already under way) and
+    how each ended, as the server says: done once the VM runs on its destination. A VM
+    the drain placed again before it ever ran is no migration: its launch is left out."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.destination: dict[str, str | None] = dict(result["moved"])
+        headed = {v["vm"]: v["target_host"] for v in result["vms"]}
+        for vm in result["in_flight"]:
+            # Headed to this host, or away from it to wherever it was claimed.
+            self.destination.setdefault(vm, headed.get(vm))
+        self.seen_migrating: set[str] = set()
+        self.done: set[str] = set()
+        self.failed: dict[str, dict[str, Any]] = {}
+
+    @property
+    def total(self) -> int:
+        return len(self.destination)
+
+    def counts(self, status: dict[str, Any]) -> tuple[int, int, int]:
+        """(done, failed, under way) as of ``status``."""
+        migrating = {v["vm"] for v in status["vms"] if v["state"] == "migrating"}
+        under_way = 0
+        for vm, destination in list(self.destination.items()):
+            if vm in self.done or vm in self.failed:
+                continue
+            if vm in migrating:
+                self.seen_migrating.add(vm)
+                under_way += 1
+                continue
+            record = api().get(f"/vms/{vm}")
+            if record["state"] == "running" and record["host"] == destination:
+                self.done.add(vm)
+            elif record["state"] == "pending" and vm not in self.seen_migrating:
+                del self.destination[vm]  # placed again before it ran: a launch
+            else:
+                self.failed[vm] = {
+                    k: record.get(k) for k in ("uuid", "name", "state", "host", "fault")
+                }
+        return len(self.done), len(self.failed), under_way
 
 
 def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None) -> None:
@@ -394,6 +438,9 @@ def _print_drain(name: str, result: dict[str, Any], final: dict[str, Any] | None
         say(f"VM {names.get(u['vm'], u['vm'])} {what}: {why}")
     if result["in_flight"]:
         say(f"{len(result['in_flight'])} migrations were already under way")
+    for vm in (final or {}).get("failed", ()):
+        where = f"{vm['state']} on {vm['host']}" if vm["host"] else vm["state"]
+        say(f"VM {vm['name']} did not move ({where}): {vm['fault'] or 'no reason recorded'}")
     status = final or result
     if final is None:  # --wait printed them as they came
         warn(status["warnings"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid as uuidlib
 from typing import Annotated, Any
 
@@ -86,6 +87,19 @@ def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
     show(data, as_json, title, ("host", "state", "resources"), rows)
 
 
+WaitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wait",
+        help="wait until the VM runs (exit 0); exit 4 with the reason if its launch is given "
+        "up (every host refused it), it stops, or --timeout passes",
+    ),
+]
+TimeoutOpt = Annotated[float, typer.Option(help="seconds --wait waits at most")]
+IntervalOpt = Annotated[float, typer.Option(help="seconds between two looks of --wait")]
+DEFAULT_WAIT_S = 600.0
+
+
 @vm_app.command("create")
 def vm_create(
     name: Annotated[str, typer.Argument(help="the new VM's name")],
@@ -97,16 +111,59 @@ def vm_create(
     project: Annotated[str, typer.Option(help="project it is counted against")] = "default",
     user: Annotated[str, typer.Option(help="user who owns it")] = "default",
     start: Annotated[bool, typer.Option(help="schedule it right away")] = False,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = DEFAULT_WAIT_S,
+    interval: IntervalOpt = 1.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Create a VM (requested: it holds nothing until started)."""
+    """Create a VM (requested: it holds nothing until started). With --start --wait,
+    exits once it runs, or 4 with the reason when its launch is given up."""
+    if wait and not start:
+        fail("--wait follows the start: give --start too", Exit.USAGE)
+    _check_wait(timeout, interval)
     client = api()
     body: dict[str, Any] = {"name": name, "flavor": flavor, "project_id": project}
     body |= {"user_id": user, "tags": tag or [], "group": group}
     vm = client.post("/vms", body)
     if start:
         vm = client.post(f"/vms/{vm['uuid']}/start")["vm"]
+    if wait:
+        vm = _wait_running(vm, timeout, interval)
     show(vm, as_json, "VM created", VM_COLUMNS, [vm_row(vm)])
+
+
+def _check_wait(timeout: float, interval: float) -> None:
+    if timeout < 0 or interval <= 0:
+        fail("--timeout must be at least 0 and --interval above 0", Exit.USAGE)
+
+
+def _wait_running(vm: dict[str, Any], timeout: float, interval: float) -> dict[str, Any]:
+    """The VM's record once it runs. A refused launch is placed again by the server
+    (the VM is ``requested`` with the refusing hosts in ``tried_hosts`` for a moment):
+    only a VM ``requested`` with none, stopped or deleted is given up, and said so with
+    its fault, exit 4; so is one still not running at the timeout."""
+    client = api()
+    deadline = time.monotonic() + timeout
+    while True:
+        state = vm["state"]
+        if state == "running":
+            return vm
+        if state in ("stopped", "deleted") or (state == "requested" and not vm["tried_hosts"]):
+            fail(
+                f"VM {vm['name']} is {state}, not running: "
+                f"{vm['fault'] or 'no fault recorded (stopped or released by a client)'}",
+                Exit.CONFLICT,
+            )
+        now = time.monotonic()
+        if now >= deadline:
+            where = f" on {vm['host']}" if vm["host"] else ""
+            why = f" (last fault: {vm['fault']})" if vm["fault"] else ""
+            fail(
+                f"VM {vm['name']} is still {state}{where} after {timeout:g} s{why}",
+                Exit.CONFLICT,
+            )
+        time.sleep(min(interval, deadline - now))
+        vm = client.get(f"/vms/{vm['uuid']}")
 
 
 def _lifecycle(vm: str, action: str, body: dict[str, Any] | None, as_json: bool) -> None:
@@ -123,10 +180,20 @@ def vm_start(
         str | None,
         typer.Option(help="start it on this host (admin only; every other filter still applies)"),
     ] = None,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = DEFAULT_WAIT_S,
+    interval: IntervalOpt = 1.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Schedule and claim: the VM is pending on its host until it is reported up."""
-    _lifecycle(vm, "start", {"policy": policy, "host": host}, as_json)
+    """Schedule and claim: the VM is pending on its host until it is reported up. With
+    --wait, exits once it runs, or 4 with the reason when its launch is given up."""
+    if not wait:
+        _lifecycle(vm, "start", {"policy": policy, "host": host}, as_json)
+        return
+    _check_wait(timeout, interval)
+    answer = api().post(f"/vms/{vm_uuid(vm)}/start", {"policy": policy, "host": host})
+    record = _wait_running(answer["vm"], timeout, interval)
+    show(record, as_json, "VM start", VM_COLUMNS, [vm_row(record)])
 
 
 @vm_app.command("up")
