@@ -146,11 +146,15 @@ class HostWatch:
     # -- what long-polls ask --------------------------------------------------------------
     async def host(self, ident: str) -> WatchedHost:
         """The root host named (or with the uuid) ``ident``; read once, then cached."""
-        found = self._hosts.get(ident)
+        found = self.cached_host(ident)
         if found is not None:
             return found
-        found = await asyncio.to_thread(self._read_host, ident)
-        self._hosts[ident] = found
+        found, uuid = await asyncio.to_thread(self._read_host, ident)
+        # Under its name and its uuid as stored, never under the spelling asked for: a
+        # uuid has countless spellings (any case, hyphens anywhere), and a client making
+        # them up would grow the cache without end.
+        hosts = self._hosts
+        hosts[found.name] = hosts[uuid] = found
         return found
 
     @contextlib.asynccontextmanager
@@ -188,10 +192,11 @@ class HostWatch:
         return self._commits.get(host_id, 0)
 
     def cached_host(self, ident: str) -> WatchedHost | None:
-        return self._hosts.get(ident)
+        hosts = self._hosts
+        return hosts.get(ident) or hosts.get(lookup.canonical_uuid(ident))
 
     def cached_generation(self, ident: str) -> int | None:
-        found = self._hosts.get(ident)
+        found = self.cached_host(ident)
         return None if found is None else self._generations.get(found.id)
 
     def saw(self, host_id: int, generation: int, commits: int | None = None) -> None:
@@ -387,13 +392,14 @@ class HostWatch:
             for chunk in in_chunks(ids):
                 session.execute(_HEARD, {"hosts": chunk, "at": at})
 
-    def _read_host(self, ident: str) -> WatchedHost:
+    def _read_host(self, ident: str) -> tuple[WatchedHost, str]:
+        """The root host ``ident`` and its uuid as stored."""
         with self._store.read() as session:
             row = lookup.host_row(session, ident)
             if row.parent_id is not None:
                 raise ValidationError(f"host {ident} is a child provider", field="host")
             self.saw(row.id, row.generation)
-            return WatchedHost(row.id, row.name)
+            return WatchedHost(row.id, row.name), row.uuid
 
 
 def _settle(future: asyncio.Future[str], outcome: str, *_: object) -> None:
