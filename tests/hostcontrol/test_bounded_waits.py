@@ -4,13 +4,20 @@ what clients send."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi.routing import APIRoute
 from sqlalchemy import event
 
 import loadmaster
+from loadmaster.api.app import create_app
+from loadmaster.api.longpoll import PARAMETERS
+from loadmaster.api.routes import agents
+from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.hostcontrol import HostWatch
 from loadmaster.service import Loadmaster
 
@@ -64,3 +71,45 @@ def test_every_spelling_of_a_hosts_uuid_is_one_cached_host(sqlite_lm: Loadmaster
     assert set(found) == {found[0]}
     assert watch.cached_host(spellings[1]) == watch.cached_host("h0")
     assert reads == [], f"{len(reads)} statements for spellings of one cached host"
+
+
+@pytest.fixture
+def served(sqlite_lm: Loadmaster) -> Iterator[ThreadedServer]:
+    sqlite_lm.hosts.create_many([{"name": "h0", "inventories": NODE}])
+    server = serve_in_thread(create_app(sqlite_lm))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("query", "headers", "field"),
+    [
+        ("&bogus=1", {}, "query.bogus"),
+        ("&x=%00", {}, "query.x"),
+        ("&after=1%00", {}, "query.after"),
+        ("", {"OpenStack-API-Version": "placement one"}, None),
+    ],
+)
+def test_a_poll_the_stack_refuses_is_refused_at_once_not_after_its_wait(
+    served: ThreadedServer, query: str, headers: dict[str, str], field: str | None
+) -> None:
+    started = time.monotonic()
+    answer = httpx.get(
+        f"{served.url}/hosts/h0/work?after=1000000&wait=60{query}", headers=headers, timeout=90
+    )
+    took = time.monotonic() - started
+    assert answer.status_code == 400, answer.text
+    if field is not None:
+        assert answer.json()["field"] == field
+    assert took < 30, f"refused after {took:.0f} s: held for its wait first"
+
+
+def test_the_polls_held_are_asked_with_the_work_routes_own_parameters() -> None:
+    (route,) = [
+        r
+        for r in agents.router.routes
+        if isinstance(r, APIRoute) and r.path == "/hosts/{host_name}/work"
+    ]
+    assert {param.alias for param in route.dependant.query_params} == PARAMETERS
