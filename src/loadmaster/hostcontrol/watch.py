@@ -146,9 +146,9 @@ class HostWatch:
     # -- what long-polls ask --------------------------------------------------------------
     async def host(self, ident: str) -> WatchedHost:
         """The root host named (or with the uuid) ``ident``; read once, then cached."""
-        found = self.cached_host(ident)
-        if found is not None:
-            return found
+        cached = self.cached_host(ident)
+        if cached is not None:
+            return cached
         found, uuid = await asyncio.to_thread(self._read_host, ident)
         # Under its name and its uuid as stored, never under the spelling asked for: a
         # uuid has countless spellings (any case, hyphens anywhere), and a client making
