@@ -14,7 +14,7 @@ import httpx
 import pytest
 from cli_helpers import run_cli
 
-from harness import ServedApi, wait_until
+from harness import ServedApi, free_port, wait_until
 from loadmaster.api.auth import AuthConfig
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
@@ -212,3 +212,54 @@ def test_a_token_file_that_does_not_parse_is_refused_by_name(
     assert err.value.field == "tokens" and str(broken) in err.value.detail
     served = run_cli("serve", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--tokens", str(broken))
     assert served.returncode == 2 and str(broken) in served.stderr, served.stderr
+
+
+def test_a_token_file_without_an_admin_stops_serve_by_name(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text("[tokens]\n")
+    served = run_cli(
+        "serve",
+        "--db",
+        f"sqlite:///{tmp_path / 'x.db'}",
+        "--port",
+        str(free_port()),
+        "--tokens",
+        str(tokens),
+    )
+    assert served.returncode == 2, served.stderr
+    assert str(tokens) in served.stderr and "no token has role admin" in served.stderr
+
+
+def test_a_reload_of_a_fifo_or_an_adminless_token_file_keeps_serving_the_old_tokens(
+    tmp_path: Path,
+) -> None:
+    """The reload reads off the event loop: a FIFO in the token file's place held every
+    request of the worker; a table without an admin token locked every operator out."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[tokens]\n"first-admin" = "admin"\n')
+    log = tmp_path / "serve.log"
+    db = f"sqlite:///{tmp_path / 'lm.db'}"
+    with ServedApi(db, 1, log, token="first-admin", options=["--tokens", str(tokens)]) as api:
+
+        def refusals() -> list[str]:
+            return [
+                str(line["message"])
+                for line in _log_lines(log)
+                if str(line["message"]).startswith("reload: tokens from")
+            ]
+
+        with api.client(timeout=10.0) as http:
+            tokens.unlink()
+            os.mkfifo(tokens)
+            os.kill(api.process.pid, signal.SIGHUP)
+            wait_until(lambda: len(refusals()) == 1, 60, "the FIFO was not refused")
+            assert "not a regular file" in refusals()[0]
+            assert http.get("/resource_classes/VCPU").status_code == 200
+
+            tokens.unlink()
+            tokens.write_text("[tokens]\n")
+            os.kill(api.process.pid, signal.SIGHUP)
+            wait_until(lambda: len(refusals()) == 2, 60, "the empty table was not refused")
+            assert "no token has role admin" in refusals()[1]
+            assert http.get("/resource_classes/VCPU").status_code == 200
+        assert api.process.poll() is None
