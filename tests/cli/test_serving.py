@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -263,3 +265,36 @@ def test_a_reload_of_a_fifo_or_an_adminless_token_file_keeps_serving_the_old_tok
             assert "no token has role admin" in refusals()[1]
             assert http.get("/resource_classes/VCPU").status_code == 200
         assert api.process.poll() is None
+
+
+def test_stopping_serve_answers_the_agents_it_holds_at_once(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with ServedApi(f"sqlite:///{tmp_path / 'lm.db'}", 1, log) as api:
+        with api.client() as http:
+            assert http.post("/hosts", json={"name": "h0"}).status_code == 201
+            # Read once: a commit of this process stamped the host, which a wait would
+            # otherwise answer at once.
+            assert http.get("/hosts/h0/work").status_code == 200
+        answers: list[tuple[int, float]] = []
+
+        def poll() -> None:
+            with api.client(timeout=90.0) as http:
+                answer = http.get("/hosts/h0/work?after=1000000&wait=60")
+                answers.append((answer.status_code, time.monotonic()))
+
+        polls = [threading.Thread(target=poll, daemon=True) for _ in range(4)]
+        for thread in polls:
+            thread.start()
+        wait_until(
+            lambda: "loadmaster_agent_polls_waiting 4.0" in api.client().get("/metrics").text,
+            60,
+            "4 polls held",
+        )
+        stopping = time.monotonic()
+        api.process.send_signal(signal.SIGTERM)
+        for thread in polls:
+            thread.join(timeout=30)
+        api.process.wait(timeout=30)
+    assert [status for status, _ in answers] == [200] * 4
+    assert max(at for _, at in answers) - stopping < 2.0
+    assert "Traceback" not in log.read_text(errors="replace")

@@ -4,6 +4,8 @@ what clients send."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy import event
 
 import loadmaster
+from harness import wait_until
 from loadmaster.api.app import create_app
 from loadmaster.api.longpoll import PARAMETERS
 from loadmaster.api.routes import agents
@@ -113,3 +116,48 @@ def test_the_polls_held_are_asked_with_the_work_routes_own_parameters() -> None:
         if isinstance(r, APIRoute) and r.path == "/hosts/{host_name}/work"
     ]
     assert {param.alias for param in route.dependant.query_params} == PARAMETERS
+
+
+def test_a_stopping_server_answers_every_held_poll_at_once(
+    sqlite_lm: Loadmaster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, each poll was held through the graceful shutdown's 3 s, then cancelled: a
+    CancelledError traceback in the log and a 500 or a cut connection for the agent."""
+    sqlite_lm.hosts.create_many([{"name": f"h{i}", "inventories": NODE} for i in range(2)])
+    app = create_app(sqlite_lm)
+    server = serve_in_thread(app)
+    answers: list[tuple[int, float]] = []
+    failures: list[BaseException] = []
+
+    def poll(host: str, etag: bool) -> None:
+        headers = {"If-None-Match": '"1000000"'} if etag else {}
+        try:
+            answer = httpx.get(
+                f"{server.url}/hosts/{host}/work?after=1000000&wait=60",
+                headers=headers,
+                timeout=90,
+            )
+            answers.append((answer.status_code, time.monotonic()))
+        except BaseException as exc:
+            failures.append(exc)
+
+    polls = [
+        threading.Thread(target=poll, args=(f"h{i % 2}", i % 2 == 0), daemon=True)
+        for i in range(10)
+    ]
+    try:
+        for thread in polls:
+            thread.start()
+        wait_until(lambda: app.state.watch.waiting() == 10, 60, "10 polls held")
+        with caplog.at_level(logging.INFO):
+            stopping = time.monotonic()
+            server.stop(timeout=30)
+            for thread in polls:
+                thread.join(timeout=30)
+    finally:
+        server.stop()
+    assert failures == []
+    assert sorted(status for status, _ in answers) == [200] * 5 + [304] * 5
+    slowest = max(at for _, at in answers) - stopping
+    assert slowest < 2.0, f"the last held poll was answered {slowest:.1f} s into the stop"
+    assert not [r for r in caplog.records if r.exc_info or "Cancel" in r.getMessage()]

@@ -42,8 +42,10 @@ from pathlib import Path
 from socket import socket
 
 from uvicorn.config import STARTUP_FAILURE, Config
+from uvicorn.server import Server
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+from loadmaster.api.server import StoppingServer
 from loadmaster.scheduler.remote import answers
 
 log = logging.getLogger("loadmaster.api.supervisor")
@@ -97,6 +99,12 @@ class Worker(Process):
         # use; one made here first is the one both see.
         _ = self.server
         super().target(sockets)
+
+    @property
+    def server(self) -> Server:
+        if self._server is None:
+            self._server = StoppingServer(config=self.config)
+        return self._server
 
     def says_it_serves(self) -> bool:
         """Whether the worker has answered that it serves, without waiting: one question

@@ -115,6 +115,8 @@ class HostWatch:
         # Long-polls held open by hosts' own agents, by host.
         self._held: dict[int, int] = {}
         self._written: dict[int, float] = {}
+        # The server is stopping: no wait lasts (``release``).
+        self._released = False
 
     # -- life -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -142,6 +144,15 @@ class HostWatch:
                 _settle(future, "changed")
         with contextlib.suppress(Exception):  # the database may be what is going away
             await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
+
+    def release(self) -> None:
+        """The server starts to stop: every wait ends now, as if its time ran out, and
+        none starts, so each held long-poll is answered (its list, or 304) before the
+        server closes its connection (on the event loop)."""
+        self._released = True
+        for futures in self._waiters.values():
+            for future in futures:
+                _settle(future, "timeout")
 
     # -- what long-polls ask --------------------------------------------------------------
     async def host(self, ident: str) -> WatchedHost:
@@ -222,7 +233,7 @@ class HostWatch:
         deadline = time.monotonic() + timeout
         while not self.maybe_newer(host_id, after):
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self._released:
                 return "timeout"
             woke = await self.wait(host_id, remaining, gone(), agent=agent)
             if woke != "changed":
