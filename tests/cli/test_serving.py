@@ -14,10 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 from cli_helpers import run_cli
 
 from harness import ServedApi, free_port, wait_until
 from loadmaster.api.auth import AuthConfig
+from loadmaster.api.server import StoppingServer
+from loadmaster.api.supervisor import Worker
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
 
@@ -298,3 +301,9 @@ def test_stopping_serve_answers_the_agents_it_holds_at_once(tmp_path: Path) -> N
     assert [status for status, _ in answers] == [200] * 4
     assert max(at for _, at in answers) - stopping < 2.0
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_each_worker_of_several_serves_with_the_server_that_answers_held_polls() -> None:
+    """``serve --workers N`` builds its servers in its workers, not in ``run_server``."""
+    config = uvicorn.Config("loadmaster.api.app:app_from_env", factory=True, workers=2)
+    assert isinstance(Worker(config, []).server, StoppingServer)
