@@ -12,9 +12,10 @@ may have changed, or the wait ran out, the request continues down the stack with
 are the stack's, once, as for any request.
 
 Only requests the stack would let wait are held (a known token that may read the host's
-list, a version header that parses, a query of nothing but well-formed ``after`` and
-``wait``, no NUL, a root host that exists); anything else goes down at once and gets the
-stack's answer (401, 400, 404), not that answer a whole wait later.
+list, a version header that parses, an ``Accept`` that admits JSON, a query of nothing
+but well-formed ``after`` and ``wait``, no NUL, a root host that exists); anything else
+goes down at once and gets the stack's answer (401, 400, 404, 406), not that answer a
+whole wait later.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.api import microversion
 from loadmaster.api.auth import AGENT_PREFIX, TokenTable, presented_token
+from loadmaster.api.negotiation import refusal
 from loadmaster.errors import LoadmasterError
 from loadmaster.hostcontrol import HostWatch
 
@@ -92,6 +94,8 @@ class HeldPolls:
         except (ValueError, LoadmasterError):
             return None
         if not given.keys() <= PARAMETERS or any("\x00" in v for v in given.values()):
+            return None
+        if refusal(scope["method"], dict(scope["headers"])) is not None:
             return None
         if not (-1 <= after <= MAX_AFTER and 0 < wait <= MAX_WAIT_S and math.isfinite(wait)):
             return None
