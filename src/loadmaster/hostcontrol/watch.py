@@ -139,9 +139,7 @@ class HostWatch:
             await asyncio.to_thread(self._ticker.join)
         if callable(self._unlisten):
             self._unlisten()
-        for futures in self._waiters.values():
-            for future in futures:
-                _settle(future, "changed")
+        self.release()
         with contextlib.suppress(Exception):  # the database may be what is going away
             await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
 
