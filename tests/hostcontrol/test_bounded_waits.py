@@ -162,3 +162,20 @@ def test_a_stopping_server_answers_every_held_poll_at_once(
     slowest = max(at for _, at in answers) - stopping
     assert slowest < 2.0, f"the last held poll was answered {slowest:.1f} s into the stop"
     assert not [r for r in caplog.records if r.exc_info or "Cancel" in r.getMessage()]
+
+
+def test_a_stopped_watch_ends_every_hold(sqlite_lm: Loadmaster) -> None:
+    sqlite_lm.hosts.create_many([{"name": "h0", "inventories": NODE}])
+    watch = HostWatch(sqlite_lm.store, tick_s=60.0)
+
+    async def scenario() -> str:
+        await watch.start()
+        host = await watch.host("h0")
+        never = asyncio.get_running_loop().create_future
+        holding = asyncio.create_task(watch.hold(host.id, 10**6, 60.0, never))
+        while watch.waiting() == 0:
+            await asyncio.sleep(0.01)
+        await watch.stop()
+        return await asyncio.wait_for(holding, 10.0)
+
+    assert asyncio.run(scenario()) == "timeout"
