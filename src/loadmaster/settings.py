@@ -12,7 +12,10 @@ variable names and defaults of its options, and loads the model only when it nee
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadmaster.errors import ValidationError
@@ -21,6 +24,9 @@ if TYPE_CHECKING:
     from loadmaster.settings_model import Settings
 
 PREFIX = "LOADMASTER_"
+# The largest token or policies file read: far beyond any real one, small enough that a
+# wrong path (a log, an image) is refused rather than held in memory.
+MAX_FILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -136,3 +142,22 @@ def load_settings() -> Settings:
         name = env_name(option) if option in OPTIONS else PREFIX
         said = error["msg"].removeprefix("Value error, ")
         raise ValidationError(f"{name}: {said}", field=option or None) from exc
+
+
+def read_operator_file(path: str | Path, field: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a file a setting names (tokens, policies), refused with an error
+    naming the file and ``field`` unless it is a regular file of at most ``limit`` bytes:
+    a FIFO would block the reader until something writes to it, a device such as
+    /dev/zero never ends. ``OSError`` when it cannot be opened."""
+    # Non-blocking: opening a FIFO does not wait for a writer (reads of a file ignore it).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as opened:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValidationError(f"{path}: not a regular file", field=field)
+        data = opened.read(limit + 1)
+    if len(data) > limit:
+        raise ValidationError(f"{path}: larger than {limit} bytes", field=field)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{path}: not UTF-8 text ({exc})", field=field) from exc

@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,8 @@ from loadmaster.api.auth import resolve_auth
 from loadmaster.api.tls import peer_host
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
-from loadmaster.settings import load_settings
+from loadmaster.scheduler.policies import load_policy_file
+from loadmaster.settings import MAX_FILE_BYTES, load_settings
 
 SECRET = "s3cr3t-admin-token"
 
@@ -35,6 +39,69 @@ def test_token_files(tmp_path: Path, suffix: str, text: str) -> None:
     assert config.role_of(SECRET) == "admin" and config.role_of("r-token") == "reader"
     assert config.role_of(SECRET[:-1]) is None and config.role_of("") is None
     assert SECRET not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "text"),
+    [
+        (".toml", "[tokens]\n"),
+        (".toml", '[tokens]\n"r-token" = "reader"\n'),
+        (".yaml", "tokens: {}\n"),
+        (".json", json.dumps({"tokens": {"a-token": "agent:h0"}})),
+    ],
+)
+def test_a_token_file_without_an_admin_is_refused_by_name(
+    tmp_path: Path, suffix: str, text: str
+) -> None:
+    """Accepted, it would lock every operator out until someone fixed the file by hand."""
+    path = tmp_path / f"tokens{suffix}"
+    path.write_text(text)
+    with pytest.raises(ValidationError) as refused:
+        AuthConfig.from_file(path)
+    assert refused.value.field == "tokens"
+    assert str(path) in refused.value.detail and "no token has role admin" in refused.value.detail
+
+
+def _read_within(seconds: float, read: Callable[[], object]) -> BaseException | None:
+    """What ``read()`` raised (None: it returned), failing if it takes over ``seconds``."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            read()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    reader.join(seconds)
+    assert outcome, f"still reading after {seconds} s"
+    return outcome[0]
+
+
+def test_only_a_regular_file_of_bounded_size_is_read_as_tokens_or_policies(
+    tmp_path: Path,
+) -> None:
+    """A FIFO blocked its reader until something wrote to it; a link to /dev/zero was read
+    until memory ran out."""
+    fifo = tmp_path / "tokens.toml"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.toml"
+    with huge.open("wb") as out:
+        out.truncate(MAX_FILE_BYTES + 1)
+    endless = tmp_path / "endless.toml"
+    endless.symlink_to("/dev/zero")
+    for path, reason in ((fifo, "not a regular file"), (huge, "larger than"), (endless, "not")):
+        for read, field in (
+            (lambda p=path: AuthConfig.from_file(p), "tokens"),
+            (lambda p=path: load_policy_file(p), "policies_file"),
+        ):
+            refused = _read_within(10.0, read)
+            assert isinstance(refused, ValidationError), refused
+            assert refused.field == field and str(path) in refused.detail
+            assert reason in refused.detail, refused.detail
 
 
 def test_tokens_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

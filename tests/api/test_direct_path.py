@@ -111,6 +111,8 @@ REQUESTS: list[tuple[str, str, dict[str, str], bytes | None]] = [
     ("POST", "/schedule", {}, None),
     ("POST", "/schedule", {"Accept": "text/html"}, b'{"requests": [{"vms": ["'),
     ("POST", "/schedule", {}, b'{"requests": [{"vms": ["' + b"x" * MAX_BODY + b'"]}]}'),
+    # Deeper than Python's JSON parser goes (its recursion limit), within the body limit.
+    ("POST", "/schedule", {}, b'{"requests": ' + b"[" * 1500 + b"]" * 1500 + b"}"),
     ("POST", "/vms", {}, NEW_VM),
     ("POST", "/vms", {}, NEW_VM),
     ("POST", "/vms", {}, json.dumps({"name": "c", "flavor": "small", "uuid": VM_A}).encode()),
@@ -156,6 +158,7 @@ EXPECTED = [
     (415, False),
     (400, False),
     (413, False),
+    (400, False),
     (201, True),
     (201, True),
     (409, True),

@@ -7,15 +7,20 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 from cli_helpers import run_cli
 
-from harness import ServedApi, wait_until
+from harness import ServedApi, free_port, wait_until
 from loadmaster.api.auth import AuthConfig
+from loadmaster.api.server import StoppingServer
+from loadmaster.api.supervisor import Worker
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
 
@@ -212,3 +217,93 @@ def test_a_token_file_that_does_not_parse_is_refused_by_name(
     assert err.value.field == "tokens" and str(broken) in err.value.detail
     served = run_cli("serve", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--tokens", str(broken))
     assert served.returncode == 2 and str(broken) in served.stderr, served.stderr
+
+
+def test_a_token_file_without_an_admin_stops_serve_by_name(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text("[tokens]\n")
+    served = run_cli(
+        "serve",
+        "--db",
+        f"sqlite:///{tmp_path / 'x.db'}",
+        "--port",
+        str(free_port()),
+        "--tokens",
+        str(tokens),
+    )
+    assert served.returncode == 2, served.stderr
+    assert str(tokens) in served.stderr and "no token has role admin" in served.stderr
+
+
+def test_a_reload_of_a_fifo_or_an_adminless_token_file_keeps_serving_the_old_tokens(
+    tmp_path: Path,
+) -> None:
+    """The reload reads off the event loop: a FIFO in the token file's place held every
+    request of the worker; a table without an admin token locked every operator out."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text('[tokens]\n"first-admin" = "admin"\n')
+    log = tmp_path / "serve.log"
+    db = f"sqlite:///{tmp_path / 'lm.db'}"
+    with ServedApi(db, 1, log, token="first-admin", options=["--tokens", str(tokens)]) as api:
+
+        def refusals() -> list[str]:
+            return [
+                str(line["message"])
+                for line in _log_lines(log)
+                if str(line["message"]).startswith("reload: tokens from")
+            ]
+
+        with api.client(timeout=10.0) as http:
+            tokens.unlink()
+            os.mkfifo(tokens)
+            os.kill(api.process.pid, signal.SIGHUP)
+            wait_until(lambda: len(refusals()) == 1, 60, "the FIFO was not refused")
+            assert "not a regular file" in refusals()[0]
+            assert http.get("/resource_classes/VCPU").status_code == 200
+
+            tokens.unlink()
+            tokens.write_text("[tokens]\n")
+            os.kill(api.process.pid, signal.SIGHUP)
+            wait_until(lambda: len(refusals()) == 2, 60, "the empty table was not refused")
+            assert "no token has role admin" in refusals()[1]
+            assert http.get("/resource_classes/VCPU").status_code == 200
+        assert api.process.poll() is None
+
+
+def test_stopping_serve_answers_the_agents_it_holds_at_once(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with ServedApi(f"sqlite:///{tmp_path / 'lm.db'}", 1, log) as api:
+        with api.client() as http:
+            assert http.post("/hosts", json={"name": "h0"}).status_code == 201
+            # Read once: a commit of this process stamped the host, which a wait would
+            # otherwise answer at once.
+            assert http.get("/hosts/h0/work").status_code == 200
+        answers: list[tuple[int, float]] = []
+
+        def poll() -> None:
+            with api.client(timeout=90.0) as http:
+                answer = http.get("/hosts/h0/work?after=1000000&wait=60")
+                answers.append((answer.status_code, time.monotonic()))
+
+        polls = [threading.Thread(target=poll, daemon=True) for _ in range(4)]
+        for thread in polls:
+            thread.start()
+        wait_until(
+            lambda: "loadmaster_agent_polls_waiting 4.0" in api.client().get("/metrics").text,
+            60,
+            "4 polls held",
+        )
+        stopping = time.monotonic()
+        api.process.send_signal(signal.SIGTERM)
+        for thread in polls:
+            thread.join(timeout=30)
+        api.process.wait(timeout=30)
+    assert [status for status, _ in answers] == [200] * 4
+    assert max(at for _, at in answers) - stopping < 2.0
+    assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_each_worker_of_several_serves_with_the_server_that_answers_held_polls() -> None:
+    """``serve --workers N`` builds its servers in its workers, not in ``run_server``."""
+    config = uvicorn.Config("loadmaster.api.app:app_from_env", factory=True, workers=2)
+    assert isinstance(Worker(config, []).server, StoppingServer)

@@ -4,6 +4,7 @@ sequence (never by clocks), launch and migration failures."""
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +15,7 @@ from sqlalchemy import select, update
 from loadmaster.errors import Conflict, LoadmasterError, ValidationError
 from loadmaster.pending import audit
 from loadmaster.service import Loadmaster
-from loadmaster.store.schema import HostAgentRow, HostRow
+from loadmaster.store.schema import HostAgentRow, HostReportRow, HostRow
 
 NODE = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}
 FAR_FUTURE = datetime(2999, 1, 1)
@@ -302,3 +303,36 @@ def test_claims_waiting_on_hosts_that_cannot_act_are_found_and_kept(lm: Loadmast
     lm.waiting.warn_after = timedelta(hours=1)
     assert lm.waiting.find() == []
     assert {lm.vms.get(v).state for v in (on_bare, on_live, on_silent)} == {"pending"}
+
+
+def test_a_hosts_first_reports_arriving_together_are_all_taken(lm: Loadmaster) -> None:
+    """On PostgreSQL two first reports each inserted the host's report row, and the second
+    insert was refused (409: a duplicate key)."""
+    hosts, together = 6, 6
+    _cluster(lm, hosts)
+    refused: list[BaseException] = []
+
+    def report(host: str, start: threading.Barrier, cpu: float) -> None:
+        start.wait(timeout=60)
+        try:
+            lm.host_agents.report(host, None, usage={"VCPU": cpu}, load={"cpu": cpu / 8})
+        except BaseException as exc:
+            refused.append(exc)
+
+    for i in range(hosts):
+        start = threading.Barrier(together)
+        threads = [
+            threading.Thread(target=report, args=(f"h{i}", start, float(n)))
+            for n in range(together)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert refused == []
+    with lm.store.read() as session:
+        reports = {r.host_id: r for r in session.scalars(select(HostReportRow))}
+    assert len(reports) == hosts
+    # Each kept one of the reports whole: its usage and load from the same one.
+    for kept in reports.values():
+        assert kept.load == {"cpu": kept.usage["VCPU"] / 8}

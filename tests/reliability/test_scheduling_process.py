@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,7 @@ from harness import ServedApi, wait_until
 from loadmaster.api import scheduling_process, supervisor
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import audit
+from loadmaster.scheduler import remote
 
 # Longer than a placement takes on a loaded machine, short enough to keep the test quick.
 HELD_S = 2.0
@@ -163,3 +165,67 @@ def test_a_hung_scheduling_process_is_replaced(pg_url: str, tmp_path: Path) -> N
         assert Call(api, vms[1]).answered().status_code == 200
         assert _state(pg_url, vms[1]) == "pending"
         assert api.scheduling_pid() not in (None, hung)
+
+
+def _stop_the_next(api: ServedApi, before: int, ready: Callable[[int], bool]) -> int:
+    """SIGSTOP the scheduling process started after ``before`` (killed here) as soon as
+    ``ready(its pid)``; its pid."""
+    os.kill(before, signal.SIGKILL)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        pid = api.scheduling_pid()
+        if pid not in (None, before) and ready(pid):
+            os.kill(pid, signal.SIGSTOP)
+            return pid
+        time.sleep(0.005)
+    raise AssertionError("no replacement started")
+
+
+def _decided_meanwhile(api: ServedApi, vm: str, url: str) -> None:
+    """A placement while the scheduling process cannot answer: the worker decides it."""
+    call = Call(api, vm)
+    call.join(timeout=remote.HANDSHAKE_S * 6)
+    assert not call.is_alive(), "the placement waited for a process that does not answer"
+    assert call.answered().status_code == 200
+    assert _state(url, vm) == "pending"
+
+
+@pytest.mark.postgres
+def test_a_replacement_that_does_not_answer_holds_no_placement_and_is_replaced(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Stopped while it starts, before it listens: the workers decide, and the supervisor
+    replaces it once SCHEDULING_START_S passed. Stopped once its socket listens: the
+    workers give up on the connection's handshake (HANDSHAKE_S) and decide, and it is
+    replaced as well. Before, each placement waited for as long as the process was."""
+    vms = _setup(pg_url, 3)
+    log = tmp_path / "serve.log"
+    with ServedApi(pg_url, workers=2, log_path=log) as api:
+        wait_until(lambda: _serving_lines(log) == 1, WAIT_S, "the scheduling process serves")
+        first = api.scheduling_pid()
+        assert first is not None
+
+        starting = _stop_the_next(api, first, lambda _pid: True)
+        _decided_meanwhile(api, vms[0], pg_url)
+        wait_until(
+            lambda: (
+                f"scheduling process [{starting}] did not start serving within" in log.read_text()
+            ),
+            supervisor.SCHEDULING_START_S + WAIT_S,
+            "the supervisor replaced the process that never started",
+        )
+        wait_until(lambda: _serving_lines(log) == 2, WAIT_S, "a replacement serves")
+
+        third = api.scheduling_pid()
+        assert third is not None and third != starting
+        # It logs that it serves once its socket listens.
+        listening = _stop_the_next(api, third, lambda _pid: _serving_lines(log) == 3)
+        _decided_meanwhile(api, vms[1], pg_url)
+        wait_until(
+            lambda: f"scheduling process [{listening}] did not" in log.read_text(),
+            supervisor.SCHEDULING_START_S + supervisor.HEALTHCHECK_S + WAIT_S,
+            "the supervisor replaced the process that listened without answering",
+        )
+        wait_until(lambda: _serving_lines(log) == 4, WAIT_S, "a replacement serves")
+        assert Call(api, vms[2]).answered().status_code == 200
+        assert _state(pg_url, vms[2]) == "pending"

@@ -5,8 +5,9 @@ serving on it from a thread, another scheduler handing its claims to it. The pro
 from __future__ import annotations
 
 import pickle
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,16 @@ from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.errors import Busy, NotFound, SchedulerUnavailable, ValidationError
 from loadmaster.scheduler import RequestSpec, Scheduler
-from loadmaster.scheduler.remote import SchedulingClient, SchedulingServer, answers, prepare
-from loadmaster.scheduler.results import NoHostFits
+from loadmaster.scheduler.remote import (
+    HANDSHAKE_S,
+    SOCKET_NAME,
+    NotReached,
+    SchedulingClient,
+    SchedulingServer,
+    answers,
+    prepare,
+)
+from loadmaster.scheduler.results import NoHostFits, ScheduleResult
 from loadmaster.service import Loadmaster
 
 
@@ -189,3 +198,59 @@ def test_the_process_answers_a_ping_without_its_scheduler(slm: Loadmaster, tmp_p
         assert answers(directory, 10.0)
     finally:
         server.close()
+
+
+def _within(seconds: float, call: Callable[[], object]) -> object:
+    """What ``call()`` returned or raised, failing if it takes over ``seconds``."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=run, daemon=True)
+    caller.start()
+    caller.join(seconds)
+    assert outcome, f"no answer within {seconds} s"
+    return outcome[0]
+
+
+def test_a_socket_that_listens_but_never_answers_is_not_waited_for(
+    slm: Loadmaster, tmp_path: Path
+) -> None:
+    """As a replacement process that is stopped, hung, or loading its snapshot with its
+    socket open: the worker gives up on the key's challenge and decides itself."""
+    add_hosts(slm, 2)
+    small_flavor(slm)
+    (vm,) = add_vms(slm, 1)
+    directory = tmp_path / "scheduling"
+    prepare(directory)
+    with socket.socket(socket.AF_UNIX) as mute:
+        mute.bind(str(directory / SOCKET_NAME))
+        mute.listen(8)  # connections queue; none is ever accepted
+        client = SchedulingClient(directory)
+        refused = _within(HANDSHAKE_S * 4, lambda: client.schedule([RequestSpec(vms=[vm])]))
+        assert isinstance(refused, NotReached), refused
+        slm.scheduler.hand_claims_to(SchedulingClient(directory))
+        placed = _within(HANDSHAKE_S * 4, lambda: slm.scheduler.schedule([RequestSpec(vms=[vm])]))
+        assert isinstance(placed, ScheduleResult), placed
+        assert placed.placements[0].error is None
+        assert slm.vms.get(vm).state == "pending"
+        assert not _within(HANDSHAKE_S * 4, lambda: answers(directory, 1.0))
+
+
+def test_a_peer_silent_in_the_keys_challenge_holds_up_no_other(
+    slm: Loadmaster, served: tuple[Counting, Path]
+) -> None:
+    deciding, directory = served
+    add_hosts(slm, 2)
+    small_flavor(slm)
+    (vm,) = add_vms(slm, 1)
+    with socket.socket(socket.AF_UNIX) as silent:
+        silent.connect(str(directory / SOCKET_NAME))  # and says nothing
+        client = SchedulingClient(directory)
+        placed = _within(HANDSHAKE_S * 4, lambda: client.schedule([RequestSpec(vms=[vm])]))
+        assert isinstance(placed, ScheduleResult), placed
+        assert placed.placements[0].error is None and deciding.calls == 1

@@ -42,6 +42,7 @@ from loadmaster.api.routes import (
     vms,
     vocabulary,
 )
+from loadmaster.api.server import RELEASE_POLLS
 from loadmaster.hostcontrol import HostWatch
 from loadmaster.hostcontrol.evacuation import AutoEvacuation
 from loadmaster.runtime import settle_heap
@@ -80,7 +81,7 @@ def create_app(
     owned = not isinstance(lm, Loadmaster)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, object]]:
         # Load the scheduler's host arrays now, not on the first placement request.
         service.scheduler.refresh()
         watch: HostWatch = app.state.watch
@@ -97,7 +98,8 @@ def create_app(
         reload = app.state.reload
         stop_reloading = on_sighup(reload) if reload is not None else None
         try:
-            yield
+            # The server ends the held long-polls when it starts to stop (StoppingServer).
+            yield {RELEASE_POLLS: watch.release}
         finally:
             if stop_reloading is not None:
                 stop_reloading()

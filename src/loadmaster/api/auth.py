@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from loadmaster.api.errors import Forbidden, Unauthenticated, error_response
 from loadmaster.api.tls import CLIENT_HOST
 from loadmaster.errors import ValidationError
-from loadmaster.settings import env_name
+from loadmaster.settings import env_name, read_operator_file
 
 ROLES = ("admin", "reader", "member", "agent:<host>")
 PLAIN_ROLES = frozenset(ROLES[:3])
@@ -121,7 +121,7 @@ class AuthConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> AuthConfig:
         path = Path(path)
-        text = path.read_text()
+        text = read_operator_file(path, "tokens")
         data: object
         try:
             if path.suffix == ".toml":
@@ -142,6 +142,13 @@ class AuthConfig:
         ):
             raise ValidationError(
                 f"{path}: expected a 'tokens' table of token = role", field="tokens"
+            )
+        if "admin" not in tokens.values():
+            # Accepted, it would refuse every operator until the file is fixed by hand.
+            raise ValidationError(
+                f"{path}: no token has role admin, so no operator could use the API; "
+                'add one (e.g. "<secret>" = "admin")',
+                field="tokens",
             )
         return cls(dict(tokens))
 

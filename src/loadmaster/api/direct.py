@@ -281,7 +281,7 @@ class DirectRoutes:
             if body:
                 try:
                     given = json.loads(body)
-                except ValueError:
+                except (ValueError, RecursionError):  # nested deeper than the parser goes
                     return None
                 value, problems = field.validate(given, {}, loc=("body",))
                 if problems:

@@ -12,8 +12,10 @@ may have changed, or the wait ran out, the request continues down the stack with
 are the stack's, once, as for any request.
 
 Only requests the stack would let wait are held (a known token that may read the host's
-list, well-formed ``after`` and ``wait``, a root host that exists); anything else goes
-down at once and gets the stack's answer (401, 400, 404).
+list, a version header that parses, an ``Accept`` that admits JSON, a query of nothing
+but well-formed ``after`` and ``wait``, no NUL, a root host that exists); anything else
+goes down at once and gets the stack's answer (401, 400, 404, 406), not that answer a
+whole wait later.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loadmaster.api import microversion
 from loadmaster.api.auth import AGENT_PREFIX, TokenTable, request_role
+from loadmaster.api.negotiation import refusal
+from loadmaster.errors import LoadmasterError
 from loadmaster.heartbeat import AGENT_HEADER, polls_as_agent
 from loadmaster.hostcontrol import HostWatch
 
@@ -35,6 +40,8 @@ MAX_WAIT_S = 600.0
 MAX_AFTER = 2**62
 
 _WORK = re.compile(r"/hosts/(?P<host>[^/]+)/work")
+# The work route's query parameters: the stack refuses any other (``no_unknown_query``).
+PARAMETERS = frozenset({"after", "wait"})
 
 
 class HeldPolls:
@@ -76,14 +83,19 @@ class HeldPolls:
         if scope["type"] != "http" or scope["method"] != "GET":
             return None
         match = _WORK.fullmatch(scope["path"])
-        if match is None:
+        if match is None or "\x00" in scope["path"]:
             return None
         try:
             query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
             given = dict(query)
             after = int(given.get("after", "-1"))
             wait = float(given.get("wait", "0"))
-        except ValueError:
+            microversion.requested(scope)
+        except (ValueError, LoadmasterError):
+            return None
+        if not given.keys() <= PARAMETERS or any("\x00" in v for v in given.values()):
+            return None
+        if refusal(scope["method"], dict(scope["headers"])) is not None:
             return None
         if not (-1 <= after <= MAX_AFTER and 0 < wait <= MAX_WAIT_S and math.isfinite(wait)):
             return None

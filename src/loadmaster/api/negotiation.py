@@ -54,6 +54,35 @@ def accepts_json(accept: str) -> bool:
     return False
 
 
+def refusal(method: str, headers: dict[bytes, bytes]) -> LoadmasterError | None:
+    """Why a request to an available route is refused for its media types, if it is:
+    an ``Accept`` without JSON on a read, a body that is not JSON on a write."""
+    accept = headers.get(b"accept")
+    if (
+        method in READ_METHODS
+        and accept is not None
+        and accept.strip()
+        and not accepts_json(accept.decode("latin-1"))
+    ):
+        return NotAcceptable(f"Only {JSON} is provided", field="header.accept")
+    if method not in WRITE_METHODS:
+        return None
+    length = headers.get(b"content-length", b"").strip()
+    has_body = b"chunked" in headers.get(b"transfer-encoding", b"").lower() or (
+        length.isdigit() and int(length) > 0
+    )
+    content_type = headers.get(b"content-type")
+    if content_type is None:
+        # A missing body is the route's to judge: some writes take none.
+        if has_body:
+            return ValidationError("content-type header required", field="header.content-type")
+        return None
+    media = content_type.decode("latin-1").split(";")[0].strip()
+    if media.lower() != JSON:
+        return media_type_refused(media)
+    return None
+
+
 class ContentNegotiation:
     """``routes``: every route of the app (included routers are not flattened into the
     app's own list, so they are handed over)."""
@@ -85,7 +114,7 @@ class ContentNegotiation:
             else:
                 error = NotFound(NOT_FOUND)
         else:
-            error = self._refusal(scope["method"], dict(scope["headers"]))
+            error = refusal(scope["method"], dict(scope["headers"]))
         if error is None:
             await self.app(scope, receive, send)
         else:
@@ -99,32 +128,6 @@ class ContentNegotiation:
             and microversion.route_available(route.openapi_extra)
             for method in route.methods or ()
         }
-
-    def _refusal(self, method: str, headers: dict[bytes, bytes]) -> LoadmasterError | None:
-        accept = headers.get(b"accept")
-        if (
-            method in READ_METHODS
-            and accept is not None
-            and accept.strip()
-            and not accepts_json(accept.decode("latin-1"))
-        ):
-            return NotAcceptable(f"Only {JSON} is provided", field="header.accept")
-        if method not in WRITE_METHODS:
-            return None
-        length = headers.get(b"content-length", b"").strip()
-        has_body = b"chunked" in headers.get(b"transfer-encoding", b"").lower() or (
-            length.isdigit() and int(length) > 0
-        )
-        content_type = headers.get(b"content-type")
-        if content_type is None:
-            # A missing body is the route's to judge: some writes take none.
-            if has_body:
-                return ValidationError("content-type header required", field="header.content-type")
-            return None
-        media = content_type.decode("latin-1").split(";")[0].strip()
-        if media.lower() != JSON:
-            return media_type_refused(media)
-        return None
 
 
 class HtmlErrors:

@@ -6,8 +6,9 @@ What lives in files is reloaded: the token file, the scheduler's policies file
 ``--tls-key``; the client CA is read at start only). Settings given as environment variables or options are
 the process's own, fixed at its start (the database, the body limit, the fence command,
 the default policy, ...), so a change to one needs a restart. A file that cannot be read
-or parsed is logged and what was loaded before stays: a typo must not lock every agent
-out or leave the scheduler without its policies.
+or parsed (or is not a regular file, or is larger than ``settings.MAX_FILE_BYTES``), or a
+token file with no admin token, is logged and what was loaded before stays: a typo must
+not lock every agent or operator out or leave the scheduler without its policies.
 """
 
 from __future__ import annotations
@@ -95,13 +96,24 @@ def _reload(what: str, source: object, install: Callable[[], int]) -> bool:
 
 
 def on_sighup(reload: Callable[[], object]) -> Callable[[], None]:
-    """Run ``reload`` on the event loop at each SIGHUP, if this thread owns the process's
-    signals (``loadmaster serve``, one of its workers); a server run in a thread (tests,
-    the demo) leaves them to its process. Returns what undoes it."""
+    """Run ``reload`` at each SIGHUP, if this thread owns the process's signals
+    (``loadmaster serve``, one of its workers); a server run in a thread (tests, the demo)
+    leaves them to its process. Returns what undoes it.
+
+    Each reload runs in a thread of its own, one after the other: on the event loop, a
+    file that reads slowly (a network mount) or never ends held every request."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, reload)
+    one_at_a_time = threading.Lock()
+
+    def in_order() -> None:
+        with one_at_a_time:
+            reload()
+
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: threading.Thread(target=in_order, name="reload", daemon=True).start()
+    )
 
     def undo() -> None:
         loop.remove_signal_handler(signal.SIGHUP)

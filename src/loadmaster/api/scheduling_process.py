@@ -33,7 +33,6 @@ def run(directory: str, supervisor: int) -> None:  # pragma: no cover - its own 
     settings = load_settings()
     store = Store(settings.db)
     scheduler = scheduler_for(store, settings)
-    server = SchedulingServer(scheduler, Path(directory))
 
     def reload(*_: object) -> None:
         # Not in the handler itself: reading the file may take a while.
@@ -42,6 +41,9 @@ def run(directory: str, supervisor: int) -> None:  # pragma: no cover - its own 
     signal.signal(signal.SIGHUP, reload)
     scheduler.refresh()  # the first call should not pay the whole load
     settle_heap()
+    # Only now, ready to answer: a socket listening before would have held the workers'
+    # calls through the whole load instead of letting them decide themselves meanwhile.
+    server = SchedulingServer(scheduler, Path(directory))
     log.info("scheduling process serving on %s", directory)
     server.serve_forever()
 

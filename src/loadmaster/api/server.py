@@ -64,6 +64,22 @@ GRACEFUL_SHUTDOWN_S = 3
 
 # As many connections as the kernel lets one listener queue (net.core.somaxconn caps it).
 LISTEN_BACKLOG = 4096
+# Where the app's lifespan leaves what ends its held long-polls (``HostWatch.release``).
+RELEASE_POLLS = "loadmaster.release_polls"
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which tells the app as it starts to stop, before it waits for
+    the requests in flight: the agents' long-polls the app holds are answered at once
+    (their lists, or 304). Else each was held until the graceful shutdown's time ran
+    out, then cancelled: a ``CancelledError`` traceback in the log, and a 500 or a cut
+    connection for the agent."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        release = self.lifespan.state.get(RELEASE_POLLS)
+        if callable(release):
+            release()
+        await super().shutdown(sockets)
 
 
 def raise_open_files_limit() -> int:
@@ -107,7 +123,7 @@ def run_server(config: uvicorn.Config) -> None:
         return
     # Until the app's lifespan takes SIGHUP as a reload (api.reload), one must not end it.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    server = uvicorn.Server(config)
+    server = StoppingServer(config)
     server.run()
     if not server.started:
         sys.exit(STARTUP_FAILURE)
@@ -116,7 +132,7 @@ def run_server(config: uvicorn.Config) -> None:
 @dataclass
 class ThreadedServer:
     url: str
-    server: uvicorn.Server
+    server: StoppingServer
     thread: threading.Thread
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -132,7 +148,7 @@ def serve_in_thread(app: FastAPI, *, start_timeout: float = 15.0) -> ThreadedSer
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     # log_config=None: the embedding process keeps its own logging set-up.
-    server = uvicorn.Server(
+    server = StoppingServer(
         uvicorn.Config(
             app,
             log_level="warning",

@@ -19,9 +19,11 @@ and replaced, every 5 s, with nothing logged. Here:
 
 It also runs the one scheduling process the workers hand their placements to
 (``api.scheduling_process``): started before them, replaced when it ends (the workers
-decide themselves meanwhile) or, once it has answered, when it stops answering a ping for
-``HEALTHCHECK_S`` (a hung process would hold every worker's placements), ended after
-them, so that their last calls are answered.
+decide themselves meanwhile), once it has answered, when it stops answering a ping for
+``HEALTHCHECK_S`` (a hung process would hold every worker's placements), or when it has
+not answered one ``SCHEDULING_START_S`` after its start (hung or stopped while
+starting; the limit doubles for each such replacement in a row, should the machine be
+that slow), and ended after them, so that their last calls are answered.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from pathlib import Path
 from socket import socket
 
 from uvicorn.config import STARTUP_FAILURE, Config
+from uvicorn.server import Server
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+from loadmaster.api.server import StoppingServer
 from loadmaster.scheduler.remote import answers
 
 log = logging.getLogger("loadmaster.api.supervisor")
@@ -51,6 +55,9 @@ log = logging.getLogger("loadmaster.api.supervisor")
 HEALTHCHECK_S = 30
 # How often the scheduling process is pinged.
 SCHEDULING_CHECK_EVERY_S = 5.0
+# How long a starting scheduling process may take to answer its first ping: its imports
+# and its first snapshot, which a loaded machine takes seconds to make.
+SCHEDULING_START_S = 30.0
 # How often a worker still starting is mentioned in the log.
 START_NOTE_EVERY_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -93,6 +100,12 @@ class Worker(Process):
         _ = self.server
         super().target(sockets)
 
+    @property
+    def server(self) -> Server:
+        if self._server is None:
+            self._server = StoppingServer(config=self.config)
+        return self._server
+
     def says_it_serves(self) -> bool:
         """Whether the worker has answered that it serves, without waiting: one question
         is outstanding at a time, so answers never pile up behind a slow start."""
@@ -127,6 +140,7 @@ class Supervisor(Multiprocess):
         super().__init__(config, sockets)
         self.scheduling_dir = scheduling
         self.scheduling: subprocess.Popen[bytes] | None = None
+        self.scheduling_started = 0.0
         threading.Thread(
             target=self._check_scheduling, name="scheduling-check", daemon=True
         ).start()
@@ -138,6 +152,7 @@ class Supervisor(Multiprocess):
             [sys.executable, "-m", SCHEDULING_MODULE, str(self.scheduling_dir), str(os.getpid())]
         )
         log.info("scheduling process [%d] started", process.pid)
+        self.scheduling_started = time.monotonic()
         self.scheduling = process
 
     def _keep_scheduling_alive(self) -> None:
@@ -153,22 +168,34 @@ class Supervisor(Multiprocess):
 
     def _check_scheduling(self) -> None:
         """In a thread of its own (a ping waits up to ``HEALTHCHECK_S``): a scheduling
-        process that has answered once and then stops answering is killed, and the main
-        loop starts its replacement. One still starting is waited for, as workers are."""
+        process that has answered once and then stops answering, or that has not answered
+        within its start's limit, is killed, and the main loop starts its replacement."""
         served: subprocess.Popen[bytes] | None = None
+        start_limit = SCHEDULING_START_S
         while not self.should_exit.wait(SCHEDULING_CHECK_EVERY_S):
-            process = self.scheduling
+            process, started = self.scheduling, self.scheduling_started
             if process is None or process.poll() is not None:
                 continue
             if answers(self.scheduling_dir, HEALTHCHECK_S):
                 served = process
+                start_limit = SCHEDULING_START_S
                 continue
-            if process is served and process.poll() is None and not self.should_exit.is_set():
+            if process.poll() is not None or self.should_exit.is_set():
+                continue
+            if process is served:
                 log.error(
                     "scheduling process [%d] did not answer for %d s; replacing it",
                     process.pid,
                     HEALTHCHECK_S,
                 )
+                process.kill()
+            elif time.monotonic() - started > start_limit:
+                log.error(
+                    "scheduling process [%d] did not start serving within %.0f s; replacing it",
+                    process.pid,
+                    start_limit,
+                )
+                start_limit *= 2
                 process.kill()
 
     def join_all(self) -> None:

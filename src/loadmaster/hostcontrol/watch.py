@@ -113,6 +113,8 @@ class HostWatch:
         # Long-polls held open by hosts' own agents, by host.
         self._held: dict[int, int] = {}
         self._written: dict[int, float] = {}
+        # The server is stopping: no wait lasts (``release``).
+        self._released = False
 
     # -- life -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -135,20 +137,31 @@ class HostWatch:
             await asyncio.to_thread(self._ticker.join)
         if callable(self._unlisten):
             self._unlisten()
-        for futures in self._waiters.values():
-            for future in futures:
-                _settle(future, "changed")
+        self.release()
         with contextlib.suppress(Exception):  # the database may be what is going away
             await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
+
+    def release(self) -> None:
+        """The server starts to stop: every wait ends now, as if its time ran out, and
+        none starts, so each held long-poll is answered (its list, or 304) before the
+        server closes its connection (on the event loop)."""
+        self._released = True
+        for futures in self._waiters.values():
+            for future in futures:
+                _settle(future, "timeout")
 
     # -- what long-polls ask --------------------------------------------------------------
     async def host(self, ident: str) -> WatchedHost:
         """The root host named (or with the uuid) ``ident``; read once, then cached."""
-        found = self._hosts.get(ident)
-        if found is not None:
-            return found
-        found = await asyncio.to_thread(self._read_host, ident)
-        self._hosts[ident] = found
+        cached = self.cached_host(ident)
+        if cached is not None:
+            return cached
+        found, uuid = await asyncio.to_thread(self._read_host, ident)
+        # Under its name and its uuid as stored, never under the spelling asked for: a
+        # uuid has countless spellings (any case, hyphens anywhere), and a client making
+        # them up would grow the cache without end.
+        hosts = self._hosts
+        hosts[found.name] = hosts[uuid] = found
         return found
 
     @contextlib.asynccontextmanager
@@ -186,10 +199,11 @@ class HostWatch:
         return self._commits.get(host_id, 0)
 
     def cached_host(self, ident: str) -> WatchedHost | None:
-        return self._hosts.get(ident)
+        hosts = self._hosts
+        return hosts.get(ident) or hosts.get(lookup.canonical_uuid(ident))
 
     def cached_generation(self, ident: str) -> int | None:
-        found = self._hosts.get(ident)
+        found = self.cached_host(ident)
         return None if found is None else self._generations.get(found.id)
 
     def saw(self, host_id: int, generation: int, commits: int | None = None) -> None:
@@ -215,7 +229,7 @@ class HostWatch:
         deadline = time.monotonic() + timeout
         while not self.maybe_newer(host_id, after):
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or self._released:
                 return "timeout"
             woke = await self.wait(host_id, remaining, gone(), agent=agent)
             if woke != "changed":
@@ -385,13 +399,14 @@ class HostWatch:
             for chunk in in_chunks(ids):
                 session.execute(_HEARD, {"hosts": chunk, "at": at})
 
-    def _read_host(self, ident: str) -> WatchedHost:
+    def _read_host(self, ident: str) -> tuple[WatchedHost, str]:
+        """The root host ``ident`` and its uuid as stored."""
         with self._store.read() as session:
             row = lookup.host_row(session, ident)
             if row.parent_id is not None:
                 raise ValidationError(f"host {ident} is a child provider", field="host")
             self.saw(row.id, row.generation)
-            return WatchedHost(row.id, row.name)
+            return WatchedHost(row.id, row.name), row.uuid
 
 
 def _settle(future: asyncio.Future[str], outcome: str, *_: object) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from loadmaster.errors import ValidationError
 from loadmaster.scheduler.plugins import WeigherSetting
+from loadmaster.settings import read_operator_file
 
 # Spreading policies score a random sample of feasible hosts (kube-scheduler scores 5% of
 # a 10,000-node cluster); packing scores every one, since the fullest host is rare.
@@ -93,7 +94,7 @@ def load_policy_file(path: Path) -> dict[str, Policy]:
     """The policies of an operator's TOML file (see the module docstring); every error
     names the file and the setting."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(read_operator_file(path, "policies_file"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ValidationError(f"{path}: {exc}", field="policies_file") from exc
     unknown = sorted(set(data) - {"policies"})

@@ -12,7 +12,8 @@ reads, answers.
 The socket is the standard library's ``multiprocessing.connection`` over ``AF_UNIX``,
 with a key (an HMAC challenge when a connection opens) in a directory only the server's
 user can enter. A worker that cannot reach the process (not started yet, ended, being
-replaced) decides itself, as a single worker does, so placements go on without it; the
+replaced, or not through the key's challenge within ``HANDSHAKE_S``: stopped, hung)
+decides itself, as a single worker does, so placements go on without it; the
 database's locks and compare-and-swap keep two deciders correct, as they keep two
 schedulers. Only a call the process received and then ended during is not decided again:
 whether it claimed is in the VMs' states, and the caller is told so (503).
@@ -25,10 +26,16 @@ import logging
 import os
 import queue
 import socket
+import struct
 import threading
 from collections.abc import Sequence
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import (
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +52,10 @@ SOCKET_NAME = "socket"
 KEY_NAME = "key"
 # Connections a worker's threads wait to be accepted on together (one per thread in use).
 _BACKLOG = 256
+# How long opening a connection (the connect, then each step of the key's challenge) may
+# take. The process answers it in milliseconds; one that does not (stopped, hung, its
+# socket bound and nobody accepting) held the worker's placement without end.
+HANDSHAKE_S = 5.0
 
 
 class NotReached(Exception):
@@ -127,8 +138,8 @@ class SchedulingClient:
 
 def answers(directory: Path, timeout: float) -> bool:
     """Whether the scheduling process answers a ping within ``timeout`` seconds. Asked
-    from a thread of its own: a process that is stopped or hung never completes the key's
-    challenge, and ``Client`` has no timeout; the thread ends when the process does."""
+    from a thread of its own: each step of the connection has a limit of its own
+    (``HANDSHAKE_S``), the whole one is ``timeout``."""
     answered: list[bool] = []
 
     def ask() -> None:
@@ -147,9 +158,47 @@ def answers(directory: Path, timeout: float) -> bool:
 
 
 def _connect(directory: Path) -> Connection:
-    """A connection to the process listening in ``directory``, past the key's challenge."""
+    """A connection to the process listening in ``directory``, past the key's challenge;
+    ``OSError`` when the connect or a step of the challenge takes over ``HANDSHAKE_S``."""
     key = (directory / KEY_NAME).read_bytes()
-    return Client(str(directory / SOCKET_NAME), "AF_UNIX", authkey=key)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        _limit_waits(sock.fileno(), HANDSHAKE_S)
+        sock.connect(str(directory / SOCKET_NAME))
+        connection = Connection(sock.detach())
+    return _past_challenge(connection, key, answer_first=True)
+
+
+def _past_challenge(connection: Connection, key: bytes, *, answer_first: bool) -> Connection:
+    """``connection`` once both sides proved they hold ``key`` (the client answers the
+    challenge first, as ``multiprocessing.connection.Client`` does), each step within
+    ``HANDSHAKE_S``; closed, and what failed raised, otherwise."""
+    try:
+        _limit_waits(connection.fileno(), HANDSHAKE_S)
+        if answer_first:
+            answer_challenge(connection, key)
+            deliver_challenge(connection, key)
+        else:
+            deliver_challenge(connection, key)
+            answer_challenge(connection, key)
+        _limit_waits(connection.fileno(), 0.0)  # a call waits as long as its decision takes
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _limit_waits(fd: int, seconds: float) -> None:
+    """Sends, receives and a connect on socket ``fd`` fail after ``seconds`` (0: never).
+    The kernel's limits, not a socket timeout: ``Connection`` reads the descriptor
+    itself, so a timeout must make its read fail, not a poll that it never makes."""
+    whole = int(seconds)
+    limit = struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+    finally:
+        sock.detach()  # the descriptor stays its owner's
 
 
 class SchedulingServer:
@@ -163,7 +212,9 @@ class SchedulingServer:
         # A socket file left by a process that ended; the supervisor starts one at a time.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path)
-        self._listener = Listener(self._path, "AF_UNIX", backlog=_BACKLOG, authkey=self._key)
+        # The key's challenge is made in each connection's thread (``_answer``), not in
+        # ``accept``: a peer that stalls in it then stalls nobody else.
+        self._listener = Listener(self._path, "AF_UNIX", backlog=_BACKLOG)
         self._closing = False
         self._open: set[Connection] = set()
         self._mutex = threading.Lock()
@@ -174,9 +225,6 @@ class SchedulingServer:
                 connection = self._listener.accept()
             except OSError:
                 return
-            except Exception:  # a peer that failed the key's challenge, or hung up in it
-                log.warning("refused a connection to the scheduling socket", exc_info=True)
-                continue
             with self._mutex:
                 if self._closing:
                     connection.close()
@@ -192,8 +240,8 @@ class SchedulingServer:
             connections = list(self._open)
         # Closing a socket does not wake a thread blocked on it; a last peer wakes accept,
         # a shutdown each reader.
-        with contextlib.suppress(OSError, EOFError, AuthenticationError):
-            Client(self._path, "AF_UNIX", authkey=self._key).close()
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as peer:
+            peer.connect(self._path)
         self._listener.close()
         for connection in connections:
             with contextlib.suppress(OSError):
@@ -202,8 +250,13 @@ class SchedulingServer:
                 peer.detach()  # the connection still owns the descriptor
 
     def _answer(self, connection: Connection) -> None:
-        with connection:
-            self._serve(connection)
+        try:
+            _past_challenge(connection, self._key, answer_first=False)
+        except (OSError, EOFError, AuthenticationError) as exc:  # closed by then
+            log.warning("refused a connection to the scheduling socket: %r", exc)
+        else:
+            with connection:
+                self._serve(connection)
         with self._mutex:
             self._open.discard(connection)
 

@@ -6,6 +6,10 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
 from loadmaster.cluster import lookup
 from loadmaster.errors import ValidationError
 from loadmaster.store import Store
@@ -62,15 +66,27 @@ def record_report(
         row = lookup.host_row(session, host)
         report = session.get(HostReportRow, row.id)
         if report is None:
-            report = HostReportRow(host_id=row.id)
-            session.add(report)
+            report = _first_report(session, row.id)
         report.reported_at = at or now()
         # A report without figures (the host manager's: VMs only) keeps the last ones.
-        if usage_values or report.usage is None:
+        if usage_values:
             report.usage = usage_values
-        if load_values or report.load is None:
+        if load_values:
             report.load = load_values
         if running_vms is not None:
             report.running_vms = [lookup.canonical_uuid(v) for v in running_vms]
-        elif report.running_vms is None:
-            report.running_vms = []
+
+
+def _first_report(session: Session, host_id: int) -> HostReportRow:
+    """The host's report row, made empty if it has none. A host's first reports may
+    arrive together (PostgreSQL: two inserts of the row collided, and one report was
+    refused): each inserts it unless another did, then they take turns on it."""
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(
+        insert(HostReportRow)
+        .values(host_id=host_id, reported_at=now(), usage={}, load={}, running_vms=[])
+        .on_conflict_do_nothing(index_elements=["host_id"])
+    )
+    report = session.get(HostReportRow, host_id, with_for_update=True, populate_existing=True)
+    assert report is not None  # inserted above, or by another report
+    return report
