@@ -345,7 +345,8 @@ def test_a_report_beyond_the_hosts_generation_is_refused_and_changes_nothing(
     assert audit(served.lm.store) == []
 
 
-def test_a_held_long_poll_keeps_its_agent_heard(served: Served) -> None:
+def _h9_last_heard_in_2000(served: Served) -> None:
+    """h9's agent last heard long ago; liveness refreshed and flushed often."""
     served.watch.flush_s = 0.2
     served.watch.refresh_s = 0.5
     with served.lm.store.write() as session:
@@ -353,6 +354,10 @@ def test_a_held_long_poll_keeps_its_agent_heard(served: Served) -> None:
         row = session.get(HostAgentRow, host_id)
         assert row is not None
         row.last_seen_at = row.last_seen_at.replace(year=2000)
+
+
+def test_a_held_long_poll_keeps_its_agent_heard(served: Served) -> None:
+    _h9_last_heard_in_2000(served)
     with Pollers(served.url, 10, wait=3.0):
         wait_until(lambda: served.watch.waiting() == 10, 10, "10 waiting")
 
@@ -371,13 +376,7 @@ def test_a_long_poll_that_is_not_the_hosts_agent_keeps_no_dead_host_live(
     """Anyone may watch a work list on a server without authentication (an admin may
     with a token): such a poll would keep a dead host live, unfenced and chosen by the
     scheduler. Only a poll that says it is the host's agent counts."""
-    served.watch.flush_s = 0.2
-    served.watch.refresh_s = 0.5
-    with served.lm.store.write() as session:
-        host_id = session.scalar(select(HostRow.id).where(HostRow.name == "h9"))
-        row = session.get(HostAgentRow, host_id)
-        assert row is not None
-        row.last_seen_at = row.last_seen_at.replace(year=2000)
+    _h9_last_heard_in_2000(served)
     with Pollers(served.url, 10, wait=3.0, as_agent=False):
         wait_until(lambda: served.watch.waiting() == 10, 10, "10 waiting")
         time.sleep(1.5)  # three refreshes and flushes
