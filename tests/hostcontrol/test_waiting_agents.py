@@ -18,15 +18,19 @@ import httpx
 import pytest
 from sqlalchemy import event, select
 
+import loadmaster
 from fleet_agents import Connection
 from loadmaster.api.app import create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.heartbeat import AGENT_HEADER
 from loadmaster.hostcontrol import HostWatch
 from loadmaster.pending import audit
+from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.plugins import WeigherSetting
+from loadmaster.scheduler.policies import Policy
 from loadmaster.service import Loadmaster
 from loadmaster.store.locking import now
-from loadmaster.store.schema import HostAgentRow, HostRow
+from loadmaster.store.schema import HostAgentRow, HostReportRow, HostRow
 
 NODE = {"VCPU": {"total": 64}, "MEMORY_MB": {"total": 262144}}
 WRITES = ("INSERT", "UPDATE", "DELETE")
@@ -327,6 +331,45 @@ def test_an_unchanged_report_writes_nothing_to_the_ledger(served: Served) -> Non
         gone = {**body, "running_vms": []}
         assert _report(http, "h1", gone)["stopped"] == [vm.uuid]
     assert served.lm.vms.get(vm.uuid).state == "stopped"
+
+
+def _best_by_load(lm: Loadmaster, vm: str) -> str:
+    """The host the load weigher alone prefers for ``vm`` of h0 and h1."""
+    request = RequestSpec(vms=[vm], include_hosts=["h0", "h1"])
+    return lm.scheduler.explain(request, policy="load-only").ranking[0].host
+
+
+def test_a_measurement_report_costs_what_a_heartbeat_costs(served: Served) -> None:
+    """A report of measurements only opens no transaction of its own: the server keeps
+    it in memory and writes it with liveness, in bulk, where the load weigher of every
+    scheduler reading the database finds it within a flush and a read."""
+    served.watch.flush_s = 0.5
+    load_only = Policy("load-only", "the load weigher alone", (WeigherSetting("load", 1.0),))
+    url = served.lm.store.engine.url.render_as_string(hide_password=False)
+    other = loadmaster.open(url)  # another server's scheduler, as on PostgreSQL
+    for lm in (served.lm, other):
+        lm.scheduler.use_policies({"load-only": load_only})
+    vm = served.lm.vms.create("v", "small").uuid
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        with served.statements.window():
+            for host, cpu in (("h0", 0.9), ("h1", 0.1)):
+                body = {"usage": {"VCPU": 3}, "load": {"cpu": cpu}}
+                assert http.post(f"/hosts/{host}/report", json=body).status_code == 200
+            writes = served.statements.writes()
+        assert writes == [], f"a measurement report wrote at once: {writes}"
+        for lm in (served.lm, other):
+            wait_until(lambda lm=lm: _best_by_load(lm, vm) == "h1", 10, "h1 preferred for load")
+        for host, cpu in (("h0", 0.1), ("h1", 0.9)):  # the load turns: the weigher follows
+            body = {"load": {"cpu": cpu}}  # the usage of the report before is kept
+            assert http.post(f"/hosts/{host}/report", json=body).status_code == 200
+    for lm in (served.lm, other):
+        wait_until(lambda lm=lm: _best_by_load(lm, vm) == "h0", 10, "h0 preferred for load")
+    other.close()
+    with served.lm.store.read() as session:
+        kept = session.scalars(
+            select(HostReportRow.usage).join(HostRow).where(HostRow.name == "h0")
+        )
+        assert list(kept) == [{"VCPU": 3.0}]
 
 
 def test_a_report_beyond_the_hosts_generation_is_refused_and_changes_nothing(

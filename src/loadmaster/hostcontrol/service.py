@@ -464,8 +464,13 @@ class HostControl:
         if usage or load:
             # Only the measurements feed the scheduler (its load weigher); the list of VMs
             # is the ledger's business, reconciled (and kept with what the agent had seen)
-            # above.
-            self._scheduler.record_report(host, *measures, None)
+            # above. In a server they are written with liveness, in bulk: a report of
+            # measurements costs what a heartbeat does.
+            watched = self._watched(host)
+            if watched is not None:
+                watched[0].measured(watched[1].id, *measures)
+            else:
+                self._scheduler.record_report(host, *measures, None)
         self._heard(host)
         return result
 

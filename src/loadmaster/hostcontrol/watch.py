@@ -33,7 +33,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select, update
@@ -41,6 +41,7 @@ from sqlalchemy import bindparam, select, update
 from loadmaster.cluster import lookup
 from loadmaster.errors import Busy, ValidationError
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S, flush_every
+from loadmaster.scheduler.reports import write_measurements
 from loadmaster.store import ClockNotices, Store
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import clock_and_changed, now
@@ -113,6 +114,10 @@ class HostWatch:
         # Long-polls held open by hosts' own agents, by host.
         self._held: dict[int, int] = {}
         self._written: dict[int, float] = {}
+        # Measurements heard since the last flush, host id -> (usage, load): written with
+        # liveness, in bulk. Reports arrive on the API's threads, hence the lock.
+        self._measured: dict[int, tuple[Mapping[str, float], Mapping[str, float]]] = {}
+        self._measured_lock = threading.Lock()
         # The server is stopping: no wait lasts (``release``).
         self._released = False
 
@@ -139,7 +144,9 @@ class HostWatch:
             self._unlisten()
         self.release()
         with contextlib.suppress(Exception):  # the database may be what is going away
-            await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
+            await asyncio.to_thread(
+                self._write_heard, self._due(time.monotonic()), self._take_measured()
+            )
 
     def release(self) -> None:
         """The server starts to stop: every wait ends now, as if its time ran out, and
@@ -276,6 +283,21 @@ class HostWatch:
         """The host's agent said something: written with the next flush."""
         self._heard.add(host_id)
 
+    def measured(self, host_id: int, usage: Mapping[str, float], load: Mapping[str, float]) -> None:
+        """The host's agent measured ``usage`` and ``load`` (checked; either may be empty:
+        its figures keep their last value): written with the next flush, the latest
+        report of each host only."""
+        with self._measured_lock:
+            earlier = self._measured.get(host_id)
+            if earlier is not None:
+                usage, load = usage or earlier[0], load or earlier[1]
+            self._measured[host_id] = (usage, load)
+
+    def _take_measured(self) -> dict[int, tuple[Mapping[str, float], Mapping[str, float]]]:
+        with self._measured_lock:
+            taken, self._measured = self._measured, {}
+        return taken
+
     # -- the loop -------------------------------------------------------------------------
     def _tick(self) -> None:
         loop = self._loop
@@ -328,9 +350,11 @@ class HostWatch:
         while True:
             await asyncio.sleep(self.flush_s)
             try:
-                await asyncio.to_thread(self._write_heard, self._due(time.monotonic()))
-            except Exception as exc:  # written with the next flush
-                log.warning("host watch: liveness not written: %s", exc)
+                await asyncio.to_thread(
+                    self._write_heard, self._due(time.monotonic()), self._take_measured()
+                )
+            except Exception as exc:  # liveness written with the next flush
+                log.warning("host watch: liveness and measurements not written: %s", exc)
 
     def _poll(self) -> list[tuple[int, int]]:
         """(host id, generation) of the root hosts stamped since the last poll; the whole
@@ -391,13 +415,19 @@ class HostWatch:
             self._written[host_id] = current
         return ids
 
-    def _write_heard(self, ids: list[int]) -> None:
-        if not ids:
+    def _write_heard(
+        self,
+        ids: list[int],
+        measured: Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]],
+    ) -> None:
+        if not ids and not measured:
             return
         at = now()
         with self._store.write() as session:
             for chunk in in_chunks(ids):
                 session.execute(_HEARD, {"hosts": chunk, "at": at})
+            if measured:
+                write_measurements(session, measured)
 
     def _read_host(self, ident: str) -> tuple[WatchedHost, str]:
         """The root host ``ident`` and its uuid as stored."""

@@ -90,3 +90,34 @@ def _first_report(session: Session, host_id: int) -> HostReportRow:
     report = session.get(HostReportRow, host_id, with_for_update=True, populate_existing=True)
     assert report is not None  # inserted above, or by another report
     return report
+
+
+def write_measurements(
+    session: Session, measured: Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]]
+) -> None:
+    """Many hosts' latest measurements (host id -> (usage, load), already checked) in
+    one statement per kind of report (both figures, usage alone, load alone: a figure
+    not reported keeps its last value), stamped now: what a server heard from its agents
+    since its last flush, written as liveness is, not a transaction per report."""
+    at = now()
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    kinds: dict[tuple[bool, bool], list[dict[str, object]]] = {}
+    for host_id, (usage, load) in measured.items():
+        row = {
+            "host_id": host_id,
+            "reported_at": at,
+            "usage": dict(usage),
+            "load": dict(load),
+            "running_vms": [],
+        }
+        kinds.setdefault((bool(usage), bool(load)), []).append(row)
+    for (has_usage, has_load), rows in sorted(kinds.items()):
+        statement = insert(HostReportRow)
+        kept = {"reported_at": statement.excluded.reported_at}
+        if has_usage:
+            kept["usage"] = statement.excluded.usage
+        if has_load:
+            kept["load"] = statement.excluded.load
+        session.execute(
+            statement.on_conflict_do_update(index_elements=["host_id"], set_=kept), rows
+        )

@@ -263,7 +263,8 @@ class SnapshotSource:
         if self._reports_seen is None:
             reports = execute_core(session, _REPORTS)
         else:
-            reports = execute_core(session, _REPORTS_SINCE, {"since": self._reports_seen})
+            since = self._reports_seen - _STAMP_MARGIN
+            reports = execute_core(session, _REPORTS_SINCE, {"since": since})
         for host_id, reported_at, load in reports:
             row = snap.row_of.get(host_id)
             if row is None:
@@ -355,6 +356,8 @@ _STAMP_MARGIN = timedelta(seconds=10)
 _AGENTS_EVERY_S = 1.0
 _REPORTS_EVERY_S = 1.0
 _REPORTS = select(HostReportRow.host_id, HostReportRow.reported_at, HostReportRow.load)
+# Read again with the margin, as the agents' stamps are: a server stamps the reports it
+# flushes a little before it commits them.
 _REPORTS_SINCE = _REPORTS.where(HostReportRow.reported_at > bindparam("since"))
 
 
