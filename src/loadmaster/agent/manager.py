@@ -32,13 +32,21 @@ import random
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from loadmaster.agent.devices import (
+    DeviceConfig,
+    Discovery,
+    device_providers,
+    parse_device_config,
+    parse_node_devices,
+    registration_children,
+)
 from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor
 from loadmaster.errors import ValidationError
 
@@ -127,9 +135,18 @@ class ManagerConfig:
         [allocation_ratio]
         VCPU = 4.0
 
-        [resources]                      # custom classes and devices, by amount
+        [resources]                      # custom classes, by amount
         DISK_GB = 500
         CUSTOM_LICENSE_X = 4
+
+        [[pci.device_spec]]              # host devices offered (agent/devices.py)
+        vendor_id = "8086"
+        product_id = "10ed"
+        address = "0000:3b:02.*"
+        traits = ["HW_NIC_SRIOV", "physnet1"]
+
+        [devices]
+        enabled_mdev_types = ["nvidia-222"]
     """
 
     name: str | None = None
@@ -140,6 +157,7 @@ class ManagerConfig:
     allocation_ratio: Mapping[str, float] = field(default_factory=dict)
     resources: Mapping[str, int] = field(default_factory=dict)
     launch_workers: int = 4
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
 
     @classmethod
     def from_file(cls, path: Path) -> ManagerConfig:
@@ -151,7 +169,7 @@ class ManagerConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "config") -> ManagerConfig:
-        known = {"host", "reserved", "allocation_ratio", "resources"}
+        known = {"host", "reserved", "allocation_ratio", "resources", "pci", "devices"}
         for key in data:
             if key not in known:
                 raise ValidationError(
@@ -184,14 +202,19 @@ class ManagerConfig:
             resources={
                 k: _int(v, f"resources.{k}") for k, v in _table(data, "resources", where).items()
             },
+            devices=parse_device_config(
+                _table(data, "pci", where), _table(data, "devices", where), where
+            ),
         )
 
 
-def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str, Any]:
+def discover(
+    info: HostInfo, config: ManagerConfig, host_name: str, devices: Discovery | None = None
+) -> dict[str, Any]:
     """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
     providers when there are several, as Placement models them), the configured classes on
     the root, reserved amounts (``DEFAULT_RESERVED`` where the config names none) and
-    ratios from the config."""
+    ratios from the config, and the host's devices as child providers with their traits."""
     reserved = {**DEFAULT_RESERVED, **config.reserved}
 
     def inventory(name: str, total: int, reserved: int = 0) -> dict[str, Any]:
@@ -220,7 +243,11 @@ def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str,
     else:
         for name, total in measured.items():
             root[name] = inventory(name, total, reserved.get(name, 0))
-    return {"inventories": root, "children": children}
+    body: dict[str, Any] = {"inventories": root, "children": children}
+    if devices is not None and devices.providers:
+        device_children, body["child_traits"] = registration_children(devices)
+        children.update(device_children)
+    return body
 
 
 @dataclass
@@ -246,8 +273,12 @@ class HostManager:
         *,
         host_name: str | None = None,
         hypervisor_uri: str,
+        node_devices: Callable[[], Sequence[str]] | None = None,
     ) -> None:
+        """``node_devices``: libvirt's node-device descriptions of the host, read at each
+        registration when the config offers devices (``LibvirtDevices``)."""
         self.hypervisor = hypervisor
+        self.node_devices = node_devices
         self.api = api
         self.config = config
         self.hypervisor_uri = config.migration_uri or hypervisor_uri
@@ -276,8 +307,28 @@ class HostManager:
         self._pool.shutdown(wait=True)
 
     # -- registration ----------------------------------------------------------------------
+    def discover_devices(self) -> Discovery:
+        """The host's devices as the config's device spec offers them; a spec that matches
+        nothing is logged, naming it."""
+        if self.config.devices.empty:
+            return Discovery()
+        if self.node_devices is None:
+            raise ValidationError(
+                f"host {self.host_name}: the config offers devices ([pci] device_spec or "
+                "[devices] enabled_mdev_types) but the hypervisor lists none",
+                field="pci.device_spec",
+            )
+        found = device_providers(
+            self.host_name, parse_node_devices(self.node_devices()), self.config.devices
+        )
+        for spec in found.unmatched:
+            log.warning("%s matches no device of host %s", spec, self.host_name)
+        return found
+
     def register(self) -> dict[str, Any]:
-        body = discover(self.hypervisor.host_info(), self.config, self.host_name)
+        body = discover(
+            self.hypervisor.host_info(), self.config, self.host_name, self.discover_devices()
+        )
         body["hypervisor_uri"] = self.hypervisor_uri
         answer = self.api.register(self.host_name, body)
         for where, why in dict(answer.get("refused") or {}).items():

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from loadmaster.agent.devices import LibvirtDevices
 from loadmaster.agent.hypervisor import Hypervisor
 from loadmaster.agent.journal import AppliedJournal
 from loadmaster.agent.libvirt_hv import GuestImage
@@ -170,6 +171,7 @@ def run_agent(
                 config,
                 host_name=host_name,
                 hypervisor_uri=hypervisor_uri,
+                node_devices=LibvirtDevices(hypervisor_uri).node_device_xmls,
             )
             manager.register()
             manager_thread = threading.Thread(

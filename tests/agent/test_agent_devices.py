@@ -1,0 +1,217 @@
+"""Host devices discovered from libvirt's node-device API (the test driver's fixture: 2 PFs
+x 4 VFs with a NIC each, a GPU with two mediated-device types) and offered as nested
+providers the way Nova's PCI-in-Placement does."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadmaster.agent.devices import (
+    LibvirtDevices,
+    device_providers,
+    parse_device_config,
+    parse_node_devices,
+)
+from loadmaster.agent.manager import HostManager, ManagerConfig, discover
+from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.errors import ValidationError
+
+DEVICES_XML = Path(__file__).parent / "fixtures" / "devices.xml"
+DEVICES_URI = f"test://{DEVICES_XML}"
+# Nova's worked example: the first PF's VFs by vendor, product and address, with traits;
+# the second PF's VFs under an operator's class; one mdev type.
+SPEC: dict[str, Any] = {
+    "pci": {
+        "device_spec": [
+            {
+                "vendor_id": "8086",
+                "product_id": "10ed",
+                "address": "0000:3b:02.*",
+                "traits": ["HW_NIC_SRIOV", "physnet1"],
+            },
+            {
+                "vendor_id": "8086",
+                "product_id": "10ed",
+                "address": "0000:3b:03.*",
+                "resource_class": "vf-physnet2",
+            },
+        ]
+    },
+    "devices": {"enabled_mdev_types": ["nvidia-222"]},
+}
+
+
+def fixture_devices() -> Any:
+    return parse_node_devices(LibvirtDevices(DEVICES_URI).node_device_xmls())
+
+
+def test_node_devices_are_read_with_their_kind_numa_and_interfaces() -> None:
+    devices = {d.address: d for d in fixture_devices()}
+    assert len(devices) == 11
+    pf = devices["0000:3b:00.1"]
+    assert (pf.kind, pf.vendor_id, pf.product_id, pf.ifname) == (
+        "type-PF",
+        "8086",
+        "10fb",
+        "enp59s0f1",
+    )
+    vf = devices["0000:3b:03.2"]
+    assert (vf.kind, vf.parent_address, vf.numa_node) == ("type-VF", "0000:3b:00.1", 0)
+    gpu = devices["0000:af:00.0"]
+    assert (gpu.kind, gpu.numa_node, dict(gpu.mdev_types)) == (
+        "type-PCI",
+        1,
+        {"nvidia-222": 16, "nvidia-223": 8},
+    )
+
+
+def test_two_pfs_of_vfs_and_a_gpu_become_nested_providers() -> None:
+    config = ManagerConfig.from_dict(SPEC)
+    found = device_providers("host1", fixture_devices(), config.devices)
+    assert found.unmatched == ()
+    got = {
+        p.name: (p.resource_class, p.total, sorted(p.traits), p.numa_node) for p in found.providers
+    }
+    assert got == {
+        "host1_0000:3B:00.0": (
+            "CUSTOM_PCI_8086_10ED",
+            4,
+            ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1", "HW_NIC_SRIOV"],
+            0,
+        ),
+        "host1_0000:3B:00.1": ("CUSTOM_VF_PHYSNET2", 4, ["COMPUTE_MANAGED_PCI_DEVICE"], 0),
+        "host1_pci_0000_af_00_0": ("VGPU", 16, [], 1),
+    }
+    by_name = {p.name: p for p in found.providers}
+    assert by_name["host1_0000:3B:00.0"].devices == tuple(f"0000:3b:02.{i}" for i in range(4))
+    assert by_name["host1_pci_0000_af_00_0"].mdev_type == "nvidia-222"
+    body = discover(
+        SimulatedHypervisor([], host_memory_kib=GIB).host_info(), config, "host1", found
+    )
+    assert body["children"]["host1_0000:3B:00.1"] == {
+        "CUSTOM_VF_PHYSNET2": {"total": 4, "max_unit": 4, "allocation_ratio": 1.0}
+    }
+    assert body["child_traits"]["host1_pci_0000_af_00_0"] == []
+
+
+def test_a_whole_device_is_its_own_provider() -> None:
+    """A PF matched (not its VFs) is one device of its own class."""
+    config = parse_device_config(
+        {"device_spec": [{"address": "0000:3b:00.*", "product_id": "10fb"}]}, {}
+    )
+    found = device_providers("h", fixture_devices(), config)
+    assert [(p.name, p.resource_class, p.total, p.devices) for p in found.providers] == [
+        ("h_0000:3B:00.0", "CUSTOM_PCI_8086_10FB", 1, ("0000:3b:00.0",)),
+        ("h_0000:3B:00.1", "CUSTOM_PCI_8086_10FB", 1, ("0000:3b:00.1",)),
+    ]
+
+
+def test_a_spec_matching_nothing_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    config = ManagerConfig.from_dict(
+        {
+            "pci": {"device_spec": [{"vendor_id": "15b3"}, {"product_id": "10ed"}]},
+            "devices": {"enabled_mdev_types": ["nvidia-999"]},
+        }
+    )
+    manager = HostManager(
+        SimulatedHypervisor([], host_memory_kib=GIB),
+        None,  # type: ignore[arg-type]
+        config,
+        host_name="h",
+        hypervisor_uri="x",
+        node_devices=LibvirtDevices(DEVICES_URI).node_device_xmls,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="loadmaster.agent.manager"):
+            found = manager.discover_devices()
+    finally:
+        manager.close()
+    assert found.unmatched == ("pci.device_spec[0]", "devices.enabled_mdev_types nvidia-999")
+    assert [p.total for p in found.providers] == [4, 4]
+    assert "pci.device_spec[0] matches no device of host h" in caplog.text
+    assert "nvidia-999 matches no device of host h" in caplog.text
+
+
+def test_devices_offered_without_node_devices_is_an_error() -> None:
+    manager = HostManager(
+        SimulatedHypervisor([], host_memory_kib=GIB),
+        None,  # type: ignore[arg-type]
+        ManagerConfig.from_dict(SPEC),
+        host_name="h",
+        hypervisor_uri="x",
+    )
+    try:
+        with pytest.raises(ValidationError) as err:
+            manager.discover_devices()
+    finally:
+        manager.close()
+    assert err.value.field == "pci.device_spec"
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"pci": {"device_spec": {"vendor_id": "8086"}}}, "pci.device_spec", "list of tables"),
+        ({"pci": {"device_spec": ["8086"]}}, "pci.device_spec[0]", "must be a table"),
+        (
+            {"pci": {"device_spec": [{"vendor": "8086"}]}},
+            "pci.device_spec[0].vendor",
+            "not a device spec field",
+        ),
+        (
+            {"pci": {"device_spec": [{"vendor_id": "intel"}]}},
+            "pci.device_spec[0].vendor_id",
+            "four hex digits",
+        ),
+        (
+            {"pci": {"device_spec": [{"traits": ["X"]}]}},
+            "pci.device_spec[0]",
+            "matches every device",
+        ),
+        (
+            {"pci": {"device_spec": [{"address": "*", "traits": 3}]}},
+            "pci.device_spec[0].traits",
+            "list of names",
+        ),
+        ({"pci": {"alias": []}}, "pci.alias", "not a setting"),
+        ({"devices": {"enabled_mdev_types": [1]}}, "devices.enabled_mdev_types", "list of names"),
+        ({"devices": {"mdev_class": ""}}, "devices.mdev_class", "non-empty"),
+    ],
+)
+def test_a_bad_device_spec_is_refused_naming_the_field(
+    data: dict[str, Any], field: str, words: str
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        ManagerConfig.from_dict(data)
+    assert err.value.field == field
+    assert words in str(err.value)
+
+
+def test_a_pf_and_its_vfs_cannot_both_be_offered() -> None:
+    config = parse_device_config(
+        {"device_spec": [{"address": "0000:3b:00.0"}, {"address": "0000:3b:02.*"}]}, {}
+    )
+    with pytest.raises(ValidationError) as err:
+        device_providers("h", fixture_devices(), config)
+    assert err.value.field == "pci.device_spec[0]"
+    assert "PF 0000:3b:00.0" in str(err.value)
+
+
+def test_vfs_of_one_pf_share_class_and_traits() -> None:
+    config = parse_device_config(
+        {
+            "device_spec": [
+                {"address": "0000:3b:02.0", "resource_class": "a"},
+                {"address": "0000:3b:02.*", "resource_class": "b"},
+            ]
+        },
+        {},
+    )
+    with pytest.raises(ValidationError) as err:
+        device_providers("h", fixture_devices(), config)
+    assert err.value.field == "pci.device_spec[1]"
+    assert "share" in str(err.value)
