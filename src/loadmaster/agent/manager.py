@@ -333,6 +333,8 @@ class HostManager:
         answer = self.api.register(self.host_name, body)
         for where, why in dict(answer.get("refused") or {}).items():
             log.warning("inventory %s not changed: %s", where, why)
+        for child in answer.get("withdrawn") or ():
+            log.warning("provider %s is no longer discovered: its inventory is withdrawn", child)
         return answer
 
     # -- the loop --------------------------------------------------------------------------

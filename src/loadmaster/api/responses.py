@@ -335,6 +335,9 @@ class AgentOut(Out):
 class RegistrationOut(Out):
     host: HostOut
     refused: dict[str, str] = Field(description="class -> why its new inventory was refused")
+    withdrawn: list[str] = Field(
+        default=[], description="child providers no longer discovered: inventory withdrawn"
+    )
     agent: AgentOut
 
 

@@ -215,11 +215,13 @@ class HostReport(Body):
 
 class AgentRegistration(Body):
     """What a host's agent discovered: the root's inventories and its children's (NUMA
-    cells), by child provider name."""
+    cells, devices), by child provider name."""
 
     hypervisor_uri: Annotated[str, Field(min_length=1, max_length=1024)]
     inventories: dict[str, Inventory] = {}
     children: dict[Name, dict[str, Inventory]] = {}
+    # Traits of some of the children (devices: their class's traits), replacing theirs.
+    child_traits: dict[Name, list[Name]] = {}
 
 
 class HostFailure(Body):
