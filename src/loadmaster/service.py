@@ -17,6 +17,7 @@ from loadmaster.hostcontrol import HostControl
 from loadmaster.hostcontrol.evacuation import EvacuationService
 from loadmaster.pending import Ledger
 from loadmaster.pending.waiting import WaitingClaims
+from loadmaster.resources.aliases import parse_aliases
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
 from loadmaster.scheduler.policies import load_policy_file
@@ -40,7 +41,9 @@ class Loadmaster:
         self.resource_classes = ResourceClassService(store)
         self.traits = TraitService(store)
         self.hosts = HostService(store)
-        self.flavors = FlavorService(store, settings.unknown_specs)
+        self.flavors = FlavorService(
+            store, settings.unknown_specs, parse_aliases(settings.pci_aliases)
+        )
         self.vms = VmService(store)
         self.allocations = Ledger(
             store, randomize_candidates=settings.randomize_allocation_candidates

@@ -279,6 +279,8 @@ class HostManager:
         registration when the config offers devices (``LibvirtDevices``)."""
         self.hypervisor = hypervisor
         self.node_devices = node_devices
+        # The host's devices as last registered: their classes are the host's to offer.
+        self.devices = Discovery()
         self.api = api
         self.config = config
         self.hypervisor_uri = config.migration_uri or hypervisor_uri
@@ -326,9 +328,8 @@ class HostManager:
         return found
 
     def register(self) -> dict[str, Any]:
-        body = discover(
-            self.hypervisor.host_info(), self.config, self.host_name, self.discover_devices()
-        )
+        self.devices = self.discover_devices()
+        body = discover(self.hypervisor.host_info(), self.config, self.host_name, self.devices)
         body["hypervisor_uri"] = self.hypervisor_uri
         answer = self.api.register(self.host_name, body)
         for where, why in dict(answer.get("refused") or {}).items():
@@ -483,6 +484,7 @@ class HostManager:
     def _refusal(self, item: Mapping[str, Any]) -> str | None:
         """The host's final say: why this VM cannot run here, or None."""
         offered = set(self.config.resources) | set(STANDARD_DISCOVERED) | {"DISK_GB"}
+        offered |= {p.resource_class for p in self.devices.providers}
         missing = sorted(set(item.get("resources") or {}) - offered)
         if missing:
             return f"host {self.host_name} has no {', '.join(missing)} (not in its agent config)"

@@ -14,6 +14,8 @@ Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`
 a host's NUMA nodes, its child providers, offer comes all from one node). Refused, with
 the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
 to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
+``pci_passthrough:alias=NAME:N,...`` asks N host devices of each alias the server defines
+(``aliases.py``): their class, and their traits required.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadmaster.errors import ValidationError
+from loadmaster.resources.aliases import ALIAS_SPEC, PciAlias, alias_requests
 from loadmaster.resources.inventory import parse_amounts
 from loadmaster.resources.traits import validate_trait_name
 
@@ -140,11 +143,15 @@ def _amount(value: str, where: str) -> int:
     return amount
 
 
-def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refuse") -> FlavorSpec:
+def parse_flavor(
+    data: Mapping[str, object],
+    unknown_specs: UnknownSpecs = "refuse",
+    aliases: Mapping[str, PciAlias] | None = None,
+) -> FlavorSpec:
     """Validate a flavor definition and fold Nova-style extra specs into it (see the
     module docstring); ``unknown_specs`` says what an extra spec loadmaster does not
     know does: ``refuse`` the flavor, or ``warn`` (kept, not applied, named in
-    ``warnings``)."""
+    ``warnings``); ``aliases``: the server's PCI aliases."""
     if unknown_specs not in UNKNOWN_SPECS:
         raise ValidationError(
             f"unknown_specs must be refuse or warn, got {unknown_specs!r}", field="unknown_specs"
@@ -188,6 +195,10 @@ def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refu
                 )
         elif key == "member_of":
             aggregate_specs(extra)
+        elif key == ALIAS_SPEC:
+            for alias, count in alias_requests(value, aliases or {}, where):
+                resources[alias.resource_class] = resources.get(alias.resource_class, 0) + count
+                required |= alias.traits
         elif key in _ACCEPTED_VALUES:
             if value not in _ACCEPTED_VALUES[key]:
                 raise ValidationError(

@@ -1,0 +1,213 @@
+"""Flavors ask for host devices by PCI alias (or ``resources:VGPU``); the scheduler and the
+ledger claim them on the host's device providers like any nested resource, pending
+counted, and two schedulers racing never put more VMs on a PF than it has VFs."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import loadmaster
+from loadmaster.agent.devices import LibvirtDevices, device_providers, parse_node_devices
+from loadmaster.agent.manager import ManagerConfig, discover
+from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.errors import NotFound, ValidationError
+from loadmaster.pending import audit
+from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.results import NoHostFits
+from loadmaster.service import Loadmaster
+from loadmaster.settings_model import Settings
+
+DEVICES_URI = f"test://{Path(__file__).parents[1] / 'agent' / 'fixtures' / 'devices.xml'}"
+VF = "CUSTOM_PCI_8086_10ED"
+PFS = ("h1_0000:3B:00.0", "h1_0000:3B:00.1")
+ALIASES = json.dumps(
+    [
+        {"name": "vf", "vendor_id": "8086", "product_id": "10ed"},
+        {"name": "vf-physnet1", "resource_class": VF, "traits": ["CUSTOM_PHYSNET1"]},
+        {"name": "nic", "resource_class": "CUSTOM_NO_HOST_HAS_IT"},
+    ]
+)
+
+
+def register_devices(lm: Loadmaster) -> None:
+    config = ManagerConfig.from_dict(
+        {
+            "pci": {"device_spec": [{"product_id": "10ed", "traits": ["physnet1"]}]},
+            "devices": {"enabled_mdev_types": ["nvidia-222"]},
+        }
+    )
+    found = device_providers(
+        "h1", parse_node_devices(LibvirtDevices(DEVICES_URI).node_device_xmls()), config.devices
+    )
+    info = SimulatedHypervisor([], host_memory_kib=64 * GIB).host_info()
+    lm.host_agents.register(
+        "h1", hypervisor_uri="test:///h1", **discover(info, config, "h1", found)
+    )
+
+
+@pytest.fixture
+def dlm(db_url: str) -> Any:
+    service = loadmaster.open(db_url, settings=Settings(pci_aliases=ALIASES))
+    try:
+        register_devices(service)
+        service.flavors.create(
+            {
+                "name": "vf",
+                "resources": {"VCPU": 1, "MEMORY_MB": 512},
+                "extra_specs": {"pci_passthrough:alias": "vf:1"},
+            }
+        )
+        yield service
+    finally:
+        service.close()
+
+
+def vms(lm: Loadmaster, n: int, flavor: str = "vf") -> list[str]:
+    return [lm.vms.create(f"{flavor}-{i}", flavor).uuid for i in range(n)]
+
+
+def used_vfs(lm: Loadmaster) -> list[int]:
+    return [lm.hosts.usage(pf)[VF].used for pf in PFS]
+
+
+def test_an_alias_becomes_its_class_and_traits(dlm: Loadmaster) -> None:
+    assert dlm.flavors.get("vf").resources == {"VCPU": 1, "MEMORY_MB": 512, VF: 1}
+    made = dlm.flavors.create(
+        {
+            "name": "two",
+            "resources": {"VCPU": 1},
+            "extra_specs": {"pci_passthrough:alias": "vf-physnet1:2"},
+        }
+    )
+    assert made.resources == {"VCPU": 1, VF: 2}
+    assert made.required_traits == ("CUSTOM_PHYSNET1",)
+
+
+def test_eight_vfs_fill_and_a_ninth_vm_finds_no_host_until_one_stops(dlm: Loadmaster) -> None:
+    uuids = vms(dlm, 9)
+    placed = [dlm.scheduler.schedule([RequestSpec(vms=[u])]).placements[0] for u in uuids]
+    assert [p.host for p in placed[:8]] == ["h1"] * 8
+    assert used_vfs(dlm) == [4, 4]
+    ninth = placed[8]
+    assert ninth.host is None and isinstance(ninth.error, NoHostFits)
+    assert str(ninth.error).endswith(f"no host fits: 1 hosts; 1 short of {VF}"), str(ninth.error)
+    assert dlm.vms.get(uuids[8]).state == "requested"
+    # A stopped VM's VF is free again, for the ninth.
+    dlm.allocations.stop(uuids[0])
+    assert sum(used_vfs(dlm)) == 7
+    again = dlm.scheduler.schedule([RequestSpec(vms=[uuids[8]])]).placements[0]
+    assert again.host == "h1", again.error
+    assert used_vfs(dlm) == [4, 4]
+    assert audit(dlm.store) == []
+
+
+def test_a_vgpu_is_asked_as_a_class(dlm: Loadmaster) -> None:
+    dlm.flavors.create(
+        {"name": "gpu", "resources": {"VCPU": 1}, "extra_specs": {"resources:VGPU": "1"}}
+    )
+    [vm] = vms(dlm, 1, "gpu")
+    assert dlm.scheduler.schedule([RequestSpec(vms=[vm])]).placements[0].host == "h1"
+    assert dlm.hosts.usage("h1_pci_0000_af_00_0")["VGPU"].used == 1
+
+
+def test_two_schedulers_racing_never_overfill_a_pf(dlm: Loadmaster, db_url: str) -> None:
+    """12 VMs, 6 each to two schedulers of their own (two services on one database), one
+    VM a call, at once: exactly 8 land, 4 on each PF, and the rest find no host."""
+    other = loadmaster.open(db_url, settings=Settings(pci_aliases=ALIASES))
+    uuids = vms(dlm, 12)
+    outcomes: dict[str, str | None] = {}
+    failures: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def run(lm: Loadmaster, mine: list[str]) -> None:
+        try:
+            start.wait(timeout=30)
+            for vm in mine:
+                outcomes[vm] = lm.scheduler.schedule([RequestSpec(vms=[vm])]).placements[0].host
+        except BaseException as exc:  # reported below, not lost in the thread
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(lm, uuids[i::2])) for i, lm in enumerate((dlm, other))
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        other.close()
+    assert not failures, failures
+    assert sorted(outcomes) == sorted(uuids)
+    assert sum(1 for h in outcomes.values() if h == "h1") == 8
+    assert used_vfs(dlm) == [4, 4]
+    assert audit(dlm.store) == []
+
+
+def test_an_alias_nobody_defines_is_refused_naming_it(dlm: Loadmaster) -> None:
+    before = [f.name for f in dlm.flavors.list()]
+    with pytest.raises(ValidationError) as err:
+        dlm.flavors.create(
+            {
+                "name": "x",
+                "resources": {"VCPU": 1},
+                "extra_specs": {"pci_passthrough:alias": "gpu:1"},
+            }
+        )
+    assert err.value.field == "extra_specs.pci_passthrough:alias"
+    assert "no PCI alias gpu" in str(err.value)
+    for bad in ("vf:0", "vf:two", ":1"):
+        with pytest.raises(ValidationError):
+            dlm.flavors.create(
+                {
+                    "name": "x",
+                    "resources": {"VCPU": 1},
+                    "extra_specs": {"pci_passthrough:alias": bad},
+                }
+            )
+    assert [f.name for f in dlm.flavors.list()] == before
+
+
+def test_a_device_class_nobody_offers_is_refused_naming_it(dlm: Loadmaster) -> None:
+    before = [f.name for f in dlm.flavors.list()]
+    with pytest.raises(NotFound) as err:
+        dlm.flavors.create(
+            {"name": "x", "resources": {"VCPU": 1}, "extra_specs": {"pci_passthrough:alias": "nic"}}
+        )
+    assert err.value.field == "extra_specs.pci_passthrough:alias"
+    assert "alias nic asks for CUSTOM_NO_HOST_HAS_IT" in str(err.value)
+    with pytest.raises(NotFound) as err:
+        dlm.flavors.create(
+            {"name": "x", "resources": {"VCPU": 1}, "extra_specs": {"resources:CUSTOM_NOPE": "1"}}
+        )
+    assert err.value.field == "extra_specs.resources:CUSTOM_NOPE"
+    assert [f.name for f in dlm.flavors.list()] == before
+    # Nothing was claimed on the host's devices.
+    assert used_vfs(dlm) == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "words"),
+    [
+        ("{", "pci_aliases", "not JSON"),
+        ('{"name": "a"}', "pci_aliases", "JSON list"),
+        ('[{"name": "a", "vendor": "8086"}]', "pci_aliases[0].vendor", "not an alias field"),
+        ('[{"name": "a", "vendor_id": "8086"}]', "pci_aliases[0].product_id", "four hex digits"),
+        ('[{"name": "a b", "resource_class": "VGPU"}]', "pci_aliases[0].name", "letters"),
+        ('[{"name": "a", "resource_class": "gpu"}]', "pci_aliases[0].resource_class", "custom"),
+    ],
+)
+def test_a_bad_alias_setting_is_refused_naming_the_entry(
+    value: str, field: str, words: str
+) -> None:
+    from loadmaster.resources.aliases import parse_aliases
+
+    with pytest.raises(ValidationError) as err:
+        parse_aliases(value)
+    assert err.value.field == field
+    assert words in str(err.value)
