@@ -123,7 +123,7 @@ def test_a_spec_matching_nothing_says_so(caplog: pytest.LogCaptureFixture) -> No
         config,
         host_name="h",
         hypervisor_uri="x",
-        node_devices=LibvirtDevices(DEVICES_URI).node_device_xmls,
+        device_source=LibvirtDevices(DEVICES_URI),
     )
     try:
         with caplog.at_level(logging.WARNING, logger="loadmaster.agent.manager"):
@@ -215,3 +215,146 @@ def test_vfs_of_one_pf_share_class_and_traits() -> None:
         device_providers("h", fixture_devices(), config)
     assert err.value.field == "pci.device_spec[1]"
     assert "share" in str(err.value)
+
+
+# -- devices given to guests --------------------------------------------------------------
+
+VF = "CUSTOM_PCI_8086_10ED"
+PF0, PF1, GPU = "h_0000:3B:00.0", "h_0000:3B:00.1", "h_pci_0000_af_00_0"
+ATTACH = {
+    "pci": {"device_spec": [{"product_id": "10ed"}]},
+    "devices": {"enabled_mdev_types": ["nvidia-222"]},
+}
+
+
+class WorkApi:
+    """The API as the manager sees it: a work list set by the test, outcomes noted."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.generation = 0
+        self.up_vms: list[str] = []
+        self.failed: dict[str, str] = {}
+
+    def set(self, items: list[dict[str, Any]]) -> None:
+        self.items, self.generation = items, self.generation + 1
+
+    def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def work(self, host: str, after: int, wait: float) -> dict[str, Any]:
+        return {"generation": self.generation, "items": self.items}
+
+    def up(self, vm: str, host: str) -> None:
+        self.up_vms.append(vm)
+
+    def launch_failed(self, vm: str, host: str, reason: str) -> None:
+        self.failed[vm] = reason
+
+    def migration_failed(self, vm: str, host: str, reason: str) -> None:
+        raise AssertionError("no migration here")
+
+    def report(self, host: str, payload: dict[str, Any]) -> None:
+        return None
+
+
+def launch(vm: int, providers: dict[str, dict[str, int]]) -> dict[str, Any]:
+    return {
+        "vm": f"5d6f3b2a-0000-4000-8000-{vm:012d}",
+        "name": f"vm{vm}",
+        "action": "launch",
+        "memory_mb": 256,
+        "vcpus": 1,
+        "tags": [],
+        "resources": {"VCPU": 1, **{c: n for a in providers.values() for c, n in a.items()}},
+        "providers": providers,
+    }
+
+
+def hostdevs(hv: Any, vm: str) -> list[tuple[str | None, str]]:
+    """(type, the PCI address or mdev uuid) of each hostdev of the guest's definition."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(hv._conn.lookupByUUIDString(vm).XMLDesc(0))
+    out = []
+    for dev in root.iterfind("./devices/hostdev"):
+        source = dev.find("./source/address")
+        assert source is not None
+        if dev.get("type") == "pci":
+            out.append(
+                (
+                    "pci",
+                    f"{int(source.get('bus', ''), 16):02x}:{int(source.get('slot', ''), 16):02x}.{int(source.get('function', ''), 16)}",
+                )
+            )
+        else:
+            out.append((dev.get("type"), source.get("uuid", "")))
+    return out
+
+
+@pytest.fixture
+def device_host(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from dataclasses import replace
+
+    from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+
+    hv = LibvirtHypervisor(DEVICES_URI)
+    # A test-driver host from a file has no NUMA cells, so no free memory to show: the
+    # host's final say would refuse every launch.
+    info = replace(hv.host_info(), free_memory_kib=64 * GIB)
+    monkeypatch.setattr(hv, "host_info", lambda: info)
+    yield hv
+    hv.close()
+
+
+def manager_on(hv: Any, api: WorkApi) -> HostManager:
+    manager = HostManager(
+        hv,
+        api,  # type: ignore[arg-type]
+        ManagerConfig.from_dict(ATTACH),
+        host_name="h",
+        hypervisor_uri=DEVICES_URI,
+        device_source=LibvirtDevices(DEVICES_URI, conn=hv._conn),
+    )
+    manager.register()
+    return manager
+
+
+def test_each_guest_is_given_its_own_vf_and_a_stopped_one_frees_it(device_host: Any) -> None:
+    api = WorkApi()
+    manager = manager_on(device_host, api)
+    try:
+        items = [launch(i, {PF0 if i < 4 else PF1: {VF: 1}}) for i in range(8)]
+        items.append(launch(8, {GPU: {"VGPU": 2}, "h_numa0": {"VCPU": 1}}))
+        api.set(items)
+        manager.step()
+        manager.wait_idle()
+        assert sorted(api.up_vms) == sorted(i["vm"] for i in items) and api.failed == {}
+        given = {i["vm"]: hostdevs(device_host, i["vm"]) for i in items}
+        vfs = [given[i["vm"]] for i in items[:8]]
+        assert sorted(a for [(_, a)] in vfs) == sorted(
+            [f"3b:02.{f}" for f in range(4)] + [f"3b:03.{f}" for f in range(4)]
+        )
+        assert all(a.startswith("3b:02") for [(_, a)] in vfs[:4])
+        gpu = given[items[8]["vm"]]
+        assert [t for t, _ in gpu] == ["mdev", "mdev"] and gpu[0][1] != gpu[1][1]
+        # PF0 is full: a claim the agent cannot honour is refused, naming the provider.
+        api.set([*items, launch(9, {PF0: {VF: 1}})])
+        manager.step()
+        assert f"of {PF0} but only 0 of its devices are free" in api.failed[launch(9, {})["vm"]]
+        # vm0 stops (off the list): removed, its VF goes to the next VM asking PF0.
+        freed = given[items[0]["vm"]][0][1]
+        api.set([*items[1:], launch(10, {PF0: {VF: 1}})])
+        report = manager.step()
+        manager.wait_idle()
+        assert report.removed == [items[0]["vm"]], (report, api.failed)
+        assert hostdevs(device_host, launch(10, {})["vm"]) == [("pci", freed)]
+    finally:
+        manager.close()
+    # A new agent reads back what the guests hold from their definitions.
+    again = manager_on(device_host, api)
+    try:
+        assert again.assignments.held() == manager.assignments.held()
+        assert len(again.assignments.held()) == 9
+    finally:
+        again.close()

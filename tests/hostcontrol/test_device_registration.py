@@ -107,3 +107,19 @@ def test_bad_child_traits_change_nothing(
     assert lm.hosts.list() == []
     with pytest.raises(NotFound):
         lm.hosts.get(PF0)
+
+
+def test_a_launch_on_the_work_list_names_the_device_providers_claimed(lm: Loadmaster) -> None:
+    register(lm, body())
+    lm.flavors.create(
+        {"name": "dev", "resources": {"VCPU": 1, "CUSTOM_PCI_8086_10ED": 1, "VGPU": 2}}
+    )
+    vm = lm.vms.create("holder", "dev").uuid
+    lm.allocations.claim(vm, "h1")
+    [item] = lm.host_agents.work("h1").items
+    assert item.action == "launch"
+    assert item.providers == {PF0: {"CUSTOM_PCI_8086_10ED": 1}, GPU: {"VGPU": 2}}
+    assert item.to_dict()["providers"] == {PF0: {"CUSTOM_PCI_8086_10ED": 1}, GPU: {"VGPU": 2}}
+    lm.allocations.activate(vm)
+    [item] = lm.host_agents.work("h1").items
+    assert (item.action, item.providers) == ("run", {})

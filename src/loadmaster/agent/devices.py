@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import threading
+import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from loadmaster.errors import ValidationError
 from loadmaster.resources import STANDARD_BY_NAME, STANDARD_TRAITS
@@ -38,6 +40,7 @@ PCI_KINDS = ("type-PCI", "type-PF", "type-VF")
 _HEX4 = re.compile(r"^[0-9a-f]{4}$")
 _NOT_NAME = re.compile(r"[^A-Z0-9_]")
 _SPEC_KEYS = ("vendor_id", "product_id", "address", "resource_class", "traits")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -367,19 +370,187 @@ def registration_children(
     return children, {p.name: sorted(p.traits) for p in offered}
 
 
+# -- devices given to guests -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostDevice:
+    """A device a guest is given: a PCI function (``address``) or, with ``mdev_type``, a
+    mediated device ``mdev_uuid`` made on the PCI device at ``address``."""
+
+    provider: str
+    address: str
+    mdev_type: str | None = None
+    mdev_uuid: str | None = None
+
+    @property
+    def alias(self) -> str:
+        """The hostdev's user alias in the domain XML: names the device the guest holds
+        (an mdev's parent is in no other element), so the agent can read it back."""
+        return (
+            "ua-lm-"
+            + re.sub(r"[^0-9a-f]", "_", self.address)
+            + (f"-{self.mdev_uuid}" if self.mdev_uuid else "")
+        )
+
+
+class DeviceShortage(Exception):
+    """The claim names more devices of a provider than the agent has free there."""
+
+
+class Assignments:
+    """Which guest holds which of the host's devices. The ledger counts devices per
+    provider; the agent gives each guest particular ones, and keeps that here (rebuilt
+    from the guests' domain XML when it starts: ``restore``). Thread-safe: launches run
+    in worker threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[HostDevice, ...]] = {}
+
+    def held(self) -> dict[str, tuple[HostDevice, ...]]:
+        with self._lock:
+            return dict(self._held)
+
+    def assign(
+        self, vm: str, claimed: Mapping[str, Mapping[str, int]], discovery: Discovery
+    ) -> tuple[HostDevice, ...]:
+        """Free devices for what ``vm``'s claim holds on device providers (other children,
+        NUMA nodes, are not devices); the ones it holds already if it has some. Raises
+        ``DeviceShortage`` naming the provider when too few are free."""
+        providers = {p.name: p for p in discovery.providers}
+        with self._lock:
+            if vm in self._held:
+                return self._held[vm]
+            taken = [d for devices in self._held.values() for d in devices]
+            given: list[HostDevice] = []
+            for name, amounts in sorted(claimed.items()):
+                provider = providers.get(name)
+                if provider is None:
+                    continue
+                count = amounts.get(provider.resource_class, 0)
+                if provider.mdev_type is not None:
+                    free = provider.total - sum(1 for d in taken if d.provider == name)
+                    picked = [
+                        HostDevice(
+                            name,
+                            provider.devices[0],
+                            provider.mdev_type,
+                            str(uuid.uuid5(uuid.NAMESPACE_URL, f"lm:{vm}:{name}:{i}")),
+                        )
+                        for i in range(count)
+                    ]
+                else:
+                    used = {d.address for d in taken}
+                    available = [a for a in provider.devices if a not in used]
+                    free = len(available)
+                    picked = [HostDevice(name, a) for a in available[:count]]
+                if free < count:
+                    raise DeviceShortage(
+                        f"the claim holds {count} {provider.resource_class} of {name} but only "
+                        f"{max(free, 0)} of its devices are free here"
+                    )
+                given += picked
+            if given:
+                self._held[vm] = tuple(given)
+            return tuple(given)
+
+    def release(self, vm: str) -> tuple[HostDevice, ...]:
+        with self._lock:
+            return self._held.pop(vm, ())
+
+    def keep_only(self, vms: Set[str]) -> list[str]:
+        """Free what guests not in ``vms`` hold (stopped, removed, moved away); the VMs freed."""
+        with self._lock:
+            gone = sorted(set(self._held) - vms)
+            for vm in gone:
+                del self._held[vm]
+            return gone
+
+    def restore(self, guests: Mapping[str, str], discovery: Discovery) -> None:
+        """What the guests (uuid -> domain XML) hold, read from their hostdev elements:
+        a PCI function by its address, a mediated device by the alias it was given."""
+        providers = discovery.providers
+        by_address = {a: p for p in providers if p.mdev_type is None for a in p.devices}
+        mdevs = {p.devices[0]: p for p in providers if p.mdev_type is not None}
+        with self._lock:
+            for vm, xml in guests.items():
+                held = []
+                for hostdev in ET.fromstring(xml).iterfind("./devices/hostdev"):
+                    source = hostdev.find("./source/address")
+                    if source is None:
+                        continue
+                    if hostdev.get("type") == "pci":
+                        address = _address(source)
+                        if address in by_address:
+                            held.append(HostDevice(by_address[address].name, address))
+                        continue
+                    named = hostdev.find("alias")
+                    alias = named.get("name", "") if named is not None else ""
+                    for parent, p in mdevs.items():
+                        if alias.startswith(HostDevice(p.name, parent).alias + "-"):
+                            held.append(HostDevice(p.name, parent, p.mdev_type, source.get("uuid")))
+                if held:
+                    self._held[vm] = tuple(held)
+
+
+def hostdev_elements(devices: ET.Element, given: Sequence[HostDevice]) -> None:
+    """The domain XML's ``<hostdev>`` for each device given: a PCI function managed by
+    libvirt (detached from its host driver while the guest runs), or a mediated device."""
+    for device in given:
+        if device.mdev_type is None:
+            hostdev = ET.SubElement(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
+            domain, bus, rest = device.address.split(":")
+            slot, function = rest.split(".")
+            ET.SubElement(
+                ET.SubElement(hostdev, "source"),
+                "address",
+                domain=f"0x{domain}",
+                bus=f"0x{bus}",
+                slot=f"0x{slot}",
+                function=f"0x{function}",
+            )
+        else:
+            hostdev = ET.SubElement(
+                devices, "hostdev", mode="subsystem", type="mdev", model="vfio-pci"
+            )
+            ET.SubElement(ET.SubElement(hostdev, "source"), "address", uuid=str(device.mdev_uuid))
+        ET.SubElement(hostdev, "alias", name=device.alias)
+
+
+class DeviceSource(Protocol):
+    """Where the agent reads the host's devices and what its guests hold of them."""
+
+    def node_device_xmls(self) -> list[str]: ...
+
+    def guest_xmls(self) -> dict[str, str]: ...
+
+
 class LibvirtDevices:
-    """Node devices from a read-only libvirt connection of their own (the driver's
-    connection is the guests'). On the test driver a second connection to the same
-    file sees the same node devices."""
+    """Node devices and guests' definitions from a libvirt connection: its own read-only
+    one to ``uri`` (the driver's connection is the guests'), or ``conn`` if given. On the
+    test driver each connection is a host of its own: give it the driver's."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, conn: Any = None) -> None:
         self.uri = uri
+        self._conn = conn
 
-    def node_device_xmls(self) -> list[str]:
+    def _read(self, read: Callable[[Any], T]) -> T:
+        if self._conn is not None:
+            return read(self._conn)
         import libvirt
 
         conn = libvirt.openReadOnly(self.uri)
         try:
-            return [d.XMLDesc(0) for d in conn.listAllDevices(0)]
+            return read(conn)
         finally:
             conn.close()
+
+    def node_device_xmls(self) -> list[str]:
+        return self._read(lambda conn: [d.XMLDesc(0) for d in conn.listAllDevices(0)])
+
+    def guest_xmls(self) -> dict[str, str]:
+        """Every guest's definition by uuid, running or not."""
+        return self._read(
+            lambda conn: {d.UUIDString(): d.XMLDesc(0) for d in conn.listAllDomains(0)}
+        )

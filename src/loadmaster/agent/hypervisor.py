@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from loadmaster.agent.devices import HostDevice
 from loadmaster.errors import LoadmasterError
 
 KSM_KEYS = (
@@ -96,6 +97,8 @@ class GuestSpec:
     memory_kib: int
     vcpus: int
     tags: frozenset[str] = frozenset()
+    # The host's devices the agent gave it (agent/devices.py).
+    host_devices: tuple[HostDevice, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import random
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,10 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from loadmaster.agent.devices import (
+    Assignments,
     DeviceConfig,
+    DeviceShortage,
+    DeviceSource,
     Discovery,
     device_providers,
     parse_device_config,
@@ -273,12 +276,15 @@ class HostManager:
         *,
         host_name: str | None = None,
         hypervisor_uri: str,
-        node_devices: Callable[[], Sequence[str]] | None = None,
+        device_source: DeviceSource | None = None,
     ) -> None:
-        """``node_devices``: libvirt's node-device descriptions of the host, read at each
-        registration when the config offers devices (``LibvirtDevices``)."""
+        """``device_source``: where the host's devices (libvirt's node devices) and what
+        its guests hold of them are read, at each registration when the config offers
+        devices (``LibvirtDevices``)."""
         self.hypervisor = hypervisor
-        self.node_devices = node_devices
+        self.device_source = device_source
+        # Which guest holds which device: given at launch, freed once the VM left.
+        self.assignments = Assignments()
         # The host's devices as last registered: their classes are the host's to offer.
         self.devices = Discovery()
         self.api = api
@@ -314,14 +320,16 @@ class HostManager:
         nothing is logged, naming it."""
         if self.config.devices.empty:
             return Discovery()
-        if self.node_devices is None:
+        if self.device_source is None:
             raise ValidationError(
                 f"host {self.host_name}: the config offers devices ([pci] device_spec or "
                 "[devices] enabled_mdev_types) but the hypervisor lists none",
                 field="pci.device_spec",
             )
         found = device_providers(
-            self.host_name, parse_node_devices(self.node_devices()), self.config.devices
+            self.host_name,
+            parse_node_devices(self.device_source.node_device_xmls()),
+            self.config.devices,
         )
         for spec in found.unmatched:
             log.warning("%s matches no device of host %s", spec, self.host_name)
@@ -329,6 +337,8 @@ class HostManager:
 
     def register(self) -> dict[str, Any]:
         self.devices = self.discover_devices()
+        if self.devices.providers and self.device_source is not None:
+            self.assignments.restore(self.device_source.guest_xmls(), self.devices)
         body = discover(self.hypervisor.host_info(), self.config, self.host_name, self.devices)
         body["hypervisor_uri"] = self.hypervisor_uri
         answer = self.api.register(self.host_name, body)
@@ -369,13 +379,15 @@ class HostManager:
         report = StepReport(generation)
         guests = {g.uuid: g for g in self.hypervisor.list_guests()}
         wanted: set[str] = set()
+        # Launches whose devices a guest leaving in this pass still holds.
+        deferred: list[Mapping[str, Any]] = []
         for item in work["items"]:
             vm = str(item["vm"]).lower()
             wanted.add(vm)
             action = item["action"]
             try:
                 if action == "launch":
-                    self._launch(item, vm, vm in guests, report)
+                    self._launch(item, vm, vm in guests, report, deferred)
                 elif action == "run":
                     self._retag(item, vm, guests, report)
                 elif action == "migrate_out":
@@ -408,6 +420,18 @@ class HostManager:
                 report.removed.append(uuid)
             except Exception as exc:
                 report.errors.append(f"{uuid}: remove: {exc}")
+        # Devices of VMs no longer here (stopped, removed, moved away, given up) are free;
+        # a guest that could not be removed keeps its own.
+        with self._lock:
+            busy = set(self._launching) | set(self._migrating)
+        self.assignments.keep_only(wanted | busy | {u for u in doomed if u not in report.removed})
+        for item in deferred:
+            vm = str(item["vm"]).lower()
+            try:
+                self._launch(item, vm, False, report)
+            except Exception as exc:
+                _log_failure(f"launch of {vm}", exc)
+                report.errors.append(f"{vm}: launch: {exc}")
         # Only now is this work list seen: a pass that failed half way (the hypervisor
         # away) is read and carried out again at once, not after the next change.
         self._seen = self.acted_generation = generation
@@ -456,7 +480,16 @@ class HostManager:
         return True
 
     # -- actions ---------------------------------------------------------------------------
-    def _launch(self, item: Mapping[str, Any], vm: str, running: bool, report: StepReport) -> None:
+    def _launch(
+        self,
+        item: Mapping[str, Any],
+        vm: str,
+        running: bool,
+        report: StepReport,
+        deferred: list[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """``deferred``: where a launch goes whose devices are short now, to be tried once
+        more after the pass has removed the guests that left (and freed theirs)."""
         if running:
             self._say_up(vm, report)  # started before a restart, or by the last pass
             return
@@ -469,12 +502,24 @@ class HostManager:
             self.api.launch_failed(vm, self.host_name, refusal)
             report.refused.append(vm)
             return
+        try:
+            given = self.assignments.assign(vm, item.get("providers") or {}, self.devices)
+        except DeviceShortage as exc:
+            if deferred is not None:
+                deferred.append(item)
+                return
+            reason = f"host {self.host_name}: {exc}"
+            log.info("refusing %s: %s", vm, reason)
+            self.api.launch_failed(vm, self.host_name, reason)
+            report.refused.append(vm)
+            return
         spec = GuestSpec(
             uuid=vm,
             name=str(item["name"]),
             memory_kib=int(item["memory_mb"]) * KIB_PER_MB,
             vcpus=max(1, int(item["vcpus"])),
             tags=frozenset(item.get("tags") or ()),
+            host_devices=given,
         )
         with self._lock:
             self._launch_kib[vm] = spec.memory_kib
@@ -506,6 +551,7 @@ class HostManager:
             self.hypervisor.launch_guest(spec)
         except Exception as exc:
             log.warning("launch of %s failed: %s", spec.uuid, exc)
+            self.assignments.release(spec.uuid)
             reason = f"launch failed: {exc}"
             self._finish(self._launching, spec.uuid, self.api.launch_failed, self.host_name, reason)
             return

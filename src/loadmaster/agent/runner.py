@@ -171,7 +171,7 @@ def run_agent(
                 config,
                 host_name=host_name,
                 hypervisor_uri=hypervisor_uri,
-                node_devices=LibvirtDevices(hypervisor_uri).node_device_xmls,
+                device_source=LibvirtDevices(hypervisor_uri),
             )
             manager.register()
             manager_thread = threading.Thread(

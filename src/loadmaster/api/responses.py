@@ -351,6 +351,11 @@ class WorkItemOut(Out):
     resources: dict[str, int]
     target_host: str | None
     target_uri: str | None
+    providers: dict[str, dict[str, int]] = Field(
+        default={},
+        description="launch: what the claim holds on the host's child providers (NUMA "
+        "nodes, devices), by provider",
+    )
 
 
 class WorkListOut(Out):

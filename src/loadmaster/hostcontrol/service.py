@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 
 from loadmaster.cluster import HostRecord, HostService, ResourceClassService, TraitService, lookup
 from loadmaster.cluster.host_rows import parse_inventories
@@ -37,7 +38,14 @@ from loadmaster.resources import (
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
 from loadmaster.store.locking import iso_utc, mark_changed, now
-from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
+from loadmaster.store.schema import (
+    AllocationRow,
+    FlavorRow,
+    HostAgentRow,
+    HostRow,
+    ResourceClassRow,
+    VmRow,
+)
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
 # Between a host's name and its child's own part: HOST_numa0.
@@ -63,9 +71,12 @@ class WorkItem:
     resources: Mapping[str, int]
     target_host: str | None = None
     target_uri: str | None = None
+    # A launch's claim on the host's child providers (its devices among them), by provider.
+    providers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {
+            "providers": {p: dict(amounts) for p, amounts in self.providers.items()},
             "vm": self.vm,
             "name": self.name,
             "action": self.action,
@@ -423,6 +434,9 @@ class HostControl:
                     )
                 ).all()
             )
+            on_children = self._on_children(
+                session, root.id, [r.consumer_id for r in rows if r.state == "pending"]
+            )
             items = []
             for r in rows:
                 # A placed VM keeps its flavor (a flavor in use cannot be deleted).
@@ -449,9 +463,37 @@ class HostControl:
                         resources=resources,
                         target_host=names.get(r.target_host_id) if r.target_host_id else None,
                         target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
+                        providers=on_children.get(r.consumer_id, {}) if action == "launch" else {},
                     )
                 )
             return WorkList(root.name, root.generation, root.state, tuple(items))
+
+    @staticmethod
+    def _on_children(
+        session: Session, root_id: int, consumers: Sequence[int]
+    ) -> dict[int, dict[str, dict[str, int]]]:
+        """Per consumer, its records on the child providers of host ``root_id``: what the
+        agent must give a launching VM of its devices."""
+        if not consumers:
+            return {}
+        out: dict[int, dict[str, dict[str, int]]] = {}
+        for consumer, provider, class_name, amount in session.execute(
+            select(
+                AllocationRow.consumer_id,
+                HostRow.name,
+                ResourceClassRow.name,
+                AllocationRow.amount,
+            )
+            .join(HostRow, HostRow.id == AllocationRow.host_id)
+            .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
+            .where(
+                HostRow.root_id == root_id,
+                HostRow.id != root_id,
+                AllocationRow.consumer_id.in_(set(consumers)),
+            )
+        ):
+            out.setdefault(consumer, {}).setdefault(provider, {})[class_name] = int(amount)
+        return out
 
     # -- what the agent says ---------------------------------------------------------------
     def report(
