@@ -98,6 +98,24 @@ def test_two_pfs_of_vfs_and_a_gpu_become_nested_providers() -> None:
     assert body["child_traits"]["host1_pci_0000_af_00_0"] == []
 
 
+def test_on_a_numa_host_devices_register_under_their_node() -> None:
+    from loadmaster.agent.hypervisor import HostInfo, NumaCell
+
+    info = HostInfo(
+        "h", 16, 64 * GIB, 64 * GIB, (NumaCell(0, 8, 32 * GIB), NumaCell(1, 8, 32 * GIB))
+    )
+    config = ManagerConfig.from_dict(SPEC)
+    body = discover(
+        info, config, "host1", device_providers("host1", fixture_devices(), config.devices)
+    )
+    assert body["child_parents"] == {
+        "host1_0000:3B:00.0": "host1_numa0",
+        "host1_0000:3B:00.1": "host1_numa0",
+        "host1_pci_0000_af_00_0": "host1_numa1",
+    }
+    assert set(body["children"]) == {"host1_numa0", "host1_numa1", *body["child_parents"]}
+
+
 def test_a_whole_device_is_its_own_provider() -> None:
     """A PF matched (not its VFs) is one device of its own class."""
     config = parse_device_config(

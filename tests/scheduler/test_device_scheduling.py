@@ -15,7 +15,7 @@ import loadmaster
 from loadmaster.agent.devices import LibvirtDevices, device_providers, parse_node_devices
 from loadmaster.agent.manager import ManagerConfig, discover
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
-from loadmaster.errors import NotFound, ValidationError
+from loadmaster.errors import InsufficientCapacity, NotFound, ValidationError
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
 from loadmaster.scheduler.results import NoHostFits
@@ -211,3 +211,128 @@ def test_a_bad_alias_setting_is_refused_naming_the_entry(
         parse_aliases(value)
     assert err.value.field == field
     assert words in str(err.value)
+
+
+# -- hw:pci_numa_affinity_policy, judged in the same search -----------------------------
+
+NODE = {"VCPU": {"total": 4}, "MEMORY_MB": {"total": 4096}}
+
+
+@pytest.fixture
+def numa_host(lm: Loadmaster) -> Loadmaster:
+    """Host n: two NUMA nodes of 4 VCPU; a PF of 4 VFs on node 1 (under its provider)
+    and, with no NUMA information, a GPU under the host itself."""
+    lm.host_agents.register(
+        "n",
+        hypervisor_uri="test:///n",
+        inventories={},
+        children={
+            "n_numa0": NODE,
+            "n_numa1": NODE,
+            "n_0000:3B:00.0": {VF: {"total": 4, "max_unit": 4}},
+            "n_gpu": {"VGPU": {"total": 4}},
+        },
+        child_parents={"n_0000:3B:00.0": "n_numa1"},
+    )
+    for policy in ("required", "legacy", "preferred"):
+        for asked in ((VF, "1"), ("VGPU", "1")):
+            lm.flavors.create(
+                {
+                    "name": f"{policy}-{asked[0]}",
+                    "resources": {"VCPU": 4, "MEMORY_MB": 1024},
+                    "extra_specs": {
+                        f"resources:{asked[0]}": asked[1],
+                        "hw:pci_numa_affinity_policy": policy,
+                    },
+                }
+            )
+    lm.flavors.create(
+        {"name": "filler", "resources": {"VCPU": 4}, "extra_specs": {"hw:numa_nodes": "1"}}
+    )
+    return lm
+
+
+def place(lm: Loadmaster, flavor: str) -> tuple[str, Any]:
+    vm = lm.vms.create(f"{flavor}-vm", flavor).uuid
+    return vm, lm.scheduler.schedule([RequestSpec(vms=[vm])]).placements[0]
+
+
+def on_node(lm: Loadmaster, vm: str) -> list[str]:
+    return sorted(
+        p for p, amounts in lm.allocations.pending_for_vm(vm).items() if "VCPU" in amounts
+    )
+
+
+def test_required_finds_the_node_of_the_free_devices_in_the_same_search(
+    numa_host: Loadmaster,
+) -> None:
+    """Node 0 comes first and has room, but not the VF: the search goes on to node 1."""
+    vm, placed = place(numa_host, f"required-{VF}")
+    assert placed.host == "n", placed.error
+    assert on_node(numa_host, vm) == ["n_numa1"]
+
+
+def test_required_refuses_a_host_whose_devices_are_on_another_node_preferred_takes_it(
+    numa_host: Loadmaster,
+) -> None:
+    first, _ = place(numa_host, "filler")  # node 0 first ...
+    second, _ = place(numa_host, "filler")  # ... then node 1, the VF's node
+    assert (on_node(numa_host, first), on_node(numa_host, second)) == (["n_numa0"], ["n_numa1"])
+    numa_host.allocations.stop(first)  # room on node 0 only; the free VFs are on node 1
+    for policy in ("required", "legacy"):
+        vm, placed = place(numa_host, f"{policy}-{VF}")
+        assert placed.host is None and isinstance(placed.error, NoHostFits)
+        assert f"no NUMA node with room and its devices ({policy})" in str(placed.error)
+        with pytest.raises(InsufficientCapacity) as err:
+            numa_host.allocations.claim(vm, "n")
+        assert f"hw:pci_numa_affinity_policy={policy}" in str(err.value)
+        assert f"{VF}: none with room on NUMA node n_numa0 ({policy})" in str(err.value)
+    vm, placed = place(numa_host, f"preferred-{VF}")
+    assert placed.host == "n", placed.error
+    assert on_node(numa_host, vm) == ["n_numa0"]
+    assert numa_host.allocations.pending_for_vm(vm)["n_0000:3B:00.0"] == {VF: 1}
+    assert audit(numa_host.store) == []
+
+
+def test_legacy_takes_a_device_with_no_numa_information_required_does_not(
+    numa_host: Loadmaster,
+) -> None:
+    _, required = place(numa_host, "required-VGPU")
+    assert required.host is None
+    assert "no NUMA node with room and its devices (required)" in str(required.error)
+    for policy in ("legacy", "preferred"):
+        vm, placed = place(numa_host, f"{policy}-VGPU")
+        assert placed.host == "n", (policy, placed.error)
+        assert numa_host.allocations.pending_for_vm(vm)["n_gpu"] == {"VGPU": 1}
+
+
+def test_a_socket_policy_is_refused_naming_it(numa_host: Loadmaster) -> None:
+    with pytest.raises(ValidationError) as err:
+        numa_host.flavors.create(
+            {
+                "name": "sock",
+                "resources": {"VCPU": 1},
+                "extra_specs": {"hw:pci_numa_affinity_policy": "socket"},
+            }
+        )
+    assert err.value.field == "extra_specs.hw:pci_numa_affinity_policy"
+    assert "sockets are not modelled" in str(err.value)
+
+
+def test_devices_are_not_numa_nodes_for_one_node_flavors(numa_host: Loadmaster) -> None:
+    """hw:numa_nodes=1 puts CPUs and memory on one node; the devices (children too) are
+    no nodes, so a VF and a vGPU come along wherever they are."""
+    numa_host.flavors.create(
+        {
+            "name": "one-node-devices",
+            "resources": {"VCPU": 2, "MEMORY_MB": 1024, VF: 1, "VGPU": 1},
+            "extra_specs": {"hw:numa_nodes": "1"},
+        }
+    )
+    vm, placed = place(numa_host, "one-node-devices")
+    assert placed.host == "n", placed.error
+    assert numa_host.allocations.pending_for_vm(vm) == {
+        "n_numa0": {"VCPU": 2, "MEMORY_MB": 1024},
+        "n_0000:3B:00.0": {VF: 1},
+        "n_gpu": {"VGPU": 1},
+    }

@@ -358,16 +358,23 @@ def device_providers(host: str, devices: Sequence[PciDevice], config: DeviceConf
 
 
 def registration_children(
-    discovery: Discovery,
-) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    """The providers as the registration body's ``children`` (inventories by provider)
-    and ``child_traits``."""
+    discovery: Discovery, nodes: Mapping[int, str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], dict[str, str]]:
+    """The providers as the registration body's ``children`` (inventories by provider),
+    ``child_traits`` and ``child_parents``: a device on a NUMA node the host registers
+    (``nodes``: provider name by node id) goes under that node's provider, where the
+    scheduler judges ``hw:pci_numa_affinity_policy`` by it; any other under the host."""
     offered = [p for p in discovery.providers if p.total > 0]
     children = {
         p.name: {p.resource_class: {"total": p.total, "max_unit": p.total, "allocation_ratio": 1.0}}
         for p in offered
     }
-    return children, {p.name: sorted(p.traits) for p in offered}
+    parents = {
+        p.name: nodes[p.numa_node]
+        for p in offered
+        if p.numa_node is not None and p.numa_node in nodes
+    }
+    return children, {p.name: sorted(p.traits) for p in offered}, parents
 
 
 # -- devices given to guests -----------------------------------------------------------

@@ -232,13 +232,15 @@ def discover(
         for name, amount in sorted(config.resources.items())
     }
     children: dict[str, Any] = {}
+    nodes: dict[int, str] = {}
     measured = {"VCPU": info.cpus, "MEMORY_MB": info.memory_kib // KIB_PER_MB}
     if len(info.numa_cells) > 1:
         # The host's own reservation comes out of the first cell, where the kernel lives.
         for i, cell in enumerate(info.numa_cells):
             cell_measured = {"VCPU": cell.cpus, "MEMORY_MB": cell.memory_kib // KIB_PER_MB}
             # Named under the host, as the control plane requires (hostcontrol._check_names).
-            children[f"{host_name}_numa{cell.id}"] = {
+            nodes[cell.id] = f"{host_name}_numa{cell.id}"
+            children[nodes[cell.id]] = {
                 name: inventory(name, total, reserved.get(name, 0) if i == 0 else 0)
                 for name, total in cell_measured.items()
                 if total > 0
@@ -248,8 +250,10 @@ def discover(
             root[name] = inventory(name, total, reserved.get(name, 0))
     body: dict[str, Any] = {"inventories": root, "children": children}
     if devices is not None and devices.providers:
-        device_children, body["child_traits"] = registration_children(devices)
+        device_children, body["child_traits"], parents = registration_children(devices, nodes)
         children.update(device_children)
+        if parents:
+            body["child_parents"] = parents
     return body
 
 

@@ -222,6 +222,9 @@ class AgentRegistration(Body):
     children: dict[Name, dict[str, Inventory]] = {}
     # Traits of some of the children (devices: their class's traits), replacing theirs.
     child_traits: dict[Name, list[Name]] = {}
+    # A child's parent among the other children (a device under its NUMA node); the
+    # others are the host's own.
+    child_parents: dict[Name, Name] = {}
 
 
 class HostFailure(Body):

@@ -208,10 +208,12 @@ class HostControl:
         inventories: Mapping[str, Mapping[str, object]],
         children: Mapping[str, Mapping[str, Mapping[str, object]]] | None = None,
         child_traits: Mapping[str, Sequence[str]] | None = None,
+        child_parents: Mapping[str, str] | None = None,
     ) -> Registration:
         """Create the host (and its child providers, e.g. NUMA cells and devices) or find
         it by name, then make its inventories (and its children's traits, for those
-        ``child_traits`` names) what the agent discovered. Each write is a compare-and-
+        ``child_traits`` names) what the agent discovered; a child ``child_parents`` names
+        goes under that other child (a device under its NUMA node). Each write is a compare-and-
         swap on the provider's generation, retried on a race; a change that would put a
         class below what is allocated is refused and reported, and the rest still lands.
         A child named after the host (``<host>_...``) that the agent no longer lists has
@@ -229,25 +231,43 @@ class HostControl:
         }
         self._check_names(name, parsed_children)
         traits = self._check_child_traits(child_traits or {}, parsed_children)
+        parents = dict(child_parents or {})
+        for child, parent in sorted(parents.items()):
+            where = f"child_parents.{child}"
+            if child not in parsed_children:
+                raise ValidationError(
+                    f"{where}: {child} is not among the registration's children", field=where
+                )
+            if parent not in parsed_children or parent in parents:
+                raise ValidationError(
+                    f"{where}: the parent {parent} must be another child of the registration, "
+                    "one directly under the host",
+                    field=where,
+                )
         self._ensure_custom_classes([wanted, *parsed_children.values()])
         for trait in sorted({t for names in traits.values() for t in names}):
             if trait not in STANDARD_TRAITS:
                 self._traits.create(trait)
         refused: dict[str, str] = {}
         root = self._ensure(name, None, wanted, refused)
-        for child, child_inventories in parsed_children.items():
-            self._ensure(child, root.uuid, child_inventories, refused)
+        uuids = {name: root.uuid}
+        # The host's own children first, then those under them.
+        for child, child_inventories in sorted(
+            parsed_children.items(), key=lambda kv: (kv[0] in parents, kv[0])
+        ):
+            made = self._ensure(child, uuids[parents.get(child, name)], child_inventories, refused)
+            uuids[child] = made.uuid
             if child in traits:
                 self._hosts.set_traits(child, traits[child])
         withdrawn = []
         for known in self._hosts.list(in_tree=root.uuid):
             if (
-                known.parent == root.uuid
+                known.uuid != root.uuid
                 and known.name not in parsed_children
                 and known.name.startswith(name + CHILD_SEPARATOR)
                 and known.inventories
             ):
-                self._ensure(known.name, root.uuid, {}, refused)
+                self._ensure(known.name, known.parent, {}, refused)
                 withdrawn.append(known.name)
         with self._store.write() as session:
             row = lookup.host_row(session, name)
@@ -313,7 +333,7 @@ class HostControl:
                         f"{name}{CHILD_SEPARATOR}<suffix>, e.g. {name}{CHILD_SEPARATOR}numa0",
                         field=where,
                     )
-            elif root is None or found.parent != root.uuid:
+            elif root is None or found.root != root.uuid:
                 owner = "a root host" if found.parent is None else "a child of another host"
                 raise Conflict(
                     f"{where}: provider {child} exists as {owner}; a host's child providers "

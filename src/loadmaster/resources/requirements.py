@@ -14,6 +14,8 @@ Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`
 a host's NUMA nodes, its child providers, offer comes all from one node). Refused, with
 the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
 to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
+``hw:pci_numa_affinity_policy`` ``required``, ``legacy`` or ``preferred`` (the VM on one
+NUMA node, its devices judged against it: ``tree_fit``; ``socket`` is refused).
 ``pci_passthrough:alias=NAME:N,...`` asks N host devices of each alias the server defines
 (``aliases.py``): their class, and their traits required.
 """
@@ -28,6 +30,7 @@ from loadmaster.errors import ValidationError
 from loadmaster.resources.aliases import ALIAS_SPEC, PciAlias, alias_requests
 from loadmaster.resources.inventory import parse_amounts
 from loadmaster.resources.traits import validate_trait_name
+from loadmaster.resources.tree_fit import AFFINITIES, Affinity
 
 
 @dataclass(frozen=True)
@@ -106,11 +109,13 @@ _ACCEPTED_VALUES = {
     "hw:cpu_policy": ("shared", "dedicated"),
     "hw:mem_page_size": ("small", "any"),
     "hw:numa_nodes": ("1",),
+    "hw:pci_numa_affinity_policy": AFFINITIES,
 }
 _VALUE_REASONS = {
     "hw:cpu_policy": "mixed policies are not modelled (shared or dedicated)",
     "hw:mem_page_size": "huge pages are not tracked (small or any)",
     "hw:numa_nodes": "a VM spread over several NUMA nodes is not modelled (1 only)",
+    "hw:pci_numa_affinity_policy": ("sockets are not modelled (required, legacy or preferred)"),
 }
 
 
@@ -118,6 +123,14 @@ def one_numa_node(extra_specs: Mapping[str, str]) -> bool:
     """``hw:numa_nodes=1``: the classes a host's NUMA nodes (its child providers) offer
     come all from one of them."""
     return extra_specs.get("hw:numa_nodes") == "1"
+
+
+def pci_numa_affinity(extra_specs: Mapping[str, str]) -> Affinity | None:
+    """``hw:pci_numa_affinity_policy``: how the VM's devices must sit against its NUMA node
+    (``tree_fit``); the VM's CPUs and memory then come from one node, as with
+    ``hw:numa_nodes=1``."""
+    value = extra_specs.get("hw:pci_numa_affinity_policy")
+    return next((a for a in AFFINITIES if a == value), None)
 
 
 def extra_spec_names(extra_specs: Mapping[str, str]) -> list[tuple[str, str, str]]:

@@ -532,6 +532,7 @@ def _take(call: _Call, request: VmRequest, host: int) -> None:
         request.resources,
         group.name if group is not None else None,
         one_node=request.one_numa_node,
+        affinity=request.pci_numa_affinity,
     )
     if call.local is not None:
         call.local.changed(host)

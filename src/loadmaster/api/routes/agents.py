@@ -76,6 +76,7 @@ def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) 
         inventories=fields["inventories"],
         children=fields["children"],
         child_traits=fields["child_traits"],
+        child_parents=fields["child_parents"],
     )
     return {
         "host": views.host(registration.host),
