@@ -14,6 +14,7 @@ from loadmaster.cluster import (
     sync_standard_vocabulary,
 )
 from loadmaster.hostcontrol import HostControl
+from loadmaster.hostcontrol.devices import DeviceViews
 from loadmaster.hostcontrol.evacuation import EvacuationService
 from loadmaster.pending import Ledger
 from loadmaster.pending.waiting import WaitingClaims
@@ -29,7 +30,7 @@ from loadmaster.store import Store
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
     ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
-    ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
+    ``lm.devices`` (host devices and who holds them), ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
     act), ``lm.evacuation`` (a dead host's VMs started elsewhere). ``settings`` (default:
     the environment's) choose the
     scheduler's default policy and policy file, how flavors treat unknown extra specs, and
@@ -50,6 +51,7 @@ class Loadmaster:
         )
         self.groups = GroupService(store)
         self.scheduler = scheduler_for(store, settings)
+        self.devices = DeviceViews(store)
         self.host_agents = HostControl(
             store,
             self.hosts,

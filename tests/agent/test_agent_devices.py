@@ -253,6 +253,7 @@ class WorkApi:
         self.generation = 0
         self.up_vms: list[str] = []
         self.failed: dict[str, str] = {}
+        self.said: dict[str, list[dict[str, Any]] | None] = {}
 
     def set(self, items: list[dict[str, Any]]) -> None:
         self.items, self.generation = items, self.generation + 1
@@ -263,8 +264,9 @@ class WorkApi:
     def work(self, host: str, after: int, wait: float) -> dict[str, Any]:
         return {"generation": self.generation, "items": self.items}
 
-    def up(self, vm: str, host: str) -> None:
+    def up(self, vm: str, host: str, devices: list[dict[str, Any]] | None = None) -> None:
         self.up_vms.append(vm)
+        self.said[vm] = devices
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None:
         self.failed[vm] = reason
@@ -354,6 +356,9 @@ def test_each_guest_is_given_its_own_vf_and_a_stopped_one_frees_it(device_host: 
             [f"3b:02.{f}" for f in range(4)] + [f"3b:03.{f}" for f in range(4)]
         )
         assert all(a.startswith("3b:02") for [(_, a)] in vfs[:4])
+        # Each up says what the VM was given.
+        said = api.said[items[0]["vm"]]
+        assert said == [{"provider": PF0, "address": f"0000:{vfs[0][0][1]}", "mdev_uuid": None}]
         gpu = given[items[8]["vm"]]
         assert [t for t, _ in gpu] == ["mdev", "mdev"] and gpu[0][1] != gpu[1][1]
         # PF0 is full: a claim the agent cannot honour is refused, naming the provider.

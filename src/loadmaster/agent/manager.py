@@ -102,8 +102,8 @@ class ManagerApi(Protocol):
         """None: the wait ended with generation ``after`` still current."""
         ...
 
-    def up(self, vm: str, host: str) -> None:
-        """``host``: where the VM now runs."""
+    def up(self, vm: str, host: str, devices: list[dict[str, Any]] | None = None) -> None:
+        """``host``: where the VM now runs; ``devices``: the host devices it was given."""
         ...
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None: ...
@@ -559,7 +559,19 @@ class HostManager:
             reason = f"launch failed: {exc}"
             self._finish(self._launching, spec.uuid, self.api.launch_failed, self.host_name, reason)
             return
-        self._finish(self._launching, spec.uuid, self.api.up, self.host_name)
+        if not spec.host_devices:
+            self._finish(self._launching, spec.uuid, self.api.up, self.host_name)
+            return
+        given = [
+            {"provider": d.provider, "address": d.address, "mdev_uuid": d.mdev_uuid}
+            for d in spec.host_devices
+        ]
+        self._finish(
+            self._launching,
+            spec.uuid,
+            lambda vm, host: self.api.up(vm, host, devices=given),
+            self.host_name,
+        )
 
     def _retag(
         self, item: Mapping[str, Any], vm: str, guests: Mapping[str, Any], report: StepReport

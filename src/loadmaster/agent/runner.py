@@ -86,8 +86,11 @@ class ApiClient(HttpClient):
         )
         return answer
 
-    def up(self, vm: str, host: str) -> None:
-        self.post(f"/vms/{vm}/up", {"host": host})
+    def up(self, vm: str, host: str, devices: list[dict[str, Any]] | None = None) -> None:
+        body: dict[str, Any] = {"host": host}
+        if devices is not None:
+            body["devices"] = devices
+        self.post(f"/vms/{vm}/up", body)
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None:
         self.post(f"/vms/{vm}/launch-failed", {"host": host, "reason": reason})

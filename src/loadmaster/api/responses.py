@@ -536,3 +536,35 @@ class CandidatesOut(Out):
         description="a list of providers and amounts before 1.12, keyed by provider from it"
     )
     provider_summaries: dict[str, SummaryOut]
+
+
+class GivenDeviceOut(Out):
+    provider: str
+    address: str = Field(description="the device's PCI address (a mediated device's parent)")
+    mdev_uuid: str | None = Field(description="a mediated device's uuid, else null")
+
+
+class DeviceHolderOut(Out):
+    vm: str
+    name: str
+    amount: int
+    state: Literal["pending", "active"]
+    devices: list[GivenDeviceOut] = Field(description="which devices its agent gave it")
+
+
+class DeviceProviderOut(Out):
+    provider: str
+    parent: str = Field(description="the host, or the NUMA node the devices are on")
+    resource_class: str
+    total: int
+    used: int = Field(description="pending counted")
+    traits: list[str]
+    holders: list[DeviceHolderOut]
+
+
+class HostDevicesOut(Out):
+    devices: list[DeviceProviderOut]
+
+
+class VmDevicesOut(Out):
+    devices: list[GivenDeviceOut]

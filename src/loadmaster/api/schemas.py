@@ -254,5 +254,13 @@ class EvacuateRequest(Body):
     )
 
 
+class GivenDevice(Body):
+    provider: Name
+    address: Annotated[str, Field(min_length=1, max_length=64)]
+    mdev_uuid: Annotated[str, Field(max_length=36)] | None = None
+
+
 class VmUp(Body):
     host: Name | None = None
+    # The host devices its agent gave it (with ``host``); left out: unchanged.
+    devices: Annotated[list[GivenDevice], Field(max_length=64)] | None = None

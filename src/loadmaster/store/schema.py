@@ -221,6 +221,19 @@ class AllocationRow(Base):
     )
 
 
+class VmDeviceRow(Base):
+    """A host device an agent gave a VM (its PCI address, and for a mediated device its
+    uuid), under the device provider the VM's claim holds. Written when the VM comes up;
+    shown only while the VM still holds records on that provider."""
+
+    __tablename__ = "vm_devices"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    provider_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    address: Mapped[str] = mapped_column(String(64))
+    mdev_uuid: Mapped[str | None] = mapped_column(String(36), nullable=True)
+
+
 class HostReportRow(Base):
     """The latest report from a host's agent: measured usage and load."""
 

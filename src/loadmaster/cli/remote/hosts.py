@@ -82,13 +82,21 @@ def host_tree(as_json: JsonOpt = False) -> None:
 
 @host_app.command("show")
 def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
-    """Inventories, usage per class (pending counted as used) and its agent's status."""
+    """Inventories, usage per class (pending counted as used), its agent's status, and its
+    devices with the VMs holding them."""
     client = api()
     host = client.get(f"/hosts/{name}")
     usages = client.get(f"/hosts/{name}/usages")
     inventories = client.get(f"/resource_providers/{name}/inventories")["inventories"]
     agent = client.get(f"/hosts/{name}/agent")
-    data = {**host, "inventories": inventories, "usages": usages["classes"], "agent": agent}
+    devices = client.get(f"/hosts/{name}/devices")["devices"]
+    data = {
+        **host,
+        "inventories": inventories,
+        "usages": usages["classes"],
+        "agent": agent,
+        "devices": devices,
+    }
     rows = [
         (
             rc,
@@ -115,8 +123,34 @@ def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
         ("class", "total", "reserved", "ratio", "capacity", "active", "pending", "free"),
         rows,
     )
+    if devices and not as_json:
+        show(
+            data,
+            False,
+            "Devices",
+            ("provider", "on", "class", "used", "total", "traits", "held by"),
+            [
+                (
+                    d["provider"],
+                    d["parent"],
+                    d["resource_class"],
+                    d["used"],
+                    d["total"],
+                    ",".join(d["traits"]) or "-",
+                    "; ".join(_holder(h) for h in d["holders"]) or "-",
+                )
+                for d in devices
+            ],
+        )
     if not as_json and host["drain"] is not None:
         warn(host["drain"]["warnings"])
+
+
+def _holder(holder: dict[str, Any]) -> str:
+    """A VM holding devices of a provider: its name, and the addresses its agent gave it."""
+    given = ",".join(d["address"] for d in holder["devices"])
+    pending = " pending" if holder["state"] == "pending" else ""
+    return f"{holder['name']}{pending} ({given or holder['amount']})"
 
 
 @host_app.command("create")
