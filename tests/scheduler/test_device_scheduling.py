@@ -336,3 +336,20 @@ def test_devices_are_not_numa_nodes_for_one_node_flavors(numa_host: Loadmaster) 
         "n_0000:3B:00.0": {VF: 1},
         "n_gpu": {"VGPU": 1},
     }
+
+
+def test_capacity_and_explain_count_devices_like_any_class(dlm: Loadmaster) -> None:
+    assert dlm.scheduler.capacity("vf").per_host == {"h1": 8}
+    uuids = vms(dlm, 8)
+    for vm in uuids[:6]:
+        assert dlm.scheduler.schedule([RequestSpec(vms=[vm])]).placements[0].host == "h1"
+    assert dlm.scheduler.capacity("vf").per_host == {"h1": 2}
+    for vm in uuids[6:]:
+        dlm.scheduler.schedule([RequestSpec(vms=[vm])])
+    full = dlm.scheduler.capacity("vf")
+    assert full.total == 0
+    assert full.limits["h1"].startswith(f"{VF} short by 1 (free 0 of"), full.limits
+    explained = dlm.scheduler.explain(RequestSpec(flavor="vf"))
+    assert explained.candidates == 0
+    [removed] = [f for f in explained.filters if f.removed]
+    assert (removed.filter, removed.reasons) == ("resources", {f"short of {VF}": 1})
