@@ -596,6 +596,17 @@ class HostManager:
                 vm, self.host_name, f"destination {item.get('target_host')} has no agent"
             )
             return
+        held = self.assignments.held().get(vm)
+        if held:
+            # Its domain names this host's devices, which do not follow it: the guest
+            # stays here and the destination's claim goes.
+            self.api.migration_failed(
+                vm,
+                self.host_name,
+                f"it holds host devices ({', '.join(d.address for d in held)}), which "
+                "cannot move with it; stop it and start it elsewhere",
+            )
+            return
         with self._lock:
             self._migrating[vm] = self._pool.submit(
                 self._run_migration, vm, str(target_uri), str(item.get("target_host"))
