@@ -353,3 +353,30 @@ def test_capacity_and_explain_count_devices_like_any_class(dlm: Loadmaster) -> N
     assert explained.candidates == 0
     [removed] = [f for f in explained.filters if f.removed]
     assert (removed.filter, removed.reasons) == ("resources", {f"short of {VF}": 1})
+
+
+def test_an_aliass_traits_bind_the_provider_its_devices_come_from(dlm: Loadmaster) -> None:
+    """Only PF0 has CUSTOM_PHYSNET1: VMs asking vf-physnet1 take PF0's VFs and no other,
+    though PF1 has VFs of the same class free; a plain vf takes what is left anywhere."""
+    dlm.hosts.set_traits(PFS[1], ["COMPUTE_MANAGED_PCI_DEVICE"])
+    dlm.flavors.create(
+        {
+            "name": "physnet1",
+            "resources": {"VCPU": 1},
+            "extra_specs": {"pci_passthrough:alias": "vf-physnet1:1"},
+        }
+    )
+    assert dlm.flavors.get("physnet1").class_traits == {VF: ("CUSTOM_PHYSNET1",)}
+    # A plain VF first: it lands on PF0, the first with room, leaving PF0 three.
+    [plain] = vms(dlm, 1)
+    assert dlm.scheduler.schedule([RequestSpec(vms=[plain])]).placements[0].host == "h1"
+    uuids = vms(dlm, 4, "physnet1")
+    placed = [dlm.scheduler.schedule([RequestSpec(vms=[u])]).placements[0] for u in uuids]
+    assert [p.host for p in placed[:3]] == ["h1"] * 3
+    assert used_vfs(dlm) == [4, 0]
+    assert placed[3].host is None
+    assert "no provider with the traits its devices need has room" in str(placed[3].error)
+    with pytest.raises(InsufficientCapacity):
+        dlm.allocations.claim(uuids[3], "h1")
+    assert used_vfs(dlm) == [4, 0]
+    assert audit(dlm.store) == []

@@ -340,6 +340,7 @@ class FlavorService:
                 required_traits=sorted(spec.required_traits),
                 forbidden_traits=sorted(spec.forbidden_traits),
                 extra_specs=dict(spec.extra_specs),
+                class_traits={c: sorted(t) for c, t in spec.class_traits.items()},
             )
             session.add(row)
             return replace(flavor_record(row), warnings=spec.warnings)
@@ -374,4 +375,5 @@ def flavor_record(row: FlavorRow) -> FlavorRecord:
         required_traits=tuple(row.required_traits),
         forbidden_traits=tuple(row.forbidden_traits),
         extra_specs=dict(row.extra_specs),
+        class_traits={c: tuple(t) for c, t in (row.class_traits or {}).items()},
     )

@@ -346,7 +346,11 @@ def _plan(
         tree.providers,
         wanted,
         one_node=one_numa_node(flavor.extra_specs) or affinity is not None,
-        offers=lambda p, name: name in class_ids and (p.id, class_ids[name]) in tree.inventories,
+        offers=lambda p, name: (
+            name in class_ids
+            and (p.id, class_ids[name]) in tree.inventories
+            and set(flavor.class_traits.get(name, ())) <= tree.provider_traits.get(p.id, set())
+        ),
         problem=lambda p, name, amount: tree.problem(p, name, class_ids[name], amount),
         node_of=tree.numa_nodes(),
         affinity=affinity,

@@ -88,6 +88,8 @@ class ProviderTree:
     # Every trait of any provider of the tree: a flavor's traits hold for the host when a
     # provider of it has them (as the scheduler's traits filter reads them).
     traits: set[str] = field(default_factory=set)
+    # Each provider's own traits, by provider id.
+    provider_traits: dict[int, set[str]] = field(default_factory=dict)
     # The ids of the classes the tree has inventory of, by name.
     class_ids: dict[str, int] = field(default_factory=dict)
 
@@ -153,6 +155,7 @@ def load_trees(
                 )
             else:
                 tree.traits.add(name)
+                tree.provider_traits.setdefault(host_id, set()).add(name)
     return trees
 
 

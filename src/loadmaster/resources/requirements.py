@@ -62,6 +62,8 @@ class FlavorSpec:
     extra_specs: Mapping[str, str] = field(default_factory=dict)
     # Extra specs kept but not applied (``unknown_specs="warn"``), each naming its key.
     warnings: tuple[str, ...] = ()
+    # Per class, the traits the provider it is taken from must have (a PCI alias's).
+    class_traits: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def requirements(self) -> Requirements:
         return Requirements(
@@ -188,6 +190,7 @@ def parse_flavor(
         )
     extra: dict[str, str] = {}
     warnings: list[str] = []
+    class_traits: dict[str, frozenset[str]] = {}
     for key, value in extra_raw.items():
         where = f"extra_specs.{key}"
         if not isinstance(key, str) or not isinstance(value, str):
@@ -212,6 +215,10 @@ def parse_flavor(
             for alias, count in alias_requests(value, aliases or {}, where):
                 resources[alias.resource_class] = resources.get(alias.resource_class, 0) + count
                 required |= alias.traits
+                if alias.traits:
+                    class_traits[alias.resource_class] = (
+                        class_traits.get(alias.resource_class, frozenset()) | alias.traits
+                    )
         elif key in _ACCEPTED_VALUES:
             if value not in _ACCEPTED_VALUES[key]:
                 raise ValidationError(
@@ -243,5 +250,11 @@ def parse_flavor(
             field="resources",
         )
     return FlavorSpec(
-        name, resources, frozenset(required), frozenset(forbidden), extra, tuple(warnings)
+        name,
+        resources,
+        frozenset(required),
+        frozenset(forbidden),
+        extra,
+        tuple(warnings),
+        class_traits,
     )

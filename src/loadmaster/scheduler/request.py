@@ -123,6 +123,8 @@ class VmRequest:
     one_numa_node: bool = False
     # hw:pci_numa_affinity_policy: how its devices sit against that node (tree_fit).
     pci_numa_affinity: Affinity | None = None
+    # Per class, the traits the provider it is taken from must have (a PCI alias's).
+    class_traits: tuple[tuple[str, frozenset[str]], ...] = ()
 
     @property
     def companion_total(self) -> dict[str, int]:

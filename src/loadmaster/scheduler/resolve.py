@@ -274,6 +274,9 @@ def with_flavor(
         forbidden_aggregates=base.forbidden_aggregates | forbidden_aggregates,
         one_numa_node=one_numa_node(flavor.extra_specs) or affinity is not None,
         pci_numa_affinity=affinity,
+        class_traits=tuple(
+            sorted((name, frozenset(traits)) for name, traits in flavor.class_traits.items())
+        ),
     )
 
 

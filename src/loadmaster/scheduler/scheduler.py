@@ -52,6 +52,7 @@ from loadmaster.scheduler.results import (
     Placement,
     ScheduleResult,
 )
+from loadmaster.scheduler.snapshot import ClassTraits
 from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.store import Store
 from loadmaster.store.transaction import Transaction
@@ -698,7 +699,7 @@ class _RaceInOneTransaction(Exception):
     a check the snapshot and the ledger judge apart): the transaction is rolled back."""
 
 
-Landed = tuple[int, Mapping[str, int], str | None, bool, Affinity | None]
+Landed = tuple[int, Mapping[str, int], str | None, bool, Affinity | None, ClassTraits]
 
 
 def _landed(decision: Decision) -> Landed:
@@ -711,6 +712,7 @@ def _landed(decision: Decision) -> Landed:
         group,
         request.one_numa_node,
         request.pci_numa_affinity,
+        request.class_traits,
     )
 
 

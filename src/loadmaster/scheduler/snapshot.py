@@ -24,6 +24,8 @@ from loadmaster.cluster.records import HOST_STATES
 from loadmaster.resources.tree_fit import NODE_CLASSES, Affinity, fit_in_tree, numa_nodes
 
 Ints = npt.NDArray[np.int64]
+# Per class, the traits the provider it is taken from must have.
+ClassTraits = tuple[tuple[str, frozenset[str]], ...]
 Bools = npt.NDArray[np.bool_]
 Floats = npt.NDArray[np.float64]
 
@@ -396,13 +398,14 @@ class Snapshot:
         *,
         one_node: bool = False,
         affinity: Affinity | None = None,
+        class_traits: ClassTraits = (),
     ) -> None:
         """Record a claim as the ledger will write it: each class on the first provider of
         the tree (root first) that holds it; with ``one_node`` (``hw:numa_nodes=1``) the
         classes the host's nodes offer on the first node with room for all of them (and
         its devices as ``affinity`` says). Only for a working copy, or for the owner of
         the arrays (the snapshot source)."""
-        for row, column, amount in self.placing(host, amounts, one_node, affinity):
+        for row, column, amount in self.placing(host, amounts, one_node, affinity, class_traits):
             self.used[column, row] += amount
             if not self.flat:
                 self.host_used[column, host] += amount
@@ -417,10 +420,11 @@ class Snapshot:
         amounts: Mapping[str, int],
         one_node: bool,
         affinity: Affinity | None = None,
+        class_traits: ClassTraits = (),
     ) -> list[tuple[int, int, int]]:
         """Where ``fit_in_tree`` puts the amounts, as (row, column, amount); nothing if
         they do not fit."""
-        if self.flat:
+        if self.flat and not class_traits:
             # A tree of one provider: every class on it, if it offers and has room for
             # each (fit_in_tree's answer, without its generality).
             plan = []
@@ -430,11 +434,18 @@ class Snapshot:
                     return []
                 plan.append((host, column, amount))
             return plan
+        bound = {name: [self.traits.get(t, -1) for t in traits] for name, traits in class_traits}
+
+        def offers(row: int, name: str) -> bool:
+            return bool(self.max_unit[self.classes[name], row] > 0) and all(
+                t >= 0 and self.trait_matrix[row, t] for t in bound.get(name, ())
+            )
+
         fit = fit_in_tree(
             self.tree[host],
             amounts,
             one_node=one_node,
-            offers=lambda row, name: bool(self.max_unit[self.classes[name], row] > 0),
+            offers=offers,
             problem=lambda row, name, amount: (
                 "" if self._room(self.classes[name], row, amount) else "full"
             ),

@@ -37,7 +37,7 @@ from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.pending import trees
 from loadmaster.resources import Inventory
 from loadmaster.resources.tree_fit import Affinity
-from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
+from loadmaster.scheduler.snapshot import STATE_CODE, ClassTraits, Snapshot
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, run
@@ -341,17 +341,27 @@ class SnapshotSource:
     # -- our own claims ----------------------------------------------------------------
     def landed(
         self,
-        claims: Sequence[tuple[int, Mapping[str, int], str | None, bool, Affinity | None]],
+        claims: Sequence[
+            tuple[int, Mapping[str, int], str | None, bool, Affinity | None, ClassTraits]
+        ],
         clock: int | None,
     ) -> None:
-        """Our claims landed, as ``(host, amounts, group, one_node, affinity)``: apply them as the
+        """Our claims landed, as ``(host, amounts, group, one_node, affinity, class_traits)``:
+        apply them as the
         ledger wrote them. The ledger bumped each tree's generations once and stamped
         them with ``clock``, a change the snapshot then holds (None: do not trust that,
         read those providers again at the next refresh)."""
         with self._writing():
             snap = self._thaw()
-            for host, amounts, group, one_node, affinity in claims:
-                snap.apply(host, amounts, group, one_node=one_node, affinity=affinity)
+            for host, amounts, group, one_node, affinity, class_traits in claims:
+                snap.apply(
+                    host,
+                    amounts,
+                    group,
+                    one_node=one_node,
+                    affinity=affinity,
+                    class_traits=class_traits,
+                )
             for host in {claim[0] for claim in claims}:
                 snap.generation[snap.tree[host]] += 1
                 if clock is not None:

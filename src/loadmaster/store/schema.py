@@ -111,6 +111,10 @@ class FlavorRow(Base):
     required_traits: Mapped[list[str]] = mapped_column(JSON)
     forbidden_traits: Mapped[list[str]] = mapped_column(JSON)
     extra_specs: Mapped[dict[str, str]] = mapped_column(JSON)
+    # Per class, the traits the provider it is taken from must have (a PCI alias's).
+    class_traits: Mapped[dict[str, list[str]]] = mapped_column(
+        JSON, default=dict, server_default="{}"
+    )
 
 
 class ServerGroupRow(Base):

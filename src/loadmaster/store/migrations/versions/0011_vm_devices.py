@@ -1,4 +1,4 @@
-"""host devices agents gave VMs
+"""host devices agents gave VMs; flavors' traits per class (PCI aliases)
 
 Revision ID: 0011_vm_devices
 Revises: 0009_fence_failures
@@ -27,9 +27,15 @@ def upgrade() -> None:
     )
     op.create_index("ix_vm_devices_provider_id", "vm_devices", ["provider_id"])
     op.create_index("ix_vm_devices_vm_id", "vm_devices", ["vm_id"])
+    with op.batch_alter_table("flavors", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("class_traits", sa.JSON(), nullable=False, server_default="{}")
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("flavors", schema=None) as batch_op:
+        batch_op.drop_column("class_traits")
     op.drop_index("ix_vm_devices_vm_id", table_name="vm_devices")
     op.drop_index("ix_vm_devices_provider_id", table_name="vm_devices")
     op.drop_table("vm_devices")
