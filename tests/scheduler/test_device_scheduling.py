@@ -380,3 +380,58 @@ def test_an_aliass_traits_bind_the_provider_its_devices_come_from(dlm: Loadmaste
         dlm.allocations.claim(uuids[3], "h1")
     assert used_vfs(dlm) == [4, 0]
     assert audit(dlm.store) == []
+
+
+def test_a_numbered_group_binds_its_traits_to_its_resources(dlm: Loadmaster) -> None:
+    dlm.hosts.set_traits(PFS[1], ["COMPUTE_MANAGED_PCI_DEVICE"])
+    made = dlm.flavors.create(
+        {
+            "name": "grouped",
+            "resources": {"VCPU": 1},
+            "extra_specs": {
+                f"resources1:{VF}": "2",
+                "trait1:CUSTOM_PHYSNET1": "required",
+                "group_policy": "none",
+            },
+        }
+    )
+    assert made.resources == {"VCPU": 1, VF: 2}
+    assert made.class_traits == {VF: ("CUSTOM_PHYSNET1",)}
+    assert made.required_traits == ()
+    uuids = vms(dlm, 3, "grouped")
+    hosts = [dlm.scheduler.schedule([RequestSpec(vms=[u])]).placements[0].host for u in uuids]
+    assert hosts == ["h1", "h1", None]
+    assert used_vfs(dlm) == [4, 0]
+
+
+@pytest.mark.parametrize(
+    ("specs", "field", "words"),
+    [
+        (
+            {f"resources1:{VF}": "1", "trait1:CUSTOM_PHYSNET1": "forbidden"},
+            "trait1:CUSTOM_PHYSNET1",
+            "required ones",
+        ),
+        ({f"resources1:{VF}": "1", "group_policy": "isolate"}, "group_policy", "not modelled"),
+        (
+            {f"resources1:{VF}": "1", "trait2:CUSTOM_PHYSNET1": "required"},
+            "trait2",
+            "asks no resources",
+        ),
+        ({f"resources1:{VF}": "1", f"resources:{VF}": "1"}, f"resources1:{VF}", "one group"),
+        ({f"resources1:{VF}": "x"}, f"resources1:{VF}", "integer"),
+    ],
+)
+def test_a_bad_request_group_is_refused_naming_it(
+    dlm: Loadmaster, specs: dict[str, str], field: str, words: str
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        dlm.flavors.create({"name": "g", "resources": {"VCPU": 1}, "extra_specs": specs})
+    assert err.value.field == f"extra_specs.{field}"
+    assert words in str(err.value)
+    with pytest.raises(NotFound) as missing:
+        dlm.flavors.create(
+            {"name": "g", "resources": {"VCPU": 1}, "extra_specs": {"resources1:CUSTOM_NOPE": "1"}}
+        )
+    assert missing.value.field == "extra_specs.resources1:CUSTOM_NOPE"
+    assert [f.name for f in dlm.flavors.list()] == ["vf"]

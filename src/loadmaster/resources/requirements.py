@@ -22,6 +22,7 @@ NUMA node, its devices judged against it: ``tree_fit``; ``socket`` is refused).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -135,17 +136,71 @@ def pci_numa_affinity(extra_specs: Mapping[str, str]) -> Affinity | None:
     return next((a for a in AFFINITIES if a == value), None)
 
 
+# A numbered (granular) request group's keys, as Nova's: resources1:CLASS, trait1:NAME,
+# or with a name, resources_GPU:CLASS.
+_GROUP_KEY = re.compile(r"^(resources|trait)(\d+|_[A-Za-z0-9_-]{1,64}):(.*)$")
+
+
 def extra_spec_names(extra_specs: Mapping[str, str]) -> list[tuple[str, str, str]]:
     """``(key, "class" or "trait", name)`` for each class or trait an extra spec names,
     so that a name the store does not know is refused naming the extra spec."""
     out = []
     for key in extra_specs:
         prefix, colon, rest = key.partition(":")
-        if colon and prefix in ("resources", "resource"):
+        if (grouped := _GROUP_KEY.match(key)) is not None:
+            kind = "class" if grouped[1] == "resources" else "trait"
+            out.append((key, kind, grouped[3]))
+        elif colon and prefix in ("resources", "resource"):
             out.append((key, "class", rest))
         elif colon and prefix == "trait":
             out.append((key, "trait", rest))
     return out
+
+
+def _groups(extra: Mapping[str, str]) -> tuple[dict[str, int], dict[str, frozenset[str]]]:
+    """Numbered request groups (``resources1:CLASS=N`` with ``trait1:NAME=required``): the
+    amounts they ask, and per class the traits its provider must have, as Placement
+    binds a group's traits to its resources. One class in one group only; a forbidden
+    trait in a group and ``group_policy=isolate`` are refused, not modelled."""
+    amounts: dict[str, tuple[str, int]] = {}
+    traits: dict[str, set[str]] = {}
+    for key, value in extra.items():
+        grouped = _GROUP_KEY.match(key)
+        if grouped is None:
+            continue
+        where = f"extra_specs.{key}"
+        if grouped[1] == "trait":
+            trait = validate_trait_name(grouped[3], where)
+            if value != "required":
+                raise ValidationError(
+                    f"{where}={value!r} is refused: a request group's traits are required "
+                    "ones (forbidden traits apply to the whole flavor: trait:NAME=forbidden)",
+                    field=where,
+                )
+            traits.setdefault(grouped[2], set()).add(trait)
+            continue
+        name = grouped[3]
+        earlier = amounts.get(name)
+        if earlier is not None or f"resources:{name}" in extra or f"resource:{name}" in extra:
+            raise ValidationError(
+                f"{where}: {name} is asked by another group too; a class comes from one group",
+                field=where,
+            )
+        amounts[name] = (grouped[2], _amount(value, where))
+    for group in sorted(traits):
+        if group not in {g for g, _ in amounts.values()}:
+            raise ValidationError(
+                f"extra_specs.trait{group}: request group {group} asks no resources",
+                field=f"extra_specs.trait{group}",
+            )
+    return (
+        {name: amount for name, (_, amount) in amounts.items()},
+        {
+            name: frozenset(traits[group])
+            for name, (group, _) in amounts.items()
+            if traits.get(group)
+        },
+    )
 
 
 def _amount(value: str, where: str) -> int:
@@ -197,7 +252,16 @@ def parse_flavor(
             raise ValidationError(f"{where} must map a string to a string", field=where)
         extra[key] = value
         prefix, colon, rest = key.partition(":")
-        if colon and prefix in ("resources", "resource"):
+        if _GROUP_KEY.match(key):
+            continue  # request groups are read together below
+        if key == "group_policy":
+            if value != "none":
+                raise ValidationError(
+                    f"{where}={value!r} is refused: groups on separate providers are not "
+                    "modelled (none)",
+                    field=where,
+                )
+        elif colon and prefix in ("resources", "resource"):
             resources[rest] = _amount(value, where)
         elif colon and prefix == "trait":
             trait = validate_trait_name(rest, where)
@@ -234,6 +298,11 @@ def parse_flavor(
             )
         else:
             warnings.append(f"{where} is not understood and is ignored")
+    grouped, bound = _groups(extra)
+    for class_name, amount in grouped.items():
+        resources[class_name] = resources.get(class_name, 0) + amount
+    for class_name, traits in bound.items():
+        class_traits[class_name] = class_traits.get(class_name, frozenset()) | traits
     if extra.get("hw:cpu_policy") == "dedicated" and "VCPU" in resources:
         # Nova asks placement for pinned CPUs as PCPU instead of VCPU.
         resources["PCPU"] = resources.get("PCPU", 0) + resources.pop("VCPU")
