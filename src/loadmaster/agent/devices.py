@@ -283,6 +283,12 @@ class Discovery:
     unmatched: tuple[str, ...] = ()
 
 
+def _class_of(device: PciDevice, spec: DeviceSpec) -> str:
+    return (
+        spec.resource_class or f"CUSTOM_PCI_{device.vendor_id.upper()}_{device.product_id.upper()}"
+    )
+
+
 def device_providers(host: str, devices: Sequence[PciDevice], config: DeviceConfig) -> Discovery:
     """The providers ``config`` makes of ``devices`` (see the module docstring); a spec
     that gives one PF's VFs different classes or traits, or matches a PF and its VFs,
@@ -310,14 +316,9 @@ def device_providers(host: str, devices: Sequence[PciDevice], config: DeviceConf
                 field=spec.where,
             )
         first, first_spec = members[0]
-        rc = first_spec.resource_class or (
-            f"CUSTOM_PCI_{first.vendor_id.upper()}_{first.product_id.upper()}"
-        )
+        rc = _class_of(first, first_spec)
         for device, spec in members[1:]:
-            other = spec.resource_class or (
-                f"CUSTOM_PCI_{device.vendor_id.upper()}_{device.product_id.upper()}"
-            )
-            if other != rc or spec.traits != first_spec.traits:
+            if _class_of(device, spec) != rc or spec.traits != first_spec.traits:
                 raise ValidationError(
                     f"{spec.where} gives VF {device.address} another class or traits than "
                     f"{first_spec.where} gives {first.address}; the VFs of PF {owner} share them",
