@@ -365,6 +365,13 @@ def test_each_guest_is_given_its_own_vf_and_a_stopped_one_frees_it(device_host: 
         api.set([*items, launch(9, {PF0: {VF: 1}})])
         manager.step()
         assert f"of {PF0} but only 0 of its devices are free" in api.failed[launch(9, {})["vm"]]
+        # A claim on a device provider the agent does not offer is refused, not ignored.
+        api.set([*items, launch(11, {"h_0000:3B:00.7": {VF: 1}})])
+        manager.step()
+        assert (
+            "h_0000:3B:00.7, a provider whose devices this agent does not offer"
+            in (api.failed[launch(11, {})["vm"]])
+        )
         # A VM holding devices is not moved: its domain names this host's devices.
         moving = {**items[1], "action": "migrate_out", "target_host": "h2", "target_uri": "x"}
         api.set([*items[:1], moving, *items[2:]])

@@ -427,6 +427,7 @@ class Assignments:
         NUMA nodes, are not devices); the ones it holds already if it has some. Raises
         ``DeviceShortage`` naming the provider when too few are free."""
         providers = {p.name: p for p in discovery.providers}
+        device_classes = {p.resource_class for p in discovery.providers}
         with self._lock:
             if vm in self._held:
                 return self._held[vm]
@@ -435,6 +436,12 @@ class Assignments:
             for name, amounts in sorted(claimed.items()):
                 provider = providers.get(name)
                 if provider is None:
+                    unknown = sorted(set(amounts) & device_classes)
+                    if unknown:
+                        raise DeviceShortage(
+                            f"the claim holds {', '.join(unknown)} of {name}, a provider "
+                            "whose devices this agent does not offer"
+                        )
                     continue
                 count = amounts.get(provider.resource_class, 0)
                 if provider.mdev_type is not None:
