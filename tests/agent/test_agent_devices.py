@@ -395,3 +395,35 @@ def test_each_guest_is_given_its_own_vf_and_a_stopped_one_frees_it(device_host: 
         assert len(again.assignments.held()) == 9
     finally:
         again.close()
+
+
+def test_a_device_unplugged_is_registered_again_without_it() -> None:
+    """The GPU leaves the host's node devices: a rescan registers the host anew without
+    its provider (the server withdraws it); an unchanged rescan sends nothing."""
+    sim = SimulatedHypervisor(
+        [], host_memory_kib=GIB, node_devices=LibvirtDevices(DEVICES_URI).node_device_xmls()
+    )
+    bodies: list[dict[str, Any]] = []
+
+    class Api(WorkApi):
+        def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
+            bodies.append(body)
+            return {}
+
+    manager = HostManager(
+        sim,
+        Api(),
+        ManagerConfig.from_dict(ATTACH),
+        host_name="h",
+        hypervisor_uri="x",
+        device_source=sim,  # type: ignore[arg-type]
+    )
+    try:
+        manager.register()
+        assert GPU in bodies[0]["children"]
+        assert manager.rescan_devices() is False and len(bodies) == 1
+        sim.node_devices = [x for x in sim.node_devices if "pci_0000_af_00_0" not in x]
+        assert manager.rescan_devices() is True
+        assert GPU not in bodies[1]["children"] and PF0 in bodies[1]["children"]
+    finally:
+        manager.close()

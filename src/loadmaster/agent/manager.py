@@ -67,6 +67,9 @@ DEFAULT_WAIT_S = 110.0
 # if a report was lost between a server and its database.
 REPORT_AT_LEAST_EVERY_S = 600.0
 MAX_BACKOFF_S = 10.0
+# How often the host's devices are read again (Nova's resource tracker: every minute), so
+# that one unplugged or changed is reported without waiting for the agent's restart.
+DEVICE_RESCAN_S = 60.0
 
 
 def matches_work_list(
@@ -291,6 +294,7 @@ class HostManager:
         self.assignments = Assignments()
         # The host's devices as last registered: their classes are the host's to offer.
         self.devices = Discovery()
+        self._scanned_at = time.monotonic()
         self.api = api
         self.config = config
         self.hypervisor_uri = config.migration_uri or hypervisor_uri
@@ -339,7 +343,20 @@ class HostManager:
             log.warning("%s matches no device of host %s", spec, self.host_name)
         return found
 
+    def rescan_devices(self) -> bool:
+        """Read the host's devices again and register the host anew if they changed (a
+        device gone is withdrawn by the server; what VMs hold of it stays). Returns
+        whether they changed."""
+        self._scanned_at = time.monotonic()
+        found = self.discover_devices()
+        if found.providers == self.devices.providers:
+            return False
+        log.warning("the devices of host %s changed: registering them again", self.host_name)
+        self.register()
+        return True
+
     def register(self) -> dict[str, Any]:
+        self._scanned_at = time.monotonic()
         self.devices = self.discover_devices()
         if self.devices.providers and self.device_source is not None:
             self.assignments.restore(self.device_source.guest_xmls(), self.devices)
@@ -365,6 +382,8 @@ class HostManager:
             try:
                 self.step(wait=wait * random.uniform(0.8, 1.0))
                 self.report()
+                if time.monotonic() - self._scanned_at >= DEVICE_RESCAN_S:
+                    self.rescan_devices()
                 failures = 0
             except Exception as exc:  # the API or the hypervisor away: try again shortly
                 failures += 1
