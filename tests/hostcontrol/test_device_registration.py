@@ -123,3 +123,31 @@ def test_a_launch_on_the_work_list_names_the_device_providers_claimed(lm: Loadma
     lm.allocations.activate(vm)
     [item] = lm.host_agents.work("h1").items
     assert (item.action, item.providers) == ("run", {})
+
+
+def test_a_device_whose_class_changes_keeps_what_is_in_use(lm: Loadmaster) -> None:
+    register(lm, body())
+    lm.flavors.create({"name": "vf", "resources": {"VCPU": 1, "CUSTOM_PCI_8086_10ED": 1}})
+    vm = lm.vms.create("holder", "vf")
+    lm.allocations.claim(vm.uuid, "h1")
+    renamed = ManagerConfig.from_dict(
+        {"pci": {"device_spec": [{"product_id": "10ed", "resource_class": "vf-any"}]}}
+    )
+    changed = register(lm, body(renamed))
+    assert changed.refused == {
+        f"{PF0}.CUSTOM_PCI_8086_10ED": "discovered capacity 0 is below the 1 allocated; "
+        "the inventory is kept until VMs leave"
+    }
+    assert sorted(lm.hosts.get(PF0).inventories) == ["CUSTOM_PCI_8086_10ED", "CUSTOM_VF_ANY"]
+    assert list(lm.hosts.get(PF1).inventories) == ["CUSTOM_VF_ANY"]
+    assert audit(lm.store) == []
+    # The operator sees both classes of PF0, and who holds the old one.
+    shown = [
+        (d.provider, d.resource_class, d.used, [h.name for h in d.holders])
+        for d in lm.devices.of_host("h1")
+    ]
+    assert shown == [
+        (PF0, "CUSTOM_PCI_8086_10ED", 1, ["holder"]),
+        (PF0, "CUSTOM_VF_ANY", 0, []),
+        (PF1, "CUSTOM_VF_ANY", 0, []),
+    ]

@@ -15,7 +15,7 @@ import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
@@ -178,56 +178,54 @@ class DeviceViews:
                 .order_by(TraitRow.name)
             ):
                 traits.setdefault(host_id, []).append(name)
-            holders: dict[int, list[tuple[int, str, str, int, str]]] = {}
-            for host_id, vm_id, uuid, name, amount, state in session.execute(
+            holders: dict[tuple[int, str], list[tuple[int, str, str, int, str]]] = {}
+            for host_id, class_name, vm_id, uuid, name, amount, state in session.execute(
                 select(
                     AllocationRow.host_id,
+                    ResourceClassRow.name,
                     VmRow.id,
                     VmRow.uuid,
                     VmRow.name,
-                    func.sum(AllocationRow.amount),
+                    AllocationRow.amount,
                     AllocationRow.state,
                 )
                 .join(VmRow, VmRow.consumer_id == AllocationRow.consumer_id)
+                .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
                 .where(AllocationRow.host_id.in_(ids))
-                .group_by(
-                    AllocationRow.host_id,
-                    VmRow.id,
-                    VmRow.uuid,
-                    VmRow.name,
-                    AllocationRow.state,
-                )
                 .order_by(VmRow.name)
             ):
-                holders.setdefault(host_id, []).append((vm_id, uuid, name, int(amount), state))
+                holders.setdefault((host_id, class_name), []).append(
+                    (vm_id, uuid, name, int(amount), state)
+                )
             given = _given(session, [h[0] for hs in holders.values() for h in hs])
             out = []
             for p in providers:
                 offered = inventories.get(p.id, [])
-                if not offered or any(name in NODE_CLASSES for name, _ in offered):
-                    continue  # a NUMA node, or a device withdrawn
-                [(resource_class, total)] = offered[:1]
-                taken = holders.get(p.id, [])
-                out.append(
-                    DeviceProviderView(
-                        provider=p.name,
-                        parent=names.get(p.parent_id, root.name),
-                        resource_class=resource_class,
-                        total=total,
-                        used=sum(h[3] for h in taken),
-                        traits=tuple(traits.get(p.id, ())),
-                        holders=tuple(
-                            Holder(
-                                uuid,
-                                name,
-                                amount,
-                                state,
-                                tuple(d for d in given.get(vm_id, ()) if d.provider == p.name),
-                            )
-                            for vm_id, uuid, name, amount, state in taken
-                        ),
+                if any(name in NODE_CLASSES for name, _ in offered):
+                    continue  # a NUMA node
+                # Mostly one class; two while a class that changed is still in use.
+                for resource_class, total in sorted(offered):
+                    taken = holders.get((p.id, resource_class), [])
+                    out.append(
+                        DeviceProviderView(
+                            provider=p.name,
+                            parent=names.get(p.parent_id, root.name),
+                            resource_class=resource_class,
+                            total=total,
+                            used=sum(h[3] for h in taken),
+                            traits=tuple(traits.get(p.id, ())),
+                            holders=tuple(
+                                Holder(
+                                    uuid,
+                                    name,
+                                    amount,
+                                    state,
+                                    tuple(d for d in given.get(vm_id, ()) if d.provider == p.name),
+                                )
+                                for vm_id, uuid, name, amount, state in taken
+                            ),
+                        )
                     )
-                )
             return out
 
 
