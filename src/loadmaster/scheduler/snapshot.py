@@ -122,6 +122,7 @@ class Snapshot:
         # Caches of pure functions of the arrays above (cleared whenever they change);
         # _unit_ok also holds offers() as (column, -1), offered_everywhere() as (column, -2).
         self._unit_ok: dict[tuple[int, int], Bools] = {}
+        self._tree_nodes: dict[int, list[int | None]] = {}  # host -> tree_nodes(host)
         self._shares: tuple[Ints | None, dict[tuple[int, int], Floats]] = (None, {})
 
     @property
@@ -225,6 +226,7 @@ class Snapshot:
             where=self.host_capacity > 0,
         )
         self._unit_ok.clear()
+        self._tree_nodes.clear()
         self._shares = (None, {})
 
     def freeze(self, frozen: bool = True) -> None:
@@ -380,11 +382,18 @@ class Snapshot:
         return offers & on_root
 
     def tree_nodes(self, host: int) -> list[int | None]:
-        """``tree_fit.numa_nodes`` of the host's tree."""
+        """``tree_fit.numa_nodes`` of the host's tree (asked at every claim a batch
+        applies: read from its rows only, and kept until the inventories change)."""
+        known = self._tree_nodes.get(host)
+        if known is not None:
+            return known
         rows = self.tree[host]
         index = {row: i for i, row in enumerate(rows)}
-        nodes = self.numa_node_rows()[rows]
-        return numa_nodes([index.get(int(self.parent_row[row])) for row in rows], nodes.tolist())
+        columns = [self.classes[name] for name in NODE_CLASSES if name in self.classes]
+        offers = [any(self.max_unit[c, row] > 0 for c in columns) for row in rows]
+        nodes = numa_nodes([index.get(int(self.parent_row[row])) for row in rows], offers)
+        self._tree_nodes[host] = nodes
+        return nodes
 
     def root_generation(self, host: int) -> int:
         return int(self.generation[self.roots[host]])
