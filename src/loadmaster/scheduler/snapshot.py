@@ -376,10 +376,8 @@ class Snapshot:
             column = self.classes.get(name)
             if column is not None:
                 offers |= self.max_unit[column] > 0
-        on_root = np.zeros(len(self.root_of), np.bool_)
-        children = self.parent_row >= 0
-        on_root[children] = np.isin(self.parent_row[children], self.roots)
-        return offers & on_root
+        # (A root's parent is -1, never its own row.)
+        return offers & (self.parent_row == self.roots[self.root_of])
 
     def tree_nodes(self, host: int) -> list[int | None]:
         """``tree_fit.numa_nodes`` of the host's tree (asked at every claim a batch
