@@ -14,9 +14,11 @@ from loadmaster.cluster import (
     sync_standard_vocabulary,
 )
 from loadmaster.hostcontrol import HostControl
+from loadmaster.hostcontrol.devices import DeviceViews
 from loadmaster.hostcontrol.evacuation import EvacuationService
 from loadmaster.pending import Ledger
 from loadmaster.pending.waiting import WaitingClaims
+from loadmaster.resources.aliases import parse_aliases
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
 from loadmaster.scheduler.policies import load_policy_file
@@ -28,7 +30,7 @@ from loadmaster.store import Store
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
     ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
-    ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
+    ``lm.devices`` (host devices and who holds them), ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
     act), ``lm.evacuation`` (a dead host's VMs started elsewhere). ``settings`` (default:
     the environment's) choose the
     scheduler's default policy and policy file, how flavors treat unknown extra specs, and
@@ -40,13 +42,16 @@ class Loadmaster:
         self.resource_classes = ResourceClassService(store)
         self.traits = TraitService(store)
         self.hosts = HostService(store)
-        self.flavors = FlavorService(store, settings.unknown_specs)
+        self.flavors = FlavorService(
+            store, settings.unknown_specs, parse_aliases(settings.pci_aliases)
+        )
         self.vms = VmService(store)
         self.allocations = Ledger(
             store, randomize_candidates=settings.randomize_allocation_candidates
         )
         self.groups = GroupService(store)
         self.scheduler = scheduler_for(store, settings)
+        self.devices = DeviceViews(store)
         self.host_agents = HostControl(
             store,
             self.hosts,

@@ -102,6 +102,12 @@ OPTIONS = {
         "refuse",
         "flavor extra specs loadmaster does not know: refuse the flavor, or warn and ignore them",
     ),
+    "pci_aliases": Option(
+        "",
+        "the PCI aliases flavors ask host devices by (pci_passthrough:alias=NAME:N), a JSON "
+        'list: [{"name": "vf1", "resource_class": "CUSTOM_VF"} or with vendor_id and '
+        'product_id, and "traits"]',
+    ),
     "scheduling_dir": Option(
         None,
         "set by serve --workers N for its workers: the private directory of the one "

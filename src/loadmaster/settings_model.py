@@ -9,7 +9,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from loadmaster.errors import LoadmasterError
 from loadmaster.heartbeat import flush_every, min_silent_after
+from loadmaster.resources.aliases import parse_aliases
 from loadmaster.settings import OPTIONS, PREFIX
 
 
@@ -45,8 +47,18 @@ class Settings(BaseSettings):
     scheduler_policy: str = _field("scheduler_policy")
     policies_file: Path | None = _field("policies_file")
     unknown_specs: Literal["refuse", "warn"] = _field("unknown_specs")
+    pci_aliases: str = _field("pci_aliases")
     randomize_allocation_candidates: bool = _field("randomize_allocation_candidates")
     scheduling_dir: Path | None = _field("scheduling_dir")
+
+    @field_validator("pci_aliases")
+    @classmethod
+    def _aliases_parse(cls, value: str) -> str:
+        try:
+            parse_aliases(value)
+        except LoadmasterError as exc:
+            raise ValueError(exc.detail) from None
+        return value
 
     @field_validator("agent_silent_after")
     @classmethod

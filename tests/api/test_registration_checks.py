@@ -65,3 +65,31 @@ def test_bulk_hosts_names_a_refused_field_under_its_host(live: Live) -> None:
     assert refused.status_code == 404, refused.text
     assert refused.json()["field"] == "hosts[1].traits"
     assert table_rows(live.lm) == before
+
+
+def test_child_traits_over_http_and_a_device_gone_withdrawn(live: Live) -> None:
+    """A device child comes with its traits; registered again without it, its inventory
+    is withdrawn and the answer says so. Traits for a child not listed: 400, nothing."""
+    vf = {"CUSTOM_PCI_8086_10ED": {"total": 4, "max_unit": 4}}
+    made = ok(
+        _register(
+            live,
+            "h0",
+            inventories=NODE,
+            children={"h0_0000:3B:00.0": vf},
+            child_traits={"h0_0000:3B:00.0": ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1"]},
+        )
+    )
+    assert made["withdrawn"] == []
+    assert live.lm.hosts.get("h0_0000:3B:00.0").traits == (
+        "COMPUTE_MANAGED_PCI_DEVICE",
+        "CUSTOM_PHYSNET1",
+    )
+    before = table_rows(live.lm)
+    refused = _register(live, "h0", inventories=NODE, child_traits={"h0_numa0": ["CUSTOM_X"]})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["field"] == "child_traits.h0_numa0"
+    assert table_rows(live.lm) == before
+    gone = ok(_register(live, "h0", inventories=NODE))
+    assert gone["withdrawn"] == ["h0_0000:3B:00.0"]
+    assert live.lm.hosts.get("h0_0000:3B:00.0").inventories == {}

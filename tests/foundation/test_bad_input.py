@@ -124,7 +124,7 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         for key, value, reason in [
             ("hw:foo", "1", "not an extra spec loadmaster understands"),
             ("quota:cpu_shares", "10", "not an extra spec loadmaster understands"),
-            ("resources1:VCPU", "1", "not an extra spec loadmaster understands"),
+            ("trait1:HW_CPU_X86_AVX2", "forbidden", "a request group's traits are required ones"),
             ("aggregate_instance_extra_specs:ssd", "true", "aggregates carry no metadata"),
             ("hw:numa_nodes", "2", "several NUMA nodes is not modelled"),
             ("hw:mem_page_size", "large", "huge pages are not tracked"),

@@ -220,4 +220,4 @@ def test_a_claim_on_a_host_of_one_provider_lands_where_fit_in_tree_puts_it(
         ),
     )
     expected = [(row, snap.classes[name], amount) for row, name, amount in fit.plan]
-    assert snap.flat and snap._placing(0, amounts, False) == expected
+    assert snap.flat and snap.placing(0, amounts, False) == expected

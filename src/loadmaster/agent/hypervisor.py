@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from loadmaster.agent.devices import HostDevice
 from loadmaster.errors import LoadmasterError
 
 KSM_KEYS = (
@@ -97,6 +98,8 @@ class GuestSpec:
     memory_kib: int
     vcpus: int
     tags: frozenset[str] = frozenset()
+    # The host's devices the agent gave it (agent/devices.py).
+    host_devices: tuple[HostDevice, ...] = ()
 
 
 @dataclass(frozen=True)

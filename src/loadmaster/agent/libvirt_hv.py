@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from loadmaster.agent.devices import hostdev_elements
 from loadmaster.agent.hypervisor import (
     NET_KEYS,
     NUMA_MODES,
@@ -168,6 +169,8 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
     os_el = ET.SubElement(dom, "os")
     if test or image is None:
         ET.SubElement(os_el, "type").text = "hvm"
+        if spec.host_devices:
+            hostdev_elements(ET.SubElement(dom, "devices"), spec.host_devices)
         return ET.tostring(dom, encoding="unicode")
     ET.SubElement(os_el, "type", arch="x86_64", machine="pc").text = "hvm"
     ET.SubElement(os_el, "kernel").text = str(image.kernel)
@@ -188,6 +191,7 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
         ET.SubElement(serial, "target", port="0")
     balloon = ET.SubElement(devices, "memballoon", model="virtio")
     ET.SubElement(balloon, "stats", period=str(LAUNCH_STATS_PERIOD))
+    hostdev_elements(devices, spec.host_devices)
     return ET.tostring(dom, encoding="unicode")
 
 

@@ -41,6 +41,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from loadmaster.agent.devices import (
+    Assignments,
+    DeviceConfig,
+    DeviceShortage,
+    DeviceSource,
+    Discovery,
+    device_providers,
+    parse_device_config,
+    parse_node_devices,
+    registration_children,
+)
 from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor, unreachable_destination
 from loadmaster.errors import ValidationError
 
@@ -58,6 +69,9 @@ DEFAULT_WAIT_S = 110.0
 # if a report was lost between a server and its database.
 REPORT_AT_LEAST_EVERY_S = 600.0
 MAX_BACKOFF_S = 10.0
+# How often the host's devices are read again (Nova's resource tracker: every minute), so
+# that one unplugged or changed is reported without waiting for the agent's restart.
+DEVICE_RESCAN_S = 60.0
 
 
 def matches_work_list(
@@ -93,8 +107,8 @@ class ManagerApi(Protocol):
         """None: the wait ended with generation ``after`` still current."""
         ...
 
-    def up(self, vm: str, host: str) -> None:
-        """``host``: where the VM now runs."""
+    def up(self, vm: str, host: str, devices: list[dict[str, Any]] | None = None) -> None:
+        """``host``: where the VM now runs; ``devices``: the host devices it was given."""
         ...
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None: ...
@@ -129,9 +143,18 @@ class ManagerConfig:
         [allocation_ratio]
         VCPU = 4.0
 
-        [resources]                      # custom classes and devices, by amount
+        [resources]                      # custom classes, by amount
         DISK_GB = 500
         CUSTOM_LICENSE_X = 4
+
+        [[pci.device_spec]]              # host devices offered (agent/devices.py)
+        vendor_id = "8086"
+        product_id = "10ed"
+        address = "0000:3b:02.*"
+        traits = ["HW_NIC_SRIOV", "physnet1"]
+
+        [devices]
+        enabled_mdev_types = ["nvidia-222"]
     """
 
     name: str | None = None
@@ -142,6 +165,7 @@ class ManagerConfig:
     allocation_ratio: Mapping[str, float] = field(default_factory=dict)
     resources: Mapping[str, int] = field(default_factory=dict)
     launch_workers: int = 4
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
 
     @classmethod
     def from_file(cls, path: Path) -> ManagerConfig:
@@ -153,7 +177,7 @@ class ManagerConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "config") -> ManagerConfig:
-        known = {"host", "reserved", "allocation_ratio", "resources"}
+        known = {"host", "reserved", "allocation_ratio", "resources", "pci", "devices"}
         for key in data:
             if key not in known:
                 raise ValidationError(
@@ -186,14 +210,19 @@ class ManagerConfig:
             resources={
                 k: _int(v, f"resources.{k}") for k, v in _table(data, "resources", where).items()
             },
+            devices=parse_device_config(
+                _table(data, "pci", where), _table(data, "devices", where), where
+            ),
         )
 
 
-def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str, Any]:
+def discover(
+    info: HostInfo, config: ManagerConfig, host_name: str, devices: Discovery | None = None
+) -> dict[str, Any]:
     """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
     providers when there are several, as Placement models them), the configured classes on
     the root, reserved amounts (``DEFAULT_RESERVED`` where the config names none) and
-    ratios from the config."""
+    ratios from the config, and the host's devices as child providers with their traits."""
     reserved = {**DEFAULT_RESERVED, **config.reserved}
 
     def inventory(name: str, total: int, reserved: int = 0) -> dict[str, Any]:
@@ -208,13 +237,15 @@ def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str,
         for name, amount in sorted(config.resources.items())
     }
     children: dict[str, Any] = {}
+    nodes: dict[int, str] = {}
     measured = {"VCPU": info.cpus, "MEMORY_MB": info.memory_kib // KIB_PER_MB}
     if len(info.numa_cells) > 1:
         # The host's own reservation comes out of the first cell, where the kernel lives.
         for i, cell in enumerate(info.numa_cells):
             cell_measured = {"VCPU": cell.cpus, "MEMORY_MB": cell.memory_kib // KIB_PER_MB}
             # Named under the host, as the control plane requires (hostcontrol._check_names).
-            children[f"{host_name}_numa{cell.id}"] = {
+            nodes[cell.id] = f"{host_name}_numa{cell.id}"
+            children[nodes[cell.id]] = {
                 name: inventory(name, total, reserved.get(name, 0) if i == 0 else 0)
                 for name, total in cell_measured.items()
                 if total > 0
@@ -222,7 +253,13 @@ def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str,
     else:
         for name, total in measured.items():
             root[name] = inventory(name, total, reserved.get(name, 0))
-    return {"inventories": root, "children": children}
+    body: dict[str, Any] = {"inventories": root, "children": children}
+    if devices is not None and devices.providers:
+        device_children, body["child_traits"], parents = registration_children(devices, nodes)
+        children.update(device_children)
+        if parents:
+            body["child_parents"] = parents
+    return body
 
 
 @dataclass
@@ -249,8 +286,18 @@ class HostManager:
         *,
         host_name: str | None = None,
         hypervisor_uri: str,
+        device_source: DeviceSource | None = None,
     ) -> None:
+        """``device_source``: where the host's devices (libvirt's node devices) and what
+        its guests hold of them are read, at each registration when the config offers
+        devices (``LibvirtDevices``)."""
         self.hypervisor = hypervisor
+        self.device_source = device_source
+        # Which guest holds which device: given at launch, freed once the VM left.
+        self.assignments = Assignments()
+        # The host's devices as last registered: their classes are the host's to offer.
+        self.devices = Discovery()
+        self._scanned_at = time.monotonic()
         self.api = api
         self.config = config
         self.hypervisor_uri = config.migration_uri or hypervisor_uri
@@ -283,8 +330,44 @@ class HostManager:
         self._pool.shutdown(wait=True)
 
     # -- registration ----------------------------------------------------------------------
+    def discover_devices(self) -> Discovery:
+        """The host's devices as the config's device spec offers them; a spec that matches
+        nothing is logged, naming it."""
+        if self.config.devices.empty:
+            return Discovery()
+        if self.device_source is None:
+            raise ValidationError(
+                f"host {self.host_name}: the config offers devices ([pci] device_spec or "
+                "[devices] enabled_mdev_types) but the hypervisor lists none",
+                field="pci.device_spec",
+            )
+        found = device_providers(
+            self.host_name,
+            parse_node_devices(self.device_source.node_device_xmls()),
+            self.config.devices,
+        )
+        for spec in found.unmatched:
+            log.warning("%s matches no device of host %s", spec, self.host_name)
+        return found
+
+    def rescan_devices(self) -> bool:
+        """Read the host's devices again and register the host anew if they changed (a
+        device gone is withdrawn by the server; what VMs hold of it stays). Returns
+        whether they changed."""
+        self._scanned_at = time.monotonic()
+        found = self.discover_devices()
+        if found.providers == self.devices.providers:
+            return False
+        log.warning("the devices of host %s changed: registering them again", self.host_name)
+        self.register()
+        return True
+
     def register(self) -> dict[str, Any]:
-        body = discover(self.hypervisor.host_info(), self.config, self.host_name)
+        self._scanned_at = time.monotonic()
+        self.devices = self.discover_devices()
+        if self.devices.providers and self.device_source is not None:
+            self.assignments.restore(self.device_source.guest_xmls(), self.devices)
+        body = discover(self.hypervisor.host_info(), self.config, self.host_name, self.devices)
         body["hypervisor_uri"] = self.hypervisor_uri
         answer = self.api.register(self.host_name, body)
         cells = f" on {len(body['children'])} NUMA cells" if body["children"] else ""
@@ -297,6 +380,8 @@ class HostManager:
         )
         for where, why in dict(answer.get("refused") or {}).items():
             log.warning("inventory %s not changed: %s", where, why)
+        for child in answer.get("withdrawn") or ():
+            log.warning("provider %s is no longer discovered: its inventory is withdrawn", child)
         return answer
 
     # -- the loop --------------------------------------------------------------------------
@@ -312,6 +397,8 @@ class HostManager:
             try:
                 self.step(wait=wait * random.uniform(0.8, 1.0))
                 self.report()
+                if time.monotonic() - self._scanned_at >= DEVICE_RESCAN_S:
+                    self.rescan_devices()
                 failures = 0
             except Exception as exc:  # the API or the hypervisor away: try again shortly
                 if stop.is_set():
@@ -334,13 +421,15 @@ class HostManager:
         self._names = {str(i["vm"]).lower(): str(i["name"]) for i in work["items"] if i.get("name")}
         self._log_arrivals(work["items"], guests.keys())
         wanted: set[str] = set()
+        # Launches whose devices a guest leaving in this pass still holds.
+        deferred: list[Mapping[str, Any]] = []
         for item in work["items"]:
             vm = str(item["vm"]).lower()
             wanted.add(vm)
             action = item["action"]
             try:
                 if action == "launch":
-                    self._launch(item, vm, vm in guests, report)
+                    self._launch(item, vm, vm in guests, report, deferred)
                 elif action == "run":
                     self._retag(item, vm, guests, report)
                 elif action == "migrate_out":
@@ -379,6 +468,18 @@ class HostManager:
                 )
             except Exception as exc:
                 report.errors.append(f"{uuid}: remove: {exc}")
+        # Devices of VMs no longer here (stopped, removed, moved away, given up) are free;
+        # a guest that could not be removed keeps its own.
+        with self._lock:
+            busy = set(self._launching) | set(self._migrating)
+        self.assignments.keep_only(wanted | busy | {u for u in doomed if u not in report.removed})
+        for item in deferred:
+            vm = str(item["vm"]).lower()
+            try:
+                self._launch(item, vm, False, report)
+            except Exception as exc:
+                _log_failure(f"launch of {vm}", exc)
+                report.errors.append(f"{vm}: launch: {exc}")
         # Only now is this work list seen: a pass that failed half way (the hypervisor
         # away) is read and carried out again at once, not after the next change.
         self._seen = self.acted_generation = generation
@@ -427,7 +528,16 @@ class HostManager:
         return True
 
     # -- actions ---------------------------------------------------------------------------
-    def _launch(self, item: Mapping[str, Any], vm: str, running: bool, report: StepReport) -> None:
+    def _launch(
+        self,
+        item: Mapping[str, Any],
+        vm: str,
+        running: bool,
+        report: StepReport,
+        deferred: list[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """``deferred``: where a launch goes whose devices are short now, to be tried once
+        more after the pass has removed the guests that left (and freed theirs)."""
         if running:
             self._say_up(vm, report)  # started before a restart, or by the last pass
             return
@@ -440,12 +550,24 @@ class HostManager:
             self.api.launch_failed(vm, self.host_name, refusal)
             report.refused.append(vm)
             return
+        try:
+            given = self.assignments.assign(vm, item.get("providers") or {}, self.devices)
+        except DeviceShortage as exc:
+            if deferred is not None:
+                deferred.append(item)
+                return
+            reason = f"host {self.host_name}: {exc}"
+            log.info("refusing %s: %s", vm, reason)
+            self.api.launch_failed(vm, self.host_name, reason)
+            report.refused.append(vm)
+            return
         spec = GuestSpec(
             uuid=vm,
             name=str(item["name"]),
             memory_kib=int(item["memory_mb"]) * KIB_PER_MB,
             vcpus=max(1, int(item["vcpus"])),
             tags=frozenset(item.get("tags") or ()),
+            host_devices=given,
         )
         with self._lock:
             self._launch_kib[vm] = spec.memory_kib
@@ -455,6 +577,7 @@ class HostManager:
     def _refusal(self, item: Mapping[str, Any]) -> str | None:
         """The host's final say: why this VM cannot run here, or None."""
         offered = set(self.config.resources) | set(STANDARD_DISCOVERED) | {"DISK_GB"}
+        offered |= {p.resource_class for p in self.devices.providers}
         missing = sorted(set(item.get("resources") or {}) - offered)
         if missing:
             return f"host {self.host_name} has no {', '.join(missing)} (not in its agent config)"
@@ -478,6 +601,7 @@ class HostManager:
             self.hypervisor.launch_guest(spec)
         except Exception as exc:
             log.warning("launch of %s failed, the API places it elsewhere: %s", what, exc)
+            self.assignments.release(spec.uuid)
             reason = f"launch failed: {exc}"
             self._finish(self._launching, spec.uuid, self.api.launch_failed, self.host_name, reason)
             return
@@ -488,7 +612,19 @@ class HostManager:
             spec.memory_kib // KIB_PER_MB,
             time.monotonic() - started,
         )
-        self._finish(self._launching, spec.uuid, self.api.up, self.host_name)
+        if not spec.host_devices:
+            self._finish(self._launching, spec.uuid, self.api.up, self.host_name)
+            return
+        given = [
+            {"provider": d.provider, "address": d.address, "mdev_uuid": d.mdev_uuid}
+            for d in spec.host_devices
+        ]
+        self._finish(
+            self._launching,
+            spec.uuid,
+            lambda vm, host: self.api.up(vm, host, devices=given),
+            self.host_name,
+        )
 
     def _retag(
         self, item: Mapping[str, Any], vm: str, guests: Mapping[str, Any], report: StepReport
@@ -519,12 +655,21 @@ class HostManager:
             )
             return
         target_host = str(item.get("target_host"))
+        held = self.assignments.held().get(vm)
         why = unreachable_destination(str(target_uri), self.hypervisor_uri)
+        if held:
+            # Its domain names this host's devices, which do not follow it.
+            why = (
+                f"it holds host devices ({', '.join(d.address for d in held)}), which "
+                "cannot move with it; stop it and start it elsewhere"
+            )
+        elif why is not None:
+            why = f"destination {target_host} cannot be reached: {why}"
         if why is not None:
-            # Refused before anything moves: the guest keeps running here.
-            reason = f"destination {target_host} cannot be reached: {why}"
-            log.warning("not migrating %s: %s", vm, reason)
-            self.api.migration_failed(vm, self.host_name, reason)
+            # Refused before anything moves: the guest keeps running here and the
+            # destination's claim goes.
+            log.warning("not migrating %s: %s", self._vm(vm), why)
+            self.api.migration_failed(vm, self.host_name, why)
             report.refused.append(vm)
             return
         with self._lock:

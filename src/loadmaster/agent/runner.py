@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from loadmaster.agent.devices import LibvirtDevices
 from loadmaster.agent.hypervisor import Hypervisor
 from loadmaster.agent.journal import AppliedJournal
 from loadmaster.agent.libvirt_hv import GuestImage
@@ -85,8 +86,11 @@ class ApiClient(HttpClient):
         )
         return answer
 
-    def up(self, vm: str, host: str) -> None:
-        self.post(f"/vms/{vm}/up", {"host": host})
+    def up(self, vm: str, host: str, devices: list[dict[str, Any]] | None = None) -> None:
+        body: dict[str, Any] = {"host": host}
+        if devices is not None:
+            body["devices"] = devices
+        self.post(f"/vms/{vm}/up", body)
 
     def launch_failed(self, vm: str, host: str, reason: str) -> None:
         self.post(f"/vms/{vm}/launch-failed", {"host": host, "reason": reason})
@@ -181,6 +185,7 @@ def run_agent(
                 config,
                 host_name=host_name,
                 hypervisor_uri=hypervisor_uri,
+                device_source=LibvirtDevices(hypervisor_uri),
             )
             manager.register()
             manager_thread = threading.Thread(

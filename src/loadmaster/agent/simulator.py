@@ -20,6 +20,7 @@ import threading
 import time
 import uuid as uuidlib
 import weakref
+import xml.etree.ElementTree as ET
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -33,6 +34,7 @@ from loadmaster.agent.controllers import (
     SHARES_MAX,
     SHARES_MIN,
 )
+from loadmaster.agent.devices import HostDevice, hostdev_elements
 from loadmaster.agent.hypervisor import (
     NET_DIRECTIONS,
     NET_KEYS,
@@ -118,6 +120,8 @@ class _Guest:
     interfaces: dict[str, dict[str, int]] = field(default_factory=dict)
     # No <numatune> in the domain: libvirt reports strict mode over any node.
     numa: NumaTune = field(default_factory=lambda: NumaTune("strict", ""))
+    # The host devices the agent gave it.
+    host_devices: tuple[HostDevice, ...] = ()
 
     @property
     def resident(self) -> int:
@@ -149,8 +153,11 @@ class SimulatedHypervisor:
         launch_delay: float = 0.0,
         failing_launches: Collection[str] = (),
         numa_nodes: int = 1,
+        node_devices: Sequence[str] = (),
     ) -> None:
         self.hostname = hostname
+        # libvirt node-device descriptions of the host's devices (``DeviceSource``).
+        self.node_devices = list(node_devices)
         self.launch_delay = launch_delay
         self.failing_launches: set[str] = set(failing_launches)
         self.numa_nodes = max(1, numa_nodes)
@@ -528,6 +535,21 @@ class SimulatedHypervisor:
             self._guests[spec.uuid] = launched_guest(spec)
             self._update_memory()
 
+    # -- the host's devices (a ``devices.DeviceSource``) --------------------------------
+    def node_device_xmls(self) -> list[str]:
+        return list(self.node_devices)
+
+    def guest_xmls(self) -> dict[str, str]:
+        """Each guest's devices as the domain XML would name them."""
+        with self._lifecycle_lock:
+            guests = list(self._guests.values())
+        out = {}
+        for guest in guests:
+            dom = ET.Element("domain")
+            hostdev_elements(ET.SubElement(dom, "devices"), guest.host_devices)
+            out[guest.uuid] = ET.tostring(dom, encoding="unicode")
+        return out
+
     def _restart(self, uuid: str) -> bool:
         """True when the guest is here already; a graceful stop not yet done is called
         off, as starting a domain that is shutting down would."""
@@ -590,7 +612,13 @@ def launched_guest(spec: GuestSpec) -> _Guest:
         tags=spec.tags,
     )
     return _Guest(
-        sim_spec, spec.uuid, rng, rng.uniform(0, 2 * math.pi), spec.memory_kib, managed=True
+        sim_spec,
+        spec.uuid,
+        rng,
+        rng.uniform(0, 2 * math.pi),
+        spec.memory_kib,
+        managed=True,
+        host_devices=spec.host_devices,
     )
 
 

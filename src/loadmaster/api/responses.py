@@ -339,6 +339,9 @@ class AgentOut(Out):
 class RegistrationOut(Out):
     host: HostOut
     refused: dict[str, str] = Field(description="class -> why its new inventory was refused")
+    withdrawn: list[str] = Field(
+        default=[], description="child providers no longer discovered: inventory withdrawn"
+    )
     agent: AgentOut
 
 
@@ -352,6 +355,11 @@ class WorkItemOut(Out):
     resources: dict[str, int]
     target_host: str | None
     target_uri: str | None
+    providers: dict[str, dict[str, int]] = Field(
+        default={},
+        description="launch: what the claim holds on the host's child providers (NUMA "
+        "nodes, devices), by provider",
+    )
 
 
 class WorkListOut(Out):
@@ -532,3 +540,35 @@ class CandidatesOut(Out):
         description="a list of providers and amounts before 1.12, keyed by provider from it"
     )
     provider_summaries: dict[str, SummaryOut]
+
+
+class GivenDeviceOut(Out):
+    provider: str
+    address: str = Field(description="the device's PCI address (a mediated device's parent)")
+    mdev_uuid: str | None = Field(description="a mediated device's uuid, else null")
+
+
+class DeviceHolderOut(Out):
+    vm: str
+    name: str
+    amount: int
+    state: Literal["pending", "active"]
+    devices: list[GivenDeviceOut] = Field(description="which devices its agent gave it")
+
+
+class DeviceProviderOut(Out):
+    provider: str
+    parent: str = Field(description="the host, or the NUMA node the devices are on")
+    resource_class: str
+    total: int
+    used: int = Field(description="pending counted")
+    traits: list[str]
+    holders: list[DeviceHolderOut]
+
+
+class HostDevicesOut(Out):
+    devices: list[DeviceProviderOut]
+
+
+class VmDevicesOut(Out):
+    devices: list[GivenDeviceOut]

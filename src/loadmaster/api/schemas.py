@@ -215,11 +215,16 @@ class HostReport(Body):
 
 class AgentRegistration(Body):
     """What a host's agent discovered: the root's inventories and its children's (NUMA
-    cells), by child provider name."""
+    cells, devices), by child provider name."""
 
     hypervisor_uri: Annotated[str, Field(min_length=1, max_length=1024)]
     inventories: dict[str, Inventory] = {}
     children: dict[Name, dict[str, Inventory]] = {}
+    # Traits of some of the children (devices: their class's traits), replacing theirs.
+    child_traits: dict[Name, list[Name]] = {}
+    # A child's parent among the other children (a device under its NUMA node); the
+    # others are the host's own.
+    child_parents: dict[Name, Name] = {}
 
 
 class HostFailure(Body):
@@ -249,5 +254,13 @@ class EvacuateRequest(Body):
     )
 
 
+class GivenDevice(Body):
+    provider: Name
+    address: Annotated[str, Field(min_length=1, max_length=64)]
+    mdev_uuid: Annotated[str, Field(max_length=36)] | None = None
+
+
 class VmUp(Body):
     host: Name | None = None
+    # The host devices its agent gave it (with ``host``); left out: unchanged.
+    devices: Annotated[list[GivenDevice], Field(max_length=64)] | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from loadmaster.resources import (
     validate_custom_name,
     validate_custom_trait,
 )
+from loadmaster.resources.aliases import ALIAS_SPEC, PciAlias, alias_requests
 from loadmaster.resources.classes import validate_descriptor
 from loadmaster.store import Store, again_on_write_conflict
 from loadmaster.store.schema import (
@@ -283,8 +284,15 @@ class FlavorService:
     """``unknown_specs`` is the default for extra specs loadmaster does not know: refuse
     the flavor, or warn (see ``parse_flavor``); a server takes it from its settings."""
 
-    def __init__(self, store: Store, unknown_specs: UnknownSpecs = "refuse") -> None:
+    def __init__(
+        self,
+        store: Store,
+        unknown_specs: UnknownSpecs = "refuse",
+        aliases: Mapping[str, PciAlias] | None = None,
+    ) -> None:
         self._store = store
+        # The server's PCI aliases (pci_passthrough:alias), by name.
+        self.aliases: Mapping[str, PciAlias] = dict(aliases or {})
         if unknown_specs not in UNKNOWN_SPECS:
             raise ValidationError(
                 f"unknown_specs must be refuse or warn, got {unknown_specs!r}",
@@ -295,7 +303,7 @@ class FlavorService:
     def create(
         self, definition: dict[str, object], *, unknown_specs: UnknownSpecs | None = None
     ) -> FlavorRecord:
-        spec = parse_flavor(definition, unknown_specs or self.unknown_specs)
+        spec = parse_flavor(definition, unknown_specs or self.unknown_specs, self.aliases)
         with self._store.write() as session:
             for key, kind, name in extra_spec_names(spec.extra_specs):
                 check = lookup.require_classes if kind == "class" else lookup.require_traits
@@ -306,6 +314,21 @@ class FlavorService:
                         f"extra_specs.{key}: no such {'resource class' if kind == 'class' else kind}",
                         field=f"extra_specs.{key}",
                     ) from None
+            where = f"extra_specs.{ALIAS_SPEC}"
+            asked = spec.extra_specs.get(ALIAS_SPEC)
+            for alias, _ in alias_requests(asked, self.aliases) if asked is not None else ():
+                missing = (
+                    []
+                    if alias.resource_class in lookup.class_ids(session)
+                    else [alias.resource_class]
+                )
+                missing += sorted(alias.traits - set(lookup.trait_ids(session, alias.traits)))
+                if missing:
+                    raise NotFound(
+                        f"{where}: alias {alias.name} asks for {missing[0]}, which no host "
+                        "offers (no such class or trait)",
+                        field=where,
+                    )
             lookup.require_classes(session, spec.resources, "resources", lock=True)
             lookup.require_traits(session, spec.required_traits, "required_traits")
             lookup.require_traits(session, spec.forbidden_traits, "forbidden_traits")
@@ -317,6 +340,7 @@ class FlavorService:
                 required_traits=sorted(spec.required_traits),
                 forbidden_traits=sorted(spec.forbidden_traits),
                 extra_specs=dict(spec.extra_specs),
+                class_traits={c: sorted(t) for c, t in spec.class_traits.items()},
             )
             session.add(row)
             return replace(flavor_record(row), warnings=spec.warnings)
@@ -351,4 +375,5 @@ def flavor_record(row: FlavorRow) -> FlavorRecord:
         required_traits=tuple(row.required_traits),
         forbidden_traits=tuple(row.forbidden_traits),
         extra_specs=dict(row.extra_specs),
+        class_traits={c: tuple(t) for c, t in (row.class_traits or {}).items()},
     )

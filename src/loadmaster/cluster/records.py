@@ -33,6 +33,8 @@ class FlavorRecord:
     extra_specs: Mapping[str, str] = field(default_factory=dict)
     # Extra specs kept but not applied; only the answer to a create carries them.
     warnings: tuple[str, ...] = ()
+    # Per class, the traits the provider it is taken from must have (a PCI alias's).
+    class_traits: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ class FlavorRules:
     required_traits: list[str]
     forbidden_traits: list[str]
     extra_specs: dict[str, str]
+    class_traits: dict[str, list[str]]
 
 
 @dataclass(slots=True)
@@ -98,6 +99,7 @@ def _flavor(flavor_id: int, row: Any) -> FlavorRules:
         json.loads(row.f_required),
         json.loads(row.f_forbidden),
         json.loads(row.f_extra),
+        {} if row.f_class_traits in (None, "{}") else json.loads(row.f_class_traits),
     )
 
 
@@ -126,6 +128,7 @@ _READ_VMS = (
         cast(FlavorRow.required_traits, Text).label("f_required"),
         cast(FlavorRow.forbidden_traits, Text).label("f_forbidden"),
         cast(FlavorRow.extra_specs, Text).label("f_extra"),
+        cast(FlavorRow.class_traits, Text).label("f_class_traits"),
     )
     .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
     .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))

@@ -54,6 +54,8 @@ class HostPlan:
     cpus: int = 32
     launch_delay: float = 0.0
     config: ManagerConfig = field(default_factory=ManagerConfig)
+    # libvirt node-device descriptions of its devices (offered as its config says).
+    node_devices: tuple[str, ...] = ()
 
 
 @dataclass
@@ -172,6 +174,7 @@ class SimulatedCloud:
             hostname=plan.name,
             uri=f"sim://{plan.name}",
             ramp_steps=self.ramp_cycles,
+            node_devices=plan.node_devices,
         )
         sim.launch_delay = plan.launch_delay
         self.sims[plan.name] = sim
@@ -193,6 +196,7 @@ class SimulatedCloud:
             plan.config,
             host_name=plan.name,
             hypervisor_uri=f"sim://{plan.name}",
+            device_source=sim,
         )
         clients = [manager_client]
         sla = None

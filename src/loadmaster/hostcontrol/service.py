@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 
-from loadmaster.cluster import HostRecord, HostService, ResourceClassService, lookup
+from loadmaster.cluster import HostRecord, HostService, ResourceClassService, TraitService, lookup
 from loadmaster.cluster.host_rows import parse_inventories
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, agent_live, epoch
 from loadmaster.cluster.records import VmRecord
@@ -28,11 +29,23 @@ from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationEr
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
-from loadmaster.resources import Inventory
+from loadmaster.resources import (
+    STANDARD_TRAITS,
+    Inventory,
+    validate_custom_trait,
+    validate_trait_name,
+)
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
 from loadmaster.store.locking import iso_utc, mark_changed, now
-from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
+from loadmaster.store.schema import (
+    AllocationRow,
+    FlavorRow,
+    HostAgentRow,
+    HostRow,
+    ResourceClassRow,
+    VmRow,
+)
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
 # Between a host's name and its child's own part: HOST_numa0.
@@ -58,9 +71,12 @@ class WorkItem:
     resources: Mapping[str, int]
     target_host: str | None = None
     target_uri: str | None = None
+    # A launch's claim on the host's child providers (its devices among them), by provider.
+    providers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {
+            "providers": {p: dict(amounts) for p, amounts in self.providers.items()},
             "vm": self.vm,
             "name": self.name,
             "action": self.action,
@@ -98,6 +114,9 @@ class Registration:
     # Inventories the agent discovered but could not write, and why (a shrink below what
     # is allocated is reported, never forced).
     refused: Mapping[str, str] = field(default_factory=dict)
+    # The host's child providers the agent no longer discovered (a device gone): their
+    # inventory is withdrawn, but what is allocated of it stays until its VMs leave.
+    withdrawn: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,7 @@ class HostControl:
         self._store = store
         self._hosts = hosts
         self._classes = classes
+        self._traits = TraitService(store)
         self._ledger = ledger
         self._scheduler = scheduler
         self.max_launch_attempts = max_launch_attempts
@@ -187,11 +207,17 @@ class HostControl:
         hypervisor_uri: str,
         inventories: Mapping[str, Mapping[str, object]],
         children: Mapping[str, Mapping[str, Mapping[str, object]]] | None = None,
+        child_traits: Mapping[str, Sequence[str]] | None = None,
+        child_parents: Mapping[str, str] | None = None,
     ) -> Registration:
-        """Create the host (and its child providers, e.g. NUMA cells) or find it by name,
-        then make its inventories what the agent discovered. Each write is a compare-and-
+        """Create the host (and its child providers, e.g. NUMA cells and devices) or find
+        it by name, then make its inventories (and its children's traits, for those
+        ``child_traits`` names) what the agent discovered; a child ``child_parents`` names
+        goes under that other child (a device under its NUMA node). Each write is a compare-and-
         swap on the provider's generation, retried on a race; a change that would put a
-        class below what is allocated is refused and reported, and the rest still lands."""
+        class below what is allocated is refused and reported, and the rest still lands.
+        A child named after the host (``<host>_...``) that the agent no longer lists has
+        its inventory withdrawn the same way (``withdrawn``)."""
         if not isinstance(hypervisor_uri, str) or not hypervisor_uri or len(hypervisor_uri) > 1024:
             raise ValidationError(
                 "hypervisor_uri must be a libvirt URI of at most 1024 characters",
@@ -204,11 +230,45 @@ class HostControl:
             for child, inv in sorted((children or {}).items())
         }
         self._check_names(name, parsed_children)
+        traits = self._check_child_traits(child_traits or {}, parsed_children)
+        parents = dict(child_parents or {})
+        for child, parent in sorted(parents.items()):
+            where = f"child_parents.{child}"
+            if child not in parsed_children:
+                raise ValidationError(
+                    f"{where}: {child} is not among the registration's children", field=where
+                )
+            if parent not in parsed_children or parent in parents:
+                raise ValidationError(
+                    f"{where}: the parent {parent} must be another child of the registration, "
+                    "one directly under the host",
+                    field=where,
+                )
         self._ensure_custom_classes([wanted, *parsed_children.values()])
+        for trait in sorted({t for names in traits.values() for t in names}):
+            if trait not in STANDARD_TRAITS:
+                self._traits.create(trait)
         refused: dict[str, str] = {}
         root = self._ensure(name, None, wanted, refused)
-        for child, child_inventories in parsed_children.items():
-            self._ensure(child, root.uuid, child_inventories, refused)
+        uuids = {name: root.uuid}
+        # The host's own children first, then those under them.
+        for child, child_inventories in sorted(
+            parsed_children.items(), key=lambda kv: (kv[0] in parents, kv[0])
+        ):
+            made = self._ensure(child, uuids[parents.get(child, name)], child_inventories, refused)
+            uuids[child] = made.uuid
+            if child in traits:
+                self._hosts.set_traits(child, traits[child])
+        withdrawn = []
+        for known in self._hosts.list(in_tree=root.uuid):
+            if (
+                known.uuid != root.uuid
+                and known.name not in parsed_children
+                and known.name.startswith(name + CHILD_SEPARATOR)
+                and known.inventories
+            ):
+                self._ensure(known.name, known.parent, {}, refused)
+                withdrawn.append(known.name)
         with self._store.write() as session:
             row = lookup.host_row(session, name)
             agent = session.get(HostAgentRow, row.id)
@@ -230,7 +290,27 @@ class HostControl:
             else:
                 agent.hypervisor_uri = hypervisor_uri
                 agent.last_seen_at = stamp
-        return Registration(self._hosts.get(name), refused)
+        return Registration(self._hosts.get(name), refused, tuple(withdrawn))
+
+    @staticmethod
+    def _check_child_traits(
+        child_traits: Mapping[str, Sequence[str]], children: Mapping[str, object]
+    ) -> dict[str, list[str]]:
+        """Traits for children the registration lists, each a standard trait or a custom
+        one (created with the child, as custom classes are)."""
+        out = {}
+        for child, names in sorted(child_traits.items()):
+            where = f"child_traits.{child}"
+            if child not in children:
+                raise ValidationError(
+                    f"{where}: {child} is not among the registration's children", field=where
+                )
+            checked = [validate_trait_name(t, f"{where}[{i}]") for i, t in enumerate(names)]
+            for i, trait in enumerate(checked):
+                if trait not in STANDARD_TRAITS:
+                    validate_custom_trait(trait, f"{where}[{i}]")
+            out[child] = sorted(set(checked))
+        return out
 
     def _check_names(self, name: str, children: Iterable[str]) -> None:
         """The host must be a root provider, and each child its own: one already under the
@@ -253,7 +333,7 @@ class HostControl:
                         f"{name}{CHILD_SEPARATOR}<suffix>, e.g. {name}{CHILD_SEPARATOR}numa0",
                         field=where,
                     )
-            elif root is None or found.parent != root.uuid:
+            elif root is None or found.root != root.uuid:
                 owner = "a root host" if found.parent is None else "a child of another host"
                 raise Conflict(
                     f"{where}: provider {child} exists as {owner}; a host's child providers "
@@ -374,6 +454,9 @@ class HostControl:
                     )
                 ).all()
             )
+            on_children = self._on_children(
+                session, root.id, [r.consumer_id for r in rows if r.state == "pending"]
+            )
             items = []
             for r in rows:
                 # A placed VM keeps its flavor (a flavor in use cannot be deleted).
@@ -400,9 +483,37 @@ class HostControl:
                         resources=resources,
                         target_host=names.get(r.target_host_id) if r.target_host_id else None,
                         target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
+                        providers=on_children.get(r.consumer_id, {}) if action == "launch" else {},
                     )
                 )
             return WorkList(root.name, root.generation, root.state, tuple(items))
+
+    @staticmethod
+    def _on_children(
+        session: Session, root_id: int, consumers: Sequence[int]
+    ) -> dict[int, dict[str, dict[str, int]]]:
+        """Per consumer, its records on the child providers of host ``root_id``: what the
+        agent must give a launching VM of its devices."""
+        if not consumers:
+            return {}
+        out: dict[int, dict[str, dict[str, int]]] = {}
+        for consumer, provider, class_name, amount in session.execute(
+            select(
+                AllocationRow.consumer_id,
+                HostRow.name,
+                ResourceClassRow.name,
+                AllocationRow.amount,
+            )
+            .join(HostRow, HostRow.id == AllocationRow.host_id)
+            .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
+            .where(
+                HostRow.root_id == root_id,
+                HostRow.id != root_id,
+                AllocationRow.consumer_id.in_(set(consumers)),
+            )
+        ):
+            out.setdefault(consumer, {}).setdefault(provider, {})[class_name] = int(amount)
+        return out
 
     # -- what the agent says ---------------------------------------------------------------
     def report(

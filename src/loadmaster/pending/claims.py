@@ -38,7 +38,7 @@ from loadmaster.pending.trees import (
     provider_rows,
     with_roots,
 )
-from loadmaster.resources import one_numa_node
+from loadmaster.resources import one_numa_node, pci_numa_affinity
 from loadmaster.resources.tree_fit import fit_in_tree
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, pipelined, run, run_many
@@ -341,20 +341,28 @@ def _plan(
             f"every class of flavor {flavor.name})",
             field=f"{prefix}vm",
         )
+    affinity = pci_numa_affinity(flavor.extra_specs)
     fit = fit_in_tree(
         tree.providers,
         wanted,
-        one_node=one_numa_node(flavor.extra_specs),
-        offers=lambda p, name: name in class_ids and (p.id, class_ids[name]) in tree.inventories,
+        one_node=one_numa_node(flavor.extra_specs) or affinity is not None,
+        offers=lambda p, name: (
+            name in class_ids
+            and (p.id, class_ids[name]) in tree.inventories
+            and set(flavor.class_traits.get(name, ())) <= tree.provider_traits.get(p.id, set())
+        ),
         problem=lambda p, name, amount: tree.problem(p, name, class_ids[name], amount),
+        node_of=tree.numa_nodes(),
+        affinity=affinity,
     )
     misfit = fit.misfit
     if misfit is None:
         return [(provider, class_ids[name], amount) for provider, name, amount in fit.plan]
     if misfit.resource_class is None:
+        why = f"hw:pci_numa_affinity_policy={affinity}" if affinity else "hw:numa_nodes=1"
         raise InsufficientCapacity(
             f"{prefix}host {host.name} cannot fit VM {vm.uuid} on one NUMA node "
-            f"(hw:numa_nodes=1): {'; '.join(misfit.problems)}",
+            f"({why}): {'; '.join(misfit.problems)}",
             field=f"{prefix}resources",
         )
     where = f"{prefix}resources.{misfit.resource_class}"

@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from loadmaster.resources import Inventory
+from loadmaster.resources.tree_fit import NODE_CLASSES, numa_nodes
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import execute_core
@@ -87,8 +88,21 @@ class ProviderTree:
     # Every trait of any provider of the tree: a flavor's traits hold for the host when a
     # provider of it has them (as the scheduler's traits filter reads them).
     traits: set[str] = field(default_factory=set)
+    # Each provider's own traits, by provider id.
+    provider_traits: dict[int, set[str]] = field(default_factory=dict)
     # The ids of the classes the tree has inventory of, by name.
     class_ids: dict[str, int] = field(default_factory=dict)
+
+    def numa_nodes(self) -> list[int | None] | None:
+        """``tree_fit.numa_nodes`` of the tree (None for a tree of one provider)."""
+        if len(self.providers) == 1:
+            return None
+        index = {p.id: i for i, p in enumerate(self.providers)}
+        node_ids = {self.class_ids[c] for c in NODE_CLASSES if c in self.class_ids}
+        return numa_nodes(
+            [index.get(p.parent_id) if p.parent_id is not None else None for p in self.providers],
+            [any((p.id, c) in self.inventories for c in node_ids) for p in self.providers],
+        )
 
     def problem(self, provider: Named, name: str, class_id: int, amount: int) -> str:
         """Why ``provider`` cannot hold ``amount`` of the class now ("" when it can)."""
@@ -141,6 +155,7 @@ def load_trees(
                 )
             else:
                 tree.traits.add(name)
+                tree.provider_traits.setdefault(host_id, set()).add(name)
     return trees
 
 

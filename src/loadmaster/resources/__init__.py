@@ -19,6 +19,7 @@ from loadmaster.resources.requirements import (
     extra_spec_names,
     one_numa_node,
     parse_flavor,
+    pci_numa_affinity,
 )
 from loadmaster.resources.traits import STANDARD_TRAITS, validate_custom_trait, validate_trait_name
 
@@ -40,6 +41,7 @@ __all__ = [
     "one_numa_node",
     "parse_amounts",
     "parse_flavor",
+    "pci_numa_affinity",
     "summed",
     "validate_custom_name",
     "validate_custom_trait",

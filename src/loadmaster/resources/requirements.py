@@ -14,17 +14,24 @@ Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`
 a host's NUMA nodes, its child providers, offer comes all from one node). Refused, with
 the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
 to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
+``hw:pci_numa_affinity_policy`` ``required``, ``legacy`` or ``preferred`` (the VM on one
+NUMA node, its devices judged against it: ``tree_fit``; ``socket`` is refused).
+``pci_passthrough:alias=NAME:N,...`` asks N host devices of each alias the server defines
+(``aliases.py``): their class, and their traits required.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from loadmaster.errors import ValidationError
+from loadmaster.resources.aliases import ALIAS_SPEC, PciAlias, alias_requests
 from loadmaster.resources.inventory import parse_amounts
 from loadmaster.resources.traits import validate_trait_name
+from loadmaster.resources.tree_fit import AFFINITIES, Affinity
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class FlavorSpec:
     extra_specs: Mapping[str, str] = field(default_factory=dict)
     # Extra specs kept but not applied (``unknown_specs="warn"``), each naming its key.
     warnings: tuple[str, ...] = ()
+    # Per class, the traits the provider it is taken from must have (a PCI alias's).
+    class_traits: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def requirements(self) -> Requirements:
         return Requirements(
@@ -103,11 +112,13 @@ _ACCEPTED_VALUES = {
     "hw:cpu_policy": ("shared", "dedicated"),
     "hw:mem_page_size": ("small", "any"),
     "hw:numa_nodes": ("1",),
+    "hw:pci_numa_affinity_policy": AFFINITIES,
 }
 _VALUE_REASONS = {
     "hw:cpu_policy": "mixed policies are not modelled (shared or dedicated)",
     "hw:mem_page_size": "huge pages are not tracked (small or any)",
     "hw:numa_nodes": "a VM spread over several NUMA nodes is not modelled (1 only)",
+    "hw:pci_numa_affinity_policy": ("sockets are not modelled (required, legacy or preferred)"),
 }
 
 
@@ -117,17 +128,79 @@ def one_numa_node(extra_specs: Mapping[str, str]) -> bool:
     return extra_specs.get("hw:numa_nodes") == "1"
 
 
+def pci_numa_affinity(extra_specs: Mapping[str, str]) -> Affinity | None:
+    """``hw:pci_numa_affinity_policy``: how the VM's devices must sit against its NUMA node
+    (``tree_fit``); the VM's CPUs and memory then come from one node, as with
+    ``hw:numa_nodes=1``."""
+    value = extra_specs.get("hw:pci_numa_affinity_policy")
+    return next((a for a in AFFINITIES if a == value), None)
+
+
+# A numbered (granular) request group's keys, as Nova's: resources1:CLASS, trait1:NAME,
+# or with a name, resources_GPU:CLASS.
+_GROUP_KEY = re.compile(r"^(resources|trait)(\d+|_[A-Za-z0-9_-]{1,64}):(.*)$")
+
+
 def extra_spec_names(extra_specs: Mapping[str, str]) -> list[tuple[str, str, str]]:
     """``(key, "class" or "trait", name)`` for each class or trait an extra spec names,
     so that a name the store does not know is refused naming the extra spec."""
     out = []
     for key in extra_specs:
         prefix, colon, rest = key.partition(":")
-        if colon and prefix in ("resources", "resource"):
+        if (grouped := _GROUP_KEY.match(key)) is not None:
+            kind = "class" if grouped[1] == "resources" else "trait"
+            out.append((key, kind, grouped[3]))
+        elif colon and prefix in ("resources", "resource"):
             out.append((key, "class", rest))
         elif colon and prefix == "trait":
             out.append((key, "trait", rest))
     return out
+
+
+def _groups(extra: Mapping[str, str]) -> tuple[dict[str, int], dict[str, frozenset[str]]]:
+    """Numbered request groups (``resources1:CLASS=N`` with ``trait1:NAME=required``): the
+    amounts they ask, and per class the traits its provider must have, as Placement
+    binds a group's traits to its resources. One class in one group only; a forbidden
+    trait in a group and ``group_policy=isolate`` are refused, not modelled."""
+    amounts: dict[str, tuple[str, int]] = {}
+    traits: dict[str, set[str]] = {}
+    for key, value in extra.items():
+        grouped = _GROUP_KEY.match(key)
+        if grouped is None:
+            continue
+        where = f"extra_specs.{key}"
+        if grouped[1] == "trait":
+            trait = validate_trait_name(grouped[3], where)
+            if value != "required":
+                raise ValidationError(
+                    f"{where}={value!r} is refused: a request group's traits are required "
+                    "ones (forbidden traits apply to the whole flavor: trait:NAME=forbidden)",
+                    field=where,
+                )
+            traits.setdefault(grouped[2], set()).add(trait)
+            continue
+        name = grouped[3]
+        earlier = amounts.get(name)
+        if earlier is not None or f"resources:{name}" in extra or f"resource:{name}" in extra:
+            raise ValidationError(
+                f"{where}: {name} is asked by another group too; a class comes from one group",
+                field=where,
+            )
+        amounts[name] = (grouped[2], _amount(value, where))
+    for group in sorted(traits):
+        if group not in {g for g, _ in amounts.values()}:
+            raise ValidationError(
+                f"extra_specs.trait{group}: request group {group} asks no resources",
+                field=f"extra_specs.trait{group}",
+            )
+    return (
+        {name: amount for name, (_, amount) in amounts.items()},
+        {
+            name: frozenset(traits[group])
+            for name, (group, _) in amounts.items()
+            if traits.get(group)
+        },
+    )
 
 
 def _amount(value: str, where: str) -> int:
@@ -140,11 +213,15 @@ def _amount(value: str, where: str) -> int:
     return amount
 
 
-def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refuse") -> FlavorSpec:
+def parse_flavor(
+    data: Mapping[str, object],
+    unknown_specs: UnknownSpecs = "refuse",
+    aliases: Mapping[str, PciAlias] | None = None,
+) -> FlavorSpec:
     """Validate a flavor definition and fold Nova-style extra specs into it (see the
     module docstring); ``unknown_specs`` says what an extra spec loadmaster does not
     know does: ``refuse`` the flavor, or ``warn`` (kept, not applied, named in
-    ``warnings``)."""
+    ``warnings``); ``aliases``: the server's PCI aliases."""
     if unknown_specs not in UNKNOWN_SPECS:
         raise ValidationError(
             f"unknown_specs must be refuse or warn, got {unknown_specs!r}", field="unknown_specs"
@@ -168,13 +245,23 @@ def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refu
         )
     extra: dict[str, str] = {}
     warnings: list[str] = []
+    class_traits: dict[str, frozenset[str]] = {}
     for key, value in extra_raw.items():
         where = f"extra_specs.{key}"
         if not isinstance(key, str) or not isinstance(value, str):
             raise ValidationError(f"{where} must map a string to a string", field=where)
         extra[key] = value
         prefix, colon, rest = key.partition(":")
-        if colon and prefix in ("resources", "resource"):
+        if _GROUP_KEY.match(key):
+            continue  # request groups are read together below
+        if key == "group_policy":
+            if value != "none":
+                raise ValidationError(
+                    f"{where}={value!r} is refused: groups on separate providers are not "
+                    "modelled (none)",
+                    field=where,
+                )
+        elif colon and prefix in ("resources", "resource"):
             resources[rest] = _amount(value, where)
         elif colon and prefix == "trait":
             trait = validate_trait_name(rest, where)
@@ -188,6 +275,14 @@ def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refu
                 )
         elif key == "member_of":
             aggregate_specs(extra)
+        elif key == ALIAS_SPEC:
+            for alias, count in alias_requests(value, aliases or {}, where):
+                resources[alias.resource_class] = resources.get(alias.resource_class, 0) + count
+                required |= alias.traits
+                if alias.traits:
+                    class_traits[alias.resource_class] = (
+                        class_traits.get(alias.resource_class, frozenset()) | alias.traits
+                    )
         elif key in _ACCEPTED_VALUES:
             if value not in _ACCEPTED_VALUES[key]:
                 raise ValidationError(
@@ -204,6 +299,11 @@ def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refu
             )
         else:
             warnings.append(f"{where} is not understood and is ignored")
+    grouped, bound = _groups(extra)
+    for class_name, amount in grouped.items():
+        resources[class_name] = resources.get(class_name, 0) + amount
+    for class_name, traits in bound.items():
+        class_traits[class_name] = class_traits.get(class_name, frozenset()) | traits
     if extra.get("hw:cpu_policy") == "dedicated" and "VCPU" in resources:
         # Nova asks placement for pinned CPUs as PCPU instead of VCPU.
         resources["PCPU"] = resources.get("PCPU", 0) + resources.pop("VCPU")
@@ -220,5 +320,11 @@ def parse_flavor(data: Mapping[str, object], unknown_specs: UnknownSpecs = "refu
             field="resources",
         )
     return FlavorSpec(
-        name, resources, frozenset(required), frozenset(forbidden), extra, tuple(warnings)
+        name,
+        resources,
+        frozenset(required),
+        frozenset(forbidden),
+        extra,
+        tuple(warnings),
+        class_traits,
     )

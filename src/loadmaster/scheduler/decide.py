@@ -532,6 +532,8 @@ def _take(call: _Call, request: VmRequest, host: int) -> None:
         request.resources,
         group.name if group is not None else None,
         one_node=request.one_numa_node,
+        affinity=request.pci_numa_affinity,
+        class_traits=request.class_traits,
     )
     if call.local is not None:
         call.local.changed(host)

@@ -12,6 +12,7 @@ from loadmaster import shapes
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.errors import ValidationError
 from loadmaster.resources import parse_amounts, summed, validate_trait_name
+from loadmaster.resources.tree_fit import Affinity
 from loadmaster.shapes import Amount, Name
 
 # Limits on one /schedule call. An operator places a rack or a region's worth of VMs at
@@ -120,6 +121,10 @@ class VmRequest:
     group_size: int = 1
     # hw:numa_nodes=1: what the host's NUMA nodes offer comes all from one node.
     one_numa_node: bool = False
+    # hw:pci_numa_affinity_policy: how its devices sit against that node (tree_fit).
+    pci_numa_affinity: Affinity | None = None
+    # Per class, the traits the provider it is taken from must have (a PCI alias's).
+    class_traits: tuple[tuple[str, frozenset[str]], ...] = ()
 
     @property
     def companion_total(self) -> dict[str, int]:

@@ -16,7 +16,7 @@ from loadmaster.cluster.groups import GroupRecord, group_record
 from loadmaster.cluster.vm_rows import FlavorRules, vms_with_flavors
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import InvalidTransition, LoadmasterError, NotFound, ValidationError
-from loadmaster.resources import aggregate_specs, one_numa_node
+from loadmaster.resources import aggregate_specs, one_numa_node, pci_numa_affinity
 from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.snapshot import Snapshot
 from loadmaster.store import Store
@@ -271,6 +271,7 @@ def with_flavor(
     base: VmRequest, flavor: FlavorRow | FlavorRules, overrides: Mapping[str, int]
 ) -> VmRequest:
     member_of, forbidden_aggregates = aggregate_specs(flavor.extra_specs)
+    affinity = pci_numa_affinity(flavor.extra_specs)
     return replace(
         base,
         flavor=flavor.name,
@@ -279,7 +280,11 @@ def with_flavor(
         forbidden_traits=base.forbidden_traits | frozenset(flavor.forbidden_traits),
         member_of=base.member_of + member_of,
         forbidden_aggregates=base.forbidden_aggregates | forbidden_aggregates,
-        one_numa_node=one_numa_node(flavor.extra_specs),
+        one_numa_node=one_numa_node(flavor.extra_specs) or affinity is not None,
+        pci_numa_affinity=affinity,
+        class_traits=tuple(
+            sorted((name, frozenset(traits)) for name, traits in flavor.class_traits.items())
+        ),
     )
 
 

@@ -35,6 +35,7 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
+from loadmaster.resources.tree_fit import Affinity
 from loadmaster.scheduler import questions
 from loadmaster.scheduler.coalesce import Ticket, Waiting, intent_kind, merge
 from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
@@ -51,6 +52,7 @@ from loadmaster.scheduler.results import (
     Placement,
     ScheduleResult,
 )
+from loadmaster.scheduler.snapshot import ClassTraits
 from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.store import Store
 from loadmaster.store.transaction import Transaction
@@ -701,14 +703,21 @@ class _RaceInOneTransaction(Exception):
     a check the snapshot and the ledger judge apart): the transaction is rolled back."""
 
 
-Landed = tuple[int, Mapping[str, int], str | None, bool]
+Landed = tuple[int, Mapping[str, int], str | None, bool, Affinity | None, ClassTraits]
 
 
 def _landed(decision: Decision) -> Landed:
     assert decision.host is not None
     request = decision.request
     group = request.group.name if request.group is not None else None
-    return decision.host, request.resources, group, request.one_numa_node
+    return (
+        decision.host,
+        request.resources,
+        group,
+        request.one_numa_node,
+        request.pci_numa_affinity,
+        request.class_traits,
+    )
 
 
 def _lost_race(error: LoadmasterError) -> bool:

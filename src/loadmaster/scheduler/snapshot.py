@@ -21,9 +21,11 @@ import numpy.typing as npt
 
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S
 from loadmaster.cluster.records import HOST_STATES
-from loadmaster.resources.tree_fit import fit_in_tree
+from loadmaster.resources.tree_fit import NODE_CLASSES, Affinity, fit_in_tree, numa_nodes
 
 Ints = npt.NDArray[np.int64]
+# Per class, the traits the provider it is taken from must have.
+ClassTraits = tuple[tuple[str, frozenset[str]], ...]
 Bools = npt.NDArray[np.bool_]
 Floats = npt.NDArray[np.float64]
 
@@ -31,6 +33,7 @@ STATE_CODE = {name: code for code, name in enumerate(HOST_STATES)}
 ARRAYS = (
     "provider_ids",
     "root_of",
+    "parent_row",
     "roots",
     "generation",
     "status",
@@ -53,7 +56,8 @@ ARRAYS = (
 @dataclass(frozen=True)
 class SyntheticHost:
     """One host for ``Snapshot.of``: inventories as capacities (after reserved and ratio),
-    what is used of them, and the host's children (NUMA nodes) as more ``SyntheticHost``s.
+    what is used of them, and the host's children (NUMA nodes, devices; a node's devices
+    as its own children) as more ``SyntheticHost``s.
     ``units`` gives a class's (min_unit, max_unit, step); the default allows any amount."""
 
     name: str
@@ -79,6 +83,7 @@ class Snapshot:
         self.provider_names: list[str] = []
         self.row_of: dict[int, int] = {}  # provider id -> row
         self.root_of: Ints = np.zeros(0, np.int64)  # provider row -> host index
+        self.parent_row: Ints = np.zeros(0, np.int64)  # provider row -> its parent's, -1
         self.roots: Ints = np.zeros(0, np.int64)  # host index -> provider row
         self.tree: list[list[int]] = []  # host index -> provider rows, root first
         self.flat = True
@@ -117,6 +122,7 @@ class Snapshot:
         # Caches of pure functions of the arrays above (cleared whenever they change);
         # _unit_ok also holds offers() as (column, -1), offered_everywhere() as (column, -2).
         self._unit_ok: dict[tuple[int, int], Bools] = {}
+        self._tree_nodes: dict[int, list[int | None]] = {}  # host -> tree_nodes(host)
         self._shares: tuple[Ints | None, dict[tuple[int, int], Floats]] = (None, {})
 
     @property
@@ -133,11 +139,19 @@ class Snapshot:
         a server group's name to its members per host name."""
         snap = cls()
         providers: list[tuple[SyntheticHost, int]] = []  # (provider, host index)
+        parents: list[int] = []
         roots = []
+
+        def add(provider: SyntheticHost, h: int, parent: int) -> None:
+            row = len(providers)
+            providers.append((provider, h))
+            parents.append(parent)
+            for child in provider.children:
+                add(child, h, row)
+
         for h, host in enumerate(hosts):
             roots.append(len(providers))
-            providers.append((host, h))
-            providers.extend((child, h) for child in host.children)
+            add(host, h, -1)
         names = sorted({c for p, _ in providers for c in (*p.capacity, *p.used, *p.units)})
         traits = sorted({t for p, _ in providers for t in p.traits})
         aggregates = sorted({a for p, _ in providers for a in p.aggregates})
@@ -145,6 +159,7 @@ class Snapshot:
         snap.provider_names = [p.name for p, _ in providers]
         snap.row_of = {int(i): row for row, i in enumerate(snap.provider_ids)}
         snap.root_of = np.array([h for _, h in providers], np.int64)
+        snap.parent_row = np.array(parents, np.int64)
         snap.roots = np.array(roots, np.int64)
         snap.tree = [[] for _ in hosts]
         for row, (_, h) in enumerate(providers):
@@ -211,6 +226,7 @@ class Snapshot:
             where=self.host_capacity > 0,
         )
         self._unit_ok.clear()
+        self._tree_nodes.clear()
         self._shares = (None, {})
 
     def freeze(self, frozen: bool = True) -> None:
@@ -335,8 +351,7 @@ class Snapshot:
         unlimited = np.iinfo(np.int64).max
         if self.flat:
             return np.full(self.size, unlimited, np.int64)
-        node = np.ones(len(self.root_of), np.bool_)
-        node[self.roots] = False
+        node = self.numa_node_rows()
         per_row = np.full(len(self.root_of), unlimited, np.int64)
         limited = np.zeros(self.size, np.bool_)
         for name, amount in amounts.items():
@@ -353,18 +368,51 @@ class Snapshot:
         np.add.at(counts, self.root_of, per_row)
         return np.where(limited, counts, unlimited)
 
+    def numa_node_rows(self) -> Bools:
+        """Which provider rows are NUMA nodes: children of their root offering CPUs or
+        memory (``tree_fit.NODE_CLASSES``), not devices."""
+        offers = np.zeros(len(self.root_of), np.bool_)
+        for name in NODE_CLASSES:
+            column = self.classes.get(name)
+            if column is not None:
+                offers |= self.max_unit[column] > 0
+        # (A root's parent is -1, never its own row.)
+        return offers & (self.parent_row == self.roots[self.root_of])
+
+    def tree_nodes(self, host: int) -> list[int | None]:
+        """``tree_fit.numa_nodes`` of the host's tree (asked at every claim a batch
+        applies: read from its rows only, and kept until the inventories change)."""
+        known = self._tree_nodes.get(host)
+        if known is not None:
+            return known
+        rows = self.tree[host]
+        index = {row: i for i, row in enumerate(rows)}
+        columns = [self.classes[name] for name in NODE_CLASSES if name in self.classes]
+        offers = [any(self.max_unit[c, row] > 0 for c in columns) for row in rows]
+        nodes = numa_nodes([index.get(int(self.parent_row[row])) for row in rows], offers)
+        self._tree_nodes[host] = nodes
+        return nodes
+
     def root_generation(self, host: int) -> int:
         return int(self.generation[self.roots[host]])
 
     # -- claims ------------------------------------------------------------------------
     def apply(
-        self, host: int, amounts: Mapping[str, int], group: str | None, *, one_node: bool = False
+        self,
+        host: int,
+        amounts: Mapping[str, int],
+        group: str | None,
+        *,
+        one_node: bool = False,
+        affinity: Affinity | None = None,
+        class_traits: ClassTraits = (),
     ) -> None:
         """Record a claim as the ledger will write it: each class on the first provider of
         the tree (root first) that holds it; with ``one_node`` (``hw:numa_nodes=1``) the
-        classes the host's nodes offer on the first node with room for all of them. Only
-        for a working copy, or for the owner of the arrays (the snapshot source)."""
-        for row, column, amount in self._placing(host, amounts, one_node):
+        classes the host's nodes offer on the first node with room for all of them (and
+        its devices as ``affinity`` says). Only for a working copy, or for the owner of
+        the arrays (the snapshot source)."""
+        for row, column, amount in self.placing(host, amounts, one_node, affinity, class_traits):
             self.used[column, row] += amount
             if not self.flat:
                 self.host_used[column, host] += amount
@@ -373,12 +421,17 @@ class Snapshot:
             self.group_members[group][host] += 1
         self._shares = (None, {})
 
-    def _placing(
-        self, host: int, amounts: Mapping[str, int], one_node: bool
+    def placing(
+        self,
+        host: int,
+        amounts: Mapping[str, int],
+        one_node: bool,
+        affinity: Affinity | None = None,
+        class_traits: ClassTraits = (),
     ) -> list[tuple[int, int, int]]:
         """Where ``fit_in_tree`` puts the amounts, as (row, column, amount); nothing if
         they do not fit."""
-        if self.flat:
+        if self.flat and not class_traits:
             # A tree of one provider: every class on it, if it offers and has room for
             # each (fit_in_tree's answer, without its generality).
             plan = []
@@ -388,14 +441,23 @@ class Snapshot:
                     return []
                 plan.append((host, column, amount))
             return plan
+        bound = {name: [self.traits.get(t, -1) for t in traits] for name, traits in class_traits}
+
+        def offers(row: int, name: str) -> bool:
+            return bool(self.max_unit[self.classes[name], row] > 0) and all(
+                t >= 0 and self.trait_matrix[row, t] for t in bound.get(name, ())
+            )
+
         fit = fit_in_tree(
             self.tree[host],
             amounts,
             one_node=one_node,
-            offers=lambda row, name: bool(self.max_unit[self.classes[name], row] > 0),
+            offers=offers,
             problem=lambda row, name, amount: (
                 "" if self._room(self.classes[name], row, amount) else "full"
             ),
+            node_of=self.tree_nodes(host),
+            affinity=affinity,
         )
         return [(row, self.classes[name], amount) for row, name, amount in fit.plan]
 

@@ -36,7 +36,8 @@ from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, epoch
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.pending import trees
 from loadmaster.resources import Inventory
-from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
+from loadmaster.resources.tree_fit import Affinity
+from loadmaster.scheduler.snapshot import STATE_CODE, ClassTraits, Snapshot
 from loadmaster.store import Store, locking
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, run
@@ -132,7 +133,9 @@ class SnapshotSource:
         snap = self.snapshot = Snapshot()
         rows = execute_core(
             session,
-            select(HostRow.id, HostRow.uuid, HostRow.name, HostRow.root_id).order_by(HostRow.id),
+            select(
+                HostRow.id, HostRow.uuid, HostRow.name, HostRow.root_id, HostRow.parent_id
+            ).order_by(HostRow.id),
         ).all()
         snap.provider_ids = np.array([r.id for r in rows], np.int64)
         snap.provider_names = [r.name for r in rows]
@@ -142,6 +145,9 @@ class SnapshotSource:
         host_of_root = {int(row): h for h, row in enumerate(roots)}
         snap.root_of = np.array(
             [host_of_root[snap.row_of[r.root_id or r.id]] for r in rows], np.int64
+        )
+        snap.parent_row = np.array(
+            [-1 if r.parent_id is None else snap.row_of[r.parent_id] for r in rows], np.int64
         )
         snap.tree = [[] for _ in roots]
         for row, host in enumerate(snap.root_of):
@@ -335,16 +341,28 @@ class SnapshotSource:
 
     # -- our own claims ----------------------------------------------------------------
     def landed(
-        self, claims: Sequence[tuple[int, Mapping[str, int], str | None, bool]], clock: int | None
+        self,
+        claims: Sequence[
+            tuple[int, Mapping[str, int], str | None, bool, Affinity | None, ClassTraits]
+        ],
+        clock: int | None,
     ) -> None:
-        """Our claims landed, as ``(host, amounts, group, one_node)``: apply them as the
+        """Our claims landed, as ``(host, amounts, group, one_node, affinity, class_traits)``:
+        apply them as the
         ledger wrote them. The ledger bumped each tree's generations once and stamped
         them with ``clock``, a change the snapshot then holds (None: do not trust that,
         read those providers again at the next refresh)."""
         with self._writing():
             snap = self._thaw()
-            for host, amounts, group, one_node in claims:
-                snap.apply(host, amounts, group, one_node=one_node)
+            for host, amounts, group, one_node, affinity, class_traits in claims:
+                snap.apply(
+                    host,
+                    amounts,
+                    group,
+                    one_node=one_node,
+                    affinity=affinity,
+                    class_traits=class_traits,
+                )
             for host in {claim[0] for claim in claims}:
                 snap.generation[snap.tree[host]] += 1
                 if clock is not None:

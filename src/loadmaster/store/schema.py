@@ -111,6 +111,10 @@ class FlavorRow(Base):
     required_traits: Mapped[list[str]] = mapped_column(JSON)
     forbidden_traits: Mapped[list[str]] = mapped_column(JSON)
     extra_specs: Mapped[dict[str, str]] = mapped_column(JSON)
+    # Per class, the traits the provider it is taken from must have (a PCI alias's).
+    class_traits: Mapped[dict[str, list[str]]] = mapped_column(
+        JSON, default=dict, server_default="{}"
+    )
 
 
 class ServerGroupRow(Base):
@@ -219,6 +223,19 @@ class AllocationRow(Base):
         CheckConstraint("amount > 0", name="allocation_amount_positive"),
         Index("ix_allocations_host_class", "host_id", "resource_class_id", "state", "amount"),
     )
+
+
+class VmDeviceRow(Base):
+    """A host device an agent gave a VM (its PCI address, and for a mediated device its
+    uuid), under the device provider the VM's claim holds. Written when the VM comes up;
+    shown only while the VM still holds records on that provider."""
+
+    __tablename__ = "vm_devices"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id", ondelete="CASCADE"), index=True)
+    provider_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), index=True)
+    address: Mapped[str] = mapped_column(String(64))
+    mdev_uuid: Mapped[str | None] = mapped_column(String(36), nullable=True)
 
 
 class HostReportRow(Base):

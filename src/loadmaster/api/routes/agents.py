@@ -66,7 +66,8 @@ def _check_host_of_agent(request: Request, host: str) -> None:
 def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) -> dict[str, Any]:
     """Register the host (created if new, found by name otherwise) with the inventories its
     agent discovered; a class that would shrink below its allocations keeps its old
-    inventory and is listed under ``refused``."""
+    inventory and is listed under ``refused``; a child provider named after the host that
+    the agent no longer lists (a device gone) is listed under ``withdrawn``."""
     _check_host_of_agent(request, host_name)
     fields = body.model_dump()
     registration = lm.host_agents.register(
@@ -74,10 +75,13 @@ def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) 
         hypervisor_uri=fields["hypervisor_uri"],
         inventories=fields["inventories"],
         children=fields["children"],
+        child_traits=fields["child_traits"],
+        child_parents=fields["child_parents"],
     )
     return {
         "host": views.host(registration.host),
         "refused": dict(registration.refused),
+        "withdrawn": list(registration.withdrawn),
         "agent": lm.host_agents.status(host_name).to_dict(),
     }
 

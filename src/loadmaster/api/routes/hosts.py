@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
-from loadmaster.api.responses import HostClassUsages, HostList, HostOut
+from loadmaster.api.responses import HostClassUsages, HostDevicesOut, HostList, HostOut
 from loadmaster.api.schemas import (
     HostAggregatesPut,
     HostCreate,
@@ -84,3 +84,10 @@ def host_usages(lm: LM, host_name: str) -> HostClassUsages:
         resource_provider_generation=host.generation,
         classes=views.usage(lm.hosts.usage(host.uuid)),
     )
+
+
+@router.get("/hosts/{host_name}/devices", response_model=HostDevicesOut)
+def host_devices(lm: LM, host_name: str) -> dict[str, Any]:
+    """The host's device providers (PFs, GPUs): class, traits, usage, and which VMs hold
+    them, with the devices each one's agent gave it."""
+    return {"devices": [d.to_dict() for d in lm.devices.of_host(host_name)]}

@@ -17,12 +17,15 @@ from loadmaster.api.responses import (
     ScheduledVm,
     VmAllocations,
     VmDetail,
+    VmDevicesOut,
     VmList,
     VmOut,
 )
 from loadmaster.api.routes.agents import check_vm_of_agent
 from loadmaster.api.schemas import Claim, VmMigrate, VmStart, VmTags, VmUp
 from loadmaster.cluster import VmSpec
+from loadmaster.errors import ValidationError
+from loadmaster.hostcontrol.devices import parse_given
 from loadmaster.scheduler import ScheduleResult
 from loadmaster.service import Loadmaster
 
@@ -125,7 +128,23 @@ def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> VmOu
     ``host`` (agents send it) the claim must be on that host, else 409: a VM whose claim
     moved elsewhere meanwhile cannot come up where it no longer belongs."""
     check_vm_of_agent(lm, request, uuid)
-    return views.vm(lm.allocations.activate(uuid, body.host if body else None))
+    given = None
+    if body is not None and body.devices is not None:
+        if body.host is None:
+            raise ValidationError("devices are said with the host they are on", field="host")
+        given = parse_given(body.model_dump()["devices"])
+        lm.devices.check(uuid, body.host, given)
+    record = lm.allocations.activate(uuid, body.host if body else None)
+    if given is not None and body is not None and body.host is not None:
+        lm.devices.given(uuid, body.host, given)
+    return views.vm(record)
+
+
+@router.get(VM + "/devices", tags=["vms"], response_model=VmDevicesOut)
+def vm_devices(lm: LM, uuid: str) -> dict[str, Any]:
+    """The host devices the VM holds (PCI address, mediated device), as its agent gave
+    them, under the providers its claim holds."""
+    return {"devices": [d.to_dict() for d in lm.devices.of_vm(uuid)]}
 
 
 @router.post(VM + "/stop", tags=["vms"], response_model=VmOut)

@@ -84,11 +84,12 @@ def host_tree(as_json: JsonOpt = False) -> None:
 def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
     """Inventories and usage per class (pending counted as used) of the host and of each
     child provider beneath it (its NUMA cells, where an agent puts CPUs and memory), and
-    its agent's status."""
+    its agent's status, and its devices with the VMs holding them."""
     client = api()
     host = client.get(f"/hosts/{name}")
     agent = client.get(f"/hosts/{host['name']}/agent")
     tree = client.get("/hosts", in_tree=host["uuid"])["hosts"]
+    devices = client.get(f"/hosts/{host['name']}/devices")["devices"]
     # The host first, then its children beneath their parents, as ``host tree`` draws them.
     under: dict[str | None, list[dict[str, Any]]] = {}
     for provider in tree:
@@ -117,6 +118,7 @@ def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
         "usages": shown[0]["usages"],
         "children": shown[1:],
         "agent": agent,
+        "devices": devices,
     }
     rows = [
         (
@@ -141,8 +143,34 @@ def host_show(name: HostArg, as_json: JsonOpt = False) -> None:
     )
     columns = ("provider", "class", "total", "reserved", "ratio", "capacity", "active")
     show(data, as_json, title, (*columns, "pending", "free"), rows)
+    if devices and not as_json:
+        show(
+            data,
+            False,
+            "Devices",
+            ("provider", "on", "class", "used", "total", "traits", "held by"),
+            [
+                (
+                    d["provider"],
+                    d["parent"],
+                    d["resource_class"],
+                    d["used"],
+                    d["total"],
+                    ",".join(d["traits"]) or "-",
+                    "; ".join(_holder(h) for h in d["holders"]) or "-",
+                )
+                for d in devices
+            ],
+        )
     if not as_json and host["drain"] is not None:
         warn(host["drain"]["warnings"])
+
+
+def _holder(holder: dict[str, Any]) -> str:
+    """A VM holding devices of a provider: its name, and the addresses its agent gave it."""
+    given = ",".join(d["address"] for d in holder["devices"])
+    pending = " pending" if holder["state"] == "pending" else ""
+    return f"{holder['name']}{pending} ({given or holder['amount']})"
 
 
 @host_app.command("create")

@@ -66,10 +66,12 @@ def vm_list(
 
 @vm_app.command("show")
 def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
-    """A VM, its last fault and what it holds on which host (active, pending)."""
+    """A VM, its last fault, what it holds on which host (active, pending) and the host
+    devices its agent gave it."""
     client = api()
     uuid = vm_uuid(vm)
     data = {**client.get(f"/vms/{uuid}"), "allocations": client.get(f"/vms/{uuid}/allocations")}
+    data["devices"] = client.get(f"/vms/{uuid}/devices")["devices"]
     rows = [
         (alloc["name"], state, amounts)
         for alloc in data["allocations"]["allocations"].values()
@@ -85,6 +87,14 @@ def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
     if data.get("fault"):
         title += f"\nlast fault: {data['fault']}"
     show(data, as_json, title, ("host", "state", "resources"), rows)
+    if data["devices"] and not as_json:
+        show(
+            data,
+            False,
+            "Host devices",
+            ("provider", "address", "mediated device"),
+            [(d["provider"], d["address"], d["mdev_uuid"] or "-") for d in data["devices"]],
+        )
 
 
 WaitOpt = Annotated[

@@ -20,7 +20,7 @@ class ResourcesFilter:
     name = "resources"
     order = 90
     dynamic = True
-    reads = ("resources", "companion_total", "one_numa_node")
+    reads = ("resources", "companion_total", "one_numa_node", "pci_numa_affinity", "class_traits")
 
     def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict:
         return self.mask_at(hosts, request, None)
@@ -43,4 +43,32 @@ class ResourcesFilter:
             checks.append(
                 (counts > 0 if at is None else counts[at] > 0, "no NUMA node with room for all")
             )
+        affinity = request.pci_numa_affinity
+        if affinity is not None or request.class_traits:
+            # Devices judged against the node the VM's CPUs and memory would take, or
+            # the traits their provider must have: the whole tree-fit rule, asked only
+            # of the hosts every other check keeps.
+            hosts_at = np.arange(size) if at is None else at
+            keep = (
+                np.logical_and.reduce([ok for ok, _ in checks])
+                if checks
+                else np.ones(size, np.bool_)
+            )
+            near = np.zeros(size, np.bool_)
+            for i in np.flatnonzero(keep).tolist():
+                near[i] = bool(
+                    hosts.placing(
+                        int(hosts_at[i]),
+                        request.resources,
+                        request.one_numa_node,
+                        affinity,
+                        request.class_traits,
+                    )
+                )
+            reason = (
+                f"no NUMA node with room and its devices ({affinity})"
+                if affinity is not None
+                else "no provider with the traits its devices need has room"
+            )
+            checks.append((near | ~keep, reason))
         return Verdict(checks, size)
