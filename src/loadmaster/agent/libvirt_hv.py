@@ -44,6 +44,8 @@ from loadmaster.agent.hypervisor import (
     NumaTune,
     ksm_for,
 )
+from loadmaster.agent.networks import interface_element, require_networks
+from loadmaster.agent.storage import GuestStorage, StorageConfig, disk_element
 from loadmaster.policy.entities import IO_KEYS
 
 if TYPE_CHECKING:
@@ -137,8 +139,9 @@ def with_tags(xml: str | None, tags: frozenset[str]) -> str:
 
 @dataclass(frozen=True)
 class GuestImage:
-    """How a QEMU guest boots: direct kernel boot, no disk. ``log_dir`` receives each guest's
-    serial console as ``<name>.serial`` (None: no serial port)."""
+    """How a QEMU guest boots: direct kernel boot (the initramfs makes the guest's disk its
+    root when the disk has one). ``log_dir`` receives each guest's serial console as
+    ``<name>.serial`` (None: no serial port)."""
 
     kernel: Path
     initrd: Path
@@ -146,10 +149,13 @@ class GuestImage:
     log_dir: Path | None = None
 
 
-def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
+def domain_xml(
+    spec: GuestSpec, driver: str, image: GuestImage | None, disk_path: str | None = None
+) -> str:
     """The persistent definition of a launched guest. ``driver`` is the connection's
     ``getType()``: the test driver gets the minimal domain it accepts; QEMU a TCG guest
-    (nested KVM does not work on the CI machines) booting ``image`` with a stats balloon."""
+    (nested KVM does not work on the CI machines) booting ``image`` with a stats balloon.
+    Both get the guest's disk (the volume at ``disk_path``) and NICs."""
     test = driver.upper() == "TEST"
     if not test and image is None:
         raise HypervisorError(
@@ -168,6 +174,7 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
     os_el = ET.SubElement(dom, "os")
     if test or image is None:
         ET.SubElement(os_el, "type").text = "hvm"
+        _guest_devices(ET.SubElement(dom, "devices"), spec, disk_path)
         return ET.tostring(dom, encoding="unicode")
     ET.SubElement(os_el, "type", arch="x86_64", machine="pc").text = "hvm"
     ET.SubElement(os_el, "kernel").text = str(image.kernel)
@@ -179,6 +186,7 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
         ET.SubElement(dom, event).text = action
     ET.SubElement(dom, "on_crash").text = "destroy"
     devices = ET.SubElement(dom, "devices")
+    _guest_devices(devices, spec, disk_path)
     if image.log_dir is not None:
         serial = ET.SubElement(devices, "serial", type="file")
         # Appended to, not truncated: a restart or a live migration keeps the console's past.
@@ -191,11 +199,19 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
     return ET.tostring(dom, encoding="unicode")
 
 
+def _guest_devices(devices: ET.Element, spec: GuestSpec, disk_path: str | None) -> None:
+    if disk_path is not None:
+        devices.append(disk_element(disk_path))
+    for nic in spec.nics:
+        devices.append(interface_element(nic))
+
+
 # ------------------------------------------------------------------------------------------
 
 
 class LibvirtHypervisor:
-    """``guest_image`` is how launched QEMU guests boot (not needed on the test driver);
+    """``guest_image`` is how launched QEMU guests boot (not needed on the test driver),
+    ``storage`` where their disks and base images are (``storage.StorageConfig``);
     ``migration_uri`` is where the destination QEMU listens for a live migration's data
     (``tcp://ADDRESS``; None: the destination's host name, as libvirt resolves it).
     KSM is written under ``sys_root``; see ``ksm_for`` for the default."""
@@ -207,6 +223,7 @@ class LibvirtHypervisor:
         *,
         guest_image: GuestImage | None = None,
         migration_uri: str | None = None,
+        storage: StorageConfig | None = None,
     ) -> None:
         self._libvirt = _import_libvirt()
         # libvirt prints every error on stderr by default; they are raised and logged instead.
@@ -221,6 +238,7 @@ class LibvirtHypervisor:
         self._balloon_min: dict[str, int] = {}
         self.guest_image = guest_image
         self.migration_uri = migration_uri
+        self.storage = GuestStorage(self._conn, self._libvirt, storage or StorageConfig())
 
     @classmethod
     def from_options(cls, options: DriverOptions) -> LibvirtHypervisor:
@@ -230,6 +248,7 @@ class LibvirtHypervisor:
             options.sys_root,
             guest_image=options.guest_image,
             migration_uri=options.migration_uri,
+            storage=options.storage,
         )
 
     def close(self) -> None:
@@ -411,6 +430,7 @@ class LibvirtHypervisor:
             memory_kib=int(memory_mib) * 1024,
             free_memory_kib=free // 1024,
             numa_cells=cells,
+            disk_gb=self.storage.capacity_gb(),
         )
 
     def _lookup(self, uuid: str) -> Any | None:
@@ -430,12 +450,28 @@ class LibvirtHypervisor:
     def launch_guest(self, spec: GuestSpec) -> None:
         what = f"launch {spec.name} ({spec.uuid})"
         dom = self._lookup(spec.uuid)
-        defined_now = dom is None
-        if dom is None:
-            xml = domain_xml(spec, self._call("driver type", self._conn.getType), self.guest_image)
-            dom = self._call(f"{what}: define", lambda: self._conn.defineXML(xml))
-        elif self._call(f"{what}: state", dom.isActive):
+        if dom is not None:
+            if not self._call(f"{what}: state", dom.isActive):
+                self._start(dom, what, defined_now=False)
             return
+        driver = self._call("driver type", self._conn.getType)
+        # Checked before anything is made: a refusal leaves nothing to clean up.
+        try:
+            require_networks(self._conn, self._libvirt, (n.network for n in spec.nics))
+            disk_path = None if spec.disk is None else self.storage.make_disk(spec.uuid, spec.disk)
+        except HypervisorError as exc:
+            raise HypervisorError(f"{what}: {exc}") from exc
+        try:
+            xml = domain_xml(spec, driver, self.guest_image, disk_path)
+            dom = self._call(f"{what}: define", lambda: self._conn.defineXML(xml))
+            self._start(dom, what, defined_now=True)
+        except HypervisorError:
+            if spec.disk is not None and self._lookup(spec.uuid) is None:
+                # No volume outlives a launch that failed (a concurrent one may use it).
+                self.storage.remove_disk(spec.uuid)
+            raise
+
+    def _start(self, dom: Any, what: str, *, defined_now: bool) -> None:
         try:
             dom.create()
         except self._libvirt.libvirtError as exc:
@@ -484,6 +520,7 @@ class LibvirtHypervisor:
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_DOMAIN:
                     raise HypervisorError(f"remove {uuid}: undefine: {exc}") from exc
+        self.storage.remove_disk(uuid)
 
     def set_tags(self, uuid: str, tags: frozenset[str]) -> None:
         lv = self._libvirt

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor
+from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HostInfo, Hypervisor, NicSpec
 from loadmaster.errors import ValidationError
 
 log = logging.getLogger(__name__)
@@ -189,8 +189,8 @@ class ManagerConfig:
 
 def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str, Any]:
     """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
-    providers when there are several, as Placement models them), the configured classes on
-    the root, reserved amounts (``DEFAULT_RESERVED`` where the config names none) and
+    providers when there are several, as Placement models them), DISK_GB from its storage
+    pool, the configured classes on the root, reserved amounts (``DEFAULT_RESERVED`` where the config names none) and
     ratios from the config."""
     reserved = {**DEFAULT_RESERVED, **config.reserved}
 
@@ -220,6 +220,9 @@ def discover(info: HostInfo, config: ManagerConfig, host_name: str) -> dict[str,
     else:
         for name, total in measured.items():
             root[name] = inventory(name, total, reserved.get(name, 0))
+    if info.disk_gb and "DISK_GB" not in root:
+        # The storage pool guests' disks are made in; a configured amount overrides it.
+        root["DISK_GB"] = inventory("DISK_GB", info.disk_gb, reserved.get("DISK_GB", 0))
     return {"inventories": root, "children": children}
 
 
@@ -415,13 +418,7 @@ class HostManager:
             self.api.launch_failed(vm, self.host_name, refusal)
             report.refused.append(vm)
             return
-        spec = GuestSpec(
-            uuid=vm,
-            name=str(item["name"]),
-            memory_kib=int(item["memory_mb"]) * KIB_PER_MB,
-            vcpus=max(1, int(item["vcpus"])),
-            tags=frozenset(item.get("tags") or ()),
-        )
+        spec = guest_spec(item)
         with self._lock:
             self._launch_kib[vm] = spec.memory_kib
             self._launching[vm] = self._pool.submit(self._run_launch, spec)
@@ -516,6 +513,20 @@ class HostManager:
     def _say_up(self, vm: str, report: StepReport) -> None:
         self.api.up(vm, self.host_name)
         report.completed.append(vm)
+
+
+def guest_spec(item: Mapping[str, Any]) -> GuestSpec:
+    """What to launch for a work item: its size, tags, disk and NICs."""
+    disk = item.get("disk")
+    return GuestSpec(
+        uuid=str(item["vm"]).lower(),
+        name=str(item["name"]),
+        memory_kib=int(item["memory_mb"]) * KIB_PER_MB,
+        vcpus=max(1, int(item["vcpus"])),
+        tags=frozenset(item.get("tags") or ()),
+        disk=DiskSpec(disk.get("image"), int(disk["size_bytes"])) if disk else None,
+        nics=tuple(NicSpec(str(n["network"]), str(n["mac"])) for n in item.get("nics") or ()),
+    )
 
 
 def _log_failure(what: str, exc: Exception) -> None:

@@ -43,11 +43,13 @@ from loadmaster.agent.hypervisor import (
     BlockStats,
     CpuStats,
     CpuTune,
+    DiskSpec,
     GuestInfo,
     GuestSpec,
     HostInfo,
     HypervisorError,
     MemoryKsm,
+    NicSpec,
     NumaCell,
     NumaTune,
     format_nodeset,
@@ -116,6 +118,9 @@ class _Guest:
     shutting_down: bool = False
     managed: bool = False
     interfaces: dict[str, dict[str, int]] = field(default_factory=dict)
+    # What it was launched with (a guest of the simulator's own list has neither).
+    disk: DiskSpec | None = None
+    nics: tuple[NicSpec, ...] = ()
     # No <numatune> in the domain: libvirt reports strict mode over any node.
     numa: NumaTune = field(default_factory=lambda: NumaTune("strict", ""))
 
@@ -128,7 +133,9 @@ class SimulatedHypervisor:
     """Guest lifecycle knobs: ``launch_delay`` seconds each launch takes (blocking the
     caller, like a real define and boot); ``failing_launches`` UUIDs or names whose launch
     raises; ``uri`` makes this host a migration destination for the other simulators of
-    the process (``serve_at``). ``numa_nodes`` splits CPUs and memory into equal cells."""
+    the process (``serve_at``). ``numa_nodes`` splits CPUs and memory into equal cells.
+    ``networks`` are the networks NICs may join, ``images`` the base images disks may be
+    made of (None: any); a launch naming another is refused, as on libvirt."""
 
     # Simulators that accept migrations, by URI (weak: a dropped simulator stops serving).
     _serving: ClassVar[weakref.WeakValueDictionary[str, SimulatedHypervisor]] = (
@@ -149,8 +156,12 @@ class SimulatedHypervisor:
         launch_delay: float = 0.0,
         failing_launches: Collection[str] = (),
         numa_nodes: int = 1,
+        networks: Collection[str] = ("default",),
+        images: Collection[str] | None = None,
     ) -> None:
         self.hostname = hostname
+        self.networks = frozenset(networks)
+        self.images = None if images is None else frozenset(images)
         self.launch_delay = launch_delay
         self.failing_launches: set[str] = set(failing_launches)
         self.numa_nodes = max(1, numa_nodes)
@@ -520,6 +531,7 @@ class SimulatedHypervisor:
             return
         if spec.uuid in self.failing_launches or spec.name in self.failing_launches:
             raise HypervisorError(f"launch {spec.name} ({spec.uuid}): simulated failure")
+        self._check_devices(spec)
         if self.launch_delay > 0:
             time.sleep(self.launch_delay)
         with self._lifecycle_lock:
@@ -527,6 +539,23 @@ class SimulatedHypervisor:
                 return
             self._guests[spec.uuid] = launched_guest(spec)
             self._update_memory()
+
+    def _check_devices(self, spec: GuestSpec) -> None:
+        what = f"launch {spec.name} ({spec.uuid})"
+        for nic in spec.nics:
+            if nic.network not in self.networks:
+                raise HypervisorError(
+                    f"{what}: network {nic.network!r} is not defined on this host "
+                    f"(defined: {', '.join(sorted(self.networks)) or 'none'})"
+                )
+        image = spec.disk.image if spec.disk is not None else None
+        if image is not None and self.images is not None and image not in self.images:
+            raise HypervisorError(f"{what}: image {image!r} is not on this host")
+
+    def disks(self) -> dict[str, DiskSpec]:
+        """The disks of the guests here, by guest."""
+        with self._lifecycle_lock:
+            return {u: g.disk for u, g in self._guests.items() if g.disk is not None}
 
     def _restart(self, uuid: str) -> bool:
         """True when the guest is here already; a graceful stop not yet done is called
@@ -590,7 +619,14 @@ def launched_guest(spec: GuestSpec) -> _Guest:
         tags=spec.tags,
     )
     return _Guest(
-        sim_spec, spec.uuid, rng, rng.uniform(0, 2 * math.pi), spec.memory_kib, managed=True
+        sim_spec,
+        spec.uuid,
+        rng,
+        rng.uniform(0, 2 * math.pi),
+        spec.memory_kib,
+        managed=True,
+        disk=spec.disk,
+        nics=spec.nics,
     )
 
 
