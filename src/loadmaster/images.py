@@ -1,30 +1,55 @@
-"""Guest images: their names and sizes, as the API's catalogue and the hosts' agents see them.
+"""Guests' images, disks and NICs, as the API's ledger and the hosts' agents both see them.
 
 An image is a bootable disk (qcow2 or raw) that VMs' disks are copy-on-write overlays of.
-Its name is part of file and volume names on every host, hence the narrow alphabet.
+Its name is part of file and volume names on every host, hence the narrow alphabet; a
+network's name is the libvirt network's on the hosts. A VM's disk is the volume
+``<uuid>.qcow2`` of the storage pool ``loadmaster`` of whatever host it runs on.
 """
 
 from __future__ import annotations
 
+import random
 import re
 import struct
 from pathlib import Path
 
 from loadmaster.errors import ValidationError
 
-IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 GIB = 1024**3
+POOL_NAME = "loadmaster"
+# The network a VM's NIC joins when neither it nor its flavor names one: libvirt's own.
+DEFAULT_NETWORK = "default"
+# Flavor extra specs: the image and network of its VMs that name none.
+IMAGE_SPEC = "lm:image"
+NETWORK_SPEC = "lm:network"
+# QEMU's locally administered prefix, as libvirt uses for the MACs it makes up.
+MAC_PREFIX = "52:54:00"
 _QCOW2_MAGIC = b"QFI\xfb"
 
 
-def check_image_name(name: str, field: str = "image") -> str:
-    if not isinstance(name, str) or not IMAGE_NAME.fullmatch(name):
+def check_name(name: object, kind: str, field: str) -> str:
+    """An image's or a network's name, or a ValidationError naming ``field``."""
+    if not isinstance(name, str) or not DEVICE_NAME.fullmatch(name):
         raise ValidationError(
-            f"{field} {name!r} is not an image name (letters, digits, '.', '_', '-'; "
+            f"{field} {name!r} is not {kind} name (letters, digits, '.', '_', '-'; "
             "at most 100, starting with a letter or digit)",
             field=field,
         )
     return name
+
+
+def check_image_name(name: object, field: str = "image") -> str:
+    return check_name(name, "an image", field)
+
+
+def new_mac() -> str:
+    return MAC_PREFIX + "".join(f":{random.randrange(256):02x}" for _ in range(3))
+
+
+def volume_name(uuid: str) -> str:
+    """A VM's disk volume in its host's pool."""
+    return f"{uuid}.qcow2"
 
 
 def virtual_size(path: Path) -> int:

@@ -13,6 +13,7 @@ from loadmaster.cluster import (
     VmService,
     sync_standard_vocabulary,
 )
+from loadmaster.cluster.images import ImageService
 from loadmaster.hostcontrol import HostControl
 from loadmaster.hostcontrol.evacuation import EvacuationService
 from loadmaster.pending import Ledger
@@ -27,7 +28,7 @@ from loadmaster.store import Store
 
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
-    ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
+    ``lm.images`` (the image catalogue), ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
     ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
     act), ``lm.evacuation`` (a dead host's VMs started elsewhere). ``settings`` (default:
     the environment's) choose the
@@ -41,6 +42,7 @@ class Loadmaster:
         self.traits = TraitService(store)
         self.hosts = HostService(store)
         self.flavors = FlavorService(store, settings.unknown_specs)
+        self.images = ImageService(store)
         self.vms = VmService(store)
         self.allocations = Ledger(
             store, randomize_candidates=settings.randomize_allocation_candidates

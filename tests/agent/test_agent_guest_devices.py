@@ -20,7 +20,8 @@ import pytest
 from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
-from loadmaster.agent.storage import POOL_NAME, StorageConfig, base_name, volume_name
+from loadmaster.agent.storage import StorageConfig, base_name
+from loadmaster.images import POOL_NAME, volume_name
 
 MAC = "52:54:00:12:34:56"
 

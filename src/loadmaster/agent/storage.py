@@ -22,9 +22,8 @@ from typing import Any, TypeVar
 
 from loadmaster.agent.hypervisor import DiskSpec, HypervisorError
 from loadmaster.errors import ValidationError
-from loadmaster.images import GIB, virtual_size
+from loadmaster.images import GIB, POOL_NAME, virtual_size, volume_name
 
-POOL_NAME = "loadmaster"
 DEFAULT_POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
 # Bytes handed to libvirt per write while uploading a base image.
 UPLOAD_CHUNK = 1 << 20
@@ -38,11 +37,6 @@ class StorageConfig:
 
     pool_dir: Path = DEFAULT_POOL_DIR
     image_dir: Path | None = None
-
-
-def volume_name(uuid: str) -> str:
-    """A guest's disk volume in the pool."""
-    return f"{uuid}.qcow2"
 
 
 def base_name(image: str) -> str:

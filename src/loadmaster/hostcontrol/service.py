@@ -27,12 +27,13 @@ from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
+from loadmaster.images import disk_bytes
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import Inventory
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
 from loadmaster.store.locking import iso_utc, mark_changed, now
-from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, VmRow
+from loadmaster.store.schema import FlavorRow, HostAgentRow, HostRow, ImageRow, VmRow
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
 # Between a host's name and its child's own part: HOST_numa0.
@@ -58,6 +59,9 @@ class WorkItem:
     resources: Mapping[str, int]
     target_host: str | None = None
     target_uri: str | None = None
+    # Its disk ({"image", "size_bytes"}; None: no disk) and NICs ([{"network", "mac"}]).
+    disk: Mapping[str, object] | None = None
+    nics: tuple[Mapping[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -70,6 +74,8 @@ class WorkItem:
             "resources": dict(self.resources),
             "target_host": self.target_host,
             "target_uri": self.target_uri,
+            "disk": dict(self.disk) if self.disk is not None else None,
+            "nics": [dict(n) for n in self.nics],
         }
 
 
@@ -374,6 +380,13 @@ class HostControl:
                     )
                 ).all()
             )
+            image_bytes = dict(
+                session.execute(
+                    select(ImageRow.name, ImageRow.size_bytes).where(
+                        ImageRow.name.in_({r.image for r in rows if r.image})
+                    )
+                ).all()
+            )
             items = []
             for r in rows:
                 # A placed VM keeps its flavor (a flavor in use cannot be deleted).
@@ -400,6 +413,8 @@ class HostControl:
                         resources=resources,
                         target_host=names.get(r.target_host_id) if r.target_host_id else None,
                         target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
+                        disk=_disk(r.image, resources, image_bytes),
+                        nics=tuple(dict(n) for n in r.nics or ()),
                     )
                 )
             return WorkList(root.name, root.generation, root.state, tuple(items))
@@ -563,3 +578,10 @@ class HostControl:
                 agent.fence_failures,
                 agent.fence_error,
             )
+
+
+def _disk(
+    image: str | None, resources: Mapping[str, int], image_bytes: Mapping[str, int]
+) -> dict[str, object] | None:
+    size = disk_bytes(resources.get("DISK_GB"), image_bytes.get(image) if image else None)
+    return {"image": image, "size_bytes": size} if size else None
