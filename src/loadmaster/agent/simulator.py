@@ -557,6 +557,11 @@ class SimulatedHypervisor:
         with self._lifecycle_lock:
             return {u: g.disk for u, g in self._guests.items() if g.disk is not None}
 
+    def nics(self) -> dict[str, tuple[NicSpec, ...]]:
+        """The NICs of the guests here that have any, by guest."""
+        with self._lifecycle_lock:
+            return {u: g.nics for u, g in self._guests.items() if g.nics}
+
     def _restart(self, uuid: str) -> bool:
         """True when the guest is here already; a graceful stop not yet done is called
         off, as starting a domain that is shutting down would."""
