@@ -1,0 +1,141 @@
+"""Real QEMU guests booted from a disk image with a NIC (see docs/real-guests.md): the
+agent's storage pool on a private libvirtd, the guest's qcow2 overlay of the image
+(scripts/guest-image.sh's busybox root), its virtio NIC on a libvirt network of the host,
+and what is left after a delete or a refusal: nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import libvirt
+import pytest
+from realvm_helpers import (
+    Launched,
+    PrivateLibvirtd,
+    RealHosts,
+    defined,
+    new_spec,
+    running,
+    serial,
+)
+
+from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+from loadmaster.agent.storage import StorageConfig
+from loadmaster.images import GIB, POOL_NAME, volume_name
+
+pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
+
+NETWORK = "lmnet"
+MAC = "52:54:00:5a:17:01"
+# Where the storage pool is as the private libvirtd sees it (its /var/lib/libvirt is
+# BASE/lib on the machine).
+POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
+
+
+@pytest.fixture(scope="module")
+def network(real_hosts: RealHosts) -> Iterator[str]:
+    """An isolated network (a bridge, no address: nothing for dnsmasq to serve) on host a;
+    its bridge, on the machine itself, named after this process so that concurrent runs
+    do not meet."""
+    conn = libvirt.open(real_hosts.a.uri)
+    bridge = f"lmb{os.getpid() % 10**6}a"
+    net = conn.networkDefineXML(
+        f"<network><name>{NETWORK}</name><bridge name='{bridge}' stp='off' delay='0'/></network>"
+    )
+    try:
+        net.create()
+        yield NETWORK
+    finally:
+        if net.isActive():
+            net.destroy()
+        net.undefine()
+        conn.close()
+
+
+@pytest.fixture
+def hv(real_hosts: RealHosts) -> Iterator[LibvirtHypervisor]:
+    images = real_hosts.image.kernel.parent / "images"
+    h = real_hosts.hypervisor(
+        real_hosts.a, storage=StorageConfig(pool_dir=POOL_DIR, image_dir=images)
+    )
+    yield h
+    h.close()
+
+
+def with_devices(spec: GuestSpec, disk: DiskSpec | None, *nics: NicSpec) -> GuestSpec:
+    return GuestSpec(spec.uuid, spec.name, spec.memory_kib, spec.vcpus, disk=disk, nics=nics)
+
+
+def volume_file(daemon: PrivateLibvirtd, uuid: str) -> Path:
+    return daemon.base / "lib" / POOL_DIR.relative_to("/var/lib/libvirt") / volume_name(uuid)
+
+
+def pool_volumes(hv: LibvirtHypervisor) -> set[str]:
+    return set(hv.storage.pool().listVolumes())
+
+
+def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor, network: str
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(network, MAC))
+    seconds = launched.launch(hv, spec)
+    console = serial(real_hosts, spec)
+    assert "lm-guest: root on /dev/vda" in console  # init ran from the disk's root
+    assert f"lm-guest: eth0 {MAC}" in console  # the NIC reached the guest, with its MAC
+    print(f"launch from the image to init on the disk's root: {seconds:.1f} s")
+
+    # The overlay: sized to the disk, backed by the image uploaded to the pool.
+    vol = hv.storage.pool().storageVolLookupByName(volume_name(spec.uuid))
+    desc = ET.fromstring(vol.XMLDesc(0))
+    assert int(desc.findtext("capacity") or 0) == GIB
+    assert desc.find("target/format").get("type") == "qcow2"  # type: ignore[union-attr]
+    assert (desc.findtext("backingStore/path") or "").endswith("/base-busybox")
+    assert volume_file(real_hosts.a, spec.uuid).exists()
+    domain = ET.fromstring(hv._domain(spec.uuid).XMLDesc(0))
+    iface = domain.find("devices/interface")
+    assert iface is not None and iface.find("source").get("network") == network  # type: ignore[union-attr]
+    assert iface.find("target") is not None  # a tap on the network's bridge
+
+    hv.remove_guest(spec.uuid)
+    assert not defined(real_hosts.a, spec.uuid)
+    assert volume_name(spec.uuid) not in pool_volumes(hv)
+    assert not volume_file(real_hosts.a, spec.uuid).exists()
+
+
+def test_refusals_name_what_is_missing_and_leave_nothing(
+    real_hosts: RealHosts, hv: LibvirtHypervisor, network: str
+) -> None:
+    cases = [
+        (DiskSpec("busybox", GIB), NicSpec("nowhere", MAC), "network 'nowhere' is not defined"),
+        (DiskSpec("nonesuch", GIB), NicSpec(network, MAC), "image 'nonesuch' is not on this host"),
+        (DiskSpec("busybox", 1024 * 1024), NicSpec(network, MAC), "larger than the VM's disk"),
+    ]
+    for disk, nic, reason in cases:
+        spec = with_devices(new_spec(128), disk, nic)
+        with pytest.raises(HypervisorError, match=reason):
+            hv.launch_guest(spec)
+        assert not defined(real_hosts.a, spec.uuid)
+        assert volume_name(spec.uuid) not in pool_volumes(hv)
+        assert not volume_file(real_hosts.a, spec.uuid).exists()
+
+
+def test_blank_disk_guest_runs_from_its_initramfs(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec(None, GIB))
+    launched.launch(hv, spec)
+    assert "root on /dev/vda" not in serial(real_hosts, spec)
+    assert running(hv)[spec.uuid].disks == ("vda",)
+    hv.remove_guest(spec.uuid)
+    assert volume_name(spec.uuid) not in pool_volumes(hv)
+
+
+def test_pool_capacity_is_the_host_disk(hv: LibvirtHypervisor) -> None:
+    info = hv.host_info()
+    assert info.disk_gb == hv.storage.pool().info()[1] // GIB > 0
+    assert hv.storage.pool().name() == POOL_NAME
