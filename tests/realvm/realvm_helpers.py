@@ -138,15 +138,35 @@ def wait_ready(daemon: PrivateLibvirtd, scratch: Path) -> None:
             time.sleep(0.1)
 
 
+def start_network(daemon: PrivateLibvirtd, run_id: str) -> None:
+    """The host's network ``default``, which VMs' NICs join unless they name another:
+    isolated (a bridge without an address, so nothing for dnsmasq to serve). Its bridge is
+    on the machine itself, so it is named after the run and the daemon."""
+    conn = libvirt.open(daemon.uri)
+    try:
+        bridge = f"lm{run_id}{daemon.name}"[:15]
+        net = conn.networkDefineXML(
+            f"<network><name>default</name><bridge name='{bridge}' stp='off' delay='0'/></network>"
+        )
+        net.create()
+    finally:
+        conn.close()
+
+
 def stop_daemon(daemon: PrivateLibvirtd) -> None:
-    """Guests destroyed through libvirt (which removes their cgroups), then the daemons
-    this fixture started, by pid, then the cgroups the launcher made."""
+    """Guests destroyed through libvirt (which removes their cgroups), its networks (their
+    bridges and firewall rules are the machine's), then the daemons this fixture started,
+    by pid, then the cgroups the launcher made."""
     with contextlib.suppress(libvirt.libvirtError):
         conn = libvirt.open(daemon.uri)
         for dom in conn.listAllDomains():
             with contextlib.suppress(libvirt.libvirtError):
                 if dom.isActive():
                     dom.destroy()
+        for net in conn.listAllNetworks():
+            with contextlib.suppress(libvirt.libvirtError):
+                if net.isActive():
+                    net.destroy()
         conn.close()
     daemon.process.terminate()
     try:

@@ -6,12 +6,10 @@ and what is left after a delete or a refusal: nothing.
 
 from __future__ import annotations
 
-import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
-import libvirt
 import pytest
 from realvm_helpers import (
     Launched,
@@ -30,31 +28,12 @@ from loadmaster.images import GIB, POOL_NAME, volume_name
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
-NETWORK = "lmnet"
+# Every host of tests/realvm has it (realvm_helpers.start_network).
+NETWORK = "default"
 MAC = "52:54:00:5a:17:01"
 # Where the storage pool is as the private libvirtd sees it (its /var/lib/libvirt is
 # BASE/lib on the machine).
 POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
-
-
-@pytest.fixture(scope="module")
-def network(real_hosts: RealHosts) -> Iterator[str]:
-    """An isolated network (a bridge, no address: nothing for dnsmasq to serve) on host a;
-    its bridge, on the machine itself, named after this process so that concurrent runs
-    do not meet."""
-    conn = libvirt.open(real_hosts.a.uri)
-    bridge = f"lmb{os.getpid() % 10**6}a"
-    net = conn.networkDefineXML(
-        f"<network><name>{NETWORK}</name><bridge name='{bridge}' stp='off' delay='0'/></network>"
-    )
-    try:
-        net.create()
-        yield NETWORK
-    finally:
-        if net.isActive():
-            net.destroy()
-        net.undefine()
-        conn.close()
 
 
 @pytest.fixture
@@ -80,9 +59,9 @@ def pool_volumes(hv: LibvirtHypervisor) -> set[str]:
 
 
 def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
-    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor, network: str
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(network, MAC))
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
     seconds = launched.launch(hv, spec)
     console = serial(real_hosts, spec)
     assert "lm-guest: root on /dev/vda" in console  # init ran from the disk's root
@@ -98,7 +77,7 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     assert volume_file(real_hosts.a, spec.uuid).exists()
     domain = ET.fromstring(hv._domain(spec.uuid).XMLDesc(0))
     iface = domain.find("devices/interface")
-    assert iface is not None and iface.find("source").get("network") == network  # type: ignore[union-attr]
+    assert iface is not None and iface.find("source").get("network") == NETWORK  # type: ignore[union-attr]
     assert iface.find("target") is not None  # a tap on the network's bridge
 
     hv.remove_guest(spec.uuid)
@@ -108,12 +87,12 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
 
 
 def test_refusals_name_what_is_missing_and_leave_nothing(
-    real_hosts: RealHosts, hv: LibvirtHypervisor, network: str
+    real_hosts: RealHosts, hv: LibvirtHypervisor
 ) -> None:
     cases = [
         (DiskSpec("busybox", GIB), NicSpec("nowhere", MAC), "network 'nowhere' is not defined"),
-        (DiskSpec("nonesuch", GIB), NicSpec(network, MAC), "image 'nonesuch' is not on this host"),
-        (DiskSpec("busybox", 1024 * 1024), NicSpec(network, MAC), "larger than the VM's disk"),
+        (DiskSpec("nonesuch", GIB), NicSpec(NETWORK, MAC), "image 'nonesuch' is not on this host"),
+        (DiskSpec("busybox", 1024 * 1024), NicSpec(NETWORK, MAC), "larger than the VM's disk"),
     ]
     for disk, nic, reason in cases:
         spec = with_devices(new_spec(128), disk, nic)
