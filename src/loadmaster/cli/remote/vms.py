@@ -65,7 +65,8 @@ def vm_list(
 
 @vm_app.command("show")
 def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
-    """A VM, its last fault and what it holds on which host (active, pending)."""
+    """A VM, its disks and NICs, its last fault and what it holds on which host (active,
+    pending)."""
     client = api()
     uuid = vm_uuid(vm)
     data = {**client.get(f"/vms/{uuid}"), "allocations": client.get(f"/vms/{uuid}/allocations")}
@@ -77,6 +78,13 @@ def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
         if amounts
     ]
     title = f"VM {data['name']} ({data['state']}, host {data['host'] or '-'}) {uuid}"
+    for disk in data["disks"]:
+        title += (
+            f"\ndisk: image {disk['image'] or '- (blank)'}, {disk['size_bytes']} bytes, "
+            f"volume {disk['volume']}"
+        )
+    for nic in data["nics"]:
+        title += f"\nnic: network {nic['network']}, MAC {nic['mac']}"
     if data.get("fault"):
         title += f"\nlast fault: {data['fault']}"
     show(data, as_json, title, ("host", "state", "resources"), rows)
@@ -93,12 +101,23 @@ def vm_create(
     project: Annotated[str, typer.Option(help="project it is counted against")] = "default",
     user: Annotated[str, typer.Option(help="user who owns it")] = "default",
     start: Annotated[bool, typer.Option(help="schedule it right away")] = False,
+    image: Annotated[
+        str | None,
+        typer.Option(help="the image its disk is made from (default: its flavor's lm:image)"),
+    ] = None,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            help="the host network its NIC joins (default: its flavor's lm:network, else default)"
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a VM (requested: it holds nothing until started)."""
     client = api()
     body: dict[str, Any] = {"name": name, "flavor": flavor, "project_id": project}
     body |= {"user_id": user, "tags": tag or [], "group": group}
+    body |= {"image": image, "network": network}
     vm = client.post("/vms", body)
     if start:
         vm = client.post(f"/vms/{vm['uuid']}/start")["vm"]
