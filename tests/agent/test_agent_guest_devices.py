@@ -189,3 +189,20 @@ def test_sim_keeps_disk_and_nics_and_refuses_unknown_network_and_image() -> None
     assert {g.uuid for g in hv.list_guests()} == {good.uuid}
     hv.remove_guest(good.uuid)
     assert hv.disks() == {}
+
+
+def test_a_pool_that_cannot_be_made_leaves_the_host_without_disk_gb(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hv = LibvirtHypervisor("test:///default", storage=StorageConfig(pool_dir=tmp_path / "p"))
+    try:
+        # libvirt refusing the pool (a directory it cannot make, say).
+        def broken() -> int:
+            raise HypervisorError("storage pool loadmaster: cannot build")
+
+        hv.storage.capacity_gb = broken  # type: ignore[method-assign]
+        info = hv.host_info()
+        assert info.disk_gb is None and info.cpus > 0
+        assert "no DISK_GB: storage pool loadmaster: cannot build" in caplog.text
+    finally:
+        hv.close()

@@ -23,6 +23,7 @@ One responsibility, over 400 lines: the hypervisor interface over libvirt.
 from __future__ import annotations
 
 import contextlib
+import logging
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from loadmaster.policy.entities import IO_KEYS
 
 if TYPE_CHECKING:
     from loadmaster.agent.plugins import DriverOptions
+
+log = logging.getLogger(__name__)
 
 METADATA_NS = "https://loadmaster.dev/xmlns/vm/1"
 # How often the balloon driver refreshes guest memory stats, in seconds.
@@ -430,8 +433,17 @@ class LibvirtHypervisor:
             memory_kib=int(memory_mib) * 1024,
             free_memory_kib=free // 1024,
             numa_cells=cells,
-            disk_gb=self.storage.capacity_gb(),
+            disk_gb=self._disk_gb(),
         )
+
+    def _disk_gb(self) -> int | None:
+        """The storage pool's size; None, with a warning, when the pool cannot be had: the
+        host still runs VMs without a disk, and DISK_GB is not offered."""
+        try:
+            return self.storage.capacity_gb()
+        except HypervisorError as exc:
+            log.warning("no DISK_GB: %s", exc)
+            return None
 
     def _lookup(self, uuid: str) -> Any | None:
         """The domain with this UUID, running or not; None when there is none."""
