@@ -129,3 +129,16 @@ def test_image_in_use_cannot_be_deleted(live: Live) -> None:
     ok(admin.delete(f"/vms/{vm['uuid']}"), 204)
     ok(admin.delete("/images/big"), 204)
     assert admin.get("/images/big").status_code == 404
+
+
+def test_a_retried_create_keeps_the_first_mac_and_another_image_conflicts(live: Live) -> None:
+    admin = live.admin
+    catalogue(admin)
+    ok(admin.put("/images/other", json={"size_bytes": TINY}), 201)
+    uuid = "0c6f3a52-9d1e-4f7a-8b2c-3d4e5f607182"
+    first = ok(create(admin, flavor="disk1", image="tiny", uuid=uuid), 201)
+    again = ok(create(admin, flavor="disk1", image="tiny", uuid=uuid), 201)
+    assert again["nics"] == first["nics"]  # the first attempt's MAC, not a new one
+    for changed in ({"image": "other"}, {"image": "tiny", "network": "lan"}):
+        refused = create(admin, flavor="disk1", uuid=uuid, **changed)
+        assert refused.status_code == 409 and refused.json()["field"] == "uuid", refused.text
