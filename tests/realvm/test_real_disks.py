@@ -1,11 +1,13 @@
 """Real QEMU guests booted from a disk image with a NIC (see docs/real-guests.md): the
 agent's storage pool on a private libvirtd, the guest's qcow2 overlay of the image
 (scripts/guest-image.sh's busybox root), its virtio NIC on a libvirt network of the host,
-and what is left after a delete or a refusal: nothing.
+a live migration that copies the disk, and what is left after a delete, a refusal or a
+migration on the source: nothing.
 """
 
 from __future__ import annotations
 
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,3 +120,30 @@ def test_pool_capacity_is_the_host_disk(hv: LibvirtHypervisor) -> None:
     info = hv.host_info()
     assert info.disk_gb == hv.storage.pool().info()[1] // GIB > 0
     assert hv.storage.pool().name() == POOL_NAME
+
+
+def test_live_migration_copies_the_disk_and_removes_the_source_volume(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    launched.launch(hv, spec)
+    destination = real_hosts.hypervisor(real_hosts.b)
+    try:
+        destination.storage.pool()  # its agent makes it when it registers
+        started = time.monotonic()
+        hv.migrate_guest(spec.uuid, real_hosts.b.uri)
+        print(f"live migration with the disk copied: {time.monotonic() - started:.1f} s")
+        assert spec.uuid in running(destination) and not defined(real_hosts.a, spec.uuid)
+        # The guest kept running: booted once, its init from the disk's root.
+        assert serial(real_hosts, spec).count("lm-guest: up") == 1
+        # Its disk is a volume of the destination's pool now; the source's is gone.
+        assert volume_name(spec.uuid) in pool_volumes(destination)
+        assert volume_file(real_hosts.b, spec.uuid).exists()
+        assert volume_name(spec.uuid) not in pool_volumes(hv)
+        assert not volume_file(real_hosts.a, spec.uuid).exists()
+        iface = ET.fromstring(destination._domain(spec.uuid).XMLDesc(0)).find("devices/interface")
+        assert iface is not None and iface.find("mac").get("address") == MAC  # type: ignore[union-attr]
+        destination.remove_guest(spec.uuid)
+        assert volume_name(spec.uuid) not in pool_volumes(destination)
+    finally:
+        destination.close()

@@ -47,6 +47,7 @@ from loadmaster.agent.hypervisor import (
 )
 from loadmaster.agent.networks import interface_element, require_networks
 from loadmaster.agent.storage import GuestStorage, StorageConfig, disk_element
+from loadmaster.images import volume_name
 from loadmaster.policy.entities import IO_KEYS
 
 if TYPE_CHECKING:
@@ -563,9 +564,10 @@ class LibvirtHypervisor:
             dest = lv.open(destination_uri)
         except lv.libvirtError as exc:
             raise HypervisorError(f"{what}: cannot connect to the destination: {exc}") from exc
+        copied = False
         try:
             try:
-                self._migrate_live(dom, dest)
+                copied = self._migrate_live(dom, dest)
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_SUPPORT:
                     self._resume_after_failed_migration(dom, what)
@@ -577,15 +579,43 @@ class LibvirtHypervisor:
             with contextlib.suppress(lv.libvirtError):
                 dest.close()
         self._forget(uuid)
+        if copied:
+            try:
+                self.storage.remove_disk(uuid)
+            except HypervisorError as exc:
+                # The guest runs there: the move succeeded whatever becomes of this copy.
+                log.warning("%s: the disk left here could not be deleted: %s", what, exc)
 
-    def _migrate_live(self, dom: Any, dest: Any) -> None:
+    def _migrate_live(self, dom: Any, dest: Any) -> bool:
+        """Returns whether the guest's disk was copied to the destination's pool (libvirt
+        makes the volume there, a flattened copy); the copy here is then stale."""
         lv = self._libvirt
         # Persistent on the destination, undefined here: the guest moves, definition and all.
         flags = lv.VIR_MIGRATE_LIVE | lv.VIR_MIGRATE_PERSIST_DEST
         if dom.isPersistent():
             flags |= lv.VIR_MIGRATE_UNDEFINE_SOURCE
-        params = {lv.VIR_MIGRATE_PARAM_URI: self.migration_uri} if self.migration_uri else {}
+        params: dict[str, Any] = {}
+        if self.migration_uri:
+            params[lv.VIR_MIGRATE_PARAM_URI] = self.migration_uri
+        disks = self._pool_disks(dom)
+        if disks:
+            flags |= lv.VIR_MIGRATE_NON_SHARED_DISK
+            params[lv.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = disks
         dom.migrate3(dest, params, flags)
+        return bool(disks)
+
+    def _pool_disks(self, dom: Any) -> list[str]:
+        """The target devices of the guest's disks that are its volume in the pool."""
+        desc = ET.fromstring(dom.XMLDesc(0))
+        name = volume_name(dom.UUIDString())
+        found = []
+        for disk in desc.findall("./devices/disk[@device='disk']"):
+            source, target = disk.find("source"), disk.find("target")
+            if source is None or target is None:
+                continue
+            if Path(source.get("file", "")).name == name:
+                found.append(target.get("dev", ""))
+        return found
 
     def _resume_after_failed_migration(self, dom: Any, what: str) -> None:
         """libvirt rolls a failed migration back, but a guest can be left paused (failure
