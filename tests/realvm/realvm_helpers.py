@@ -186,11 +186,16 @@ def start_network(daemon: PrivateLibvirtd, run_id: str) -> None:
     on the machine itself, so it is named after the run and the daemon."""
     conn = libvirt.open(daemon.uri)
     try:
-        bridge = f"lm{run_id}{daemon.name}"[:15]
-        net = conn.networkDefineXML(
-            f"<network><name>default</name><bridge name='{bridge}' stp='off' delay='0'/></network>"
-        )
-        net.create()
+        try:
+            net = conn.networkLookupByName("default")  # a daemon restarted on its state
+        except libvirt.libvirtError:
+            bridge = f"lm{run_id}{daemon.name}"[:15]
+            net = conn.networkDefineXML(
+                "<network><name>default</name>"
+                f"<bridge name='{bridge}' stp='off' delay='0'/></network>"
+            )
+        if not net.isActive():
+            net.create()
     finally:
         conn.close()
 
