@@ -147,3 +147,27 @@ def test_live_migration_copies_the_disk_and_removes_the_source_volume(
         assert volume_name(spec.uuid) not in pool_volumes(destination)
     finally:
         destination.close()
+
+
+def test_failed_migration_with_the_disk_leaves_it_here_and_nothing_there(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    launched.launch(hv, spec)
+    destination = real_hosts.hypervisor(real_hosts.b)
+    # The destination prepared, its disk made there, but unable to receive (an address it
+    # cannot listen on): libvirt tears it down.
+    unreachable = real_hosts.hypervisor(real_hosts.a, migration_uri="tcp://192.0.2.1")
+    try:
+        destination.storage.pool()
+        with pytest.raises(HypervisorError, match="live migration failed"):
+            unreachable.migrate_guest(spec.uuid, real_hosts.b.uri)
+        assert spec.uuid in running(hv) and not defined(real_hosts.b, spec.uuid)
+        assert volume_name(spec.uuid) in pool_volumes(hv)
+        assert volume_file(real_hosts.a, spec.uuid).exists()
+        destination.storage.pool().refresh(0)
+        assert volume_name(spec.uuid) not in pool_volumes(destination)
+        assert not volume_file(real_hosts.b, spec.uuid).exists()
+    finally:
+        unreachable.close()
+        destination.close()

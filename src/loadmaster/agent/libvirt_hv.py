@@ -571,6 +571,7 @@ class LibvirtHypervisor:
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_SUPPORT:
                     self._resume_after_failed_migration(dom, what)
+                    self._drop_copy_there(dest, uuid, what)
                     raise HypervisorError(f"{what}: live migration failed: {exc}") from exc
                 # The driver cannot migrate (the test driver): a cold move instead.
                 self._move_cold(dom, dest, what)
@@ -603,6 +604,21 @@ class LibvirtHypervisor:
             params[lv.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = disks
         dom.migrate3(dest, params, flags)
         return bool(disks)
+
+    def _drop_copy_there(self, dest: Any, uuid: str, what: str) -> None:
+        """libvirt leaves the disk it made on the destination for a migration that failed:
+        deleted, unless a guest of this uuid is there (then it is not this move's)."""
+        lv = self._libvirt
+        try:
+            dest.lookupByUUIDString(uuid)
+            return
+        except lv.libvirtError:
+            pass
+        try:
+            GuestStorage(dest, lv, StorageConfig()).remove_disk(uuid)
+        except HypervisorError as exc:
+            # The error that led here is the one worth reporting.
+            log.warning("%s: the disk copy left on the destination stays: %s", what, exc)
 
     def _pool_disks(self, dom: Any) -> list[str]:
         """The target devices of the guest's disks that are its volume in the pool."""
