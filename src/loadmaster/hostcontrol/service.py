@@ -380,12 +380,15 @@ class HostControl:
                     )
                 ).all()
             )
-            image_bytes = dict(
-                session.execute(
-                    select(ImageRow.name, ImageRow.size_bytes).where(
-                        ImageRow.name.in_({r.image for r in rows if r.image})
-                    )
-                ).all()
+            images = {r.image for r in rows if r.image}
+            image_bytes = (
+                dict(
+                    session.execute(
+                        select(ImageRow.name, ImageRow.size_bytes).where(ImageRow.name.in_(images))
+                    ).all()
+                )
+                if images
+                else {}
             )
             items = []
             for r in rows:
