@@ -26,7 +26,8 @@ if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
   echo "private-libvirtd: /sys/fs/cgroup is pure cgroup v2, which this script does not handle" >&2
   exit 1
 fi
-mkdir -p "$base"/{etc,run,lib,cache,log} "$sock"
+# lib/dnsmasq: the network driver writes there for every network a guest's NIC joins.
+mkdir -p "$base"/{etc,run,lib/dnsmasq,cache,log} "$sock"
 : >"$base/cgroups"
 mkdir -p /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt /etc/libvirt
 

@@ -28,6 +28,13 @@ if [ "$want_system" = full ]; then
   dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
     || need+=(busybox-static)
   command -v cpio >/dev/null || need+=(cpio)
+  # Guests booting from a disk with a NIC: the storage pool makes qcow2 overlays with
+  # qemu-img, the guest image's root is an ext4 made with mkfs.ext4 -d, and libvirt's
+  # network driver writes dnsmasq state and iptables rules for every network it starts.
+  command -v qemu-img >/dev/null || need+=(qemu-utils)
+  [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
+  [ -x /usr/sbin/dnsmasq ] || need+=(dnsmasq-base)
+  [ -x /usr/sbin/iptables ] || need+=(iptables)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

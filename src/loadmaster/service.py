@@ -13,6 +13,7 @@ from loadmaster.cluster import (
     VmService,
     sync_standard_vocabulary,
 )
+from loadmaster.cluster.images import ImageService
 from loadmaster.hostcontrol import HostControl
 from loadmaster.hostcontrol.devices import DeviceViews
 from loadmaster.hostcontrol.evacuation import EvacuationService
@@ -29,8 +30,9 @@ from loadmaster.store import Store
 
 class Loadmaster:
     """``lm = loadmaster.open(url)``; then ``lm.hosts``, ``lm.flavors``, ``lm.vms``,
-    ``lm.allocations`` (claims, activation, release, usage), ``lm.resource_classes``, ``lm.traits``,
-    ``lm.devices`` (host devices and who holds them), ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
+    ``lm.images`` (the image catalogue), ``lm.allocations`` (claims, activation, release,
+    usage), ``lm.resource_classes``, ``lm.traits``, ``lm.devices`` (host devices and who
+    holds them), ``lm.maintenance`` (drain a host), ``lm.waiting`` (claims waiting on hosts that cannot
     act), ``lm.evacuation`` (a dead host's VMs started elsewhere). ``settings`` (default:
     the environment's) choose the
     scheduler's default policy and policy file, how flavors treat unknown extra specs, and
@@ -45,6 +47,7 @@ class Loadmaster:
         self.flavors = FlavorService(
             store, settings.unknown_specs, parse_aliases(settings.pci_aliases)
         )
+        self.images = ImageService(store)
         self.vms = VmService(store)
         self.allocations = Ledger(
             store, randomize_candidates=settings.randomize_allocation_candidates

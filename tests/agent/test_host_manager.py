@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from manager_helpers import cloud
 
-from loadmaster.agent.hypervisor import GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor, domain_xml
 from loadmaster.agent.manager import HostManager, ManagerConfig, discover
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
@@ -393,3 +393,41 @@ def test_a_destination_this_host_cannot_reach_is_refused_before_anything_moves(
     assert (said_vm, host) == (vm, "here")
     assert reason.startswith("destination there cannot be reached: ") and why in reason
     assert [g.uuid for g in sim.list_guests()] == [vm]
+
+
+def test_disk_and_nic_reach_the_guest_and_a_host_without_the_network_refuses(
+    db_url: str,
+) -> None:
+    with cloud(db_url, ["nolan", "b", "c"]) as c:
+        disk = ManagerConfig(resources={"DISK_GB": 100})
+        for name in ("nolan", "b", "c"):
+            c.add(name, config=disk)
+        c.sims["nolan"].networks = frozenset({"default"})
+        for name in ("b", "c"):
+            c.sims[name].networks = frozenset({"lan"})
+        assert c.admin.put("/images/tiny", json={"size_bytes": 1 << 20}).status_code == 201
+        flavor = {"name": "disk", "resources": {"VCPU": 1, "MEMORY_MB": 512, "DISK_GB": 2}}
+        assert c.admin.post("/flavors", json=flavor).status_code == 201
+        [vm] = c.create_vms(1, "disk", image="tiny", network="lan")
+        [nic] = c.lm.vms.get(vm).nics
+        assert c.admin.put(f"/vms/{vm}/allocations", json={"host": "nolan"}).status_code == 200
+        c.wait_for(lambda: c.lm.vms.get(vm).state == "running", 30, "the VM running")
+        record = c.lm.vms.get(vm)
+        assert record.host in ("b", "c")
+        assert "network 'lan' is not defined on this host (defined: default)" in (
+            record.fault or ""
+        )
+        host = c.sims[record.host]
+        assert host.disks() == {vm: DiskSpec("tiny", 2 * 1024**3)}
+        assert host.nics() == {vm: (NicSpec("lan", nic.mac),)}
+
+        other = "c" if record.host == "b" else "b"
+        assert c.admin.post(f"/vms/{vm}/migrate", json={"host": other}).status_code == 200
+        c.wait_for(lambda: c.lm.vms.get(vm).host == other, 30, "the migration")
+        assert c.sims[other].nics() == {vm: (NicSpec("lan", nic.mac),)}  # the same MAC
+        assert c.lm.vms.get(vm).nics == (nic,)
+
+        assert c.admin.delete(f"/vms/{vm}").status_code == 204
+        c.wait_for(lambda: not c.where_running(), 30, "the guest gone")
+        assert all(sim.disks() == {} for sim in c.sims.values())
+        c.assert_consistent()

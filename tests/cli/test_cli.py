@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,48 @@ def test_a_refused_amount_names_its_field_and_reason_once(server: str) -> None:
     assert output.strip() == (
         "error: inventories.VCPU.total: must be at least 1, got 0 [loadmaster.invalid]"
     )
+
+
+def test_vm_from_an_image_with_a_nic(server: str, tmp_path: Path) -> None:
+    image = tmp_path / "cli-img.qcow2"
+    # A qcow2 header saying 32 MiB: all the CLI reads of the file.
+    image.write_bytes(
+        b"QFI\xfb" + (3).to_bytes(4, "big") + bytes(16) + (32 << 20).to_bytes(8, "big")
+    )
+    added = json.loads(ok(server, "image", "add", "cli-img", str(image), "--json"))
+    assert added["size_bytes"] == 32 << 20
+    assert "cli-img" in ok(server, "image", "list")
+    code, out = cli(server, "image", "add", "cli-img2", str(tmp_path / "absent.qcow2"))
+    assert code == 2 and "absent.qcow2" in out
+
+    ok(
+        server,
+        "flavor",
+        "create",
+        "cli.disk",
+        "-r",
+        "VCPU=1",
+        "-r",
+        "MEMORY_MB=512",
+        "-r",
+        "DISK_GB=1",
+    )
+    ok(
+        server,
+        "vm",
+        "create",
+        "cli-img-vm",
+        "-f",
+        "cli.disk",
+        "--image",
+        "cli-img",
+        "--network",
+        "lan",
+    )
+    shown = ok(server, "vm", "show", "cli-img-vm")
+    assert "disk: image cli-img, 1073741824 bytes, volume loadmaster/" in shown
+    assert re.search(r"nic: network lan, MAC 52:54:00(:[0-9a-f]{2}){3}", shown), shown
+    code, out = cli(server, "vm", "create", "cli-bad", "-f", "cli.disk", "--image", "nope")
+    assert code != 0 and "no such image 'nope'" in out
+    code, out = cli(server, "image", "delete", "cli-img")
+    assert code != 0 and "used by 1 VMs" in out

@@ -102,6 +102,7 @@ def test_a_create_writes_what_the_orm_wrote(cluster: Loadmaster) -> None:
                 generation=0,
                 created_at=a.created_at,
                 updated_at=a.updated_at,
+                nics=vm.nics,  # its MAC is made up at random
             )
         )
     assert a.uuid == "00000000-0000-4000-8000-000000000001"

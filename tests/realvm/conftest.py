@@ -19,6 +19,7 @@ from realvm_helpers import (
     require_system,
     share_capabilities_cache,
     start_daemon,
+    start_network,
     stop_daemon,
     wait_ready,
 )
@@ -51,6 +52,7 @@ def real_hosts() -> Iterator[RealHosts]:
                 share_capabilities_cache(daemons[0], scratch / name)
             daemons.append(start_daemon(name, run_id, scratch))
             wait_ready(daemons[-1], scratch)
+            start_network(daemons[-1], run_id)
         print(f"two private libvirtd up in {time.monotonic() - started:.1f} s")
         yield RealHosts(daemons[0], daemons[1], image)
     finally:

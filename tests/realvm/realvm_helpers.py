@@ -11,16 +11,20 @@ rather than skip, so CI cannot go green without having run a real guest.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 import uuid as uuidlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import libvirt
 import pytest
@@ -31,11 +35,16 @@ from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
 ROOT = Path(__file__).resolve().parents[2]
 # The first start of a libvirtd probes the QEMU binary's capabilities (~8 s on 2 cores).
 DAEMON_START_S = 90.0
-# Each daemon gets its own range of incoming migration ports, below the kernel's range
-# for outgoing connections (32768-60999): inside it, the local ends of other tests'
-# connections (and their TIME_WAIT) took all 16 ports once, and QEMU found none to
-# listen on ("Failed to find an available port").
-MIGRATION_PORTS = {"a": 31300, "b": 31320, "c": 31340}
+# Each daemon gets its own range of incoming migration (and disk copy) ports, below the
+# kernel's range for outgoing connections (32768-60999): inside it, the local ends of
+# other tests' connections (and their TIME_WAIT) took all 16 ports once, and QEMU found
+# none to listen on ("Failed to find an available port"). The ranges of a test process
+# are a block held for its whole life (``migration_port_min``), so two test runs on one
+# machine never share one either.
+PORTS_PER_DAEMON = 20
+DAEMON_NAMES = ("a", "b", "c")
+PORT_BLOCKS = range(31300, 32768 - len(DAEMON_NAMES) * PORTS_PER_DAEMON, 100)
+_held_block: list[tuple[int, IO[bytes]]] = []
 # Where the destination QEMU listens for a migration: both "hosts" are this machine.
 MIGRATION_URI = "tcp://127.0.0.1"
 AGENT_FIXTURES = ROOT / "tests" / "agent" / "fixtures"
@@ -97,6 +106,39 @@ def require_system() -> None:
         pytest.fail(f"missing {missing}: run scripts/setup.sh full (as root)")
 
 
+def migration_port_min(name: str) -> int:
+    """The first of the 16 incoming migration ports of daemon ``name`` (a, b or c): in a
+    block this process reserved, the first time it asked, under a lock file that other
+    processes find held (released when this process ends), and not in use when chosen."""
+    if not _held_block:
+        for base in PORT_BLOCKS:
+            lock = Path(tempfile.gettempdir()) / f"loadmaster-realvm-ports-{base}.lock"
+            held = lock.open("wb")
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.close()
+                continue
+            if all(
+                _free(port) for port in range(base, base + PORTS_PER_DAEMON * len(DAEMON_NAMES))
+            ):
+                _held_block.append((base, held))
+                break
+            held.close()
+        else:
+            pytest.fail(f"no free block of migration ports in {PORT_BLOCKS}")
+    return _held_block[0][0] + PORTS_PER_DAEMON * DAEMON_NAMES.index(name)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def start_daemon(name: str, run_id: str, scratch: Path) -> PrivateLibvirtd:
     base = scratch / name
     # Unix socket paths are limited to 108 bytes: the scratch directory is short.
@@ -109,7 +151,7 @@ def start_daemon(name: str, run_id: str, scratch: Path) -> PrivateLibvirtd:
             f"{run_id}-{name}",
             str(base),
             str(sock),
-            str(MIGRATION_PORTS[name]),
+            str(migration_port_min(name)),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -138,15 +180,40 @@ def wait_ready(daemon: PrivateLibvirtd, scratch: Path) -> None:
             time.sleep(0.1)
 
 
+def start_network(daemon: PrivateLibvirtd, run_id: str) -> None:
+    """The host's network ``default``, which VMs' NICs join unless they name another:
+    isolated (a bridge without an address, so nothing for dnsmasq to serve). Its bridge is
+    on the machine itself, so it is named after the run and the daemon."""
+    conn = libvirt.open(daemon.uri)
+    try:
+        try:
+            net = conn.networkLookupByName("default")  # a daemon restarted on its state
+        except libvirt.libvirtError:
+            bridge = f"lm{run_id}{daemon.name}"[:15]
+            net = conn.networkDefineXML(
+                "<network><name>default</name>"
+                f"<bridge name='{bridge}' stp='off' delay='0'/></network>"
+            )
+        if not net.isActive():
+            net.create()
+    finally:
+        conn.close()
+
+
 def stop_daemon(daemon: PrivateLibvirtd) -> None:
-    """Guests destroyed through libvirt (which removes their cgroups), then the daemons
-    this fixture started, by pid, then the cgroups the launcher made."""
+    """Guests destroyed through libvirt (which removes their cgroups), its networks (their
+    bridges and firewall rules are the machine's), then the daemons this fixture started,
+    by pid, then the cgroups the launcher made."""
     with contextlib.suppress(libvirt.libvirtError):
         conn = libvirt.open(daemon.uri)
         for dom in conn.listAllDomains():
             with contextlib.suppress(libvirt.libvirtError):
                 if dom.isActive():
                     dom.destroy()
+        for net in conn.listAllNetworks():
+            with contextlib.suppress(libvirt.libvirtError):
+                if net.isActive():
+                    net.destroy()
         conn.close()
     daemon.process.terminate()
     try:

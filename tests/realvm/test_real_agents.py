@@ -140,10 +140,11 @@ class RealCloud:
     b: AgentHost
     guests: Launched
 
-    def create_vm(self, *tags: str) -> GuestSpec:
+    def create_vm(self, *tags: str, image: str | None = None) -> GuestSpec:
         """A VM created through the API (requested: nothing on any host yet)."""
         spec = new_spec(GUEST_MIB, *tags)
         body = {"name": spec.name, "uuid": spec.uuid, "flavor": FLAVOR, "tags": list(tags)}
+        body |= {"image": image} if image else {}
         created = self.admin.post("/vms", json=body)
         assert created.status_code == 201, created.text
         self.guests.uuids.append(spec.uuid)
@@ -509,9 +510,21 @@ def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
 ) -> None:
     """``loadmaster agent`` replaces real-b's manager (as after a restart): it finds the
     host by name and launches a VM claimed there while no agent ran, on QEMU, booting the
-    guest image it was given on the command line. Last: it ends real-b's manager."""
+    guest kernel it was given on the command line with its root on a disk made from the
+    image the VM names, found in the agent's --image-dir, and a NIC with the ledger's MAC.
+    Last: it ends real-b's manager."""
     cloud.b.halt()
-    spec = cloud.create_vm("gold")
+    images = cloud.real.image.kernel.parent / "images"
+    added = CliRunner().invoke(
+        app,
+        [
+            *("image", "add", "busybox", str(images / "busybox.qcow2")),
+            *("--url", cloud.server.url, "--token", ADMIN_TOKEN),
+        ],
+    )
+    assert added.exit_code == 0, added.output
+    spec = cloud.create_vm("gold", image="busybox")
+    [nic] = cloud.vm(spec.uuid)["nics"]
     claimed = cloud.admin.put(f"/vms/{spec.uuid}/allocations", json={"host": "real-b"})
     assert claimed.status_code == 200, claimed.text
     image = cloud.real.image
@@ -546,6 +559,8 @@ def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
             str(image.log_dir),
             "--migration-data-uri",
             "tcp://127.0.0.1",
+            "--image-dir",
+            str(images),
         ],
     )
     assert result.exit_code == 0, result.output
@@ -556,6 +571,12 @@ def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
     guest = running(cloud.b.hv)[spec.uuid]
     assert guest.managed and guest.tags == {"gold"}
     booted(cloud.real, spec)
+    console = serial(cloud.real, spec)
+    assert "lm-guest: root on /dev/vda" in console
+    assert f"lm-guest: eth0 {nic['mac']}" in console
+    [disk] = cloud.vm(spec.uuid)["disks"]
+    assert disk["volume"] == f"loadmaster/{spec.uuid}.qcow2"
+    assert f"{spec.uuid}.qcow2" in cloud.b.hv.storage.pool().listVolumes()
     assert cloud.vm(spec.uuid)["fault"] is None
     assert cloud.records(spec.uuid, cloud.b) == ["active"]
     cloud.assert_clean()

@@ -33,6 +33,7 @@ from realvm_helpers import (
     running,
     share_capabilities_cache,
     start_daemon,
+    start_network,
     stop_daemon,
     wait_for,
     wait_ready,
@@ -172,6 +173,7 @@ def test_a_dead_hosts_ha_vm_runs_once_on_another_host(real_hosts: RealHosts) -> 
     watcher = real_hosts.hypervisor(real_hosts.a)
     try:
         wait_ready(daemons[0], scratch)
+        start_network(daemons[0], f"ev{os.getpid()}")
         server = serve_in_thread(app)
         admin = httpx.Client(
             base_url=server.url,
@@ -225,6 +227,7 @@ def test_a_dead_hosts_ha_vm_runs_once_on_another_host(real_hosts: RealHosts) -> 
         share_capabilities_cache(real_hosts.a, scratch / "c")
         daemons[0] = start_daemon("c", f"ev{os.getpid()}b", scratch)
         wait_ready(daemons[0], scratch)
+        start_network(daemons[0], f"ev{os.getpid()}")
         back = real_hosts.hypervisor(daemons[0])
         try:
             back.launch_guest(spec)

@@ -90,14 +90,34 @@ class BlockStats:
 
 
 @dataclass(frozen=True)
+class DiskSpec:
+    """A guest's disk: a copy-on-write overlay of the base ``image`` (None: a blank disk)
+    of ``size_bytes``, the VM's DISK_GB."""
+
+    image: str | None
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class NicSpec:
+    """A virtio NIC on the host's network ``network``, with the MAC the ledger keeps for
+    the VM wherever it runs."""
+
+    network: str
+    mac: str
+
+
+@dataclass(frozen=True)
 class GuestSpec:
-    """What the agent launches: a flavor's size and the VM's API tags."""
+    """What the agent launches: a flavor's size, the VM's API tags, its disk and NICs."""
 
     uuid: str
     name: str
     memory_kib: int
     vcpus: int
     tags: frozenset[str] = frozenset()
+    disk: DiskSpec | None = None
+    nics: tuple[NicSpec, ...] = ()
     # The host's devices the agent gave it (agent/devices.py).
     host_devices: tuple[HostDevice, ...] = ()
 
@@ -118,6 +138,8 @@ class HostInfo:
     memory_kib: int
     free_memory_kib: int
     numa_cells: tuple[NumaCell, ...] = ()
+    # What the host's storage pool for guest disks holds (None: the driver has none).
+    disk_gb: int | None = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -168,11 +190,12 @@ class Hypervisor(Protocol):
     def launch_guest(self, spec: GuestSpec) -> None:
         """Define (persistently) and start; idempotent: running already -> no-op, defined but
         off -> start. The domain carries loadmaster metadata: its tags and an <lm:managed/>
-        marker."""
+        marker. An image or a network the host does not have is refused, naming it; a
+        launch that fails leaves no disk behind."""
         ...
 
     def remove_guest(self, uuid: str) -> None:
-        """Destroy and undefine; no-op when absent."""
+        """Destroy and undefine, and delete its disk; no-op when absent."""
         ...
 
     def stopped_guests(self) -> list[str]:

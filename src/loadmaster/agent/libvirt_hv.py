@@ -23,6 +23,7 @@ One responsibility, over 400 lines: the hypervisor interface over libvirt.
 from __future__ import annotations
 
 import contextlib
+import logging
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,10 +46,15 @@ from loadmaster.agent.hypervisor import (
     NumaTune,
     ksm_for,
 )
+from loadmaster.agent.networks import interface_element, require_networks
+from loadmaster.agent.storage import GuestStorage, StorageConfig, disk_element
+from loadmaster.images import volume_name
 from loadmaster.policy.entities import IO_KEYS
 
 if TYPE_CHECKING:
     from loadmaster.agent.plugins import DriverOptions
+
+log = logging.getLogger(__name__)
 
 METADATA_NS = "https://loadmaster.dev/xmlns/vm/1"
 # How often the balloon driver refreshes guest memory stats, in seconds.
@@ -138,8 +144,9 @@ def with_tags(xml: str | None, tags: frozenset[str]) -> str:
 
 @dataclass(frozen=True)
 class GuestImage:
-    """How a QEMU guest boots: direct kernel boot, no disk. ``log_dir`` receives each guest's
-    serial console as ``<name>.serial`` (None: no serial port)."""
+    """How a QEMU guest boots: direct kernel boot (the initramfs makes the guest's disk its
+    root when the disk has one). ``log_dir`` receives each guest's serial console as
+    ``<name>.serial`` (None: no serial port)."""
 
     kernel: Path
     initrd: Path
@@ -147,10 +154,13 @@ class GuestImage:
     log_dir: Path | None = None
 
 
-def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
+def domain_xml(
+    spec: GuestSpec, driver: str, image: GuestImage | None, disk_path: str | None = None
+) -> str:
     """The persistent definition of a launched guest. ``driver`` is the connection's
     ``getType()``: the test driver gets the minimal domain it accepts; QEMU a TCG guest
-    (nested KVM does not work on the CI machines) booting ``image`` with a stats balloon."""
+    (nested KVM does not work on the CI machines) booting ``image`` with a stats balloon.
+    Both get the guest's disk (the volume at ``disk_path``) and NICs."""
     test = driver.upper() == "TEST"
     if not test and image is None:
         raise HypervisorError(
@@ -169,8 +179,10 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
     os_el = ET.SubElement(dom, "os")
     if test or image is None:
         ET.SubElement(os_el, "type").text = "hvm"
+        devices = ET.SubElement(dom, "devices")
+        _guest_devices(devices, spec, disk_path)
         if spec.host_devices:
-            hostdev_elements(ET.SubElement(dom, "devices"), spec.host_devices)
+            hostdev_elements(devices, spec.host_devices)
         return ET.tostring(dom, encoding="unicode")
     ET.SubElement(os_el, "type", arch="x86_64", machine="pc").text = "hvm"
     ET.SubElement(os_el, "kernel").text = str(image.kernel)
@@ -182,6 +194,7 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
         ET.SubElement(dom, event).text = action
     ET.SubElement(dom, "on_crash").text = "destroy"
     devices = ET.SubElement(dom, "devices")
+    _guest_devices(devices, spec, disk_path)
     if image.log_dir is not None:
         serial = ET.SubElement(devices, "serial", type="file")
         # Appended to, not truncated: a restart or a live migration keeps the console's past.
@@ -195,11 +208,19 @@ def domain_xml(spec: GuestSpec, driver: str, image: GuestImage | None) -> str:
     return ET.tostring(dom, encoding="unicode")
 
 
+def _guest_devices(devices: ET.Element, spec: GuestSpec, disk_path: str | None) -> None:
+    if disk_path is not None:
+        devices.append(disk_element(disk_path))
+    for nic in spec.nics:
+        devices.append(interface_element(nic))
+
+
 # ------------------------------------------------------------------------------------------
 
 
 class LibvirtHypervisor:
-    """``guest_image`` is how launched QEMU guests boot (not needed on the test driver);
+    """``guest_image`` is how launched QEMU guests boot (not needed on the test driver),
+    ``storage`` where their disks and base images are (``storage.StorageConfig``);
     ``migration_uri`` is where the destination QEMU listens for a live migration's data
     (``tcp://ADDRESS``; None: the destination's host name, as libvirt resolves it).
     KSM is written under ``sys_root``; see ``ksm_for`` for the default."""
@@ -211,6 +232,7 @@ class LibvirtHypervisor:
         *,
         guest_image: GuestImage | None = None,
         migration_uri: str | None = None,
+        storage: StorageConfig | None = None,
     ) -> None:
         self._libvirt = _import_libvirt()
         # libvirt prints every error on stderr by default; they are raised and logged instead.
@@ -225,6 +247,7 @@ class LibvirtHypervisor:
         self._balloon_min: dict[str, int] = {}
         self.guest_image = guest_image
         self.migration_uri = migration_uri
+        self.storage = GuestStorage(self._conn, self._libvirt, storage or StorageConfig())
 
     @classmethod
     def from_options(cls, options: DriverOptions) -> LibvirtHypervisor:
@@ -234,6 +257,7 @@ class LibvirtHypervisor:
             options.sys_root,
             guest_image=options.guest_image,
             migration_uri=options.migration_uri,
+            storage=options.storage,
         )
 
     def close(self) -> None:
@@ -415,7 +439,17 @@ class LibvirtHypervisor:
             memory_kib=int(memory_mib) * 1024,
             free_memory_kib=free // 1024,
             numa_cells=cells,
+            disk_gb=self._disk_gb(),
         )
+
+    def _disk_gb(self) -> int | None:
+        """The storage pool's size; None, with a warning, when the pool cannot be had: the
+        host still runs VMs without a disk, and DISK_GB is not offered."""
+        try:
+            return self.storage.capacity_gb()
+        except HypervisorError as exc:
+            log.warning("no DISK_GB: %s", exc)
+            return None
 
     def _lookup(self, uuid: str) -> Any | None:
         """The domain with this UUID, running or not; None when there is none."""
@@ -434,12 +468,28 @@ class LibvirtHypervisor:
     def launch_guest(self, spec: GuestSpec) -> None:
         what = f"launch {spec.name} ({spec.uuid})"
         dom = self._lookup(spec.uuid)
-        defined_now = dom is None
-        if dom is None:
-            xml = domain_xml(spec, self._call("driver type", self._conn.getType), self.guest_image)
-            dom = self._call(f"{what}: define", lambda: self._conn.defineXML(xml))
-        elif self._call(f"{what}: state", dom.isActive):
+        if dom is not None:
+            if not self._call(f"{what}: state", dom.isActive):
+                self._start(dom, what, defined_now=False)
             return
+        driver = self._call("driver type", self._conn.getType)
+        # Checked before anything is made: a refusal leaves nothing to clean up.
+        try:
+            require_networks(self._conn, self._libvirt, (n.network for n in spec.nics))
+            disk_path = None if spec.disk is None else self.storage.make_disk(spec.uuid, spec.disk)
+        except HypervisorError as exc:
+            raise HypervisorError(f"{what}: {exc}") from exc
+        try:
+            xml = domain_xml(spec, driver, self.guest_image, disk_path)
+            dom = self._call(f"{what}: define", lambda: self._conn.defineXML(xml))
+            self._start(dom, what, defined_now=True)
+        except HypervisorError:
+            if spec.disk is not None and self._lookup(spec.uuid) is None:
+                # No volume outlives a launch that failed (a concurrent one may use it).
+                self.storage.remove_disk(spec.uuid)
+            raise
+
+    def _start(self, dom: Any, what: str, *, defined_now: bool) -> None:
         try:
             dom.create()
         except self._libvirt.libvirtError as exc:
@@ -488,6 +538,7 @@ class LibvirtHypervisor:
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_DOMAIN:
                     raise HypervisorError(f"remove {uuid}: undefine: {exc}") from exc
+        self.storage.remove_disk(uuid)
 
     def set_tags(self, uuid: str, tags: frozenset[str]) -> None:
         lv = self._libvirt
@@ -518,12 +569,14 @@ class LibvirtHypervisor:
             dest = lv.open(destination_uri)
         except lv.libvirtError as exc:
             raise HypervisorError(f"{what}: cannot connect to the destination: {exc}") from exc
+        copied = False
         try:
             try:
-                self._migrate_live(dom, dest)
+                copied = self._migrate_live(dom, dest)
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_SUPPORT:
                     self._resume_after_failed_migration(dom, what)
+                    self._drop_copy_there(dest, uuid, what)
                     raise HypervisorError(f"{what}: live migration failed: {exc}") from exc
                 # The driver cannot migrate (the test driver): a cold move instead.
                 self._move_cold(dom, dest, what)
@@ -532,15 +585,58 @@ class LibvirtHypervisor:
             with contextlib.suppress(lv.libvirtError):
                 dest.close()
         self._forget(uuid)
+        if copied:
+            try:
+                self.storage.remove_disk(uuid)
+            except HypervisorError as exc:
+                # The guest runs there: the move succeeded whatever becomes of this copy.
+                log.warning("%s: the disk left here could not be deleted: %s", what, exc)
 
-    def _migrate_live(self, dom: Any, dest: Any) -> None:
+    def _migrate_live(self, dom: Any, dest: Any) -> bool:
+        """Returns whether the guest's disk was copied to the destination's pool (libvirt
+        makes the volume there, a flattened copy); the copy here is then stale."""
         lv = self._libvirt
         # Persistent on the destination, undefined here: the guest moves, definition and all.
         flags = lv.VIR_MIGRATE_LIVE | lv.VIR_MIGRATE_PERSIST_DEST
         if dom.isPersistent():
             flags |= lv.VIR_MIGRATE_UNDEFINE_SOURCE
-        params = {lv.VIR_MIGRATE_PARAM_URI: self.migration_uri} if self.migration_uri else {}
+        params: dict[str, Any] = {}
+        if self.migration_uri:
+            params[lv.VIR_MIGRATE_PARAM_URI] = self.migration_uri
+        disks = self._pool_disks(dom)
+        if disks:
+            flags |= lv.VIR_MIGRATE_NON_SHARED_DISK
+            params[lv.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = disks
         dom.migrate3(dest, params, flags)
+        return bool(disks)
+
+    def _drop_copy_there(self, dest: Any, uuid: str, what: str) -> None:
+        """libvirt leaves the disk it made on the destination for a migration that failed:
+        deleted, unless a guest of this uuid is there (then it is not this move's)."""
+        lv = self._libvirt
+        try:
+            dest.lookupByUUIDString(uuid)
+            return
+        except lv.libvirtError:
+            pass
+        try:
+            GuestStorage(dest, lv, StorageConfig()).remove_disk(uuid)
+        except HypervisorError as exc:
+            # The error that led here is the one worth reporting.
+            log.warning("%s: the disk copy left on the destination stays: %s", what, exc)
+
+    def _pool_disks(self, dom: Any) -> list[str]:
+        """The target devices of the guest's disks that are its volume in the pool."""
+        desc = ET.fromstring(dom.XMLDesc(0))
+        name = volume_name(dom.UUIDString())
+        found = []
+        for disk in desc.findall("./devices/disk[@device='disk']"):
+            source, target = disk.find("source"), disk.find("target")
+            if source is None or target is None:
+                continue
+            if Path(source.get("file", "")).name == name:
+                found.append(target.get("dev", ""))
+        return found
 
     def _resume_after_failed_migration(self, dom: Any, what: str) -> None:
         """libvirt rolls a failed migration back, but a guest can be left paused (failure

@@ -36,7 +36,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Set
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -52,7 +52,14 @@ from loadmaster.agent.devices import (
     parse_node_devices,
     registration_children,
 )
-from loadmaster.agent.hypervisor import GuestSpec, HostInfo, Hypervisor, unreachable_destination
+from loadmaster.agent.hypervisor import (
+    DiskSpec,
+    GuestSpec,
+    HostInfo,
+    Hypervisor,
+    NicSpec,
+    unreachable_destination,
+)
 from loadmaster.errors import ValidationError
 
 log = logging.getLogger(__name__)
@@ -220,9 +227,10 @@ def discover(
     info: HostInfo, config: ManagerConfig, host_name: str, devices: Discovery | None = None
 ) -> dict[str, Any]:
     """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
-    providers when there are several, as Placement models them), the configured classes on
-    the root, reserved amounts (``DEFAULT_RESERVED`` where the config names none) and
-    ratios from the config, and the host's devices as child providers with their traits."""
+    providers when there are several, as Placement models them), DISK_GB from its storage
+    pool, the configured classes on the root, reserved amounts (``DEFAULT_RESERVED``
+    where the config names none) and ratios from the config, and the host's devices as
+    child providers with their traits."""
     reserved = {**DEFAULT_RESERVED, **config.reserved}
 
     def inventory(name: str, total: int, reserved: int = 0) -> dict[str, Any]:
@@ -253,6 +261,9 @@ def discover(
     else:
         for name, total in measured.items():
             root[name] = inventory(name, total, reserved.get(name, 0))
+    if info.disk_gb and "DISK_GB" not in root:
+        # The storage pool guests' disks are made in; a configured amount overrides it.
+        root["DISK_GB"] = inventory("DISK_GB", info.disk_gb, reserved.get("DISK_GB", 0))
     body: dict[str, Any] = {"inventories": root, "children": children}
     if devices is not None and devices.providers:
         device_children, body["child_traits"], parents = registration_children(devices, nodes)
@@ -561,14 +572,7 @@ class HostManager:
             self.api.launch_failed(vm, self.host_name, reason)
             report.refused.append(vm)
             return
-        spec = GuestSpec(
-            uuid=vm,
-            name=str(item["name"]),
-            memory_kib=int(item["memory_mb"]) * KIB_PER_MB,
-            vcpus=max(1, int(item["vcpus"])),
-            tags=frozenset(item.get("tags") or ()),
-            host_devices=given,
-        )
+        spec = replace(guest_spec(item), host_devices=given)
         with self._lock:
             self._launch_kib[vm] = spec.memory_kib
             self._launching[vm] = self._pool.submit(self._run_launch, spec)
@@ -757,6 +761,20 @@ def _amounts(*inventories: Mapping[str, Mapping[str, Any]]) -> str:
         for name, inv in inventory.items():
             totals[name] = totals.get(name, 0) + int(inv["total"])
     return ", ".join(f"{name}={total}" for name, total in sorted(totals.items())) or "nothing"
+
+
+def guest_spec(item: Mapping[str, Any]) -> GuestSpec:
+    """What to launch for a work item: its size, tags, disk and NICs."""
+    disk = item.get("disk")
+    return GuestSpec(
+        uuid=str(item["vm"]).lower(),
+        name=str(item["name"]),
+        memory_kib=int(item["memory_mb"]) * KIB_PER_MB,
+        vcpus=max(1, int(item["vcpus"])),
+        tags=frozenset(item.get("tags") or ()),
+        disk=DiskSpec(disk.get("image"), int(disk["size_bytes"])) if disk else None,
+        nics=tuple(NicSpec(str(n["network"]), str(n["mac"])) for n in item.get("nics") or ()),
+    )
 
 
 def _log_failure(what: str, exc: Exception) -> None:

@@ -34,6 +34,7 @@ from loadmaster.errors import ValidationError
 if TYPE_CHECKING:
     from loadmaster.agent.hypervisor import Hypervisor
     from loadmaster.agent.libvirt_hv import GuestImage
+    from loadmaster.agent.storage import StorageConfig
 
 HOST_COLLECTOR_GROUP = "loadmaster.host_collectors"
 GUEST_COLLECTOR_GROUP = "loadmaster.guest_collectors"
@@ -51,12 +52,14 @@ def registered(group: str) -> dict[str, EntryPoint]:
 class DriverOptions:
     """What the agent hands a hypervisor driver: the URI it was given, where KSM lives
     (None: the driver's default), how launched guests boot and where live-migration data
-    goes (drivers that cannot launch or migrate ignore them)."""
+    goes, and where guests' disks and base images are (drivers that cannot launch or
+    migrate ignore them)."""
 
     uri: str
     sys_root: Path | None = None
     guest_image: GuestImage | None = None
     migration_uri: str | None = None
+    storage: StorageConfig | None = None
 
 
 def open_hypervisor(driver: str, options: DriverOptions) -> Hypervisor:

@@ -18,6 +18,7 @@ from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor
 from loadmaster.agent.reporting import MeasurementReporter
+from loadmaster.agent.storage import StorageConfig
 from loadmaster.apiclient import ApiClient as HttpClient
 from loadmaster.apiclient import ApiError, ClientTls
 from loadmaster.errors import InvalidTransition
@@ -113,6 +114,7 @@ def run_agent(
     collectors: str | None = None,
     guest_image: GuestImage | None = None,
     migration_data_uri: str | None = None,
+    storage: StorageConfig | None = None,
     on_cycle: Callable[[CycleReport], None] | None = None,
     driver: str | None = None,
     tls: ClientTls | None = None,
@@ -138,7 +140,8 @@ def run_agent(
     On QEMU the manager launches guests from ``guest_image`` (without one a launch fails
     and the VM is placed elsewhere), and ``migration_data_uri`` (``tcp://ADDRESS``) is where
     the destination's QEMU listens for a live migration's data (default: the
-    destination's host name, as libvirt resolves it).
+    destination's host name, as libvirt resolves it). ``storage`` says where guests'
+    disks (a libvirt storage pool) and base images are (default: ``StorageConfig()``).
     ``tls``: the CA an ``https://`` API is verified against, and the client certificate
     that may stand for ``token``; a file of it that cannot be used raises ``TlsSetupError``.
     """
@@ -164,7 +167,7 @@ def run_agent(
     try:
         hypervisor = open_hypervisor(
             driver or config.driver or DEFAULT_DRIVER,
-            DriverOptions(hypervisor_uri, sys_root, guest_image, migration_data_uri),
+            DriverOptions(hypervisor_uri, sys_root, guest_image, migration_data_uri, storage),
         )
         client = ApiClient(api_url, token, timeout=10.0, tls=tls) if api_url else None
         host_name = host_name or config.name or socket.gethostname()

@@ -45,11 +45,13 @@ from loadmaster.agent.hypervisor import (
     BlockStats,
     CpuStats,
     CpuTune,
+    DiskSpec,
     GuestInfo,
     GuestSpec,
     HostInfo,
     HypervisorError,
     MemoryKsm,
+    NicSpec,
     NumaCell,
     NumaTune,
     format_nodeset,
@@ -118,6 +120,9 @@ class _Guest:
     shutting_down: bool = False
     managed: bool = False
     interfaces: dict[str, dict[str, int]] = field(default_factory=dict)
+    # What it was launched with (a guest of the simulator's own list has neither).
+    disk: DiskSpec | None = None
+    nics: tuple[NicSpec, ...] = ()
     # No <numatune> in the domain: libvirt reports strict mode over any node.
     numa: NumaTune = field(default_factory=lambda: NumaTune("strict", ""))
     # The host devices the agent gave it.
@@ -132,7 +137,9 @@ class SimulatedHypervisor:
     """Guest lifecycle knobs: ``launch_delay`` seconds each launch takes (blocking the
     caller, like a real define and boot); ``failing_launches`` UUIDs or names whose launch
     raises; ``uri`` makes this host a migration destination for the other simulators of
-    the process (``serve_at``). ``numa_nodes`` splits CPUs and memory into equal cells."""
+    the process (``serve_at``). ``numa_nodes`` splits CPUs and memory into equal cells.
+    ``networks`` are the networks NICs may join, ``images`` the base images disks may be
+    made of (None: any); a launch naming another is refused, as on libvirt."""
 
     # Simulators that accept migrations, by URI (weak: a dropped simulator stops serving).
     _serving: ClassVar[weakref.WeakValueDictionary[str, SimulatedHypervisor]] = (
@@ -154,10 +161,14 @@ class SimulatedHypervisor:
         failing_launches: Collection[str] = (),
         numa_nodes: int = 1,
         node_devices: Sequence[str] = (),
+        networks: Collection[str] = ("default",),
+        images: Collection[str] | None = None,
     ) -> None:
         self.hostname = hostname
         # libvirt node-device descriptions of the host's devices (``DeviceSource``).
         self.node_devices = list(node_devices)
+        self.networks = frozenset(networks)
+        self.images = None if images is None else frozenset(images)
         self.launch_delay = launch_delay
         self.failing_launches: set[str] = set(failing_launches)
         self.numa_nodes = max(1, numa_nodes)
@@ -527,6 +538,7 @@ class SimulatedHypervisor:
             return
         if spec.uuid in self.failing_launches or spec.name in self.failing_launches:
             raise HypervisorError(f"launch {spec.name} ({spec.uuid}): simulated failure")
+        self._check_devices(spec)
         if self.launch_delay > 0:
             time.sleep(self.launch_delay)
         with self._lifecycle_lock:
@@ -549,6 +561,28 @@ class SimulatedHypervisor:
             hostdev_elements(ET.SubElement(dom, "devices"), guest.host_devices)
             out[guest.uuid] = ET.tostring(dom, encoding="unicode")
         return out
+
+    def _check_devices(self, spec: GuestSpec) -> None:
+        what = f"launch {spec.name} ({spec.uuid})"
+        for nic in spec.nics:
+            if nic.network not in self.networks:
+                raise HypervisorError(
+                    f"{what}: network {nic.network!r} is not defined on this host "
+                    f"(defined: {', '.join(sorted(self.networks)) or 'none'})"
+                )
+        image = spec.disk.image if spec.disk is not None else None
+        if image is not None and self.images is not None and image not in self.images:
+            raise HypervisorError(f"{what}: image {image!r} is not on this host")
+
+    def disks(self) -> dict[str, DiskSpec]:
+        """The disks of the guests here, by guest."""
+        with self._lifecycle_lock:
+            return {u: g.disk for u, g in self._guests.items() if g.disk is not None}
+
+    def nics(self) -> dict[str, tuple[NicSpec, ...]]:
+        """The NICs of the guests here that have any, by guest."""
+        with self._lifecycle_lock:
+            return {u: g.nics for u, g in self._guests.items() if g.nics}
 
     def _restart(self, uuid: str) -> bool:
         """True when the guest is here already; a graceful stop not yet done is called
@@ -619,6 +653,8 @@ def launched_guest(spec: GuestSpec) -> _Guest:
         spec.memory_kib,
         managed=True,
         host_devices=spec.host_devices,
+        disk=spec.disk,
+        nics=spec.nics,
     )
 
 

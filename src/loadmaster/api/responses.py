@@ -45,6 +45,17 @@ class ErrorOut(Out):
     explanation: dict[str, Any] | None = None
 
 
+class DiskOut(Out):
+    image: str | None = Field(description="its base image; null: a blank disk")
+    size_bytes: int
+    volume: str = Field(description="POOL/VOLUME on the host it runs on")
+
+
+class NicOut(Out):
+    network: str = Field(description="the libvirt network of its host it joins")
+    mac: str = Field(description="chosen when the VM was created, kept on every host")
+
+
 class VmOut(Out):
     uuid: str
     name: str
@@ -66,6 +77,9 @@ class VmOut(Out):
     )
     created_at: IsoText = Field(description="ISO 8601, UTC, with its offset")
     updated_at: IsoText = Field(description="ISO 8601, UTC, with its offset")
+    image: str | None
+    disks: list[DiskOut]
+    nics: list[NicOut]
 
 
 class VmDetail(VmOut):
@@ -144,6 +158,16 @@ class FlavorOut(Out):
 
 class FlavorList(Out):
     flavors: list[FlavorOut]
+
+
+class ImageOut(Out):
+    name: str
+    size_bytes: int = Field(description="the size its guest sees, which DISK_GB must hold")
+    created_at: IsoText = Field(description="ISO 8601, UTC, with its offset")
+
+
+class ImageList(Out):
+    images: list[ImageOut]
 
 
 class GroupOut(Out):
@@ -345,6 +369,11 @@ class RegistrationOut(Out):
     agent: AgentOut
 
 
+class WorkDiskOut(Out):
+    image: str | None = Field(description="its base image; null: a blank disk")
+    size_bytes: int
+
+
 class WorkItemOut(Out):
     vm: str
     name: str
@@ -355,6 +384,8 @@ class WorkItemOut(Out):
     resources: dict[str, int]
     target_host: str | None
     target_uri: str | None
+    disk: WorkDiskOut | None = Field(description="the disk its host makes; null: none")
+    nics: list[NicOut]
     providers: dict[str, dict[str, int]] = Field(
         default={},
         description="launch: what the claim holds on the host's child providers (NUMA "

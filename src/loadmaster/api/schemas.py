@@ -164,6 +164,12 @@ class FlavorCreate(Body):
     unknown_specs: Literal["refuse", "warn"] | None = None
 
 
+class ImagePut(Body):
+    size_bytes: int = Field(
+        gt=0, description="the size the guest sees (a qcow2's virtual size), in bytes"
+    )
+
+
 class VmStart(Body):
     policy: Name | None = None
     host: Name | None = Field(

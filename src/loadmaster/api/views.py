@@ -14,6 +14,7 @@ from loadmaster.api.responses import (
     GroupOut,
     HostDetail,
     HostOut,
+    ImageOut,
     InventoriesOut,
     LinkOut,
     OneInventoryOut,
@@ -31,6 +32,7 @@ from loadmaster.cluster import (
     HostRecord,
     VmRecord,
 )
+from loadmaster.cluster.images import ImageRecord
 from loadmaster.microversions import Version
 from loadmaster.pending import ReconcileResult
 from loadmaster.resources import ResourceClass, in_class_order
@@ -120,6 +122,10 @@ def usage(usages: Mapping[str, ClassUsage]) -> dict[str, ClassUsageOut]:
 
 def flavor(f: FlavorRecord) -> FlavorOut:
     return FlavorOut.model_validate(f, from_attributes=True)
+
+
+def image(i: ImageRecord) -> ImageOut:
+    return ImageOut.model_validate(i, from_attributes=True)
 
 
 def vm(v: VmRecord) -> VmOut:

@@ -114,6 +114,24 @@ def agent(
             file_okay=False, help="append each guest's serial console to <dir>/<name>.serial"
         ),
     ] = None,
+    pool_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="directory of the libvirt storage pool 'loadmaster' holding guests' disks "
+            "and base images, as libvirtd sees it; created when missing (default "
+            "/var/lib/libvirt/images/loadmaster); its size is the host's DISK_GB",
+        ),
+    ] = None,
+    image_dir: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="where base images come from: <dir>/<image>.qcow2 is copied into the pool "
+            "the first time a guest on this host needs it",
+        ),
+    ] = None,
     migration_data_uri: Annotated[
         str | None,
         typer.Option(
@@ -143,6 +161,7 @@ def agent(
     from loadmaster.agent.libvirt_hv import GuestImage
     from loadmaster.agent.loop import CycleReport
     from loadmaster.agent.narration import CycleNarrator
+    from loadmaster.agent.storage import DEFAULT_POOL_DIR, StorageConfig
     from loadmaster.apiclient import ApiError, ApiUnreachable, ClientTls, TlsSetupError
 
     if url is not None and api_alias is not None and url != api_alias:
@@ -162,6 +181,10 @@ def agent(
             initrd=guest_initrd.resolve(),
             log_dir=guest_console_dir.resolve() if guest_console_dir else None,
         )
+    storage = StorageConfig(
+        pool_dir=pool_dir.absolute() if pool_dir else DEFAULT_POOL_DIR,
+        image_dir=image_dir.resolve() if image_dir else None,
+    )
     narrator = CycleNarrator()
     cycles_log = logging.getLogger("loadmaster.agent.cycles")
 
@@ -185,6 +208,7 @@ def agent(
                 collectors=collectors,
                 guest_image=image,
                 migration_data_uri=migration_data_uri,
+                storage=storage,
                 on_cycle=narrate,
                 driver=driver,
                 tls=ClientTls(ca, tls_cert, tls_key),

@@ -12,8 +12,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
+from loadmaster.cluster.images import image_row
 from loadmaster.cluster.records import FlavorRecord
 from loadmaster.errors import Conflict, NotFound, StoreUnavailable, ValidationError
+from loadmaster.images import IMAGE_SPEC
 from loadmaster.resources import (
     STANDARD_BY_NAME,
     STANDARD_CLASSES,
@@ -314,6 +316,8 @@ class FlavorService:
                         f"extra_specs.{key}: no such {'resource class' if kind == 'class' else kind}",
                         field=f"extra_specs.{key}",
                     ) from None
+            if IMAGE_SPEC in spec.extra_specs:
+                image_row(session, spec.extra_specs[IMAGE_SPEC], f"extra_specs.{IMAGE_SPEC}")
             where = f"extra_specs.{ALIAS_SPEC}"
             asked = spec.extra_specs.get(ALIAS_SPEC)
             for alias, _ in alias_requests(asked, self.aliases) if asked is not None else ():

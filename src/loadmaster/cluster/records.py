@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from loadmaster.images import POOL_NAME, disk_bytes, volume_name
 from loadmaster.resources import Inventory
 
 HOST_STATES = ("up", "maintenance", "down")
@@ -62,6 +63,35 @@ class VmRecord:
     # The hosts that refused its launch, while it is being placed again (empty once it
     # runs, or once the launch was given up).
     tried_hosts: tuple[str, ...] = ()
+    # The base image of its disk (None: blank, or no disk), and its NICs.
+    image: str | None = None
+    nics: tuple[Nic, ...] = ()
+    # The size of its image when it has one, for a disk sized to it (no DISK_GB).
+    image_bytes: int | None = None
+
+    @property
+    def disks(self) -> tuple[Disk, ...]:
+        """Its disk, on whatever host it runs: made when it claims DISK_GB or names an
+        image (then of the image's size when it claims no DISK_GB)."""
+        size = disk_bytes(self.resources.get("DISK_GB"), self.image_bytes)
+        if not size:
+            return ()
+        return (Disk(self.image, size, f"{POOL_NAME}/{volume_name(self.uuid)}"),)
+
+
+@dataclass(frozen=True)
+class Nic:
+    network: str
+    mac: str
+
+
+@dataclass(frozen=True)
+class Disk:
+    """``volume``: POOL/VOLUME on its host."""
+
+    image: str | None
+    size_bytes: int
+    volume: str
 
 
 @dataclass(frozen=True)

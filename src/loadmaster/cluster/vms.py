@@ -15,9 +15,18 @@ from sqlalchemy.orm import Session, aliased
 
 from loadmaster import shapes
 from loadmaster.cluster import lookup
-from loadmaster.cluster.records import VmEvent, VmRecord
+from loadmaster.cluster.records import Nic, VmEvent, VmRecord
 from loadmaster.cluster.vm_rows import VmState
 from loadmaster.errors import Conflict, InvalidTransition, NotFound, ValidationError
+from loadmaster.images import (
+    DEFAULT_NETWORK,
+    GIB,
+    IMAGE_SPEC,
+    NETWORK_SPEC,
+    check_image_name,
+    check_name,
+    new_mac,
+)
 from loadmaster.resources import parse_amounts
 from loadmaster.shapes import Amount, Name
 from loadmaster.store import Store, again_on_write_conflict
@@ -28,6 +37,7 @@ from loadmaster.store.schema import (
     ConsumerRow,
     FlavorRow,
     HostRow,
+    ImageRow,
     ServerGroupRow,
     VmEventRow,
     VmRow,
@@ -100,6 +110,10 @@ class VmSpec:
     tags: Sequence[Tag] = ()
     group: Name | None = None
     uuid: Name | None = None
+    # Its disk's base image and its NIC's network; None: its flavor's (lm:image,
+    # lm:network), else no image (a blank disk) and the network "default".
+    image: Name | None = None
+    network: Name | None = None
 
 
 class VmService:
@@ -131,6 +145,7 @@ class VmService:
             stamp = now()
             flavors = _flavors(session, {spec.flavor for spec, *_ in checked})
             groups = _groups(session, {spec.group for spec, *_ in checked if spec.group})
+            images = _images(session, checked, flavors)
             known: dict[str, int] | None = None
             wanted: builtins.list[dict[str, Any]] = []
             records: builtins.list[VmRecord] = []
@@ -157,6 +172,8 @@ class VmService:
                     group = groups.get(spec.group)
                     if group is None:
                         raise lookup.no_such_group(spec.group, f"{prefix}group")
+                image, image_bytes = _image_of(spec, flavor, resources, images, prefix)
+                nics = [{"network": _network_of(spec, flavor), "mac": new_mac()}]
                 wanted.append(
                     {
                         "uuid": vm_uuid,
@@ -173,6 +190,8 @@ class VmService:
                         "tried_hosts": [],
                         "created_at": stamp,
                         "updated_at": stamp,
+                        "image": image,
+                        "nics": nics,
                     }
                 )
                 records.append(
@@ -194,6 +213,9 @@ class VmService:
                         generation=0,
                         created_at=stamp,
                         updated_at=stamp,
+                        image=image,
+                        nics=tuple(Nic(**n) for n in nics),
+                        image_bytes=image_bytes,
                     )
                 )
             uuids = [w["uuid"] for w in wanted]
@@ -312,6 +334,10 @@ class VmService:
     ) -> tuple[VmSpec, dict[str, int], builtins.list[str], str]:
         shapes.check(spec, prefix)
         dot = prefix + "." if prefix else ""
+        if spec.image is not None:
+            check_image_name(spec.image, f"{dot}image")
+        if spec.network is not None:
+            check_name(spec.network, "a network", f"{dot}network")
         if not spec.name.strip():
             raise ValidationError(f"{dot}name must not be blank", field=f"{dot}name")
         overrides = parse_amounts(spec.overrides, f"{dot}overrides")
@@ -330,13 +356,27 @@ class VmService:
 
 
 # What a client chooses when it creates a VM: a retry must repeat all of it.
-_CHOSEN = ("name", "project_id", "user_id", "flavor_id", "overrides", "tags", "group_id")
+_CHOSEN = (
+    "name",
+    "project_id",
+    "user_id",
+    "flavor_id",
+    "overrides",
+    "tags",
+    "group_id",
+    "image",
+    "networks",
+)
 
 
 def _same_vm(existing: Any, wanted: Mapping[str, Any], prefix: str) -> None:
-    """Refuse a create whose uuid is taken by a VM with other fields."""
+    """Refuse a create whose uuid is taken by a VM with other fields (the MACs, made up
+    anew by each attempt, aside)."""
+    have = {a: getattr(existing, a) for a in _CHOSEN if a != "networks"}
+    have["networks"] = [n["network"] for n in existing.nics or ()]
+    want = {**wanted, "networks": [n["network"] for n in wanted["nics"]]}
     for attr in _CHOSEN:
-        if getattr(existing, attr) != wanted[attr]:
+        if have[attr] != want[attr]:
             shown = {"flavor_id": "flavor", "group_id": "group"}.get(attr, attr)
             raise Conflict(
                 f"{prefix}uuid {wanted['uuid']} is already used by a VM with another {shown}",
@@ -354,6 +394,56 @@ def _flavors(session: Session, names: Iterable[str]) -> dict[str, Any]:
     for chunk in in_chunks(sorted(names)):
         found.update((r.name, r) for r in run(session, _FLAVORS, {"names": chunk}))
     return found
+
+
+def _images(
+    session: Session, checked: Iterable[tuple[VmSpec, Any, Any, Any]], flavors: Mapping[str, Any]
+) -> dict[str, int]:
+    """The sizes of the registered images these VMs name (or their flavors), by name."""
+    names = {spec.image for spec, *_ in checked if spec.image}
+    names |= {
+        f.extra_specs[IMAGE_SPEC] for f in flavors.values() if IMAGE_SPEC in (f.extra_specs or {})
+    }
+    found: dict[str, int] = {}
+    for chunk in in_chunks(sorted(names)):
+        found.update((r.name, r.size_bytes) for r in run(session, _IMAGES, {"names": chunk}))
+    return found
+
+
+def _image_of(
+    spec: VmSpec,
+    flavor: Any,
+    resources: Mapping[str, int],
+    images: Mapping[str, int],
+    prefix: str,
+) -> tuple[str | None, int | None]:
+    """The VM's image (its own, else its flavor's) and its size, refused when nobody
+    registered it or the VM's DISK_GB cannot hold it."""
+    if spec.image is not None:
+        name, field, whose = spec.image, f"{prefix}image", ""
+    elif IMAGE_SPEC in (flavor.extra_specs or {}):
+        name = flavor.extra_specs[IMAGE_SPEC]
+        field, whose = f"{prefix}flavor", f" (flavor {flavor.name}'s extra spec {IMAGE_SPEC})"
+    else:
+        return None, None
+    size = images.get(name)
+    if size is None:
+        raise NotFound(
+            f"{field}: no such image {name!r}{whose}; register it first (PUT /images/{name})",
+            field=field,
+        )
+    disk_gb = resources.get("DISK_GB")
+    if disk_gb and size > disk_gb * GIB:
+        raise ValidationError(
+            f"{field}: image {name!r}{whose} is {size} bytes, more than the VM's DISK_GB of "
+            f"{disk_gb} ({disk_gb * GIB} bytes) can hold",
+            field=field,
+        )
+    return name, size
+
+
+def _network_of(spec: VmSpec, flavor: Any) -> str:
+    return spec.network or (flavor.extra_specs or {}).get(NETWORK_SPEC) or DEFAULT_NETWORK
 
 
 def _groups(session: Session, idents: Iterable[str]) -> dict[str, Any]:
@@ -439,6 +529,9 @@ def _record(row: Any) -> VmRecord:
         fault=row.fault,
         host_seq=row.host_seq,
         tried_hosts=tuple(row.tried_hosts or ()),
+        image=row.image,
+        nics=tuple(Nic(str(n["network"]), str(n["mac"])) for n in row.nics or ()),
+        image_bytes=row.image_bytes,
     )
 
 
@@ -462,6 +555,9 @@ _RECORDS = (
         VmRow.fault,
         VmRow.host_seq,
         VmRow.tried_hosts,
+        VmRow.image,
+        VmRow.nics,
+        ImageRow.size_bytes.label("image_bytes"),
         FlavorRow.name.label("flavor"),
         FlavorRow.resources.label("flavor_resources"),
         FlavorRow.required_traits,
@@ -474,6 +570,7 @@ _RECORDS = (
     .outerjoin(_HOST, _HOST.id == VmRow.host_id)
     .outerjoin(_TARGET, _TARGET.id == VmRow.target_host_id)
     .outerjoin(ServerGroupRow, ServerGroupRow.id == VmRow.group_id)
+    .outerjoin(ImageRow, ImageRow.name == VmRow.image)
 )
 
 # On the operator's path (the answer of a start or a migration): on the driver's cursor.
@@ -493,7 +590,13 @@ _FLAVORS = Prepared(
         FlavorRow.resources,
         FlavorRow.required_traits,
         FlavorRow.forbidden_traits,
+        FlavorRow.extra_specs,
     ).where(FlavorRow.name.in_(bindparam("names", expanding=True)))
+)
+_IMAGES = Prepared(
+    select(ImageRow.name, ImageRow.size_bytes).where(
+        ImageRow.name.in_(bindparam("names", expanding=True))
+    )
 )
 _GROUPS = Prepared(
     select(ServerGroupRow.id, ServerGroupRow.uuid, ServerGroupRow.name).where(

@@ -28,6 +28,7 @@ from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
+from loadmaster.images import disk_bytes
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import (
     STANDARD_TRAITS,
@@ -43,6 +44,7 @@ from loadmaster.store.schema import (
     FlavorRow,
     HostAgentRow,
     HostRow,
+    ImageRow,
     ResourceClassRow,
     VmRow,
 )
@@ -73,6 +75,9 @@ class WorkItem:
     target_uri: str | None = None
     # A launch's claim on the host's child providers (its devices among them), by provider.
     providers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Its disk ({"image", "size_bytes"}; None: no disk) and NICs ([{"network", "mac"}]).
+    disk: Mapping[str, object] | None = None
+    nics: tuple[Mapping[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -86,6 +91,8 @@ class WorkItem:
             "resources": dict(self.resources),
             "target_host": self.target_host,
             "target_uri": self.target_uri,
+            "disk": dict(self.disk) if self.disk is not None else None,
+            "nics": [dict(n) for n in self.nics],
         }
 
 
@@ -457,6 +464,16 @@ class HostControl:
             on_children = self._on_children(
                 session, root.id, [r.consumer_id for r in rows if r.state == "pending"]
             )
+            images = {r.image for r in rows if r.image}
+            image_bytes = (
+                dict(
+                    session.execute(
+                        select(ImageRow.name, ImageRow.size_bytes).where(ImageRow.name.in_(images))
+                    ).all()
+                )
+                if images
+                else {}
+            )
             items = []
             for r in rows:
                 # A placed VM keeps its flavor (a flavor in use cannot be deleted).
@@ -484,6 +501,8 @@ class HostControl:
                         target_host=names.get(r.target_host_id) if r.target_host_id else None,
                         target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
                         providers=on_children.get(r.consumer_id, {}) if action == "launch" else {},
+                        disk=_disk(r.image, resources, image_bytes),
+                        nics=tuple(dict(n) for n in r.nics or ()),
                     )
                 )
             return WorkList(root.name, root.generation, root.state, tuple(items))
@@ -680,3 +699,10 @@ class HostControl:
                 agent.fence_failures,
                 agent.fence_error,
             )
+
+
+def _disk(
+    image: str | None, resources: Mapping[str, int], image_bytes: Mapping[str, int]
+) -> dict[str, object] | None:
+    size = disk_bytes(resources.get("DISK_GB"), image_bytes.get(image) if image else None)
+    return {"image": image, "size_bytes": size} if size else None

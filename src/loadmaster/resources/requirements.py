@@ -11,7 +11,8 @@ Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`
 ``a,b``: any of these aggregates; a leading ``!`` forbids them); ``hw:cpu_policy``
 (``shared``, or ``dedicated``: the VCPU amount is asked as PCPU, pinned CPUs);
 ``hw:mem_page_size`` ``small`` or ``any`` (the default pages); ``hw:numa_nodes=1`` (what
-a host's NUMA nodes, its child providers, offer comes all from one node). Refused, with
+a host's NUMA nodes, its child providers, offer comes all from one node); ``lm:image`` and
+``lm:network``, the image and network of the flavor's VMs that name none. Refused, with
 the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
 to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
 ``hw:pci_numa_affinity_policy`` ``required``, ``legacy`` or ``preferred`` (the VM on one
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadmaster.errors import ValidationError
+from loadmaster.images import IMAGE_SPEC, NETWORK_SPEC, check_image_name, check_name
 from loadmaster.resources.aliases import ALIAS_SPEC, PciAlias, alias_requests
 from loadmaster.resources.inventory import parse_amounts
 from loadmaster.resources.traits import validate_trait_name
@@ -283,6 +285,10 @@ def parse_flavor(
                     class_traits[alias.resource_class] = (
                         class_traits.get(alias.resource_class, frozenset()) | alias.traits
                     )
+        elif key == IMAGE_SPEC:
+            check_image_name(value, where)
+        elif key == NETWORK_SPEC:
+            check_name(value, "a network", where)
         elif key in _ACCEPTED_VALUES:
             if value not in _ACCEPTED_VALUES[key]:
                 raise ValidationError(

@@ -117,6 +117,18 @@ class FlavorRow(Base):
     )
 
 
+class ImageRow(Base):
+    """A base image VMs' disks are made from; its file reaches each host separately (the
+    host's agent finds it in its image directory). ``size_bytes``: the size the guest
+    sees, which a VM's DISK_GB must hold."""
+
+    __tablename__ = "images"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
 class ServerGroupRow(Base):
     __tablename__ = "server_groups"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -180,6 +192,11 @@ class VmRow(Base):
     tried_hosts: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     updated_at: Mapped[datetime] = mapped_column(DateTime)
+    # The base image its disk is an overlay of (None: a blank disk, or none).
+    image: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    # Its NICs, [{"network": ..., "mac": ...}]: the MAC is chosen once, at creation, and
+    # is the same on every host it runs on.
+    nics: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list, server_default="[]")
 
 
 class VmEventRow(Base):

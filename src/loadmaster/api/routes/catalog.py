@@ -1,15 +1,24 @@
-"""Flavors and server groups: what VMs are made from and kept together or apart by."""
+"""Flavors, images and server groups: what VMs are made from and kept together or apart by."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
-from loadmaster.api.responses import FlavorList, FlavorOut, GroupDetail, GroupList, GroupOut
-from loadmaster.api.schemas import FlavorCreate, GroupCreate
+from loadmaster.api.responses import (
+    FlavorList,
+    FlavorOut,
+    GroupDetail,
+    GroupList,
+    GroupOut,
+    ImageList,
+    ImageOut,
+)
+from loadmaster.api.schemas import FlavorCreate, GroupCreate, ImagePut
 
 router = APIRouter()
 
@@ -34,6 +43,35 @@ def get_flavor(lm: LM, name: str) -> FlavorOut:
 @router.delete("/flavors/{name}", status_code=204, tags=["flavors"])
 def delete_flavor(lm: LM, name: str) -> Response:
     lm.flavors.delete(name)
+    return Response(status_code=204)
+
+
+@router.get("/images", tags=["images"], response_model=ImageList)
+def list_images(lm: LM) -> dict[str, Any]:
+    return {"images": [views.image(i) for i in lm.images.list()]}
+
+
+@router.put(
+    "/images/{name}",
+    tags=["images"],
+    response_model=ImageOut,
+    responses={201: {"model": ImageOut, "description": "registered now"}},
+)
+def put_image(lm: LM, name: str, body: ImagePut) -> JSONResponse:
+    """Register a base image by name and size (its file reaches each host through the
+    host agent's image directory); the same again is 200, another size 409."""
+    record, new = lm.images.put(name, body.size_bytes)
+    return JSONResponse(views.image(record).model_dump(), status_code=201 if new else 200)
+
+
+@router.get("/images/{name}", tags=["images"], response_model=ImageOut)
+def get_image(lm: LM, name: str) -> ImageOut:
+    return views.image(lm.images.get(name))
+
+
+@router.delete("/images/{name}", status_code=204, tags=["images"])
+def delete_image(lm: LM, name: str) -> Response:
+    lm.images.delete(name)
     return Response(status_code=204)
 
 

@@ -5,6 +5,7 @@ registers them, in the order ``--help`` lists them."""
 from loadmaster.cli.remote import hosts  # noqa: F401
 from loadmaster.cli.remote import vocabulary  # noqa: F401
 from loadmaster.cli.remote import flavors  # noqa: F401
+from loadmaster.cli.remote import images  # noqa: F401
 from loadmaster.cli.remote import vms  # noqa: F401
 from loadmaster.cli.remote import groups  # noqa: F401
 from loadmaster.cli.remote import scheduling  # noqa: F401

@@ -66,8 +66,8 @@ def vm_list(
 
 @vm_app.command("show")
 def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
-    """A VM, its last fault, what it holds on which host (active, pending) and the host
-    devices its agent gave it."""
+    """A VM, its disks and NICs, its last fault, what it holds on which host (active,
+    pending) and the host devices its agent gave it."""
     client = api()
     uuid = vm_uuid(vm)
     data = {**client.get(f"/vms/{uuid}"), "allocations": client.get(f"/vms/{uuid}/allocations")}
@@ -84,6 +84,13 @@ def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
         f"flavor {data['flavor']}, group {data['group'] or '-'}, "
         f"tags {' '.join(data['tags']) or '-'}"
     )
+    for disk in data["disks"]:
+        title += (
+            f"\ndisk: image {disk['image'] or '- (blank)'}, {disk['size_bytes']} bytes, "
+            f"volume {disk['volume']}"
+        )
+    for nic in data["nics"]:
+        title += f"\nnic: network {nic['network']}, MAC {nic['mac']}"
     if data.get("fault"):
         title += f"\nlast fault: {data['fault']}"
     show(data, as_json, title, ("host", "state", "resources"), rows)
@@ -121,6 +128,16 @@ def vm_create(
     project: Annotated[str, typer.Option(help="project it is counted against")] = "default",
     user: Annotated[str, typer.Option(help="user who owns it")] = "default",
     start: Annotated[bool, typer.Option(help="schedule it right away")] = False,
+    image: Annotated[
+        str | None,
+        typer.Option(help="the image its disk is made from (default: its flavor's lm:image)"),
+    ] = None,
+    network: Annotated[
+        str | None,
+        typer.Option(
+            help="the host network its NIC joins (default: its flavor's lm:network, else default)"
+        ),
+    ] = None,
     wait: WaitOpt = False,
     timeout: TimeoutOpt = DEFAULT_WAIT_S,
     interval: IntervalOpt = 1.0,
@@ -134,6 +151,7 @@ def vm_create(
     client = api()
     body: dict[str, Any] = {"name": name, "flavor": flavor, "project_id": project}
     body |= {"user_id": user, "tags": tag or [], "group": group}
+    body |= {"image": image, "network": network}
     vm = client.post("/vms", body)
     if start:
         vm = client.post(f"/vms/{vm['uuid']}/start")["vm"]

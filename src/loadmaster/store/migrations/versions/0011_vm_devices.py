@@ -1,14 +1,14 @@
 """host devices agents gave VMs; flavors' traits per class (PCI aliases)
 
 Revision ID: 0011_vm_devices
-Revises: 0009_fence_failures
+Revises: 0010_guest_devices
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0011_vm_devices"
-down_revision = "0009_fence_failures"
+down_revision = "0010_guest_devices"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,173 @@
+"""Real QEMU guests booted from a disk image with a NIC (see docs/real-guests.md): the
+agent's storage pool on a private libvirtd, the guest's qcow2 overlay of the image
+(scripts/guest-image.sh's busybox root), its virtio NIC on a libvirt network of the host,
+a live migration that copies the disk, and what is left after a delete, a refusal or a
+migration on the source: nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from realvm_helpers import (
+    Launched,
+    PrivateLibvirtd,
+    RealHosts,
+    defined,
+    new_spec,
+    running,
+    serial,
+)
+
+from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+from loadmaster.agent.storage import StorageConfig
+from loadmaster.images import GIB, POOL_NAME, volume_name
+
+pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
+
+# Every host of tests/realvm has it (realvm_helpers.start_network).
+NETWORK = "default"
+MAC = "52:54:00:5a:17:01"
+# Where the storage pool is as the private libvirtd sees it (its /var/lib/libvirt is
+# BASE/lib on the machine).
+POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
+
+
+@pytest.fixture
+def hv(real_hosts: RealHosts) -> Iterator[LibvirtHypervisor]:
+    images = real_hosts.image.kernel.parent / "images"
+    h = real_hosts.hypervisor(
+        real_hosts.a, storage=StorageConfig(pool_dir=POOL_DIR, image_dir=images)
+    )
+    yield h
+    h.close()
+
+
+def with_devices(spec: GuestSpec, disk: DiskSpec | None, *nics: NicSpec) -> GuestSpec:
+    return GuestSpec(spec.uuid, spec.name, spec.memory_kib, spec.vcpus, disk=disk, nics=nics)
+
+
+def volume_file(daemon: PrivateLibvirtd, uuid: str) -> Path:
+    return daemon.base / "lib" / POOL_DIR.relative_to("/var/lib/libvirt") / volume_name(uuid)
+
+
+def pool_volumes(hv: LibvirtHypervisor) -> set[str]:
+    return set(hv.storage.pool().listVolumes())
+
+
+def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    seconds = launched.launch(hv, spec)
+    console = serial(real_hosts, spec)
+    assert "lm-guest: root on /dev/vda" in console  # init ran from the disk's root
+    assert f"lm-guest: eth0 {MAC}" in console  # the NIC reached the guest, with its MAC
+    print(f"launch from the image to init on the disk's root: {seconds:.1f} s")
+
+    # The overlay: sized to the disk, backed by the image uploaded to the pool.
+    vol = hv.storage.pool().storageVolLookupByName(volume_name(spec.uuid))
+    desc = ET.fromstring(vol.XMLDesc(0))
+    assert int(desc.findtext("capacity") or 0) == GIB
+    assert desc.find("target/format").get("type") == "qcow2"  # type: ignore[union-attr]
+    assert (desc.findtext("backingStore/path") or "").endswith("/base-busybox")
+    assert volume_file(real_hosts.a, spec.uuid).exists()
+    domain = ET.fromstring(hv._domain(spec.uuid).XMLDesc(0))
+    iface = domain.find("devices/interface")
+    assert iface is not None and iface.find("source").get("network") == NETWORK  # type: ignore[union-attr]
+    assert iface.find("target") is not None  # a tap on the network's bridge
+
+    hv.remove_guest(spec.uuid)
+    assert not defined(real_hosts.a, spec.uuid)
+    assert volume_name(spec.uuid) not in pool_volumes(hv)
+    assert not volume_file(real_hosts.a, spec.uuid).exists()
+
+
+def test_refusals_name_what_is_missing_and_leave_nothing(
+    real_hosts: RealHosts, hv: LibvirtHypervisor
+) -> None:
+    cases = [
+        (DiskSpec("busybox", GIB), NicSpec("nowhere", MAC), "network 'nowhere' is not defined"),
+        (DiskSpec("nonesuch", GIB), NicSpec(NETWORK, MAC), "image 'nonesuch' is not on this host"),
+        (DiskSpec("busybox", 1024 * 1024), NicSpec(NETWORK, MAC), "larger than the VM's disk"),
+    ]
+    for disk, nic, reason in cases:
+        spec = with_devices(new_spec(128), disk, nic)
+        with pytest.raises(HypervisorError, match=reason):
+            hv.launch_guest(spec)
+        assert not defined(real_hosts.a, spec.uuid)
+        assert volume_name(spec.uuid) not in pool_volumes(hv)
+        assert not volume_file(real_hosts.a, spec.uuid).exists()
+
+
+def test_blank_disk_guest_runs_from_its_initramfs(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec(None, GIB))
+    launched.launch(hv, spec)
+    assert "root on /dev/vda" not in serial(real_hosts, spec)
+    assert running(hv)[spec.uuid].disks == ("vda",)
+    hv.remove_guest(spec.uuid)
+    assert volume_name(spec.uuid) not in pool_volumes(hv)
+
+
+def test_pool_capacity_is_the_host_disk(hv: LibvirtHypervisor) -> None:
+    info = hv.host_info()
+    assert info.disk_gb == hv.storage.pool().info()[1] // GIB > 0
+    assert hv.storage.pool().name() == POOL_NAME
+
+
+def test_live_migration_copies_the_disk_and_removes_the_source_volume(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    launched.launch(hv, spec)
+    destination = real_hosts.hypervisor(real_hosts.b)
+    try:
+        destination.storage.pool()  # its agent makes it when it registers
+        started = time.monotonic()
+        hv.migrate_guest(spec.uuid, real_hosts.b.uri)
+        print(f"live migration with the disk copied: {time.monotonic() - started:.1f} s")
+        assert spec.uuid in running(destination) and not defined(real_hosts.a, spec.uuid)
+        # The guest kept running: booted once, its init from the disk's root.
+        assert serial(real_hosts, spec).count("lm-guest: up") == 1
+        # Its disk is a volume of the destination's pool now; the source's is gone.
+        assert volume_name(spec.uuid) in pool_volumes(destination)
+        assert volume_file(real_hosts.b, spec.uuid).exists()
+        assert volume_name(spec.uuid) not in pool_volumes(hv)
+        assert not volume_file(real_hosts.a, spec.uuid).exists()
+        iface = ET.fromstring(destination._domain(spec.uuid).XMLDesc(0)).find("devices/interface")
+        assert iface is not None and iface.find("mac").get("address") == MAC  # type: ignore[union-attr]
+        destination.remove_guest(spec.uuid)
+        assert volume_name(spec.uuid) not in pool_volumes(destination)
+    finally:
+        destination.close()
+
+
+def test_failed_migration_with_the_disk_leaves_it_here_and_nothing_there(
+    real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
+) -> None:
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    launched.launch(hv, spec)
+    destination = real_hosts.hypervisor(real_hosts.b)
+    # The destination prepared, its disk made there, but unable to receive (an address it
+    # cannot listen on): libvirt tears it down.
+    unreachable = real_hosts.hypervisor(real_hosts.a, migration_uri="tcp://192.0.2.1")
+    try:
+        destination.storage.pool()
+        with pytest.raises(HypervisorError, match="live migration failed"):
+            unreachable.migrate_guest(spec.uuid, real_hosts.b.uri)
+        assert spec.uuid in running(hv) and not defined(real_hosts.b, spec.uuid)
+        assert volume_name(spec.uuid) in pool_volumes(hv)
+        assert volume_file(real_hosts.a, spec.uuid).exists()
+        destination.storage.pool().refresh(0)
+        assert volume_name(spec.uuid) not in pool_volumes(destination)
+        assert not volume_file(real_hosts.b, spec.uuid).exists()
+    finally:
+        unreachable.close()
+        destination.close()
