@@ -26,7 +26,7 @@ ADMIN, READER, MEMBER, AGENT = "adm-tok", "rdr-tok", "mbr-tok", "agt-tok"
 TOKENS = {ADMIN: "admin", READER: "reader", MEMBER: "member", AGENT: "agent:h0"}
 MAX_BODY = 4096
 # Fields that differ between two runs of the same request: times, random draws, ids.
-VARYING = {"seed", "seconds", "decision_seconds", "created_at", "updated_at", "request_id"}
+VARYING = {"seed", "seconds", "decision_seconds", "created_at", "updated_at", "request_id", "mac"}
 COMPARED_HEADERS = (
     "content-type",
     "openstack-api-version",
