@@ -349,7 +349,10 @@ def _plan(
         offers=lambda p, name: (
             name in class_ids
             and (p.id, class_ids[name]) in tree.inventories
-            and set(flavor.class_traits.get(name, ())) <= tree.provider_traits.get(p.id, set())
+            and (
+                not flavor.class_traits
+                or set(flavor.class_traits.get(name, ())) <= tree.provider_traits.get(p.id, set())
+            )
         ),
         problem=lambda p, name, amount: tree.problem(p, name, class_ids[name], amount),
         node_of=tree.numa_nodes(),

@@ -135,6 +135,8 @@ def pci_numa_affinity(extra_specs: Mapping[str, str]) -> Affinity | None:
     (``tree_fit``); the VM's CPUs and memory then come from one node, as with
     ``hw:numa_nodes=1``."""
     value = extra_specs.get("hw:pci_numa_affinity_policy")
+    if value is None:  # most flavors: asked once per VM placed
+        return None
     return next((a for a in AFFINITIES if a == value), None)
 
 

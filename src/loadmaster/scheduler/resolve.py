@@ -284,7 +284,9 @@ def with_flavor(
         pci_numa_affinity=affinity,
         class_traits=tuple(
             sorted((name, frozenset(traits)) for name, traits in flavor.class_traits.items())
-        ),
+        )
+        if flavor.class_traits
+        else (),
     )
 
 
