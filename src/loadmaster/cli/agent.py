@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from loadmaster.cli.app import app
+from loadmaster.cli.app import TlsKeyOpt, app
 from loadmaster.cli.client import Exit, err_console, exit_code_for, fail
 from loadmaster.cli.output import JsonOpt, show
 from loadmaster.errors import LoadmasterError
@@ -56,12 +56,7 @@ def agent(
             "started with --tls-client-ca; it stands for --token",
         ),
     ] = None,
-    tls_key: Annotated[
-        Path | None,
-        typer.Option(
-            envvar=env_name("tls_key"), help="its private key (default: in --tls-cert's file)"
-        ),
-    ] = None,
+    tls_key: TlsKeyOpt = None,
     host_name: Annotated[str | None, typer.Option(help="default: this machine's name")] = None,
     cycles: Annotated[int | None, typer.Option(help="stop after N cycles")] = None,
     state_dir: Annotated[

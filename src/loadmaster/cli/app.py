@@ -25,6 +25,15 @@ app = typer.Typer(
 )
 
 
+# The private key of a --tls-cert (the server's, or an agent's client certificate).
+TlsKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        envvar=env_name("tls_key"), help="its private key (default: in --tls-cert's file)"
+    ),
+]
+
+
 @dataclass
 class Chosen:
     """What the options of the running command chose. One command runs per invocation."""

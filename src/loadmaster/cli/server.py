@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from loadmaster.cli.app import RemoteCommand, api, app, chosen
+from loadmaster.cli.app import RemoteCommand, TlsKeyOpt, api, app, chosen
 from loadmaster.cli.client import Exit, err_console, fail
 from loadmaster.cli.output import JsonOpt, show, warn
 from loadmaster.errors import LoadmasterError
@@ -49,12 +49,7 @@ def serve(
             help="serve HTTPS with this PEM certificate (read again on SIGHUP)",
         ),
     ] = None,
-    tls_key: Annotated[
-        Path | None,
-        typer.Option(
-            envvar=env_name("tls_key"), help="its private key (default: in --tls-cert's file)"
-        ),
-    ] = None,
+    tls_key: TlsKeyOpt = None,
     tls_client_ca: Annotated[
         Path | None,
         typer.Option(envvar=env_name("tls_client_ca"), help=OPTIONS["tls_client_ca"].description),
