@@ -5,7 +5,9 @@
 # graceful shutdown works), and a bootable disk image: a busybox root on ext4 in qcow2
 # (~3 MB). When the guest's first disk (/dev/vda) holds a root with /sbin/init, the
 # initramfs switches to it; without one (no disk, or a blank one) the guest runs from the
-# initramfs alone. Either way its console says "lm-guest: up" once its init runs.
+# initramfs alone. Either way its console says "lm-guest: up" once its init runs. Kernel
+# command line options give it work to measure: lm.fill=MiB (memory), lm.write (disk
+# throughput), lm.ip=ADDRESS/PREFIX (network services).
 #
 #   scripts/guest-image.sh [OUT_DIR]    (default: .guest in the clone; prints OUT_DIR)
 #
@@ -110,6 +112,28 @@ fi
 for nic in /sys/class/net/eth*; do
   [ -e "$nic/address" ] && echo "lm-guest: ${nic##*/} $(cat "$nic/address")"
 done
+# lm.ip=ADDRESS/PREFIX: eth0 gets it, and two TCP services measure the network from the
+# host: port 5001 reads all it is sent and answers the byte count, port 5002 sends 1.5 MiB.
+address=$(sed -n 's/.*lm\.ip=\([0-9./]*\).*/\1/p' /proc/cmdline)
+if [ -n "$address" ]; then
+  ip addr add "$address" dev eth0 && ip link set eth0 up
+  nc -ll -p 5001 -e wc -c &
+  nc -ll -p 5002 -e sh -c 'dd if=/dev/zero bs=64k count=24 2>/dev/null' &
+fi
+# lm.write on a disk root: write 2 MiB to the disk (synced) every second, printing when
+# each round started and ended (guest uptime, s): "lm-guest: write N 2048 KiB START END".
+if grep -q 'lm\.write' /proc/cmdline && [ -d /data ]; then
+  (
+    n=0
+    while true; do
+      n=$((n + 1))
+      start=$(cut -d' ' -f1 /proc/uptime)
+      dd if=/dev/zero of=/data/dd bs=64k count=32 conv=fsync 2>/dev/null
+      echo "lm-guest: write $n 2048 KiB $start $(cut -d' ' -f1 /proc/uptime)"
+      sleep 1
+    done
+  ) &
+fi
 echo "lm-guest: up"
 while true; do sleep 3600; done
 STAGE2

@@ -10,8 +10,9 @@ VM tags and policy facts live in the domain's metadata, in loadmaster's namespac
       </lm:vm>
     </metadata>
 
-A guest loadmaster launched also carries ``<lm:managed/>`` in that element; the agent only
-ever removes such guests.
+An ``io-limit`` names a disk by its target or its source file; one the guest does not
+have is ignored. A guest loadmaster launched also carries ``<lm:managed/>`` in that
+element; the agent only ever removes such guests.
 
 KSM is not a libvirt feature: it is read and written in sysfs under ``sys_root``, or, for
 the test driver without a ``sys_root``, in memory (``ksm_for``): a test driver host is
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 from loadmaster.agent.devices import hostdev_elements
 from loadmaster.agent.hypervisor import (
@@ -44,9 +46,11 @@ from loadmaster.agent.hypervisor import (
     HypervisorError,
     NumaCell,
     NumaTune,
+    is_test_driver,
     ksm_for,
 )
 from loadmaster.agent.networks import interface_element, require_networks
+from loadmaster.agent.shaping import ShapingError, TapShaper, libvirt_can_shape
 from loadmaster.agent.storage import GuestStorage, StorageConfig, disk_element
 from loadmaster.images import volume_name
 from loadmaster.policy.entities import IO_KEYS
@@ -100,6 +104,21 @@ def parse_metadata(xml: str | None) -> tuple[frozenset[str], float, dict[str, di
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
+
+
+def disk_targets(desc: ET.Element) -> dict[str, str]:
+    """A domain's disks by target (``vda``) and by source file, each to its target."""
+    found: dict[str, str] = {}
+    for disk in desc.findall("./devices/disk[@device='disk']"):
+        target = disk.find("target")
+        dev = "" if target is None else target.get("dev", "")
+        if not dev:
+            continue
+        found[dev] = dev
+        source = disk.find("source")
+        if source is not None and source.get("file"):
+            found[source.get("file", "")] = dev
+    return found
 
 
 # -- guest lifecycle: domain XML -----------------------------------------------------------
@@ -223,7 +242,10 @@ class LibvirtHypervisor:
     ``storage`` where their disks and base images are (``storage.StorageConfig``);
     ``migration_uri`` is where the destination QEMU listens for a live migration's data
     (``tcp://ADDRESS``; None: the destination's host name, as libvirt resolves it).
-    KSM is written under ``sys_root``; see ``ksm_for`` for the default."""
+    KSM is written under ``sys_root``; see ``ksm_for`` for the default. ``tap_shaper``
+    limits NICs where the kernel cannot take libvirt's limits (``agent/shaping.py``; by
+    default one for a QEMU host on this machine, none for the test driver or a remote
+    host)."""
 
     def __init__(
         self,
@@ -233,6 +255,7 @@ class LibvirtHypervisor:
         guest_image: GuestImage | None = None,
         migration_uri: str | None = None,
         storage: StorageConfig | None = None,
+        tap_shaper: TapShaper | None = None,
     ) -> None:
         self._libvirt = _import_libvirt()
         # libvirt prints every error on stderr by default; they are raised and logged instead.
@@ -248,6 +271,11 @@ class LibvirtHypervisor:
         self.guest_image = guest_image
         self.migration_uri = migration_uri
         self.storage = GuestStorage(self._conn, self._libvirt, storage or StorageConfig())
+        if tap_shaper is None and not is_test_driver(uri) and not urlsplit(uri).netloc:
+            tap_shaper = TapShaper()
+        self._tap_shaper = tap_shaper
+        # Whether the taps are shaped by tc, decided the first time it matters.
+        self._shaping_by_tc: bool | None = None
 
     @classmethod
     def from_options(cls, options: DriverOptions) -> LibvirtHypervisor:
@@ -303,6 +331,7 @@ class LibvirtHypervisor:
             seen[uuid] = dom
         self._domains = seen
         self._balloon_min = {u: m for u, m in self._balloon_min.items() if u in seen}
+        self._sweep_shaping()
         return guests
 
     def _start_memory_stats(self, dom: Any) -> None:
@@ -314,15 +343,15 @@ class LibvirtHypervisor:
 
     def _guest_info(self, uuid: str, dom: Any) -> GuestInfo:
         desc = ET.fromstring(self._call("domain XML", lambda: dom.XMLDesc(0)))
-        disks = tuple(
-            t.get("dev", "")
-            for t in desc.findall("./devices/disk[@device='disk']/target")
-            if t.get("dev")
-        )
+        targets = disk_targets(desc)
+        disks = tuple(dict.fromkeys(targets.values()))
         min_guarantee = desc.findtext("./memtune/min_guarantee")
         self._balloon_min[uuid] = int(min_guarantee) if min_guarantee else 0
         meta = self._metadata(uuid, dom)
-        tags, limit, io_limits = parse_metadata(meta)
+        tags, limit, named_limits = parse_metadata(meta)
+        # The IO policy acts on the guest's real disks, by their target: one named by its
+        # file is the disk there; one the guest does not have is no disk to limit.
+        io_limits = {targets[d]: lim for d, lim in named_limits.items() if d in targets}
         interfaces = tuple(
             t.get("dev", "") for t in desc.findall("./devices/interface/target") if t.get("dev")
         )
@@ -539,6 +568,7 @@ class LibvirtHypervisor:
                 if exc.get_error_code() != lv.VIR_ERR_NO_DOMAIN:
                     raise HypervisorError(f"remove {uuid}: undefine: {exc}") from exc
         self.storage.remove_disk(uuid)
+        self._sweep_shaping()
 
     def set_tags(self, uuid: str, tags: frozenset[str]) -> None:
         lv = self._libvirt
@@ -713,19 +743,57 @@ class LibvirtHypervisor:
 
     def interface_bandwidth(self, uuid: str, interface: str) -> Mapping[str, int]:
         dom = self._domain(uuid)
-        params = self._call(
-            f"interface parameters of {uuid} {interface}",
-            lambda: dom.interfaceParameters(interface, 0),
-        )
+        what = f"interface parameters of {uuid} {interface}"
+        shaper = self._shaper()
+        if shaper is not None:
+            self._require_interface(dom, interface, what)
+            return self._shaped(what, lambda: shaper.bandwidth(interface))
+        params = self._call(what, lambda: dom.interfaceParameters(interface, 0))
         return {k: int(params.get(k, 0)) for k in NET_KEYS}
 
     def set_interface_bandwidth(self, uuid: str, interface: str, limits: Mapping[str, int]) -> None:
         dom = self._domain(uuid)
+        what = f"set interface parameters of {uuid} {interface} {dict(limits)}"
+        shaper = self._shaper()
+        if shaper is not None:
+            unknown = sorted(set(limits) - set(NET_KEYS))
+            if unknown:
+                raise HypervisorError(f"{what}: unknown parameters {unknown}")
+            self._require_interface(dom, interface, what)
+            self._shaped(what, lambda: shaper.set_bandwidth(interface, limits))
+            return
         live = self._libvirt.VIR_DOMAIN_AFFECT_LIVE
-        self._call(
-            f"set interface parameters of {uuid} {interface} {dict(limits)}",
-            lambda: dom.setInterfaceParameters(interface, dict(limits), live),
-        )
+        self._call(what, lambda: dom.setInterfaceParameters(interface, dict(limits), live))
+
+    def _shaper(self) -> TapShaper | None:
+        """The tap shaper when this host's kernel cannot take libvirt's limits; None when
+        libvirt sets them. Probed once (``libvirt_can_shape``)."""
+        if self._tap_shaper is None:
+            return None
+        if self._shaping_by_tc is None:
+            self._shaping_by_tc = not libvirt_can_shape(self._tap_shaper.runner)
+        return self._tap_shaper if self._shaping_by_tc else None
+
+    def _shaped(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except ShapingError as exc:
+            raise HypervisorError(f"{what}: {exc}") from exc
+
+    def _require_interface(self, dom: Any, interface: str, what: str) -> None:
+        """tc reaches any device of the host: only the guest's own NICs are its to shape."""
+        desc = ET.fromstring(self._call(f"{what}: domain XML", lambda: dom.XMLDesc(0)))
+        own = [t.get("dev") for t in desc.findall("./devices/interface/target")]
+        if interface not in own:
+            raise HypervisorError(f"{what}: the guest has no interface {interface!r}")
+
+    def _sweep_shaping(self) -> None:
+        """The ifb devices of taps that are gone (their guests stopped, moved or removed)."""
+        if self._shaping_by_tc and self._tap_shaper is not None:
+            try:
+                self._tap_shaper.sweep()
+            except ShapingError as exc:
+                log.warning("shaping of a gone interface stays: %s", exc)
 
     def numa_tune(self, uuid: str) -> NumaTune:
         dom = self._domain(uuid)
