@@ -35,6 +35,8 @@ if [ "$want_system" = full ]; then
   [ -x /usr/sbin/mkfs.ext4 ] || need+=(e2fsprogs)
   [ -x /usr/sbin/dnsmasq ] || need+=(dnsmasq-base)
   [ -x /usr/sbin/iptables ] || need+=(iptables)
+  # NIC limits where the kernel cannot take libvirt's: the agent shapes taps with tc.
+  [ -x /usr/sbin/tc ] && [ -x /usr/sbin/ip ] || need+=(iproute2)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

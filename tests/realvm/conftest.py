@@ -25,6 +25,7 @@ from realvm_helpers import (
 )
 
 from loadmaster.agent.libvirt_hv import GuestImage
+from loadmaster.agent.shaping import TapShaper
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +59,9 @@ def real_hosts() -> Iterator[RealHosts]:
     finally:
         for daemon in daemons:
             stop_daemon(daemon)
+        # The ifb devices of NICs shaped by a test that failed half way (their taps are
+        # gone with the guests; another run's, whose taps exist, stay).
+        TapShaper().sweep()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -31,6 +31,7 @@ import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from loadmaster.agent.hypervisor import NET_DIRECTIONS, NET_KEYS, HypervisorError
 
@@ -151,10 +152,14 @@ class TapShaper:
     def bandwidth(self, tap: str) -> dict[str, int]:
         """The ``NET_KEYS`` limits in force on ``tap`` (0 = none)."""
         found = dict.fromkeys(NET_KEYS, 0)
-        if self._root_htb(tap):
+        # One command for a tap without shaping: the collector asks every cycle.
+        qdiscs = self._qdiscs(tap)
+        if any(q.get("root") and q.get("kind") == "htb" for q in qdiscs):
             for key, value in (htb_class(self.runner, tap) or {}).items():
                 found[f"inbound.{key}"] = value
-        redirect = self._redirect(tap)
+        redirect = None
+        if any(q.get("kind") == "ingress" for q in qdiscs):
+            redirect = self._redirect(tap)
         if redirect is not None:
             for key, value in (htb_class(self.runner, redirect) or {}).items():
                 found[f"outbound.{key}"] = value
@@ -192,9 +197,14 @@ class TapShaper:
 
     # -- inbound: htb at the tap's root ----------------------------------------------
 
+    def _qdiscs(self, dev: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = json.loads(
+            self._tc("-j", "qdisc", "show", "dev", dev) or "[]"
+        )
+        return found
+
     def _root_htb(self, dev: str) -> bool:
-        qdiscs = json.loads(self._tc("-j", "qdisc", "show", "dev", dev) or "[]")
-        return any(q.get("root") and q.get("kind") == "htb" for q in qdiscs)
+        return any(q.get("root") and q.get("kind") == "htb" for q in self._qdiscs(dev))
 
     def _shape(self, dev: str, limits: Mapping[str, int]) -> None:
         if self._root_htb(dev) and htb_class(self.runner, dev) is not None:
@@ -258,8 +268,7 @@ class TapShaper:
                 )
 
     def _remove_ingress(self, tap: str) -> None:
-        qdiscs = json.loads(self._tc("-j", "qdisc", "show", "dev", tap) or "[]")
-        if any(q.get("kind") == "ingress" for q in qdiscs):
+        if any(q.get("kind") == "ingress" for q in self._qdiscs(tap)):
             self._tc("qdisc", "del", "dev", tap, "ingress")
 
     def _remove_outbound(self, tap: str) -> None:
