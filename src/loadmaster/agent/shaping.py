@@ -14,7 +14,7 @@ domain XML keeps the guest from starting. ``TapShaper`` does without them:
 
 Limits are read back from the tc state, so what is reported is what is in force. A change
 that fails part way removes that direction's shaping: a tap is shaped entirely or not at
-all. An ifb whose tap is gone (its guest stopped, moved or removed) is deleted by
+all (a root htb or ingress libvirt left behind is replaced). An ifb whose tap is gone (its guest stopped, moved or removed) is deleted by
 ``sweep``. ``libvirt_can_shape`` tells the two kinds of host apart once, on a scratch
 device.
 """
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent.hypervisor import NET_DIRECTIONS, NET_KEYS, HypervisorError
+from loadmaster.agent.hypervisor import NET_DIRECTIONS, NET_KEYS, NET_PARAMS, HypervisorError
 
 log = logging.getLogger(__name__)
 
@@ -171,17 +171,11 @@ class TapShaper:
         for direction in NET_DIRECTIONS:
             if not any(k.startswith(f"{direction}.") for k in limits):
                 continue
-            wanted = {p: int(limits.get(f"{direction}.{p}", 0)) for p in ("average", "peak")}
-            wanted["burst"] = int(limits.get(f"{direction}.burst", 0))
+            wanted = {p: int(limits.get(f"{direction}.{p}", 0)) for p in NET_PARAMS}
             if direction == "inbound":
                 self._set_inbound(tap, wanted)
             else:
                 self._set_outbound(tap, wanted)
-
-    def clear(self, tap: str) -> None:
-        """No shaping left on ``tap``, whoever put it there (libvirt's half-made one too)."""
-        self._remove_inbound(tap)
-        self._remove_outbound(tap)
 
     def sweep(self) -> None:
         """Delete the ifb devices whose tap is gone (or is another device by now)."""
