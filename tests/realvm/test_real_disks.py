@@ -237,6 +237,13 @@ def test_live_migration_on_a_shared_pool_leaves_the_volume_to_the_destination(
     launched.launch(source, spec)
     path = source.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
     inode = os.stat(path).st_ino
+    # b's pool, defined before a uploaded the image, finds that upload: not made again.
+    base = Path(path).with_name("base-busybox")
+    base_inode = os.stat(base).st_ino
+    other = new_spec(128).uuid
+    assert Path(destination.storage.make_disk(other, DiskSpec("busybox", GIB))).exists()
+    destination.storage.remove_disk(other)
+    assert os.stat(base).st_ino == base_inode
     started = time.monotonic()
     source.migrate_guest(spec.uuid, real_hosts.b.uri)
     print(f"live migration on a shared pool: {time.monotonic() - started:.1f} s")
@@ -262,7 +269,8 @@ def test_failed_migration_on_a_shared_pool_deletes_nothing(
 ) -> None:
     source, destination = shared_pools
     spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
-    launched.launch(source, spec)
+    launched.uuids.append(spec.uuid)  # removed from both hosts afterwards
+    source.launch_guest(spec)  # QEMU has its disk open from the start: no need to boot
     path = source.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
     destination.storage.refresh()  # b lists the volume, as after a move there and back
     assert volume_name(spec.uuid) in pool_volumes(destination)
