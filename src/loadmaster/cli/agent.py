@@ -121,9 +121,10 @@ def agent(
     pool_shared: Annotated[
         bool,
         typer.Option(
+            "--pool-shared",
             help="the pool's directory is one storage every host sees at that path (an NFS "
             "export, a cluster filesystem), declared so on each of them: a live migration "
-            "leaves the guest's disk in place instead of copying it"
+            "leaves the guest's disk in place instead of copying it",
         ),
     ] = False,
     image_dir: Annotated[
