@@ -369,3 +369,28 @@ def test_vm_from_an_image_with_a_nic(server: str, tmp_path: Path) -> None:
     assert code != 0 and "no such image 'nope'" in out
     code, out = cli(server, "image", "delete", "cli-img")
     assert code != 0 and "used by 1 VMs" in out
+
+
+def test_agent_pool_options_are_its_storage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--pool-dir, --image-dir and --pool-shared reach the agent as its StorageConfig; a
+    pool is private unless declared shared."""
+    from loadmaster.agent.storage import StorageConfig
+
+    given: list[StorageConfig | None] = []
+
+    def run_agent(*_args: object, storage: StorageConfig | None, **_kwargs: object) -> list[None]:
+        given.append(storage)
+        return []
+
+    monkeypatch.setattr("loadmaster.agent.run_agent", run_agent)
+    base = ["agent", "--hypervisor", "test:///default", "--policy-dir", str(tmp_path)]
+    pool = ["--pool-dir", str(tmp_path / "pool"), "--image-dir", str(tmp_path)]
+    for extra in ([], ["--pool-shared"]):
+        result = runner.invoke(app, [*base, *pool, *extra])
+        assert result.exit_code == 0, result.output
+    assert given == [
+        StorageConfig(pool_dir=tmp_path / "pool", image_dir=tmp_path.resolve(), shared=False),
+        StorageConfig(pool_dir=tmp_path / "pool", image_dir=tmp_path.resolve(), shared=True),
+    ]

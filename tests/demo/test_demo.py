@@ -85,6 +85,19 @@ def test_demo_runs_the_whole_loop(report: tuple[Path, str]) -> None:
     # Whatever fit nowhere is explained, then stopped so that the host empties.
     assert drained.group(3) == drained.group(4)
     assert text.count("fits nowhere:") == int(drained.group(3))
+    # A VM from an image with a NIC: what vm show says is what its host's agent gave the
+    # hypervisor (flavor small: 20 GiB).
+    booted = re.search(
+        r"^from an image: boot-1 running on (host-\d+) [\d.]+ s after its start; "
+        r"vm show boot-1:\n"
+        r"disk: image busybox, 21474836480 bytes, volume loadmaster/[0-9a-f-]{36}\.qcow2\n"
+        r"nic: network default, MAC (52:54:00(?::[0-9a-f]{2}){3})\n"
+        r"\1's hypervisor was given: a disk of image busybox, 21474836480 bytes; "
+        r"a NIC on default with MAC \2$",
+        text,
+        re.M,
+    )
+    assert booted, text
     assert "no valid host giant-1 (512 GiB): VM giant-1: no host fits" in text
     assert "short of MEMORY_MB" in text
     assert "group-rule violations: 0 at any sampled moment, 0 at the end" in text

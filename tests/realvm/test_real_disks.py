@@ -1,12 +1,15 @@
 """Real QEMU guests booted from a disk image with a NIC (see docs/real-guests.md): the
 agent's storage pool on a private libvirtd, the guest's qcow2 overlay of the image
 (scripts/guest-image.sh's busybox root), its virtio NIC on a libvirt network of the host,
-a live migration that copies the disk, and what is left after a delete, a refusal or a
-migration on the source: nothing.
+a live migration that copies the disk or, on a pool both hosts share, leaves it in place,
+and what is left after a delete, a refusal or a migration on the source: nothing.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -21,6 +24,7 @@ from realvm_helpers import (
     new_spec,
     running,
     serial,
+    wait_for,
 )
 
 from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
@@ -38,14 +42,45 @@ MAC = "52:54:00:5a:17:01"
 POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
 
 
+def images(real_hosts: RealHosts) -> Path:
+    return real_hosts.image.kernel.parent / "images"
+
+
 @pytest.fixture
 def hv(real_hosts: RealHosts) -> Iterator[LibvirtHypervisor]:
-    images = real_hosts.image.kernel.parent / "images"
     h = real_hosts.hypervisor(
-        real_hosts.a, storage=StorageConfig(pool_dir=POOL_DIR, image_dir=images)
+        real_hosts.a, storage=StorageConfig(pool_dir=POOL_DIR, image_dir=images(real_hosts))
     )
     yield h
     h.close()
+
+
+def set_pool_aside(h: LibvirtHypervisor) -> None:
+    """Stop and undefine the host's pool, its files kept: the next ``pool()`` defines it
+    again where its config says."""
+    pool = h.storage.pool()
+    pool.destroy()
+    pool.undefine()
+
+
+@pytest.fixture
+def shared_pools(real_hosts: RealHosts) -> Iterator[tuple[LibvirtHypervisor, LibvirtHypervisor]]:
+    """Hosts a and b with their pool at one directory of the machine (outside the daemons'
+    private /var/lib/libvirt), declared shared; their own pools come back afterwards."""
+    shared_dir = Path(tempfile.mkdtemp(prefix="lm-rv-shared-"))
+    storage = StorageConfig(pool_dir=shared_dir, image_dir=images(real_hosts), shared=True)
+    hvs: list[LibvirtHypervisor] = []
+    try:
+        for daemon in (real_hosts.a, real_hosts.b):
+            hvs.append(real_hosts.hypervisor(daemon, storage=storage))
+            set_pool_aside(hvs[-1])
+            hvs[-1].storage.pool()
+        yield hvs[0], hvs[1]
+    finally:
+        for h in hvs:
+            set_pool_aside(h)
+            h.close()
+        shutil.rmtree(shared_dir, ignore_errors=True)
 
 
 def with_devices(spec: GuestSpec, disk: DiskSpec | None, *nics: NicSpec) -> GuestSpec:
@@ -58,6 +93,25 @@ def volume_file(daemon: PrivateLibvirtd, uuid: str) -> Path:
 
 def pool_volumes(hv: LibvirtHypervisor) -> set[str]:
     return set(hv.storage.pool().listVolumes())
+
+
+def qemu_pids(spec: GuestSpec) -> list[int]:
+    """The QEMU processes of the machine running this guest (whichever daemon's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # not a process, or gone
+        if args[0].endswith(b"qemu-system-x86_64") and f"guest={spec.name},".encode() in b",".join(
+            args
+        ):
+            found.append(int(proc.name))
+    return found
+
+
+def open_files(pid: int) -> set[str]:
+    return {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
 
 
 def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
@@ -171,3 +225,68 @@ def test_failed_migration_with_the_disk_leaves_it_here_and_nothing_there(
     finally:
         unreachable.close()
         destination.close()
+
+
+def test_live_migration_on_a_shared_pool_leaves_the_volume_to_the_destination(
+    real_hosts: RealHosts,
+    shared_pools: tuple[LibvirtHypervisor, LibvirtHypervisor],
+    launched: Launched,
+) -> None:
+    source, destination = shared_pools
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    launched.launch(source, spec)
+    path = source.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
+    inode = os.stat(path).st_ino
+    # b's pool, defined before a uploaded the image, finds that upload: not made again.
+    base = Path(path).with_name("base-busybox")
+    base_inode = os.stat(base).st_ino
+    other = new_spec(128).uuid
+    assert Path(destination.storage.make_disk(other, DiskSpec("busybox", GIB))).exists()
+    destination.storage.remove_disk(other)
+    assert os.stat(base).st_ino == base_inode
+    started = time.monotonic()
+    source.migrate_guest(spec.uuid, real_hosts.b.uri)
+    print(f"live migration on a shared pool: {time.monotonic() - started:.1f} s")
+    assert spec.uuid in running(destination) and not defined(real_hosts.a, spec.uuid)
+    assert serial(real_hosts, spec).count("lm-guest: up") == 1  # booted once
+    # One QEMU runs the guest, b's, on the very file the guest had on a.
+    pid_b = int((real_hosts.b.base / "run" / "qemu" / f"{spec.name}.pid").read_text())
+    wait_for("the source's QEMU gone", lambda: qemu_pids(spec) == [pid_b], 30)
+    assert path in open_files(pid_b)
+    assert os.stat(path).st_ino == inode
+    # Not deleted by the source; listed in the destination's pool, whose agent deletes it.
+    source.storage.refresh()
+    assert volume_name(spec.uuid) in pool_volumes(source)
+    assert volume_name(spec.uuid) in pool_volumes(destination)
+    destination.remove_guest(spec.uuid)
+    assert not Path(path).exists()
+
+
+def test_failed_migration_on_a_shared_pool_deletes_nothing(
+    real_hosts: RealHosts,
+    shared_pools: tuple[LibvirtHypervisor, LibvirtHypervisor],
+    launched: Launched,
+) -> None:
+    source, destination = shared_pools
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    launched.uuids.append(spec.uuid)  # removed from both hosts afterwards
+    source.launch_guest(spec)  # QEMU has its disk open from the start: no need to boot
+    path = source.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
+    destination.storage.refresh()  # b lists the volume, as after a move there and back
+    assert volume_name(spec.uuid) in pool_volumes(destination)
+    # b prepared, QEMU started there on the same file, but unable to receive.
+    unreachable = real_hosts.hypervisor(
+        real_hosts.a,
+        migration_uri="tcp://192.0.2.1",
+        storage=source.storage.config,
+    )
+    try:
+        with pytest.raises(HypervisorError, match="live migration failed"):
+            unreachable.migrate_guest(spec.uuid, real_hosts.b.uri)
+    finally:
+        unreachable.close()
+    assert spec.uuid in running(source) and not defined(real_hosts.b, spec.uuid)
+    assert Path(path).exists()
+    pid_a = int((real_hosts.a.base / "run" / "qemu" / f"{spec.name}.pid").read_text())
+    assert path in open_files(pid_a)
+    assert volume_name(spec.uuid) in pool_volumes(destination)  # the same file, kept

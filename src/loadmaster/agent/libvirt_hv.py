@@ -599,6 +599,7 @@ class LibvirtHypervisor:
             dest = lv.open(destination_uri)
         except lv.libvirtError as exc:
             raise HypervisorError(f"{what}: cannot connect to the destination: {exc}") from exc
+        shared = self.storage.config.shared
         copied = False
         try:
             try:
@@ -606,10 +607,14 @@ class LibvirtHypervisor:
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_SUPPORT:
                     self._resume_after_failed_migration(dom, what)
-                    self._drop_copy_there(dest, uuid, what)
+                    if not shared:
+                        # On a shared pool the volume there is the one this guest runs on.
+                        self._drop_copy_there(dest, uuid, what)
                     raise HypervisorError(f"{what}: live migration failed: {exc}") from exc
                 # The driver cannot migrate (the test driver): a cold move instead.
                 self._move_cold(dom, dest, what)
+            if shared:
+                self._refresh_there(dest, what)
         finally:
             # The guest's fate is decided; a failed close changes nothing.
             with contextlib.suppress(lv.libvirtError):
@@ -624,7 +629,8 @@ class LibvirtHypervisor:
 
     def _migrate_live(self, dom: Any, dest: Any) -> bool:
         """Returns whether the guest's disk was copied to the destination's pool (libvirt
-        makes the volume there, a flattened copy); the copy here is then stale."""
+        makes the volume there, a flattened copy); the copy here is then stale. On a shared
+        pool nothing is copied: the destination opens the same file."""
         lv = self._libvirt
         # Persistent on the destination, undefined here: the guest moves, definition and all.
         flags = lv.VIR_MIGRATE_LIVE | lv.VIR_MIGRATE_PERSIST_DEST
@@ -634,11 +640,29 @@ class LibvirtHypervisor:
         if self.migration_uri:
             params[lv.VIR_MIGRATE_PARAM_URI] = self.migration_uri
         disks = self._pool_disks(dom)
-        if disks:
+        if disks and self.storage.config.shared:
+            # libvirt recognises shared storage only by its filesystem type (NFS, GFS2,
+            # OCFS2, CephFS, ...) and refuses any other file disk as "Unsafe migration",
+            # whatever its cache mode. The operator declared the pool one storage on every
+            # host; QEMU flushes the disk at the switch-over and the destination drops its
+            # page cache of it, so the one file stays consistent.
+            flags |= lv.VIR_MIGRATE_UNSAFE
+            disks = []
+        elif disks:
             flags |= lv.VIR_MIGRATE_NON_SHARED_DISK
             params[lv.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = disks
         dom.migrate3(dest, params, flags)
         return bool(disks)
+
+    def _refresh_there(self, dest: Any, what: str) -> None:
+        """The destination's pool lists the volume the guest brought, so that its agent
+        deletes it with the guest."""
+        try:
+            GuestStorage(dest, self._libvirt, StorageConfig()).refresh()
+        except HypervisorError as exc:
+            # The guest runs there: the move succeeded (an agent of a shared pool looks
+            # for a volume again before it gives up on deleting it).
+            log.warning("%s: the destination's pool was not refreshed: %s", what, exc)
 
     def _drop_copy_there(self, dest: Any, uuid: str, what: str) -> None:
         """libvirt leaves the disk it made on the destination for a migration that failed:

@@ -8,6 +8,12 @@ when the VM names no image. Its capacity is the host's DISK_GB.
 A base image reaches the pool from the operator's ``image_dir`` (``<image>.qcow2``) the
 first time a guest needs it, uploaded through libvirt (so the agent needs no access to
 the pool's directory, which a remote or sandboxed libvirtd resolves on its own side).
+
+A pool the operator declares ``shared`` is one storage that every host declaring it sees at
+``pool_dir`` (an NFS export, a cluster filesystem): a guest's volume is the same file on
+all of them, so a live migration leaves it in place. libvirt lists a pool's volumes as of
+its last refresh, so on a shared pool a volume not listed is looked for again after one:
+another host may have made it.
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class StorageConfig:
-    """Where the pool lives (as its libvirtd sees it) and where base images come from."""
+    """Where the pool lives (as its libvirtd sees it), whether it is shared storage, and
+    where base images come from."""
 
     pool_dir: Path = DEFAULT_POOL_DIR
     image_dir: Path | None = None
+    shared: bool = False
 
 
 def base_name(image: str) -> str:
@@ -87,7 +95,21 @@ class GuestStorage:
         info = self._call(f"storage pool {POOL_NAME}: info", self.pool().info)
         return int(info[1]) // GIB
 
+    def refresh(self) -> None:
+        """Have libvirt list the pool's volumes afresh (files another host of a shared pool
+        made); no-op when the pool is absent or stopped."""
+        pool = self._lookup_pool()
+        if pool is not None and self._call(f"storage pool {POOL_NAME}: state", pool.isActive):
+            self._call(f"storage pool {POOL_NAME}: refresh", lambda: pool.refresh(0))
+
     def _volume(self, pool: Any, name: str) -> Any | None:
+        vol = self._listed_volume(pool, name)
+        if vol is None and self.config.shared:
+            self._call(f"storage pool {POOL_NAME}: refresh", lambda: pool.refresh(0))
+            vol = self._listed_volume(pool, name)
+        return vol
+
+    def _listed_volume(self, pool: Any, name: str) -> Any | None:
         try:
             return pool.storageVolLookupByName(name)
         except self._lv.libvirtError as exc:

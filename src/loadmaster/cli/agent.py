@@ -118,6 +118,15 @@ def agent(
             "/var/lib/libvirt/images/loadmaster); its size is the host's DISK_GB",
         ),
     ] = None,
+    pool_shared: Annotated[
+        bool,
+        typer.Option(
+            "--pool-shared",
+            help="the pool's directory is one storage every host sees at that path (an NFS "
+            "export, a cluster filesystem), declared so on each of them: a live migration "
+            "leaves the guest's disk in place instead of copying it",
+        ),
+    ] = False,
     image_dir: Annotated[
         Path | None,
         typer.Option(
@@ -179,6 +188,7 @@ def agent(
     storage = StorageConfig(
         pool_dir=pool_dir.absolute() if pool_dir else DEFAULT_POOL_DIR,
         image_dir=image_dir.resolve() if image_dir else None,
+        shared=pool_shared,
     )
     narrator = CycleNarrator()
     cycles_log = logging.getLogger("loadmaster.agent.cycles")

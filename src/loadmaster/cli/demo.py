@@ -22,6 +22,7 @@ from loadmaster.cli.output import console
 from loadmaster.logs import UtcFormatter
 
 if TYPE_CHECKING:
+    from loadmaster.demo.scenario import ImageBoot
     from loadmaster.service import Loadmaster
 
 
@@ -48,6 +49,31 @@ def _violations(lm: Loadmaster) -> int:
     from loadmaster.pending import group_rule_problems
 
     return len(group_rule_problems(lm.store))
+
+
+def _say_image_boot(boot: ImageBoot | None) -> bool:
+    """What ``vm show`` says of the VM booted from an image, and what its host's
+    hypervisor was given; whether it runs with them."""
+    from loadmaster.cli.remote.vms import guest_device_lines
+
+    if boot is None:
+        return False
+    vm = boot.vm
+    if vm["state"] != "running" or boot.disk is None or not boot.nics:
+        _say(f"from an image: {vm['name']} is {vm['state']}: {vm.get('fault') or 'no fault'}")
+        return False
+    _say(
+        f"from an image: {vm['name']} running on {vm['host']} {boot.seconds:.1f} s after "
+        f"its start; vm show {vm['name']}:"
+    )
+    for line in guest_device_lines(vm):
+        _say(line)
+    nics = ", ".join(f"{n.network} with MAC {n.mac}" for n in boot.nics)
+    _say(
+        f"{vm['host']}'s hypervisor was given: a disk of image {boot.disk.image}, "
+        f"{boot.disk.size_bytes} bytes; a NIC on {nics}"
+    )
+    return True
 
 
 @app.command("demo")
@@ -103,6 +129,7 @@ def demo(
         f"{refusals_line(account)}; {len(account.moves)} migrations: "
         + (", ".join(f"{n} {what}" for what, n in sorted(account.outcomes().items())) or "none")
     )
+    booted = _say_image_boot(result.image_boot)
     _say(f"no valid host giant-1 (512 GiB): {result.explanation}")
     _say(
         f"group-rule violations: {result.peak_violations} at any sampled moment, "
@@ -144,5 +171,5 @@ def demo(
         )
     )
     _say(f"report: {report.resolve()} ({time.perf_counter() - started:.1f} s)")
-    if result.peak_violations or result.audit_problems:
+    if result.peak_violations or result.audit_problems or not booted:
         raise typer.Exit(Exit.SERVER_ERROR)

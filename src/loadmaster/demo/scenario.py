@@ -9,6 +9,9 @@
    the scheduler places them, the source agents migrate them.
 3. **Maintenance.** The fullest host is drained: every VM on it is placed elsewhere in
    one batch, the agents migrate them, and the host ends empty in ``maintenance``.
+4. **A VM from an image.** As an operator would through the API: an image registered, a
+   VM of it with a NIC created and started; ``vm show``'s disk and NIC, and what its
+   host's agent gave the hypervisor.
 
 A sampler reads the ledger and the hypervisors every ``sample_s`` the whole time, for the
 charts: VM states, the memory each tier keeps against its guarantee, the hosts' memory and
@@ -27,7 +30,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
+from loadmaster.agent.hypervisor import DiskSpec, NicSpec
 from loadmaster.agent.manager import ManagerConfig
 from loadmaster.cluster import VmSpec
 from loadmaster.demo.account import Account, account
@@ -51,6 +56,9 @@ HOST_CONFIG = ManagerConfig(
     allocation_ratio={"VCPU": 4.0, "MEMORY_MB": 1.5}, resources={"DISK_GB": 2000}
 )
 VM_STATES = ("requested", "pending", "running", "migrating", "stopped")
+# scripts/guest-image.sh's bootable disk image, by the size its guest sees.
+IMAGE = ("busybox", 32 * 1024 * 1024)
+IMAGE_VM = "boot-1"
 
 
 @dataclass
@@ -61,6 +69,18 @@ class Sample:
     tier_min: dict[str, float]
     host_memory_used: dict[str, float]
     violations: int
+
+
+@dataclass(frozen=True)
+class ImageBoot:
+    """The VM the demo boots from an image: as ``GET /vms/{uuid}`` answers at the end of
+    the wait (``running`` unless its launch failed everywhere), the seconds from its start
+    to then, and the disk and NICs its host's hypervisor was given."""
+
+    vm: dict[str, Any]
+    seconds: float
+    disk: DiskSpec | None = None
+    nics: tuple[NicSpec, ...] = ()
 
 
 @dataclass
@@ -92,6 +112,7 @@ class DemoResult:
     audit_problems: list[str] = field(default_factory=list)
     violations: int = 0
     explanation: str = ""
+    image_boot: ImageBoot | None = None
 
     @property
     def peak_violations(self) -> int:
@@ -301,6 +322,8 @@ def run(
         for line in result.drain_unplaced:
             progress(f"fits nowhere: {line}")
 
+        result.image_boot = boot_from_image(cloud)
+
         giant = lm.vms.create("giant-1", "giant").uuid
         names_of[giant] = "giant-1"
         answer = cloud.admin.post(f"/vms/{giant}/start")
@@ -316,6 +339,34 @@ def run(
     ]
     result.violations = violations(lm)
     return result
+
+
+def boot_from_image(cloud: SimulatedCloud) -> ImageBoot:
+    """Register ``IMAGE``, create ``IMAGE_VM`` of it with a NIC on ``default`` and start
+    it, through the API as ``image add``, ``vm create`` and ``vm start`` do."""
+    admin = cloud.admin
+    name, size = IMAGE
+    admin.put(f"/images/{name}", json={"size_bytes": size}).raise_for_status()
+    body = {"name": IMAGE_VM, "flavor": "small", "image": name, "network": "default"}
+    created = admin.post("/vms", json={**body, "tags": ["gold"]})
+    created.raise_for_status()
+    uuid = created.json()["uuid"]
+    began = time.monotonic()
+    admin.post(f"/vms/{uuid}/start").raise_for_status()
+
+    def vm() -> dict[str, Any]:
+        answer = admin.get(f"/vms/{uuid}")
+        answer.raise_for_status()
+        found: dict[str, Any] = answer.json()
+        return found
+
+    wait_until(lambda: vm()["state"] == "running", 30)
+    shown = vm()
+    seconds = time.monotonic() - began
+    sim = cloud.sims.get(shown["host"] or "")
+    if sim is None:
+        return ImageBoot(shown, seconds)
+    return ImageBoot(shown, seconds, sim.disks().get(uuid), sim.nics().get(uuid, ()))
 
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

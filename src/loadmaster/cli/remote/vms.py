@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid as uuidlib
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
@@ -64,6 +65,15 @@ def vm_list(
         warn(data["warnings"])
 
 
+def guest_device_lines(vm: Mapping[str, Any]) -> list[str]:
+    """The disks and NICs of a VM as ``GET /vms/{uuid}`` answers, one line each."""
+    return [
+        f"disk: image {disk['image'] or '- (blank)'}, {disk['size_bytes']} bytes, "
+        f"volume {disk['volume']}"
+        for disk in vm["disks"]
+    ] + [f"nic: network {nic['network']}, MAC {nic['mac']}" for nic in vm["nics"]]
+
+
 @vm_app.command("show")
 def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
     """A VM, its disks and NICs, its last fault, what it holds on which host (active,
@@ -84,13 +94,8 @@ def vm_show(vm: VmArg, as_json: JsonOpt = False) -> None:
         f"flavor {data['flavor']}, group {data['group'] or '-'}, "
         f"tags {' '.join(data['tags']) or '-'}"
     )
-    for disk in data["disks"]:
-        title += (
-            f"\ndisk: image {disk['image'] or '- (blank)'}, {disk['size_bytes']} bytes, "
-            f"volume {disk['volume']}"
-        )
-    for nic in data["nics"]:
-        title += f"\nnic: network {nic['network']}, MAC {nic['mac']}"
+    for line in guest_device_lines(data):
+        title += f"\n{line}"
     if data.get("fault"):
         title += f"\nlast fault: {data['fault']}"
     show(data, as_json, title, ("host", "state", "resources"), rows)
