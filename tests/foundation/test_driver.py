@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import subprocess
+import sys
+import tomllib
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +28,7 @@ from loadmaster.service import Loadmaster
 from loadmaster.store.driver import Prepared, pipelined, run, run_many
 from loadmaster.store.engine import WriteConflict
 from loadmaster.store.schema import HostRow, VmRow
+from loadmaster.store.sqlalchemy_internals import SUPPORTED_SQLALCHEMY, check_version
 
 _VMS = VmRow.metadata.tables["vms"]
 _HOSTS = HostRow.metadata.tables["hosts"]
@@ -268,3 +272,28 @@ def test_a_failure_in_a_pipeline_comes_as_sqlalchemys_and_writes_nothing(pg_url:
         assert "one" in {h.name for h in service.hosts.list()}
     finally:
         service.close()
+
+
+def test_the_supported_sqlalchemy_is_the_pinned_one() -> None:
+    """The private API is checked against the version pyproject.toml pins: moving the pin
+    without reviewing ``sqlalchemy_internals`` fails here."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.lower().startswith("sqlalchemy")]
+    assert pins == [f"SQLAlchemy=={SUPPORTED_SQLALCHEMY}"]
+
+
+def test_another_sqlalchemy_is_refused_at_import_naming_both_versions() -> None:
+    with pytest.raises(ImportError) as caught:
+        check_version("2.0.99")
+    assert "2.0.99" in str(caught.value) and SUPPORTED_SQLALCHEMY in str(caught.value)
+    check_version(SUPPORTED_SQLALCHEMY)  # no error
+    script = (
+        "import sqlalchemy; sqlalchemy.__version__ = '2.0.99'; "
+        "import loadmaster.store.sqlalchemy_internals"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode != 0
+    assert "SQLAlchemy 2.0.99 is installed" in done.stderr
+    assert f"needs SQLAlchemy {SUPPORTED_SQLALCHEMY}" in done.stderr

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import (
+    BindParameter,
     Float,
     Integer,
     String,
@@ -28,7 +29,6 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy.sql.elements import BindParameter
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
@@ -38,9 +38,8 @@ from loadmaster.pending import trees
 from loadmaster.resources import Inventory
 from loadmaster.resources.tree_fit import Affinity
 from loadmaster.scheduler.snapshot import STATE_CODE, ClassTraits, Snapshot
-from loadmaster.store import Store, locking
+from loadmaster.store import Prepared, Store, locking, run
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     HostAgentRow,

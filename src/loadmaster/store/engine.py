@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
 from loadmaster.store.checkpoints import Checkpointer
 from loadmaster.store.schema import Base
+from loadmaster.store.sqlalchemy_internals import cursor_execute
 from loadmaster.store.transaction import CoreTransaction, Transaction
 
 log = logging.getLogger("loadmaster.store")
@@ -87,12 +88,12 @@ def _sqlite_engine(url: str) -> Engine:
     def _on_begin(conn: Any) -> None:
         # On the driver's cursor, as ``store/driver.py`` runs the hot statements: through
         # ``exec_driver_sql`` the BEGIN of every transaction cost a full execution
-        # context (5.5 % of a placement in-process). ``_cursor_execute`` still fires the
+        # context (5.5 % of a placement in-process). ``cursor_execute`` still fires the
         # statement events and wraps the driver's errors (a busy database).
         mode = conn.get_execution_options().get(_SQLITE_BEGIN, "DEFERRED")
         cursor = conn.connection.dbapi_connection.cursor()
         try:
-            conn._cursor_execute(cursor, f"BEGIN {mode}", ())
+            cursor_execute(conn, cursor, f"BEGIN {mode}", ())
         finally:
             cursor.close()
 

@@ -39,7 +39,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.orm import Session
-from sqlalchemy.util.typing import TupleAny, Unpack
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
@@ -327,7 +326,7 @@ def bump_consumers(session: Transaction, consumer_ids: Iterable[int]) -> None:
 
 def execute_core(
     session: Transaction, statement: Executable, params: Any = None
-) -> Result[Unpack[TupleAny]]:
+) -> Result[*tuple[Any, ...]]:
     """A Core statement in the session's transaction, after the ORM's autoflush as an ORM
     statement would have it, but on the session's connection: the session's own
     ``execute`` costs several times the statement on SQLite (measured: 11,000 of them took
