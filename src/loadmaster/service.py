@@ -103,7 +103,7 @@ def open_loadmaster(
     file ``loadmaster.db``; or ``postgresql+psycopg://...``), bring the schema up to date
     and make sure the standard classes and traits exist."""
     settings = settings or load_settings()
-    store = Store(url or settings.db)
+    store = Store(url or settings.db, fast_statements=settings.fast_statements)
     if migrate:
         store.migrate()
         sync_standard_vocabulary(store)

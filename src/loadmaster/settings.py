@@ -114,6 +114,12 @@ OPTIONS = {
         "scheduling process they hand placements to (docs/architecture.md); unset, each "
         "process decides its own",
     ),
+    "fast_statements": Option(
+        True,
+        "the hot paths run their statements on the database driver's cursor, compiled once; "
+        "false: through SQLAlchemy's own execution (slower, the same results), to rule the "
+        "fast path out when chasing a fault",
+    ),
     "randomize_allocation_candidates": Option(
         False,
         "GET /allocation_candidates shuffles its answer (Placement's option of that name), so "

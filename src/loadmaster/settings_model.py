@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     pci_aliases: str = _field("pci_aliases")
     randomize_allocation_candidates: bool = _field("randomize_allocation_candidates")
     scheduling_dir: Path | None = _field("scheduling_dir")
+    fast_statements: bool = _field("fast_statements")
 
     @field_validator("pci_aliases")
     @classmethod

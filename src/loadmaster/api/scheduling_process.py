@@ -31,7 +31,7 @@ def run(directory: str, supervisor: int) -> None:  # pragma: no cover - its own 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     configure_logging()
     settings = load_settings()
-    store = Store(settings.db)
+    store = Store(settings.db, fast_statements=settings.fast_statements)
     scheduler = scheduler_for(store, settings)
 
     def reload(*_: object) -> None:

@@ -51,6 +51,11 @@ MAX_FORMS = 512
 
 Params = Mapping[str, Any]
 
+# The engine's execution option (``Store(fast_statements=False)``) under which every
+# statement here runs through SQLAlchemy's own execution, none on the driver's cursor:
+# the answers are the same, so the fast path can be ruled out when chasing a fault.
+PLAIN_STATEMENTS = "loadmaster_plain_statements"
+
 
 class Rows:
     """What a prepared statement returned: its rows (named tuples), or the number of
@@ -215,13 +220,23 @@ def run(session: Transaction, prepared: Prepared, params: Params | None = None) 
     statement would have it."""
     session.flush()
     connection = session.connection()
+    if _plain(connection):
+        return _through_sqlalchemy(connection, prepared.statement, params or {})
     params = prepared.padded(params or {})
     form = prepared.form(connection.dialect, params)
     if form is None:
-        result = connection.execute(prepared.statement, dict(params))
-        rows = list(result) if result.returns_rows else []
-        return Rows(rows, result.rowcount if not result.returns_rows else len(rows))
+        return _through_sqlalchemy(connection, prepared.statement, params)
     return _execute(connection, form, form.values(params), session.info.get(_PIPELINE))
+
+
+def _plain(connection: Connection) -> bool:
+    return bool(connection.get_execution_options().get(PLAIN_STATEMENTS))
+
+
+def _through_sqlalchemy(connection: Connection, statement: Executable, params: Params) -> Rows:
+    result = connection.execute(statement, dict(params))
+    rows = list(result) if result.returns_rows else []
+    return Rows(rows, result.rowcount if not result.returns_rows else len(rows))
 
 
 class _Batch:
@@ -260,11 +275,11 @@ def pipelined(session: Transaction) -> Iterator[Callable[[], None]]:
     called (answers read after it need no further round trip), or when a result is read
     before (one round trip more). Errors come as SQLAlchemy's, at the latest when the
     pipeline ends. On SQLite (no round trips), and inside another pipeline, the block
-    changes nothing."""
+    changes nothing, and so it does with the fast statements off (``PLAIN_STATEMENTS``)."""
     session.flush()
     connection = session.connection()
     raw = connection.connection.dbapi_connection
-    if not isinstance(raw, psycopg.Connection) or _PIPELINE in session.info:
+    if not isinstance(raw, psycopg.Connection) or _PIPELINE in session.info or _plain(connection):
         yield lambda: None
         return
     batch = _Batch(session, connection, raw)
@@ -400,7 +415,7 @@ def run_many(session: Transaction, prepared: Prepared, rows: Sequence[Params]) -
         return
     session.flush()
     connection = session.connection()
-    form = prepared.form(connection.dialect, rows[0])
+    form = None if _plain(connection) else prepared.form(connection.dialect, rows[0])
     if form is None:
         connection.execute(prepared.statement, [dict(r) for r in rows])
         return

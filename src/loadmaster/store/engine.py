@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
 from loadmaster.store.checkpoints import Checkpointer
+from loadmaster.store.driver import PLAIN_STATEMENTS
 from loadmaster.store.schema import Base
 from loadmaster.store.sqlalchemy_internals import cursor_execute
 from loadmaster.store.transaction import CoreTransaction, Transaction
@@ -65,9 +66,11 @@ def _is_file(url: str) -> bool:
     return ":memory:" not in url and url not in ("sqlite://", "sqlite+pysqlite://")
 
 
-def _sqlite_engine(url: str) -> Engine:
+def _sqlite_engine(url: str, options: dict[str, Any]) -> Engine:
     engine = create_engine(
-        url, connect_args={"timeout": _SQLITE_BUSY_S, "check_same_thread": False}
+        url,
+        connect_args={"timeout": _SQLITE_BUSY_S, "check_same_thread": False},
+        execution_options=options,
     )
 
     @event.listens_for(engine, "connect")
@@ -90,7 +93,11 @@ def _sqlite_engine(url: str) -> Engine:
         # ``exec_driver_sql`` the BEGIN of every transaction cost a full execution
         # context (5.5 % of a placement in-process). ``cursor_execute`` still fires the
         # statement events and wraps the driver's errors (a busy database).
-        mode = conn.get_execution_options().get(_SQLITE_BEGIN, "DEFERRED")
+        options = conn.get_execution_options()
+        mode = options.get(_SQLITE_BEGIN, "DEFERRED")
+        if options.get(PLAIN_STATEMENTS):
+            conn.exec_driver_sql(f"BEGIN {mode}")
+            return
         cursor = conn.connection.dbapi_connection.cursor()
         try:
             cursor_execute(conn, cursor, f"BEGIN {mode}", ())
@@ -163,16 +170,28 @@ def _ping_when_idle(engine: Engine) -> None:
 class Store:
     """The database behind every service: sessions for reading and for writing."""
 
-    def __init__(self, url: str, *, pool_size: int = 5, pool_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        pool_timeout: float = 30.0,
+        fast_statements: bool = True,
+    ) -> None:
+        """``fast_statements`` False: every statement runs through SQLAlchemy's own
+        execution, none on the driver's cursor (``store/driver.py``); the same results."""
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        options = {} if fast_statements else {PLAIN_STATEMENTS: True}
         if self.is_sqlite:
-            self.engine = _sqlite_engine(url)
+            self.engine = _sqlite_engine(url, options)
             self._write_engine: Engine = self.engine.execution_options(
                 **{_SQLITE_BEGIN: "IMMEDIATE"}
             )
         else:
-            self.engine = create_engine(url, pool_size=pool_size, pool_timeout=pool_timeout)
+            self.engine = create_engine(
+                url, pool_size=pool_size, pool_timeout=pool_timeout, execution_options=options
+            )
             _ping_when_idle(self.engine)
             self._write_engine = self.engine
         # A read of several statements (the audit, a scheduler snapshot, a usage report) must
