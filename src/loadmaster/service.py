@@ -23,8 +23,7 @@ from loadmaster.resources.aliases import parse_aliases
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
 from loadmaster.scheduler.policies import load_policy_file
-from loadmaster.settings import load_settings
-from loadmaster.settings_model import Settings
+from loadmaster.settings_model import Settings, load_settings
 from loadmaster.store import Store
 
 

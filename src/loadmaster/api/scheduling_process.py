@@ -17,7 +17,7 @@ from loadmaster.api.supervisor import die_with
 from loadmaster.runtime import settle_heap
 from loadmaster.scheduler.remote import SchedulingServer
 from loadmaster.service import scheduler_for
-from loadmaster.settings import load_settings
+from loadmaster.settings_model import load_settings
 from loadmaster.store import Store
 
 log = logging.getLogger("loadmaster.api.scheduling_process")

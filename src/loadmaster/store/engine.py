@@ -40,6 +40,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
 from loadmaster.store.checkpoints import Checkpointer
 from loadmaster.store.driver import PLAIN_STATEMENTS
+from loadmaster.store.history import record_vm_events
+from loadmaster.store.locking import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import Base
 from loadmaster.store.sqlalchemy_internals import cursor_execute
 from loadmaster.store.transaction import CoreTransaction, Transaction
@@ -52,13 +54,6 @@ _SQLITE_BUSY_S = 30
 _LOST_TO_ANOTHER = {"40P01": "deadlock", "40001": "serialization failure", "55P03": "lock timeout"}
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _SQLITE_BEGIN = "loadmaster_sqlite_begin"
-# Where a write transaction collects the hosts it stamped on the cluster clock
-# (``locking.mark_changed``), for the listeners told once it commits.
-CHANGED_HOSTS = "loadmaster_changed_hosts"
-# PostgreSQL's channel a transaction that stamped hosts notifies (delivered on commit,
-# discarded on rollback), so that other processes' watchers look at the clock at once
-# instead of at their next tick.
-CLOCK_CHANNEL = "loadmaster_clock"
 ChangeListener = Callable[[frozenset[int]], None]
 
 
@@ -208,10 +203,6 @@ class Store:
         self._read_engine = read_engine
         self._read_sessions = sessionmaker(read_engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
-        # Imported here: the history stamps events with store.locking's clock, and
-        # store.locking imports this module.
-        from loadmaster.store.history import record_vm_events
-
         record_vm_events(self._write_sessions)
         # An in-memory SQLite database lives in one connection; serialise its users.
         self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None

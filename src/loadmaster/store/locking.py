@@ -43,7 +43,6 @@ from sqlalchemy.orm import Session
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, Rows, run, run_chunked
-from loadmaster.store.engine import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import (
     ClusterClockRow,
     FlavorRow,
@@ -53,6 +52,13 @@ from loadmaster.store.schema import (
 )
 from loadmaster.store.transaction import Transaction
 
+# Where a write transaction collects the hosts it stamped on the cluster clock
+# (``mark_changed``), for the listeners told once it commits.
+CHANGED_HOSTS = "loadmaster_changed_hosts"
+# PostgreSQL's channel a transaction that stamped hosts notifies (delivered on commit,
+# discarded on rollback), so that other processes' watchers look at the clock at once
+# instead of at their next tick.
+CLOCK_CHANNEL = "loadmaster_clock"
 CLOCK_ROW = 1
 
 
