@@ -45,7 +45,6 @@ from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, Rows, run, run_chunked
 from loadmaster.store.schema import (
     ClusterClockRow,
-    FlavorRow,
     HostRow,
     ServerGroupRow,
     VmRow,
@@ -82,29 +81,6 @@ def lock_vms(session: Session, uuids: Iterable[str]) -> dict[str, VmRow]:
         for row in session.scalars(query):
             found[row.uuid] = row
     return found
-
-
-def lock_vms_with_flavors(
-    session: Session, uuids: Iterable[str]
-) -> tuple[dict[str, VmRow], dict[int, FlavorRow]]:
-    """``lock_vms``, and their flavors read by the same statement (not locked)."""
-    found: dict[str, VmRow] = {}
-    flavors: dict[int, FlavorRow] = {}
-    for chunk in in_chunks(sorted(set(uuids))):
-        for vm, flavor in session.execute(_VMS_WITH_FLAVORS, {"uuids": chunk}):
-            found[vm.uuid] = vm
-            if flavor is not None:
-                flavors[flavor.id] = flavor
-    return found, flavors
-
-
-_VMS_WITH_FLAVORS = (
-    select(VmRow, FlavorRow)
-    .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
-    .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
-    .order_by(VmRow.id)
-    .with_for_update(of=VmRow)
-)
 
 
 def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
