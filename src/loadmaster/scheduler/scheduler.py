@@ -237,11 +237,7 @@ class Scheduler:
     def _one(self, vm: str, host: str | None, policy: str | None, intent: str) -> ScheduleResult:
         if host is not None:
             with self._store.read() as session:
-                row = lookup.host_row(session, host)
-                if row.parent_id is not None:
-                    raise ValidationError(
-                        f"host {host} is a child provider; name its root host", field="host"
-                    )
+                lookup.root_host_row(session, host, "name its root host")
         spec = RequestSpec(vms=[vm], include_hosts=[host] if host is not None else None)
         result = self.schedule([spec], policy=policy, intent=intent)
         (placement,) = result.placements
