@@ -17,7 +17,7 @@ KSM is not a libvirt feature: it is read and written in sysfs under ``sys_root``
 the test driver without a ``sys_root``, in memory (``ksm_for``): a test driver host is
 made up, and must never change the KSM of the machine the agent runs on.
 
-One responsibility, over 400 lines: the hypervisor interface over libvirt.
+This module is the hypervisor interface over libvirt.
 """
 
 from __future__ import annotations

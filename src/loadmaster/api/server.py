@@ -23,9 +23,8 @@ class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     asyncio turns ``TCP_NODELAY`` on only for accepted sockets whose listener was made with
     ``proto=IPPROTO_TCP``; uvicorn's ``--workers N`` supervisor binds its listener with
-    proto 0 (uvicorn issue #3149). The second write of an answer then waited for the
-    client's delayed ACK: about 43 ms on every keep-alive request after the first
-    (measured: ``GET /healthz`` 44 ms with 4 workers, 1 ms with 1).
+    proto 0 (a uvicorn issue: docs/architecture.md). The second write of an answer then
+    waited for the client's delayed ACK on every keep-alive request after the first.
 
     Over TLS it also hands the host a verified client certificate names to each request
     of the connection (``api.tls``): uvicorn copies ``app_state`` into every request's

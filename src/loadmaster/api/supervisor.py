@@ -4,8 +4,8 @@ failed under load.
 uvicorn pings each worker every half second and kills one that does not answer within
 ``timeout_worker_healthcheck``, starting a replacement. A worker answers from a thread it
 starts only once its spawned interpreter has unpickled its configuration, which imports
-the whole API (``NoDelayHTTPProtocol`` lives beside the app): about 3 s on an idle machine,
-11 s measured at load average 8-16. Every worker was then killed before it could answer,
+the whole API (``NoDelayHTTPProtocol`` lives beside the app): seconds on an idle machine,
+far longer on a loaded one. Every worker was then killed before it could answer,
 and replaced, every 5 s, with nothing logged. Here:
 
 - a worker that has not yet said it serves is waited for, however long, while it lives;

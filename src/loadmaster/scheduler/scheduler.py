@@ -8,7 +8,7 @@ whose claim was refused because a host changed is decided again on a fresher sna
 bounded number of times). Nothing is kept between calls but the snapshot, which a refresh
 brings up to date and our own landed claims update directly.
 
-One responsibility, over 400 lines: the scheduler's calls around the pure core
+This module holds the scheduler's calls around the pure core
 (resolve, decide, claim, retry).
 """
 

@@ -77,7 +77,7 @@ class SnapshotSource:
     def _writing(self) -> Iterator[None]:
         """Around changes to the snapshot: each writer thaws its arrays first (``_thaw``),
         so that a refresh which finds nothing to change, most of them, leaves the
-        arrays' flags alone (setting them was 4 % of a placement in-process); whatever
+        arrays' flags alone (setting them costs a placement time); whatever
         was thawed is frozen again at the end."""
         try:
             yield

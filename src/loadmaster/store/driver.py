@@ -3,8 +3,8 @@
 
 SQLAlchemy's own execution of a cached Core statement costs tens of microseconds above
 the driver's (the execution context, parameter processing, the expansion of ``IN``
-lists, result metadata and ``Row`` objects): measured at 10,000 hosts, the statements of
-one placement took 31 % of its time, the driver's work 6 %. A ``Prepared`` statement is
+lists, result metadata and ``Row`` objects), several times the driver's own work on a
+placement's statements (docs/architecture.md has the figures). A ``Prepared`` statement is
 compiled once per dialect, set of parameter names and length of its ``IN`` lists, into
 the SQL string and a recipe that picks each driver parameter out of the caller's values
 (with its type's bind processor); results come back as named tuples with their types'
@@ -156,7 +156,7 @@ class Prepared:
         """``params`` with each IN list grown to its length's bucket (``_bucket``) by
         repeating its last value, which changes no answer: a mass start's chunks, whose
         lists have every length, then share a few dozen forms instead of compiling
-        one each (a compile costs milliseconds; 4 % of a mass start)."""
+        one each (a compile costs milliseconds)."""
         if not self._lists:
             return params
         out = dict(params)
@@ -297,7 +297,7 @@ _PIPELINE = "loadmaster_pipeline"
 def _cursor(connection: Connection) -> Any:
     raw = connection.connection.dbapi_connection
     # psycopg's own cursor rewrites every query's %(name)s into $1 and keeps the result
-    # only for short queries (9 % of a placement on PostgreSQL, measured); a RawCursor
+    # only for short queries, a cost every placement on PostgreSQL paid; a RawCursor
     # takes the $1 form ``compile_statement`` produced.
     return psycopg.RawCursor(raw) if isinstance(raw, psycopg.Connection) else raw.cursor()  # type: ignore[union-attr]
 
@@ -389,8 +389,8 @@ def _compile(statement: Executable, dialect: Dialect, params: Params) -> _Form |
 
 def _remembering(process: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A datetime's bind processor that keeps its last answer: a batch's rows carry one
-    stamp, and SQLite's processor formats it as text anew for each (3 % of a mass start,
-    1,500 records a chunk). Only for datetimes: they are immutable, so the same object
+    stamp, and SQLite's processor formats it as text anew for each (a mass start's chunk
+    is 1,500 records). Only for datetimes: they are immutable, so the same object
     is the same value."""
     last: tuple[Any, Any] = (_UNSET, None)
 

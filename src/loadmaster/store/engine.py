@@ -3,10 +3,10 @@
 Write transactions on SQLite start with ``BEGIN IMMEDIATE`` so two writers never both
 read a snapshot and then race to upgrade it (that fails late, as SQLITE_BUSY, instead
 of waiting). The writers of one process also take turns on a lock of their own before
-it: SQLite's busy handler sleeps a blocked writer in growing steps (1, 2, 5 ... 100 ms),
-so a write arriving while claims hold the database back to back waited up to 100 ms past
-their end (``POST /vms`` with four placing clients: p99 155-195 ms against 21 ms p50);
-on the lock it wakes as the last writer commits. PostgreSQL runs at READ COMMITTED; the
+it: SQLite's busy handler sleeps a blocked writer in growing steps, so a write arriving
+while claims hold the database back to back waited up to the longest step past their end
+(the slowest ``POST /vms`` with placing clients several times the median); on the lock
+it wakes as the last writer commits. PostgreSQL runs at READ COMMITTED; the
 host generation compare-and-swap in ``pending`` is what keeps concurrent claims honest
 there.
 """
@@ -86,7 +86,7 @@ def _sqlite_engine(url: str, options: dict[str, Any]) -> Engine:
     def _on_begin(conn: Any) -> None:
         # On the driver's cursor, as ``store/driver.py`` runs the hot statements: through
         # ``exec_driver_sql`` the BEGIN of every transaction cost a full execution
-        # context (5.5 % of a placement in-process). ``cursor_execute`` still fires the
+        # context, a cost every placement paid. ``cursor_execute`` still fires the
         # statement events and wraps the driver's errors (a busy database).
         options = conn.get_execution_options()
         mode = options.get(_SQLITE_BEGIN, "DEFERRED")
@@ -137,7 +137,7 @@ class ClockNotices:
 # A pooled PostgreSQL connection unused for this long is pinged before it is handed out
 # (a server restart or a failover ends connections without a word); one used more recently
 # is not. SQLAlchemy's pool_pre_ping pinged on every checkout: a round trip per
-# transaction, two per placement, 6 % of the scheduling process's time with 8 clients.
+# transaction, two per placement, a good share of the scheduling process's time.
 # A connection that broke in the last second was in use when it broke, so the pool was
 # already told (a disconnect invalidates every pooled connection).
 IDLE_PING_S = 1.0
@@ -234,8 +234,7 @@ class Store:
             yield session
             # Ended by COMMIT, not the ROLLBACK of closing: psycopg answers a ROLLBACK by
             # dropping every prepared statement of the connection (DEALLOCATE ALL, one more
-            # round trip), and the writes' prepared statements went with them (measured:
-            # one placement in-process on PostgreSQL, 10,000 hosts, 5.37 -> 4.88 ms). Only
+            # round trip), and the writes' prepared statements went with them. Only
             # when the read changed nothing: an object altered in a read session is
             # discarded, as before.
             if not (session.new or session.dirty or session.deleted):

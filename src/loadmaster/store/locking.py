@@ -333,8 +333,8 @@ _LOCK_HOSTS = Prepared(
 _CAS_UPDATE = (
     update(_HOSTS)
     # The ids alone as well: SQLite searches the primary key for a row-value IN of one
-    # pair but scans the whole table for two or more (12 ms a claim at 100,000 hosts, the
-    # cost of every coalesced batch over HTTP); with ``id IN`` it searches again.
+    # pair but scans the whole table for two or more (a cost every coalesced batch over
+    # HTTP paid, growing with the hosts); with ``id IN`` it searches again.
     .where(_HOSTS.c.id.in_(_IDS))
     .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
     .values(generation=_HOSTS.c.generation + 1)
