@@ -23,3 +23,19 @@ trap 'bash scripts/postgres.sh stop "$pgdir"' EXIT
 # loadgroup: tests marked with one xdist_group (the real-QEMU ones share two libvirtd) run
 # in one worker; the others spread as before.
 .venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider "$@"
+# The storage and scheduler tests again with the fast statement layer off
+# (LOADMASTER_FAST_STATEMENTS=0: every statement through SQLAlchemy's own execution), so
+# that both ways of running a statement answer the same; only for the whole suite, not
+# when a developer names tests. Left out: the files that open no database (pure rules and
+# the scheduler's core over hand-made snapshots), and those the setting cannot change
+# (settings, the API client, the import walk; test_driver compares both ways itself).
+if [ "$#" = 0 ]; then
+  LOADMASTER_FAST_STATEMENTS=0 .venv/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider \
+    tests/foundation tests/scheduler \
+    --ignore=tests/foundation/test_normalising.py --ignore=tests/foundation/test_rules.py \
+    --ignore=tests/foundation/test_runtime.py --ignore=tests/foundation/test_settings.py \
+    --ignore=tests/foundation/test_apiclient.py --ignore=tests/foundation/test_import_circles.py \
+    --ignore=tests/foundation/test_driver.py \
+    --ignore=tests/scheduler/test_core.py --ignore=tests/scheduler/test_incremental.py \
+    --ignore=tests/scheduler/test_read_paths.py --ignore=tests/scheduler/test_requests.py
+fi

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import IO, Any, Literal
 
 LogFormat = Literal["text", "json"]
-LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
 
 def utc_time(record: logging.LogRecord, timespec: str = "milliseconds") -> str:

@@ -23,8 +23,7 @@ from loadmaster.resources.aliases import parse_aliases
 from loadmaster.scheduler import Scheduler
 from loadmaster.scheduler.drain import DrainService
 from loadmaster.scheduler.policies import load_policy_file
-from loadmaster.settings import load_settings
-from loadmaster.settings_model import Settings
+from loadmaster.settings_model import Settings, load_settings
 from loadmaster.store import Store
 
 
@@ -103,7 +102,7 @@ def open_loadmaster(
     file ``loadmaster.db``; or ``postgresql+psycopg://...``), bring the schema up to date
     and make sure the standard classes and traits exist."""
     settings = settings or load_settings()
-    store = Store(url or settings.db)
+    store = Store(url or settings.db, fast_statements=settings.fast_statements)
     if migrate:
         store.migrate()
         sync_standard_vocabulary(store)

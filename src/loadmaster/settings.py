@@ -4,7 +4,7 @@ Each option is read from ``LOADMASTER_<NAME>`` (``db`` from ``LOADMASTER_DB``); 
 line option, where one exists, wins over the variable. ``loadmaster settings`` prints them
 all with their values and what they do, and docs/configuration.md lists them. Nothing else
 in loadmaster reads the environment: the server, the CLI and the Python API take their
-values from ``load_settings()``, a pydantic-settings object (``settings_model.py``).
+values from ``settings_model.load_settings()``, a pydantic-settings object.
 
 This module stays light (no pydantic): the CLI imports it at every start, for the
 variable names and defaults of its options, and loads the model only when it needs it.
@@ -16,12 +16,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loadmaster.errors import ValidationError
-
-if TYPE_CHECKING:
-    from loadmaster.settings_model import Settings
 
 PREFIX = "LOADMASTER_"
 # The largest token or policies file read: far beyond any real one, small enough that a
@@ -114,6 +111,12 @@ OPTIONS = {
         "scheduling process they hand placements to (docs/architecture.md); unset, each "
         "process decides its own",
     ),
+    "fast_statements": Option(
+        True,
+        "the hot paths run their statements on the database driver's cursor, compiled once; "
+        "false: through SQLAlchemy's own execution (slower, the same results), to rule the "
+        "fast path out when chasing a fault",
+    ),
     "randomize_allocation_candidates": Option(
         False,
         "GET /allocation_candidates shuffles its answer (Placement's option of that name), so "
@@ -131,23 +134,6 @@ def env_name(option: str) -> str:
 
 def default(option: str) -> Any:
     return OPTIONS[option].default
-
-
-def load_settings() -> Settings:
-    """The settings of this process, read from the environment now; a bad value is an
-    error naming its variable."""
-    import pydantic
-
-    from loadmaster.settings_model import Settings
-
-    try:
-        return Settings()
-    except pydantic.ValidationError as exc:
-        error = exc.errors()[0]
-        option = str(error["loc"][0]) if error["loc"] else ""
-        name = env_name(option) if option in OPTIONS else PREFIX
-        said = error["msg"].removeprefix("Value error, ")
-        raise ValidationError(f"{name}: {said}", field=option or None) from exc
 
 
 def read_operator_file(path: str | Path, field: str, limit: int = MAX_FILE_BYTES) -> str:

@@ -1,18 +1,20 @@
 """The settings as a typed pydantic-settings model: each field's default and description
-come from ``settings.OPTIONS``, its type and bounds are here."""
+come from ``settings.OPTIONS``, its type and bounds are here; ``load_settings`` reads
+them from the environment."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
+import pydantic
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from loadmaster.errors import LoadmasterError
+from loadmaster.errors import LoadmasterError, ValidationError
 from loadmaster.heartbeat import flush_every, min_silent_after
 from loadmaster.resources.aliases import parse_aliases
-from loadmaster.settings import OPTIONS, PREFIX
+from loadmaster.settings import OPTIONS, PREFIX, env_name
 
 
 def _field(name: str, **bounds: Any) -> Any:
@@ -50,6 +52,7 @@ class Settings(BaseSettings):
     pci_aliases: str = _field("pci_aliases")
     randomize_allocation_candidates: bool = _field("randomize_allocation_candidates")
     scheduling_dir: Path | None = _field("scheduling_dir")
+    fast_statements: bool = _field("fast_statements")
 
     @field_validator("pci_aliases")
     @classmethod
@@ -75,3 +78,16 @@ class Settings(BaseSettings):
                 f"and fenced; set it to at least {least:g}, or agent_heard_every lower"
             )
         return value
+
+
+def load_settings() -> Settings:
+    """The settings of this process, read from the environment now; a bad value is an
+    error naming its variable."""
+    try:
+        return Settings()
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        option = str(error["loc"][0]) if error["loc"] else ""
+        name = env_name(option) if option in OPTIONS else PREFIX
+        said = error["msg"].removeprefix("Value error, ")
+        raise ValidationError(f"{name}: {said}", field=option or None) from exc

@@ -19,7 +19,8 @@ from loadmaster.api.tls import peer_host
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.scheduler.policies import load_policy_file
-from loadmaster.settings import MAX_FILE_BYTES, load_settings
+from loadmaster.settings import MAX_FILE_BYTES
+from loadmaster.settings_model import load_settings
 
 SECRET = "s3cr3t-admin-token"
 

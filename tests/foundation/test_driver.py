@@ -1,12 +1,17 @@
 """Statements run on the driver's cursor (``store/driver.py``) answer as SQLAlchemy's own
 execution of the same statement does, on SQLite and PostgreSQL: the same rows with the
-same Python types, the same counts, the same errors, and listeners see them."""
+same Python types, the same counts, the same errors, and listeners see them. Each of
+these runs with the fast statements on and off (``fast_statements``): the answers are
+the same both ways."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,9 +27,11 @@ import loadmaster
 from loadmaster.cluster import VmSpec
 from loadmaster.pending import claims
 from loadmaster.service import Loadmaster
-from loadmaster.store.driver import Prepared, pipelined, run, run_many
+from loadmaster.settings_model import Settings
+from loadmaster.store.driver import PLAIN_STATEMENTS, Prepared, pipelined, run, run_many
 from loadmaster.store.engine import WriteConflict
 from loadmaster.store.schema import HostRow, VmRow
+from loadmaster.store.sqlalchemy_internals import SUPPORTED_SQLALCHEMY, check_version
 
 _VMS = VmRow.metadata.tables["vms"]
 _HOSTS = HostRow.metadata.tables["hosts"]
@@ -60,8 +67,20 @@ _RENAME = Prepared(
 )
 
 
-@pytest.fixture
-def filled(lm: Loadmaster) -> Loadmaster:
+@pytest.fixture(params=[True, False], ids=["fast", "plain"])
+def filled(request: pytest.FixtureRequest, db_url: str) -> Iterator[Loadmaster]:
+    lm = loadmaster.open(db_url, settings=Settings(fast_statements=request.param))
+    try:
+        yield _fill(lm)
+    finally:
+        lm.close()
+
+
+def _fast(lm: Loadmaster) -> bool:
+    return not lm.store.engine.get_execution_options().get(PLAIN_STATEMENTS)
+
+
+def _fill(lm: Loadmaster) -> Loadmaster:
     lm.hosts.create_many(
         [{"name": f"h{i}", "inventories": {"VCPU": {"total": 8}}} for i in range(6)]
     )
@@ -121,6 +140,7 @@ def test_in_lists_of_every_length_share_a_few_forms_and_the_same_answers(
                 range(1, min(length, 13) + 1)
             )
     assert len(fresh._forms) <= 50  # one a length: 299
+    assert bool(fresh._forms) == _fast(filled)  # off: nothing compiled for the driver
     with filled.store.write() as session:
         # 19 pairs (padded to 20 by the last again): two match, the others are missing.
         pairs = [(1, 0), (2, 0), *[(100 + i, 0) for i in range(17)]]
@@ -229,7 +249,7 @@ def test_a_claims_writes_swaps_and_clock_are_one_round_trip(
 ) -> None:
     """Records, VM rows, the compare-and-swap, consumers and the clock go to PostgreSQL
     together (``pipelined``): four round trips fewer than the same claim without it."""
-    service = loadmaster.open(pg_url)
+    service = loadmaster.open(pg_url, settings=Settings(fast_statements=True))
     try:
         service.hosts.create_many(
             [{"name": f"h{i}", "inventories": {"VCPU": {"total": 8}}} for i in range(4)]
@@ -249,7 +269,7 @@ def test_a_claims_writes_swaps_and_clock_are_one_round_trip(
 
 @pytest.mark.postgres
 def test_a_failure_in_a_pipeline_comes_as_sqlalchemys_and_writes_nothing(pg_url: str) -> None:
-    service = loadmaster.open(pg_url)
+    service = loadmaster.open(pg_url, settings=Settings(fast_statements=True))
     try:
         service.hosts.create_many(
             [{"name": f"h{i}", "inventories": {"VCPU": {"total": 8}}} for i in range(3)]
@@ -268,3 +288,70 @@ def test_a_failure_in_a_pipeline_comes_as_sqlalchemys_and_writes_nothing(pg_url:
         assert "one" in {h.name for h in service.hosts.list()}
     finally:
         service.close()
+
+
+def test_the_supported_sqlalchemy_is_the_pinned_one() -> None:
+    """The private API is checked against the version pyproject.toml pins: moving the pin
+    without reviewing ``sqlalchemy_internals`` fails here."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.lower().startswith("sqlalchemy")]
+    assert pins == [f"SQLAlchemy=={SUPPORTED_SQLALCHEMY}"]
+
+
+def test_another_sqlalchemy_is_refused_at_import_naming_both_versions() -> None:
+    with pytest.raises(ImportError) as caught:
+        check_version("2.0.99")
+    assert "2.0.99" in str(caught.value) and SUPPORTED_SQLALCHEMY in str(caught.value)
+    check_version(SUPPORTED_SQLALCHEMY)  # no error
+    script = (
+        "import sqlalchemy; sqlalchemy.__version__ = '2.0.99'; "
+        "import loadmaster.store.sqlalchemy_internals"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode != 0
+    assert "SQLAlchemy 2.0.99 is installed" in done.stderr
+    assert f"needs SQLAlchemy {SUPPORTED_SQLALCHEMY}" in done.stderr
+
+
+def test_the_setting_turns_the_fast_statements_off(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LOADMASTER_FAST_STATEMENTS=0``: every statement of a claim goes through
+    SQLAlchemy's execution (each cursor execution has its ``before_execute``), and the
+    claim's work is done all the same; on, most go to the driver's cursor directly."""
+    counted: dict[bool, tuple[int, int]] = {}
+    for fast in (True, False):
+        monkeypatch.setenv("LOADMASTER_FAST_STATEMENTS", "1" if fast else "0")
+        service = loadmaster.open(db_url)
+        try:
+            assert _fast(service) == fast
+            if fast:
+                _fill(service)
+            seen = {"execute": 0, "cursor": 0}
+
+            def executed(*_: Any, seen: dict[str, int] = seen) -> None:
+                seen["execute"] += 1
+
+            def cursor(
+                _conn: Any, _cursor: Any, statement: str, *_: Any, seen: dict[str, int] = seen
+            ) -> None:
+                # A BEGIN is the driver's SQL (``exec_driver_sql``), which has no
+                # ``before_execute``.
+                seen["cursor"] += not statement.startswith("BEGIN")
+
+            event.listen(service.store.engine, "before_execute", executed)
+            event.listen(service.store.engine, "before_cursor_execute", cursor)
+            vm = service.vms.list()[int(fast)].uuid
+            service.allocations.claim(vm, "h0")
+            event.remove(service.store.engine, "before_execute", executed)
+            event.remove(service.store.engine, "before_cursor_execute", cursor)
+            counted[fast] = (seen["execute"], seen["cursor"])
+            assert [v.host for v in service.vms.list() if v.uuid == vm] == ["h0"]
+        finally:
+            service.close()
+    plain_executes, plain_cursor = counted[False]
+    fast_executes, fast_cursor = counted[True]
+    assert plain_cursor > 0 and plain_executes == plain_cursor, counted
+    assert fast_executes < fast_cursor, counted

@@ -17,8 +17,8 @@ from loadmaster.errors import ValidationError
 from loadmaster.scheduler import RequestSpec
 from loadmaster.scheduler.policies import load_policy_file
 from loadmaster.service import Loadmaster
-from loadmaster.settings import OPTIONS, env_name, load_settings
-from loadmaster.settings_model import Settings
+from loadmaster.settings import OPTIONS, env_name
+from loadmaster.settings_model import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -134,7 +134,7 @@ def test_hosts_fenced_within_the_threshold_still_count_as_silent(
 def test_a_threshold_below_what_liveness_guarantees_is_refused_naming_the_least(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from loadmaster.settings import load_settings
+    from loadmaster.settings_model import load_settings
 
     monkeypatch.setenv("LOADMASTER_AGENT_SILENT_AFTER", "5")
     with pytest.raises(ValidationError) as err:

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from loadmaster.errors import ValidationError
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
@@ -73,3 +74,25 @@ def test_child_resources_are_placed_and_counted(numa: Loadmaster) -> None:
     lm.allocations.release(jobs[0])
     assert lm.scheduler.capacity("ml").total == 1
     assert audit(lm.store) == []
+
+
+def test_drain_evacuate_and_a_pinned_start_refuse_a_child_provider_naming_its_root(
+    numa: Loadmaster,
+) -> None:
+    """A child provider is no host to act on: each refusal says what to do instead, and
+    names the child as stored whether it was named by name or uuid."""
+    lm = numa
+    child = next(h for h in lm.hosts.list() if h.name == "numa-node0")
+    vm = lm.vms.create("v", "narrow").uuid
+    refusals = {
+        "drain its root host": lambda ident: lm.maintenance.drain(ident),
+        "evacuate its root host": lambda ident: lm.evacuation.evacuate(ident, confirm_down=True),
+        "name its root host": lambda ident: lm.scheduler.start(vm, host=ident),
+    }
+    for instead, act in refusals.items():
+        for ident in ("numa-node0", child.uuid):
+            with pytest.raises(ValidationError) as caught:
+                act(ident)
+            assert caught.value.detail == f"host numa-node0 is a child provider; {instead}"
+            assert caught.value.field == "host"
+    assert {v.state for v in lm.vms.list()} == {"requested"}

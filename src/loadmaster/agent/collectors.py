@@ -12,7 +12,7 @@ The agent's configuration picks collectors by MOM's names (``HostMemory``,
 ``vdsm``, ``mom-libvirt``, ``loadmaster``, the default). A MOM-named collector declares
 exactly MOM's mandatory and optional fields, so the fields a policy can read are MOM's.
 
-One responsibility, over 400 lines: the collectors, one class per source, as MOM's.
+This module holds the collectors, one class per source, as MOM's.
 """
 
 from __future__ import annotations

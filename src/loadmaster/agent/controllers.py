@@ -7,7 +7,7 @@ sampled value stands in). A value is remembered, and handed to the context's
 interrupted call is simply retried next cycle. One target failing does not
 stop the others; the agent isolates whole controllers from each other the same way.
 
-One responsibility, over 400 lines: the controllers, one class per control, as MOM's.
+This module holds the controllers, one class per control, as MOM's.
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ from loadmaster.resources import STANDARD_BY_NAME, STANDARD_TRAITS
 
 MANAGED_TRAIT = "COMPUTE_MANAGED_PCI_DEVICE"
 DEFAULT_MDEV_CLASS = "VGPU"
-PCI_KINDS = ("type-PCI", "type-PF", "type-VF")
 _HEX4 = re.compile(r"^[0-9a-f]{4}$")
 _NOT_NAME = re.compile(r"[^A-Z0-9_]")
 _SPEC_KEYS = ("vendor_id", "product_id", "address", "resource_class", "traits")

@@ -107,6 +107,23 @@ class NicSpec:
     mac: str
 
 
+# The guest's kernel command line when none is given: console on the serial port, and a
+# kernel that panics reboots rather than hanging.
+DEFAULT_GUEST_CMDLINE = "console=ttyS0 panic=1"
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    """How a QEMU guest boots: direct kernel boot (the initramfs makes the guest's disk its
+    root when the disk has one). ``log_dir`` receives each guest's serial console as
+    ``<name>.serial`` (None: no serial port)."""
+
+    kernel: Path
+    initrd: Path
+    cmdline: str = DEFAULT_GUEST_CMDLINE
+    log_dir: Path | None = None
+
+
 @dataclass(frozen=True)
 class GuestSpec:
     """What the agent launches: a flavor's size, the VM's API tags, its disk and NICs."""

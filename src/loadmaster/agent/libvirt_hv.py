@@ -18,7 +18,7 @@ KSM is not a libvirt feature: it is read and written in sysfs under ``sys_root``
 the test driver without a ``sys_root``, in memory (``ksm_for``): a test driver host is
 made up, and must never change the KSM of the machine the agent runs on.
 
-One responsibility, over 400 lines: the hypervisor interface over libvirt.
+This module is the hypervisor interface over libvirt.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import contextlib
 import logging
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -40,6 +39,7 @@ from loadmaster.agent.hypervisor import (
     BlockStats,
     CpuStats,
     CpuTune,
+    GuestImage,
     GuestInfo,
     GuestSpec,
     HostInfo,
@@ -125,9 +125,6 @@ def disk_targets(desc: ET.Element) -> dict[str, str]:
 
 # Written with the "lm" prefix, as the module docstring shows it.
 ET.register_namespace("lm", METADATA_NS)
-# The guest's kernel command line when none is given: console on the serial port, and a
-# kernel that panics reboots rather than hanging.
-DEFAULT_GUEST_CMDLINE = "console=ttyS0 panic=1"
 # How often the guest's balloon driver reports memory stats, set in the domain XML.
 LAUNCH_STATS_PERIOD = 2
 
@@ -159,18 +156,6 @@ def with_tags(xml: str | None, tags: frozenset[str]) -> str:
     for tag in sorted(tags):
         ET.SubElement(root, "tag").text = tag
     return ET.tostring(root, encoding="unicode")
-
-
-@dataclass(frozen=True)
-class GuestImage:
-    """How a QEMU guest boots: direct kernel boot (the initramfs makes the guest's disk its
-    root when the disk has one). ``log_dir`` receives each guest's serial console as
-    ``<name>.serial`` (None: no serial port)."""
-
-    kernel: Path
-    initrd: Path
-    cmdline: str = DEFAULT_GUEST_CMDLINE
-    log_dir: Path | None = None
 
 
 def domain_xml(

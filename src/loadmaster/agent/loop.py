@@ -17,7 +17,7 @@ reported and the others run, keeping that file's previous version on a hot reloa
 file whose version exceeds an evaluation bound (steps, memory, wall time) is rejected at
 run time and the cycle is evaluated again with that file's previous version.
 
-One responsibility, over 400 lines: the agent's policy cycle.
+This module runs the agent's policy cycle.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Reports carry ``seen_generation`` (the generation of the last work list acted on
 the guests were listed) and the VMs still launching, so the ledger ends a claim only when
 this agent knew of it and no longer runs it, whatever the clocks say.
 
-One responsibility, over 400 lines: making the host's hypervisor match its work list.
+This module makes the host's hypervisor match its work list.
 """
 
 from __future__ import annotations
@@ -67,9 +67,8 @@ log = logging.getLogger(__name__)
 STANDARD_DISCOVERED = ("VCPU", "MEMORY_MB")
 KIB_PER_MB = 1024
 # The long-poll of the work list: a change ends it at once, so this is how often an idle
-# agent asks again, and an idle fleet costs its server in proportion. Measured
-# (bench/fleet.py, issue #24): 10,000 idle agents polling every 40-50 s made 207
-# requests/s and cost one server process 59 % of a core; hence 88-110 s, as Nomad's
+# agent asks again, and an idle fleet costs its server in proportion (bench/fleet.py
+# measures it; docs/architecture.md has the figures); hence 88-110 s, as Nomad's
 # blocking queries wait minutes. A load balancer's idle timeout must exceed it.
 DEFAULT_WAIT_S = 110.0
 # An unchanged host still reports this often: the ledger has the last word restated even

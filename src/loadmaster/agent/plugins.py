@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING
 from loadmaster.errors import ValidationError
 
 if TYPE_CHECKING:
-    from loadmaster.agent.hypervisor import Hypervisor
-    from loadmaster.agent.libvirt_hv import GuestImage
+    from loadmaster.agent.hypervisor import GuestImage, Hypervisor
     from loadmaster.agent.storage import StorageConfig
 
 HOST_COLLECTOR_GROUP = "loadmaster.host_collectors"

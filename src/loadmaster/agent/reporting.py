@@ -2,8 +2,8 @@
 
 The host manager reports the host's VMs when they change (``HostManager.report``); the
 SLA loop's own reports only feed the scheduler's load weigher. Re-sending an unchanged
-picture every cycle from every host is what kept a fleet's API busy standing still
-(issue #24), so a report goes out when a load moved by at least ``load_step`` (a
+picture every cycle from every host is what kept a fleet's API busy standing still,
+so a report goes out when a load moved by at least ``load_step`` (a
 fraction of the host), a usage figure by at least ``usage_step`` of its last value, a
 figure appeared or went, or the last report is ``max_age_s`` old. It carries the
 figures alone, rounded: no VM list, no times.

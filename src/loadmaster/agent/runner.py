@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from loadmaster.agent.devices import LibvirtDevices
-from loadmaster.agent.hypervisor import Hypervisor
+from loadmaster.agent.hypervisor import GuestImage, Hypervisor
 from loadmaster.agent.journal import AppliedJournal
-from loadmaster.agent.libvirt_hv import GuestImage
 from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor

@@ -9,7 +9,7 @@ libvirt do, so a controller sending a value they would refuse fails here too. Ne
 bandwidth and NUMA placement are only recorded and validated: they do not change the
 simulated demand.
 
-One responsibility, over 400 lines: the simulated hypervisor.
+This module is the simulated hypervisor.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 are decided together (``scheduler/coalesce.py``).
 
 Creating one VM is a write transaction of its own (the flavor's lookup, the consumer and
-the VM's rows, the commit): 2.8 ms in-process at 10,000 hosts, as much as a placement;
-two VMs in one ``create_many`` take 3.9 ms. On SQLite every write of the process takes
+the VM's rows, the commit), as much as a placement; two VMs in one ``create_many``
+cost little more than one. On SQLite every write of the process takes
 its turn, so the creates of several operators' tools queued one behind the other, and
 behind the claims of the placements they were followed by. Here a create arriving
 while another is being written waits for it, and whichever comes next writes every

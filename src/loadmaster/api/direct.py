@@ -3,10 +3,9 @@
 
 Through the stack, one of these requests crossed seventeen ASGI layers (FastAPI's and
 Starlette's own, loadmaster's eight, the router's), solved its dependencies, and hopped to
-the thread pool twice (the endpoint, then the response's validation). Measured in-process
-with the scheduler stubbed out, ``POST /schedule`` took 0.72 ms that way and 0.27-0.34 ms
-here; under four clients (10,000 hosts, SQLite) the event loop's share of the server's
-GIL-holding samples fell from 31 % to 17 %. Here a request that takes the common way is
+the thread pool twice (the endpoint, then the response's validation): more than twice
+the time this path takes, and much of the event loop's share of the server's GIL
+(docs/architecture.md has the figures). Here a request that takes the common way is
 checked, run and answered in one pass, with one hop to a thread:
 
 - the same checks, each by the same function the stack uses: the request id, the

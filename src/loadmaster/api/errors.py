@@ -8,7 +8,7 @@ errors born in the web layer (bad JSON, schema violations, auth, unknown routes,
 too large) are turned into a ``LoadmasterError`` subclass here, so one function renders
 them all.
 
-One responsibility, over 400 lines: turning every failure into the one error shape.
+This module turns every failure into the one error shape.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ every middleware, and only then go down the stack to be answered.
 
 A waiting request held inside the stack kept a coroutine frame, closures and a wrapped
 ``send`` per middleware alive for its whole wait: about 140 objects the garbage
-collector tracks per request, 1.9 million at 10,000 waiting agents, so that each full
-collection paused the server 0.35-1.5 s (measured with ``gc.callbacks``), delaying
+collector tracks per request, millions at 10,000 waiting agents, so that each full
+collection paused the server for a long while (docs/architecture.md), delaying
 wake-ups and placements alike. Held here, a wait is one coroutine, a future in the
 process's ``HostWatch`` and a task listening for the client hanging up. When the host
 may have changed, or the wait ran out, the request continues down the stack with

@@ -5,7 +5,7 @@ Each model forbids keys it does not declare, so an answer that grows a key witho
 model fails the tests (a 500 on response validation) instead of drifting from the
 document. The views (``views.py``) build these models from the domain's records.
 
-One responsibility, over 400 lines: the answer models, one per answer shape.
+This module holds the answer models, one per answer shape.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from loadmaster.api.supervisor import die_with
 from loadmaster.runtime import settle_heap
 from loadmaster.scheduler.remote import SchedulingServer
 from loadmaster.service import scheduler_for
-from loadmaster.settings import load_settings
+from loadmaster.settings_model import load_settings
 from loadmaster.store import Store
 
 log = logging.getLogger("loadmaster.api.scheduling_process")
@@ -31,7 +31,7 @@ def run(directory: str, supervisor: int) -> None:  # pragma: no cover - its own 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     configure_logging()
     settings = load_settings()
-    store = Store(settings.db)
+    store = Store(settings.db, fast_statements=settings.fast_statements)
     scheduler = scheduler_for(store, settings)
 
     def reload(*_: object) -> None:

@@ -4,22 +4,15 @@ the OS hands out, so nothing collides with another server on the machine."""
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
-import shutil
-import signal
 import socket
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from loadmaster.api.tls import CLIENT_HOST, peer_host
@@ -30,9 +23,8 @@ class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
 
     asyncio turns ``TCP_NODELAY`` on only for accepted sockets whose listener was made with
     ``proto=IPPROTO_TCP``; uvicorn's ``--workers N`` supervisor binds its listener with
-    proto 0 (uvicorn issue #3149). The second write of an answer then waited for the
-    client's delayed ACK: about 43 ms on every keep-alive request after the first
-    (measured: ``GET /healthz`` 44 ms with 4 workers, 1 ms with 1).
+    proto 0 (a uvicorn issue: docs/architecture.md). The second write of an answer then
+    waited for the client's delayed ACK on every keep-alive request after the first.
 
     Over TLS it also hands the host a verified client certificate names to each request
     of the connection (``api.tls``): uvicorn copies ``app_state`` into every request's
@@ -102,31 +94,6 @@ def keep_probing(sock: socket.socket) -> None:
     ):
         if hasattr(socket, option):  # Linux names; other kernels keep their defaults
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-
-
-def run_server(config: uvicorn.Config) -> None:
-    """``uvicorn.run`` with ``config``, several workers under loadmaster's supervisor
-    (``api.supervisor``)."""
-    if config.workers > 1:
-        from loadmaster.api.supervisor import Supervisor
-        from loadmaster.scheduler.remote import prepare
-        from loadmaster.settings import env_name
-
-        scheduling = Path(tempfile.mkdtemp(prefix="loadmaster-scheduling-"))
-        try:
-            prepare(scheduling)
-            # Read by the workers' settings (they are spawned after this).
-            os.environ[env_name("scheduling_dir")] = str(scheduling)
-            Supervisor(config, [config.bind_socket()], scheduling).run()
-        finally:
-            shutil.rmtree(scheduling, ignore_errors=True)
-        return
-    # Until the app's lifespan takes SIGHUP as a reload (api.reload), one must not end it.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    server = StoppingServer(config)
-    server.run()
-    if not server.started:
-        sys.exit(STARTUP_FAILURE)
 
 
 @dataclass

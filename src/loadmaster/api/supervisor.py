@@ -4,8 +4,8 @@ failed under load.
 uvicorn pings each worker every half second and kills one that does not answer within
 ``timeout_worker_healthcheck``, starting a replacement. A worker answers from a thread it
 starts only once its spawned interpreter has unpickled its configuration, which imports
-the whole API (``NoDelayHTTPProtocol`` lives beside the app): about 3 s on an idle machine,
-11 s measured at load average 8-16. Every worker was then killed before it could answer,
+the whole API (``NoDelayHTTPProtocol`` lives beside the app): seconds on an idle machine,
+far longer on a loaded one. Every worker was then killed before it could answer,
 and replaced, every 5 s, with nothing logged. Here:
 
 - a worker that has not yet said it serves is waited for, however long, while it lives;
@@ -33,9 +33,11 @@ import ctypes
 import logging
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,7 +48,8 @@ from uvicorn.server import Server
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from loadmaster.api.server import StoppingServer
-from loadmaster.scheduler.remote import answers
+from loadmaster.scheduler.remote import answers, prepare
+from loadmaster.settings import env_name
 
 log = logging.getLogger("loadmaster.api.supervisor")
 
@@ -282,3 +285,23 @@ class Supervisor(Multiprocess):
         log.info("SIGTTIN: one more worker")
         self.processes_num += 1
         self.processes.append(self._start_worker())
+
+
+def run_server(config: Config) -> None:
+    """``uvicorn.run`` with ``config``, several workers under loadmaster's supervisor."""
+    if config.workers > 1:
+        scheduling = Path(tempfile.mkdtemp(prefix="loadmaster-scheduling-"))
+        try:
+            prepare(scheduling)
+            # Read by the workers' settings (they are spawned after this).
+            os.environ[env_name("scheduling_dir")] = str(scheduling)
+            Supervisor(config, [config.bind_socket()], scheduling).run()
+        finally:
+            shutil.rmtree(scheduling, ignore_errors=True)
+        return
+    # Until the app's lifespan takes SIGHUP as a reload (api.reload), one must not end it.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    server = StoppingServer(config)
+    server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)

@@ -162,7 +162,7 @@ def agent(
 
     from loadmaster.agent import run_agent
     from loadmaster.agent.collectors import collector_selection
-    from loadmaster.agent.libvirt_hv import GuestImage
+    from loadmaster.agent.hypervisor import GuestImage
     from loadmaster.agent.loop import CycleReport
     from loadmaster.agent.narration import CycleNarrator
     from loadmaster.agent.storage import DEFAULT_POOL_DIR, StorageConfig

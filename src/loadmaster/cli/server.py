@@ -16,7 +16,7 @@ from loadmaster.cli.app import RemoteCommand, TlsKeyOpt, api, app, chosen
 from loadmaster.cli.client import Exit, err_console, fail
 from loadmaster.cli.output import JsonOpt, show, warn
 from loadmaster.errors import LoadmasterError
-from loadmaster.settings import OPTIONS, default, env_name, load_settings
+from loadmaster.settings import OPTIONS, default, env_name
 
 if TYPE_CHECKING:
     from loadmaster.service import Loadmaster
@@ -91,6 +91,7 @@ def serve(
     import uvicorn
 
     from loadmaster.api.auth import resolve_auth
+    from loadmaster.settings_model import load_settings
 
     if workers < 1:
         fail("--workers must be at least 1", Exit.USAGE)
@@ -157,9 +158,8 @@ def serve(
         LISTEN_BACKLOG,
         NoDelayHTTPProtocol,
         raise_open_files_limit,
-        run_server,
     )
-    from loadmaster.api.supervisor import HEALTHCHECK_S
+    from loadmaster.api.supervisor import HEALTHCHECK_S, run_server
 
     raise_open_files_limit()
     configure_logging()  # the supervisor's lines, as the workers', are JSON
@@ -225,6 +225,8 @@ def _fencing_note(fence_command: str, silent_after: float) -> str:
 def settings_command(as_json: JsonOpt = False) -> None:
     """Every option loadmaster reads from the environment (LOADMASTER_<NAME>): the value
     this shell gives it, secrets hidden, and what it does (docs/configuration.md)."""
+    from loadmaster.settings_model import load_settings
+
     try:
         current = load_settings()
     except LoadmasterError as exc:
@@ -280,6 +282,7 @@ def audit(
         warnings = answer["warnings"]
     else:
         from loadmaster.pending import audit as run_audit
+        from loadmaster.settings_model import load_settings
 
         url = db or load_settings().db
         try:

@@ -76,6 +76,15 @@ def host_row(session: Session, ident: str, field: str = "host") -> HostRow:
     return row
 
 
+def root_host_row(session: Session, ident: str, instead: str) -> HostRow:
+    """The root host ``ident`` names (uuid or name); a child provider is refused, the error
+    saying what to do ``instead`` (``"drain its root host"``)."""
+    row = host_row(session, ident)
+    if row.parent_id is not None:
+        raise ValidationError(f"host {row.name} is a child provider; {instead}", field="host")
+    return row
+
+
 def vm_row(session: Session, ident: str, field: str = "vm", *, lock: bool = False) -> VmRow:
     """With ``lock`` the row stays locked until the transaction ends (PostgreSQL; SQLite
     writers are serialised anyway): whoever changes a VM's state or records holds it, so

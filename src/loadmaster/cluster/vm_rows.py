@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Text, bindparam, cast, select, update
 
-from loadmaster.store.driver import Prepared, run_chunked, run_many
+from loadmaster.store import Prepared, run_chunked, run_many
 from loadmaster.store.schema import FlavorRow, VmRow
 from loadmaster.store.transaction import Transaction
 

@@ -29,9 +29,16 @@ from loadmaster.images import (
 )
 from loadmaster.resources import parse_amounts
 from loadmaster.shapes import Amount, Name
-from loadmaster.store import Store, again_on_write_conflict
+from loadmaster.store import (
+    Prepared,
+    Store,
+    again_on_write_conflict,
+    pipelined,
+    run,
+    run_chunked,
+    run_many,
+)
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, pipelined, run, run_chunked, run_many
 from loadmaster.store.locking import execute_core, now, touch_generations
 from loadmaster.store.schema import (
     ConsumerRow,

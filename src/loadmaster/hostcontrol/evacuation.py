@@ -719,12 +719,7 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def _root(session: Session, host: str) -> HostRow:
-    row = lookup.host_row(session, host)
-    if row.parent_id is not None:
-        raise ValidationError(
-            f"host {row.name} is a child provider; evacuate its root host", field="host"
-        )
-    return row
+    return lookup.root_host_row(session, host, "evacuate its root host")
 
 
 def _heard_ago(session: Session, host_id: int) -> timedelta | None:

@@ -7,7 +7,7 @@ says how it went: ``up`` when a VM runs, ``fail`` when the host refuses or canno
 a VM or a migration failed. A refused launch is placed again elsewhere, excluding every
 host that refused it, up to ``max_launch_attempts`` hosts (Nova's alternates).
 
-One responsibility, over 400 lines: the control plane's half of the host-agent protocol.
+This module is the control plane's half of the host-agent protocol.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from loadmaster.store.schema import HostAgentRow, HostRow
 log = logging.getLogger(__name__)
 
 # How often other processes' changes are looked for: the cross-process wake-up's delay,
-# and on SQLite about 0.8 ms of CPU a tick (0.8 % of a core at this rate).
+# and on SQLite a little CPU each tick (docs/architecture.md, Figures behind the design).
 DEFAULT_TICK_S = 0.1
 # Where the database notifies watchers of commits (PostgreSQL), the clock is still read
 # every this many ticks without one.
@@ -127,7 +127,7 @@ class HostWatch:
         await asyncio.to_thread(self._poll)
         self._unlisten = self._store.listen(self._committed)
         # The tick runs in a thread of its own, not as a task handing each poll to a
-        # thread pool: measured on SQLite, 0.78 against 1.05 ms of CPU a tick.
+        # thread pool, which costs more CPU a tick.
         self._ticker = threading.Thread(target=self._tick, name="host-watch", daemon=True)
         self._ticker.start()
         self._task = asyncio.create_task(self._flush_every(), name="host-watch-flush")

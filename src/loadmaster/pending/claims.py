@@ -40,8 +40,8 @@ from loadmaster.pending.trees import (
 )
 from loadmaster.resources import one_numa_node, pci_numa_affinity
 from loadmaster.resources.tree_fit import fit_in_tree
+from loadmaster.store import Prepared, pipelined, run, run_many
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, pipelined, run, run_many
 from loadmaster.store.history import note_written
 from loadmaster.store.locking import (
     bump_consumers,

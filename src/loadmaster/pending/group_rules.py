@@ -26,7 +26,7 @@ from loadmaster.cluster.vm_rows import VmState
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import GroupPolicyViolation
 from loadmaster.pending.trees import ProviderRow
-from loadmaster.store.driver import Prepared, run_chunked
+from loadmaster.store import Prepared, run_chunked
 from loadmaster.store.locking import lock_groups
 from loadmaster.store.schema import VmRow
 from loadmaster.store.transaction import Transaction

@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session
 
 from loadmaster.resources import Inventory
 from loadmaster.resources.tree_fit import NODE_CLASSES, numa_nodes
+from loadmaster.store import Prepared, run
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     AllocationRow,

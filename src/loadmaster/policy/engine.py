@@ -90,10 +90,6 @@ def decode_policy(path: Path, data: bytes) -> str:
         ) from None
 
 
-def read_policy_text(path: Path) -> str:
-    return decode_policy(path, read_policy_bytes(path))
-
-
 def parse_policy_bytes(path: Path, data: bytes) -> PolicyFile:
     """One file's bytes as a ``PolicyFile``; raises ``PolicyError`` at file:line:col."""
     program = parse(decode_policy(path, data), path.name)

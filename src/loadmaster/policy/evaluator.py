@@ -16,7 +16,7 @@ at most ``MAX_SEQUENCE`` long, and at most ``DEFAULT_MAX_ALLOCATED`` items or ch
 built per cycle) and wall time, so no policy can crash Python's stack, exhaust memory or
 hang a cycle. Exceeding a bound raises ``PolicyLimitError`` where evaluation stood.
 
-One responsibility, over 400 lines: evaluating the policy language, MOM's semantics.
+This module evaluates the policy language, with MOM's semantics.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from loadmaster.resources.inventory import Inventory, parse_amounts, summed
 from loadmaster.resources.requirements import (
     UNKNOWN_SPECS,
     FlavorSpec,
-    Requirements,
     UnknownSpecs,
     aggregate_specs,
     extra_spec_names,
@@ -31,7 +30,6 @@ __all__ = [
     "UNKNOWN_SPECS",
     "FlavorSpec",
     "Inventory",
-    "Requirements",
     "ResourceClass",
     "UnknownSpecs",
     "aggregate_specs",

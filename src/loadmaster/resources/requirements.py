@@ -35,23 +35,6 @@ from loadmaster.resources.inventory import parse_amounts
 from loadmaster.resources.traits import validate_trait_name
 from loadmaster.resources.tree_fit import AFFINITIES, Affinity
 
-
-@dataclass(frozen=True)
-class Requirements:
-    resources: Mapping[str, int]
-    required_traits: frozenset[str] = frozenset()
-    forbidden_traits: frozenset[str] = frozenset()
-
-    def with_overrides(self, overrides: Mapping[str, int]) -> Requirements:
-        """Overrides replace a class's amount; an amount of 0 drops the class."""
-        merged = {**self.resources, **overrides}
-        return Requirements(
-            {name: amount for name, amount in merged.items() if amount > 0},
-            self.required_traits,
-            self.forbidden_traits,
-        )
-
-
 UnknownSpecs = Literal["refuse", "warn"]
 UNKNOWN_SPECS: tuple[UnknownSpecs, ...] = ("refuse", "warn")
 
@@ -67,13 +50,6 @@ class FlavorSpec:
     warnings: tuple[str, ...] = ()
     # Per class, the traits the provider it is taken from must have (a PCI alias's).
     class_traits: Mapping[str, frozenset[str]] = field(default_factory=dict)
-
-    def requirements(self) -> Requirements:
-        return Requirements(
-            {name: amount for name, amount in self.resources.items() if amount > 0},
-            self.required_traits,
-            self.forbidden_traits,
-        )
 
 
 def _traits(value: object, field: str) -> frozenset[str]:

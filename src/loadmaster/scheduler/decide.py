@@ -25,6 +25,7 @@ import numpy as np
 from loadmaster.errors import LoadmasterError, PluginFailed
 from loadmaster.scheduler.explain import explanation
 from loadmaster.scheduler.plugins import (
+    FilterResult,
     LoadedFilter,
     Verdict,
     Weigher,
@@ -66,14 +67,6 @@ class Plan:
 
     def unweighed(self) -> Plan:
         return replace(self, weighers=())
-
-
-@dataclass(frozen=True)
-class FilterResult:
-    """What one filter said about every host, under its name."""
-
-    plugin: str
-    verdict: Verdict
 
 
 @dataclass

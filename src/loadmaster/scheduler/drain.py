@@ -249,12 +249,7 @@ class DrainService:
 
 
 def _root(session: Session, host: str) -> HostRow:
-    row = lookup.host_row(session, host)
-    if row.parent_id is not None:
-        raise ValidationError(
-            f"host {row.name} is a child provider; drain its root host", field="host"
-        )
-    return row
+    return lookup.root_host_row(session, host, "drain its root host")
 
 
 def _vms_left(session: Session, row: HostRow) -> tuple[VmLeft, ...]:

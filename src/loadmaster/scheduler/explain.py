@@ -3,17 +3,13 @@ when a hard group rule is what leaves no host. Pure functions of a snapshot."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from loadmaster.resources import summed
+from loadmaster.scheduler.plugins import FilterResult
 from loadmaster.scheduler.request import VmRequest
 from loadmaster.scheduler.results import Explanation, FilterCount, HostScore
 from loadmaster.scheduler.snapshot import Bools, Ints, Snapshot
-
-if TYPE_CHECKING:
-    from loadmaster.scheduler.decide import FilterResult
 
 
 def explanation(

@@ -103,6 +103,14 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class FilterResult:
+    """What one filter said about every host, under its name."""
+
+    plugin: str
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
 class HostView:
     """One host as a per-host filter sees it."""
 

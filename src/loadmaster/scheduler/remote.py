@@ -28,7 +28,7 @@ import queue
 import socket
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import (
     Connection,
@@ -37,14 +37,13 @@ from multiprocessing.connection import (
     deliver_challenge,
 )
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loadmaster.errors import LoadmasterError, SchedulerUnavailable
 
 if TYPE_CHECKING:
     from loadmaster.scheduler.request import RequestSpec
     from loadmaster.scheduler.results import ScheduleResult
-    from loadmaster.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("loadmaster.scheduler.remote")
 
@@ -201,11 +200,18 @@ def _limit_waits(fd: int, seconds: float) -> None:
         sock.detach()  # the descriptor stays its owner's
 
 
+class Schedules(Protocol):
+    """What the server hands its calls to: the scheduling process's ``Scheduler``."""
+
+    @property
+    def schedule(self) -> Callable[..., ScheduleResult]: ...
+
+
 class SchedulingServer:
     """The scheduling process's side: a thread per worker connection, each handing its
     calls to the one scheduler, which decides those that arrive together as one batch."""
 
-    def __init__(self, scheduler: Scheduler, directory: Path) -> None:
+    def __init__(self, scheduler: Schedules, directory: Path) -> None:
         self._scheduler = scheduler
         self._path = str(directory / SOCKET_NAME)
         self._key = (directory / KEY_NAME).read_bytes()

@@ -19,8 +19,7 @@ from loadmaster.errors import InvalidTransition, LoadmasterError, NotFound, Vali
 from loadmaster.resources import aggregate_specs, one_numa_node, pci_numa_affinity
 from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.snapshot import Snapshot
-from loadmaster.store import Store
-from loadmaster.store.driver import Prepared, run_chunked
+from loadmaster.store import Prepared, Store, run_chunked
 from loadmaster.store.locking import GROUP_COLUMNS, execute_core
 from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
 from loadmaster.store.transaction import Transaction, as_session

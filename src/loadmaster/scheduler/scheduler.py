@@ -8,7 +8,7 @@ whose claim was refused because a host changed is decided again on a fresher sna
 bounded number of times). Nothing is kept between calls but the snapshot, which a refresh
 brings up to date and our own landed claims update directly.
 
-One responsibility, over 400 lines: the scheduler's calls around the pure core
+This module holds the scheduler's calls around the pure core
 (resolve, decide, claim, retry).
 """
 
@@ -237,11 +237,7 @@ class Scheduler:
     def _one(self, vm: str, host: str | None, policy: str | None, intent: str) -> ScheduleResult:
         if host is not None:
             with self._store.read() as session:
-                row = lookup.host_row(session, host)
-                if row.parent_id is not None:
-                    raise ValidationError(
-                        f"host {host} is a child provider; name its root host", field="host"
-                    )
+                lookup.root_host_row(session, host, "name its root host")
         spec = RequestSpec(vms=[vm], include_hosts=[host] if host is not None else None)
         result = self.schedule([spec], policy=policy, intent=intent)
         (placement,) = result.placements

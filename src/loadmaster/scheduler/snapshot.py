@@ -393,9 +393,6 @@ class Snapshot:
         self._tree_nodes[host] = nodes
         return nodes
 
-    def root_generation(self, host: int) -> int:
-        return int(self.generation[self.roots[host]])
-
     # -- claims ------------------------------------------------------------------------
     def apply(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import (
+    BindParameter,
     Float,
     Integer,
     String,
@@ -28,7 +29,6 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy.sql.elements import BindParameter
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.groups import GroupRecord
@@ -38,9 +38,8 @@ from loadmaster.pending import trees
 from loadmaster.resources import Inventory
 from loadmaster.resources.tree_fit import Affinity
 from loadmaster.scheduler.snapshot import STATE_CODE, ClassTraits, Snapshot
-from loadmaster.store import Store, locking
+from loadmaster.store import Prepared, Store, locking, run
 from loadmaster.store.chunks import in_chunks
-from loadmaster.store.driver import Prepared, run
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     HostAgentRow,
@@ -78,7 +77,7 @@ class SnapshotSource:
     def _writing(self) -> Iterator[None]:
         """Around changes to the snapshot: each writer thaws its arrays first (``_thaw``),
         so that a refresh which finds nothing to change, most of them, leaves the
-        arrays' flags alone (setting them was 4 % of a placement in-process); whatever
+        arrays' flags alone (setting them costs a placement time); whatever
         was thawed is frozen again at the end."""
         try:
             yield

@@ -1,12 +1,11 @@
 """SQLite's write-ahead log folded back into the database by a thread of its own.
 
 By default the commit that takes the log past 1,000 pages copies them into the database
-file itself, inside the writer's turn: measured on a single placement in-process at
-10,000 hosts, commits took 63 us at the median but 470 us at the 99th percentile and up
-to 8.5 ms, every writer of the process queueing behind the one that checkpoints. With
-automatic checkpoints off and a thread doing a PASSIVE checkpoint shortly after writes
-(it waits for no reader or writer, and SQLite releases the GIL while it copies), commits
-took 68 us at the median, 170 us at the 99th percentile, at most 1 ms.
+file itself, inside the writer's turn: the slowest commits took many times the median,
+every writer of the process queueing behind the one that checkpoints. With automatic
+checkpoints off and a thread doing a PASSIVE checkpoint shortly after writes (it waits
+for no reader or writer, and SQLite releases the GIL while it copies), the slowest
+commits stay near the median (docs/architecture.md has the figures).
 
 The thread starts at the first write of the process that owns it (a forked child starts
 its own), sleeps while nothing is written (an idle server does nothing), and stops with

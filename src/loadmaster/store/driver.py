@@ -3,24 +3,25 @@
 
 SQLAlchemy's own execution of a cached Core statement costs tens of microseconds above
 the driver's (the execution context, parameter processing, the expansion of ``IN``
-lists, result metadata and ``Row`` objects): measured at 10,000 hosts, the statements of
-one placement took 31 % of its time, the driver's work 6 %. A ``Prepared`` statement is
+lists, result metadata and ``Row`` objects), several times the driver's own work on a
+placement's statements (docs/architecture.md has the figures). A ``Prepared`` statement is
 compiled once per dialect, set of parameter names and length of its ``IN`` lists, into
 the SQL string and a recipe that picks each driver parameter out of the caller's values
 (with its type's bind processor); results come back as named tuples with their types'
-result processors applied. ``Connection._cursor_execute`` runs it, so event listeners
+result processors applied. The connection runs it on the driver's cursor, so event listeners
 (the statement counters of tests and benchmarks), echo logging and the wrapping of
 driver errors (SQLite's busy, PostgreSQL's serialization failures, a lost connection
 invalidated) are as for any other statement. PostgreSQL's driver prepares a statement it
 sees five times on the server, and a fixed SQL string per shape lets it.
 
 A statement the recipe cannot serve (Python-side defaults computed at execution,
-parameters rendered into the SQL, escaped parameter names) runs through SQLAlchemy.
+parameters rendered into the SQL, escaped parameter names) runs through SQLAlchemy. The
+parts of SQLAlchemy this takes that are not its public API are in
+``store/sqlalchemy_internals.py``.
 """
 
 from __future__ import annotations
 
-import copy
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,12 +29,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from sqlalchemy import BindParameter, DateTime, Executable
+from sqlalchemy import DateTime, Executable
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
-from sqlalchemy.sql.visitors import iterate
 
 from loadmaster.store.chunks import in_chunks
+from loadmaster.store.sqlalchemy_internals import (
+    compile_statement,
+    cursor_execute,
+    cursor_executemany,
+    expanding_parameters,
+    raise_as_sqlalchemys,
+    result_processor,
+)
 from loadmaster.store.transaction import Transaction
 
 # Forms kept per statement: one per dialect and length of each IN list. A placement's
@@ -42,6 +50,11 @@ from loadmaster.store.transaction import Transaction
 MAX_FORMS = 512
 
 Params = Mapping[str, Any]
+
+# The engine's execution option (``Store(fast_statements=False)``) under which every
+# statement here runs through SQLAlchemy's own execution, none on the driver's cursor:
+# the answers are the same, so the fast path can be ruled out when chasing a fault.
+PLAIN_STATEMENTS = "loadmaster_plain_statements"
 
 
 class Rows:
@@ -137,17 +150,13 @@ class Prepared:
     _lists: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._lists = frozenset(
-            element.key
-            for element in iterate(self.statement)  # type: ignore[arg-type]
-            if isinstance(element, BindParameter) and element.expanding
-        )
+        self._lists = expanding_parameters(self.statement)
 
     def padded(self, params: Params) -> Params:
         """``params`` with each IN list grown to its length's bucket (``_bucket``) by
         repeating its last value, which changes no answer: a mass start's chunks, whose
         lists have every length, then share a few dozen forms instead of compiling
-        one each (a compile costs milliseconds; 4 % of a mass start)."""
+        one each (a compile costs milliseconds)."""
         if not self._lists:
             return params
         out = dict(params)
@@ -211,13 +220,23 @@ def run(session: Transaction, prepared: Prepared, params: Params | None = None) 
     statement would have it."""
     session.flush()
     connection = session.connection()
+    if _plain(connection):
+        return _through_sqlalchemy(connection, prepared.statement, params or {})
     params = prepared.padded(params or {})
     form = prepared.form(connection.dialect, params)
     if form is None:
-        result = connection.execute(prepared.statement, dict(params))
-        rows = list(result) if result.returns_rows else []
-        return Rows(rows, result.rowcount if not result.returns_rows else len(rows))
+        return _through_sqlalchemy(connection, prepared.statement, params)
     return _execute(connection, form, form.values(params), session.info.get(_PIPELINE))
+
+
+def _plain(connection: Connection) -> bool:
+    return bool(connection.get_execution_options().get(PLAIN_STATEMENTS))
+
+
+def _through_sqlalchemy(connection: Connection, statement: Executable, params: Params) -> Rows:
+    result = connection.execute(statement, dict(params))
+    rows = list(result) if result.returns_rows else []
+    return Rows(rows, result.rowcount if not result.returns_rows else len(rows))
 
 
 class _Batch:
@@ -245,7 +264,7 @@ class _Batch:
             else:
                 self._mode.__exit__(type(failure), failure, failure.__traceback__)
         except psycopg.Error as exc:
-            self._connection._handle_dbapi_exception(exc, "(pipeline)", None, None, None)
+            raise_as_sqlalchemys(self._connection, exc, "(pipeline)", None, None)
 
 
 @contextmanager
@@ -256,11 +275,11 @@ def pipelined(session: Transaction) -> Iterator[Callable[[], None]]:
     called (answers read after it need no further round trip), or when a result is read
     before (one round trip more). Errors come as SQLAlchemy's, at the latest when the
     pipeline ends. On SQLite (no round trips), and inside another pipeline, the block
-    changes nothing."""
+    changes nothing, and so it does with the fast statements off (``PLAIN_STATEMENTS``)."""
     session.flush()
     connection = session.connection()
     raw = connection.connection.dbapi_connection
-    if not isinstance(raw, psycopg.Connection) or _PIPELINE in session.info:
+    if not isinstance(raw, psycopg.Connection) or _PIPELINE in session.info or _plain(connection):
         yield lambda: None
         return
     batch = _Batch(session, connection, raw)
@@ -278,8 +297,8 @@ _PIPELINE = "loadmaster_pipeline"
 def _cursor(connection: Connection) -> Any:
     raw = connection.connection.dbapi_connection
     # psycopg's own cursor rewrites every query's %(name)s into $1 and keeps the result
-    # only for short queries (9 % of a placement on PostgreSQL, measured); a RawCursor
-    # takes the $1 form ``_compiling`` produced.
+    # only for short queries, a cost every placement on PostgreSQL paid; a RawCursor
+    # takes the $1 form ``compile_statement`` produced.
     return psycopg.RawCursor(raw) if isinstance(raw, psycopg.Connection) else raw.cursor()  # type: ignore[union-attr]
 
 
@@ -287,12 +306,12 @@ def _execute(connection: Connection, form: _Form, values: Any, batch: _Batch | N
     cursor = _cursor(connection)
     if batch is None:
         try:
-            connection._cursor_execute(cursor, form.sql, values)
+            cursor_execute(connection, cursor, form.sql, values)
             return Rows(*_answer(connection, form, cursor))
         finally:
             cursor.close()
     try:
-        connection._cursor_execute(cursor, form.sql, values)
+        cursor_execute(connection, cursor, form.sql, values)
     except BaseException:
         cursor.close()
         raise
@@ -303,8 +322,7 @@ def _execute(connection: Connection, form: _Form, values: Any, batch: _Batch | N
                 batch.pipeline.sync()  # a count only: no fetch asks the server for it
             return _answer(connection, form, cursor)
         except psycopg.Error as exc:
-            connection._handle_dbapi_exception(exc, form.sql, values, cursor, None)
-            raise  # (it raised already)
+            raise_as_sqlalchemys(connection, exc, form.sql, values, cursor)
         finally:
             cursor.close()
 
@@ -319,7 +337,7 @@ def _answer(connection: Connection, form: _Form, cursor: Any) -> tuple[list[Any]
     description = cursor.description
     if form.steps is None:
         processors = [
-            kind._cached_result_processor(connection.dialect, column[1])
+            result_processor(kind, connection.dialect, column[1])
             for kind, column in zip(form.result_types, description, strict=True)
         ]
         form.steps = [(i, p) for i, p in enumerate(processors) if p is not None]
@@ -335,63 +353,44 @@ def _answer(connection: Connection, form: _Form, cursor: Any) -> tuple[list[Any]
     return out, len(fetched)
 
 
-def _compiling(dialect: Dialect) -> Dialect:
-    """The dialect to compile with: psycopg's with PostgreSQL's own numbered parameters,
-    for ``_cursor``'s RawCursor (the same dialect otherwise)."""
-    if dialect.driver != "psycopg":
-        return dialect
-    numbered = copy.copy(dialect)
-    numbered.paramstyle, numbered.positional = "numeric_dollar", True
-    return numbered
-
-
 def _compile(statement: Executable, dialect: Dialect, params: Params) -> _Form | None:
-    compiled: Any = statement.compile(dialect=_compiling(dialect), column_keys=list(params))  # type: ignore[attr-defined]
-    if (
-        compiled.insert_prefetch
-        or compiled.update_prefetch
-        or compiled.literal_execute_params
-        or compiled.escaped_bind_names
-    ):
+    compiled = compile_statement(statement, dialect, dict(params))
+    if compiled is None:
         return None
-    state = compiled.construct_expanded_state(dict(params))
     origin: dict[str, tuple[str, int, int]] = {}
-    for name, expanded in state.parameter_expansion.items():
+    for name, expanded in compiled.expansion.items():
         if name not in params:
             continue  # a list the statement holds itself (``column.in_([...])``): constants
         value = params[name]
         width = len(value[0]) if value and isinstance(value[0], tuple) else 0
         for k, member_name in enumerate(expanded):
             origin[member_name] = (name, k // width, k % width) if width else (name, k, -1)
-    names = list(state.positiontup) if compiled.positional else list(state.parameters)
     binds: list[tuple[str | None, int, int, Any, Callable[[Any], Any] | None]] = []
-    for name in names:
-        # The expanded state has the processors of the IN lists' members only; the
-        # others' (JSON, SQLite's datetimes) are the compiled statement's.
-        process = state.processors.get(name) or compiled._bind_processors.get(name)
-        bind = compiled.binds.get(origin[name][0] if name in origin else name)
-        if process is not None and bind is not None and isinstance(bind.type, DateTime):
+    for name in compiled.names:
+        process = compiled.processors.get(name)
+        kind = compiled.bind_types.get(origin[name][0] if name in origin else name)
+        if process is not None and isinstance(kind, DateTime):
             process = _remembering(process)
         if name in origin:
             binds.append((*origin[name], None, process))
         elif name in params:
             binds.append((name, -1, -1, None, process))
         else:
-            binds.append((None, -1, -1, state.parameters[name], process))
-    columns = [entry[0] for entry in compiled._result_columns]
+            binds.append((None, -1, -1, compiled.parameters[name], process))
+    columns = [name for name, _kind in compiled.result_columns]
     return _Form(
-        state.statement,
+        compiled.sql,
         binds,
-        None if compiled.positional else names,
+        None if compiled.positional else compiled.names,
         namedtuple("Row", columns, rename=True) if columns else None,
-        [entry[3] for entry in compiled._result_columns],
+        [kind for _name, kind in compiled.result_columns],
     )
 
 
 def _remembering(process: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A datetime's bind processor that keeps its last answer: a batch's rows carry one
-    stamp, and SQLite's processor formats it as text anew for each (3 % of a mass start,
-    1,500 records a chunk). Only for datetimes: they are immutable, so the same object
+    stamp, and SQLite's processor formats it as text anew for each (a mass start's chunk
+    is 1,500 records). Only for datetimes: they are immutable, so the same object
     is the same value."""
     last: tuple[Any, Any] = (_UNSET, None)
 
@@ -416,7 +415,7 @@ def run_many(session: Transaction, prepared: Prepared, rows: Sequence[Params]) -
         return
     session.flush()
     connection = session.connection()
-    form = prepared.form(connection.dialect, rows[0])
+    form = None if _plain(connection) else prepared.form(connection.dialect, rows[0])
     if form is None:
         connection.execute(prepared.statement, [dict(r) for r in rows])
         return
@@ -426,19 +425,8 @@ def run_many(session: Transaction, prepared: Prepared, rows: Sequence[Params]) -
     values = [form.values(r) for r in rows]
     batch = session.info.get(_PIPELINE)
     cursor = _cursor(connection)
-    events = connection._has_events or connection.engine._has_events
     try:
-        if events:
-            connection.dispatch.before_cursor_execute(
-                connection, cursor, form.sql, values, None, True
-            )
-        connection.dialect.do_executemany(cursor, form.sql, values, None)
-        if events:
-            connection.dispatch.after_cursor_execute(
-                connection, cursor, form.sql, values, None, True
-            )
-    except BaseException as exc:
-        connection._handle_dbapi_exception(exc, form.sql, values, cursor, None)
+        cursor_executemany(connection, cursor, form.sql, values)
     finally:
         if batch is None:  # in a pipeline, its answer is still to come
             cursor.close()

@@ -3,10 +3,10 @@
 Write transactions on SQLite start with ``BEGIN IMMEDIATE`` so two writers never both
 read a snapshot and then race to upgrade it (that fails late, as SQLITE_BUSY, instead
 of waiting). The writers of one process also take turns on a lock of their own before
-it: SQLite's busy handler sleeps a blocked writer in growing steps (1, 2, 5 ... 100 ms),
-so a write arriving while claims hold the database back to back waited up to 100 ms past
-their end (``POST /vms`` with four placing clients: p99 155-195 ms against 21 ms p50);
-on the lock it wakes as the last writer commits. PostgreSQL runs at READ COMMITTED; the
+it: SQLite's busy handler sleeps a blocked writer in growing steps, so a write arriving
+while claims hold the database back to back waited up to the longest step past their end
+(the slowest ``POST /vms`` with placing clients several times the median); on the lock
+it wakes as the last writer commits. PostgreSQL runs at READ COMMITTED; the
 host generation compare-and-swap in ``pending`` is what keeps concurrent claims honest
 there.
 """
@@ -39,7 +39,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loadmaster.errors import ConcurrentUpdate, Conflict, StoreUnavailable, ValidationError
 from loadmaster.store.checkpoints import Checkpointer
+from loadmaster.store.driver import PLAIN_STATEMENTS
+from loadmaster.store.history import record_vm_events
+from loadmaster.store.locking import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import Base
+from loadmaster.store.sqlalchemy_internals import cursor_execute
 from loadmaster.store.transaction import CoreTransaction, Transaction
 
 log = logging.getLogger("loadmaster.store")
@@ -50,13 +54,6 @@ _SQLITE_BUSY_S = 30
 _LOST_TO_ANOTHER = {"40P01": "deadlock", "40001": "serialization failure", "55P03": "lock timeout"}
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _SQLITE_BEGIN = "loadmaster_sqlite_begin"
-# Where a write transaction collects the hosts it stamped on the cluster clock
-# (``locking.mark_changed``), for the listeners told once it commits.
-CHANGED_HOSTS = "loadmaster_changed_hosts"
-# PostgreSQL's channel a transaction that stamped hosts notifies (delivered on commit,
-# discarded on rollback), so that other processes' watchers look at the clock at once
-# instead of at their next tick.
-CLOCK_CHANNEL = "loadmaster_clock"
 ChangeListener = Callable[[frozenset[int]], None]
 
 
@@ -64,9 +61,11 @@ def _is_file(url: str) -> bool:
     return ":memory:" not in url and url not in ("sqlite://", "sqlite+pysqlite://")
 
 
-def _sqlite_engine(url: str) -> Engine:
+def _sqlite_engine(url: str, options: dict[str, Any]) -> Engine:
     engine = create_engine(
-        url, connect_args={"timeout": _SQLITE_BUSY_S, "check_same_thread": False}
+        url,
+        connect_args={"timeout": _SQLITE_BUSY_S, "check_same_thread": False},
+        execution_options=options,
     )
 
     @event.listens_for(engine, "connect")
@@ -87,12 +86,16 @@ def _sqlite_engine(url: str) -> Engine:
     def _on_begin(conn: Any) -> None:
         # On the driver's cursor, as ``store/driver.py`` runs the hot statements: through
         # ``exec_driver_sql`` the BEGIN of every transaction cost a full execution
-        # context (5.5 % of a placement in-process). ``_cursor_execute`` still fires the
+        # context, a cost every placement paid. ``cursor_execute`` still fires the
         # statement events and wraps the driver's errors (a busy database).
-        mode = conn.get_execution_options().get(_SQLITE_BEGIN, "DEFERRED")
+        options = conn.get_execution_options()
+        mode = options.get(_SQLITE_BEGIN, "DEFERRED")
+        if options.get(PLAIN_STATEMENTS):
+            conn.exec_driver_sql(f"BEGIN {mode}")
+            return
         cursor = conn.connection.dbapi_connection.cursor()
         try:
-            conn._cursor_execute(cursor, f"BEGIN {mode}", ())
+            cursor_execute(conn, cursor, f"BEGIN {mode}", ())
         finally:
             cursor.close()
 
@@ -134,7 +137,7 @@ class ClockNotices:
 # A pooled PostgreSQL connection unused for this long is pinged before it is handed out
 # (a server restart or a failover ends connections without a word); one used more recently
 # is not. SQLAlchemy's pool_pre_ping pinged on every checkout: a round trip per
-# transaction, two per placement, 6 % of the scheduling process's time with 8 clients.
+# transaction, two per placement, a good share of the scheduling process's time.
 # A connection that broke in the last second was in use when it broke, so the pool was
 # already told (a disconnect invalidates every pooled connection).
 IDLE_PING_S = 1.0
@@ -162,16 +165,28 @@ def _ping_when_idle(engine: Engine) -> None:
 class Store:
     """The database behind every service: sessions for reading and for writing."""
 
-    def __init__(self, url: str, *, pool_size: int = 5, pool_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 5,
+        pool_timeout: float = 30.0,
+        fast_statements: bool = True,
+    ) -> None:
+        """``fast_statements`` False: every statement runs through SQLAlchemy's own
+        execution, none on the driver's cursor (``store/driver.py``); the same results."""
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        options = {} if fast_statements else {PLAIN_STATEMENTS: True}
         if self.is_sqlite:
-            self.engine = _sqlite_engine(url)
+            self.engine = _sqlite_engine(url, options)
             self._write_engine: Engine = self.engine.execution_options(
                 **{_SQLITE_BEGIN: "IMMEDIATE"}
             )
         else:
-            self.engine = create_engine(url, pool_size=pool_size, pool_timeout=pool_timeout)
+            self.engine = create_engine(
+                url, pool_size=pool_size, pool_timeout=pool_timeout, execution_options=options
+            )
             _ping_when_idle(self.engine)
             self._write_engine = self.engine
         # A read of several statements (the audit, a scheduler snapshot, a usage report) must
@@ -188,10 +203,6 @@ class Store:
         self._read_engine = read_engine
         self._read_sessions = sessionmaker(read_engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
-        # Imported here: the history stamps events with store.locking's clock, and
-        # store.locking imports this module.
-        from loadmaster.store.history import record_vm_events
-
         record_vm_events(self._write_sessions)
         # An in-memory SQLite database lives in one connection; serialise its users.
         self._memory_lock = threading.RLock() if ":memory:" in url or url == "sqlite://" else None
@@ -223,8 +234,7 @@ class Store:
             yield session
             # Ended by COMMIT, not the ROLLBACK of closing: psycopg answers a ROLLBACK by
             # dropping every prepared statement of the connection (DEALLOCATE ALL, one more
-            # round trip), and the writes' prepared statements went with them (measured:
-            # one placement in-process on PostgreSQL, 10,000 hosts, 5.37 -> 4.88 ms). Only
+            # round trip), and the writes' prepared statements went with them. Only
             # when the read changed nothing: an object altered in a read session is
             # discarded, as before.
             if not (session.new or session.dirty or session.deleted):

@@ -39,21 +39,25 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.orm import Session
-from sqlalchemy.util.typing import TupleAny, Unpack
 
 from loadmaster.errors import ConcurrentUpdate
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, Rows, run, run_chunked
-from loadmaster.store.engine import CHANGED_HOSTS, CLOCK_CHANNEL
 from loadmaster.store.schema import (
     ClusterClockRow,
-    FlavorRow,
     HostRow,
     ServerGroupRow,
     VmRow,
 )
 from loadmaster.store.transaction import Transaction
 
+# Where a write transaction collects the hosts it stamped on the cluster clock
+# (``mark_changed``), for the listeners told once it commits.
+CHANGED_HOSTS = "loadmaster_changed_hosts"
+# PostgreSQL's channel a transaction that stamped hosts notifies (delivered on commit,
+# discarded on rollback), so that other processes' watchers look at the clock at once
+# instead of at their next tick.
+CLOCK_CHANNEL = "loadmaster_clock"
 CLOCK_ROW = 1
 
 
@@ -77,29 +81,6 @@ def lock_vms(session: Session, uuids: Iterable[str]) -> dict[str, VmRow]:
         for row in session.scalars(query):
             found[row.uuid] = row
     return found
-
-
-def lock_vms_with_flavors(
-    session: Session, uuids: Iterable[str]
-) -> tuple[dict[str, VmRow], dict[int, FlavorRow]]:
-    """``lock_vms``, and their flavors read by the same statement (not locked)."""
-    found: dict[str, VmRow] = {}
-    flavors: dict[int, FlavorRow] = {}
-    for chunk in in_chunks(sorted(set(uuids))):
-        for vm, flavor in session.execute(_VMS_WITH_FLAVORS, {"uuids": chunk}):
-            found[vm.uuid] = vm
-            if flavor is not None:
-                flavors[flavor.id] = flavor
-    return found, flavors
-
-
-_VMS_WITH_FLAVORS = (
-    select(VmRow, FlavorRow)
-    .outerjoin(FlavorRow, FlavorRow.id == VmRow.flavor_id)
-    .where(VmRow.uuid.in_(bindparam("uuids", expanding=True)))
-    .order_by(VmRow.id)
-    .with_for_update(of=VmRow)
-)
 
 
 def share_groups(session: Session, vms: Iterable[VmRow]) -> None:
@@ -327,7 +308,7 @@ def bump_consumers(session: Transaction, consumer_ids: Iterable[int]) -> None:
 
 def execute_core(
     session: Transaction, statement: Executable, params: Any = None
-) -> Result[Unpack[TupleAny]]:
+) -> Result[*tuple[Any, ...]]:
     """A Core statement in the session's transaction, after the ORM's autoflush as an ORM
     statement would have it, but on the session's connection: the session's own
     ``execute`` costs several times the statement on SQLite (measured: 11,000 of them took
@@ -352,8 +333,8 @@ _LOCK_HOSTS = Prepared(
 _CAS_UPDATE = (
     update(_HOSTS)
     # The ids alone as well: SQLite searches the primary key for a row-value IN of one
-    # pair but scans the whole table for two or more (12 ms a claim at 100,000 hosts, the
-    # cost of every coalesced batch over HTTP); with ``id IN`` it searches again.
+    # pair but scans the whole table for two or more (a cost every coalesced batch over
+    # HTTP paid, growing with the hosts); with ``id IN`` it searches again.
     .where(_HOSTS.c.id.in_(_IDS))
     .where(tuple_(_HOSTS.c.id, _HOSTS.c.generation).in_(bindparam("pairs", expanding=True)))
     .values(generation=_HOSTS.c.generation + 1)

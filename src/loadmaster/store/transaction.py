@@ -4,9 +4,9 @@ bare Core connection alike.
 A claim is Core statements on the driver's cursor (``store/driver.py``), but it was run in
 a ``Session``: Placement's consumer writes call it inside their own ORM transaction, and
 the VMs' events were written by the session's commit hook. The session's begin and
-commit cost about twice a Core connection's (measured on SQLite: 70 against 35 us, the
-statement aside; in ``Store.write`` with its hooks about 120 us), 17 % of a placement
-in-process. ``Store.transaction`` gives the scheduler's claims a ``CoreTransaction``, and
+commit cost about twice a Core connection's, a good share of a placement in-process
+(docs/architecture.md has the figures). ``Store.transaction`` gives the scheduler's claims
+a ``CoreTransaction``, and
 ``Store.read_transaction`` its reads (the snapshot's refresh, the resolve); a ``Session``
 still serves every other reader and writer, and both satisfy ``Transaction``.
 """

@@ -3,7 +3,7 @@ a provider's allocations and the per-project usages, every body form each microv
 has. Writes go through the one ledger (``pending.consumers``): pending records count as
 used in every capacity check, and a VM's consumer keeps the VM's rules.
 
-One responsibility, over 400 lines: Placement's allocation routes, in every
+This module holds Placement's allocation routes, in every
 microversion's body form."""
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """allocations: no index of its own on consumer_id
 
 The unique constraint (consumer_id, host_id, resource_class_id) already begins with it,
-so a search by consumer uses that; the second index was only written to. Measured on
-SQLite, a mass start's 30,000 records inserted in chunks of 1,500: 198-252 ms with it,
-168-170 ms without.
+so a search by consumer uses that; the second index was only written to, slowing every
+insert of a record (docs/architecture.md has the figures).
 
 Revision ID: 0008_drop_consumer_index
 Revises: 0007_fence_claims
