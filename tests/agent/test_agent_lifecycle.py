@@ -13,7 +13,6 @@ import threading
 import time
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -184,17 +183,6 @@ def test_sim_failed_migration_leaves_the_guest_here(failure: str) -> None:
 
 
 # -- libvirt's test driver ----------------------------------------------------------------
-
-
-@pytest.fixture
-def default_hv() -> Iterator[LibvirtHypervisor]:
-    """The process's shared default test host, as a migration destination sees it."""
-    hv = LibvirtHypervisor("test:///default")
-    yield hv
-    for guest in hv.list_guests():
-        if guest.managed:
-            hv.remove_guest(guest.uuid)
-    hv.close()
 
 
 def test_domain_xml_for_qemu_is_a_tcg_kernel_boot_with_a_stats_balloon(tmp_path: Any) -> None:
