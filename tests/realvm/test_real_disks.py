@@ -1,12 +1,13 @@
 """Real QEMU guests booted from a disk image with a NIC (see docs/real-guests.md): the
 agent's storage pool on a private libvirtd, the guest's qcow2 overlay of the image
 (scripts/guest-image.sh's busybox root), its virtio NIC on a libvirt network of the host,
-a live migration that copies the disk, and what is left after a delete, a refusal or a
+its flavor's quota in effect on both, a live migration that copies the disk, and what is left after a delete, a refusal or a
 migration on the source: nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, Ni
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.storage import StorageConfig
 from loadmaster.images import GIB, POOL_NAME, volume_name
+from loadmaster.quota import flavor_quota
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
@@ -64,6 +66,8 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
     spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    quota = {"quota:disk_total_bytes_sec": "4194304", "quota:vif_outbound_average": "2048"}
+    spec = dataclasses.replace(spec, quota=flavor_quota(quota))
     seconds = launched.launch(hv, spec)
     console = serial(real_hosts, spec)
     assert "lm-guest: root on /dev/vda" in console  # init ran from the disk's root
@@ -80,7 +84,11 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     domain = ET.fromstring(hv._domain(spec.uuid).XMLDesc(0))
     iface = domain.find("devices/interface")
     assert iface is not None and iface.find("source").get("network") == NETWORK  # type: ignore[union-attr]
-    assert iface.find("target") is not None  # a tap on the network's bridge
+    tap = iface.find("target")
+    assert tap is not None  # a tap on the network's bridge
+    # The flavor's quota, in force: QEMU's throttle on the disk, the tap's shaping.
+    assert hv._domain(spec.uuid).blockIoTune("vda", 0)["total_bytes_sec"] == 4194304
+    assert hv.interface_bandwidth(spec.uuid, tap.get("dev", ""))["outbound.average"] == 2048
 
     hv.remove_guest(spec.uuid)
     assert not defined(real_hosts.a, spec.uuid)
