@@ -102,7 +102,7 @@ def test_work_list_carries_the_flavors_quota_and_bad_quota_is_refused(live: Live
     ok(admin.post("/flavors", json={**base, "extra_specs": specs}), 201)
     vm = ok(create(admin, flavor="q"), 201)
     ok(admin.post(f"/vms/{vm['uuid']}/start", json={}))
-    [item] = [i.to_dict() for i in live.lm.host_agents.work("h0").items]
+    [item] = ok(admin.get("/hosts/h0/work"))["items"]
     assert item["quota"] == {
         "disk": {"total_bytes_sec": 1048576},
         "vif": {"outbound.average": 256},
