@@ -24,7 +24,7 @@ from realvm_helpers import (
     serial,
 )
 
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor import CpuTune, DiskSpec, GuestSpec, HypervisorError, NicSpec
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.storage import StorageConfig
 from loadmaster.images import GIB, POOL_NAME, volume_name
@@ -66,7 +66,13 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
     spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
-    quota = {"quota:disk_total_bytes_sec": "4194304", "quota:vif_outbound_average": "2048"}
+    quota = {
+        "quota:disk_total_bytes_sec": "4194304",
+        "quota:vif_outbound_average": "2048",
+        "quota:cpu_shares": "512",
+        "quota:cpu_period": "100000",
+        "quota:cpu_quota": "50000",
+    }
     spec = dataclasses.replace(spec, quota=flavor_quota(quota))
     seconds = launched.launch(hv, spec)
     console = serial(real_hosts, spec)
@@ -86,7 +92,9 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     assert iface is not None and iface.find("source").get("network") == NETWORK  # type: ignore[union-attr]
     tap = iface.find("target")
     assert tap is not None  # a tap on the network's bridge
-    # The flavor's quota, in force: QEMU's throttle on the disk, the tap's shaping.
+    # The flavor's quota, in force: QEMU's throttle on the disk, the tap's shaping, the
+    # guest's CPU cgroup.
+    assert hv.cpu_tune(spec.uuid) == CpuTune(quota=50000, period=100000, shares=512)
     assert hv._domain(spec.uuid).blockIoTune("vda", 0)["total_bytes_sec"] == 4194304
     assert hv.interface_bandwidth(spec.uuid, tap.get("dev", ""))["outbound.average"] == 2048
 
