@@ -34,13 +34,14 @@ VIF_KEYS = tuple(f"{d}.{p}" for d in ("inbound", "outbound") for p in ("average"
 # libvirt's <cputune> element names; the spec is ``quota:cpu_<name>``.
 CPU_KEYS = ("shares", "period", "quota")
 
-# QEMU's largest throttling value; libvirt's interface limits are unsigned ints; the
-# cgroup ranges libvirt enforces for the CPU: (least non-zero value, largest value).
+# (least non-zero value, largest value): QEMU's largest throttling value; libvirt's
+# interface limits are unsigned ints; the CPU's as libvirt and the kernel take them, the
+# shares as cgroup v2's cpu.weight, which libvirt writes them to there (v1 takes more).
 _DISK_MAX = 10**15
 _RANGES: Mapping[str, tuple[int, int]] = {
     **{f"{DISK_PREFIX}{k}": (1, _DISK_MAX) for k in DISK_KEYS},
     **{f"{VIF_PREFIX}{k.replace('.', '_')}": (1, 2**32 - 1) for k in VIF_KEYS},
-    "cpu_shares": (2, 262144),
+    "cpu_shares": (1, 10000),
     "cpu_period": (1000, 1000000),
     "cpu_quota": (1000, 17592186044415),
 }
@@ -59,11 +60,11 @@ class Quota:
         return {"disk": dict(self.disk), "vif": dict(self.vif), "cpu": dict(self.cpu)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Mapping[str, object]] | None) -> Quota:
+    def from_dict(cls, data: Mapping[str, Mapping[str, int]] | None) -> Quota:
         data = data or {}
         return cls(
             **{
-                part: {str(k): int(str(v)) for k, v in (data.get(part) or {}).items()}
+                part: {str(k): int(v) for k, v in (data.get(part) or {}).items()}
                 for part in ("disk", "vif", "cpu")
             }
         )

@@ -20,7 +20,7 @@ from loadmaster.agent.hypervisor import NET_KEYS, DiskSpec, GuestSpec, NicSpec
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.manager import guest_spec
 from loadmaster.agent.storage import StorageConfig
-from loadmaster.quota import flavor_quota
+from loadmaster.quota import VIF_KEYS, flavor_quota
 
 MIB = 1024 * 1024
 MAC = "52:54:00:12:34:57"
@@ -122,6 +122,10 @@ def test_a_guest_without_quota_has_no_limits(source: LibvirtHypervisor) -> None:
     assert source.interface_bandwidth(s.uuid, interface(source, s.uuid)) == dict.fromkeys(
         NET_KEYS, 0
     )
+
+
+def test_the_nic_quota_has_the_hypervisors_limit_names() -> None:
+    assert VIF_KEYS == NET_KEYS
 
 
 def test_the_work_items_quota_reaches_the_guest_spec() -> None:
