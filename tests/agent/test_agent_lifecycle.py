@@ -9,6 +9,7 @@ gets a private one), so the default host serves as the destination a second
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid as uuidlib
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from loadmaster.agent.hypervisor import GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor import CpuTune, GuestSpec, HypervisorError
 from loadmaster.agent.libvirt_hv import (
     METADATA_NS,
     GuestImage,
@@ -27,6 +28,7 @@ from loadmaster.agent.libvirt_hv import (
     with_tags,
 )
 from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.quota import flavor_quota
 
 SPEC = GuestSpec(
     uuid="6f2c1d9e-3b7a-4c55-9a0e-1d2b3c4d5e6f",
@@ -162,6 +164,16 @@ def test_sim_migration_moves_the_guest_with_its_state() -> None:
     moved = by_uuid(destination)[SPEC.uuid]
     assert moved.managed and moved.tags == SPEC.tags
     assert destination.balloon_info(SPEC.uuid).current == GIB
+
+
+def test_sim_launch_applies_the_flavors_quota_and_migration_keeps_it() -> None:
+    source = sim(uri="sim://source-quota")
+    destination = sim(uri="sim://dest-quota")
+    specs = {"quota:disk_total_iops_sec": "500", "quota:cpu_shares": "512"}
+    source.launch_guest(dataclasses.replace(SPEC, quota=flavor_quota(specs)))
+    source.migrate_guest(SPEC.uuid, "sim://dest-quota")
+    assert destination.io_tune(SPEC.uuid, "vda")["total_iops_sec"] == 500
+    assert destination.cpu_tune(SPEC.uuid) == CpuTune(quota=-1, period=100_000, shares=512)
 
 
 @pytest.mark.parametrize("failure", ["unknown destination", "destination refuses", "source"])
