@@ -1,7 +1,7 @@
 """Real QEMU guests booted from a disk image with a NIC (see docs/real-guests.md): the
 agent's storage pool on a private libvirtd, the guest's qcow2 overlay of the image
 (scripts/guest-image.sh's busybox root), its virtio NIC on a libvirt network of the host,
-its flavor's quota in effect on both, a live migration that copies the disk, and what is left after a delete, a refusal or a
+a live migration that copies the disk, and what is left after a delete, a refusal or a
 migration on the source: nothing.
 """
 
@@ -65,6 +65,7 @@ def pool_volumes(hv: LibvirtHypervisor) -> set[str]:
 def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
+    """Its flavor's quota in force too, on the disk, the NIC and the CPU."""
     spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
     quota = {
         "quota:disk_total_bytes_sec": "4194304",
