@@ -7,7 +7,6 @@ migration on the source: nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -66,7 +65,7 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
     """Its flavor's quota in force too, on the disk, the NIC and the CPU."""
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    plain = new_spec(128)
     quota = {
         "quota:disk_total_bytes_sec": "4194304",
         "quota:vif_outbound_average": "2048",
@@ -74,7 +73,15 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
         "quota:cpu_period": "100000",
         "quota:cpu_quota": "50000",
     }
-    spec = dataclasses.replace(spec, quota=flavor_quota(quota))
+    spec = GuestSpec(
+        plain.uuid,
+        plain.name,
+        plain.memory_kib,
+        plain.vcpus,
+        disk=DiskSpec("busybox", GIB),
+        nics=(NicSpec(NETWORK, MAC),),
+        quota=flavor_quota(quota),
+    )
     seconds = launched.launch(hv, spec)
     console = serial(real_hosts, spec)
     assert "lm-guest: root on /dev/vda" in console  # init ran from the disk's root
