@@ -28,3 +28,14 @@ def node_hv(sys_dir: Path) -> Iterator[LibvirtHypervisor]:
     hv = LibvirtHypervisor(f"test://{NODE_XML}", sys_root=sys_dir)
     yield hv
     hv.close()
+
+
+@pytest.fixture
+def default_hv() -> Iterator[LibvirtHypervisor]:
+    """The process's shared default test host, as a migration destination sees it."""
+    hv = LibvirtHypervisor("test:///default")
+    yield hv
+    for guest in hv.list_guests():
+        if guest.managed:
+            hv.remove_guest(guest.uuid)
+    hv.close()

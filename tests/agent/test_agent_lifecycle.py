@@ -9,16 +9,16 @@ gets a private one), so the default host serves as the destination a second
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid as uuidlib
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from loadmaster.agent.hypervisor import GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor import CpuTune, GuestSpec, HypervisorError
 from loadmaster.agent.libvirt_hv import (
     METADATA_NS,
     GuestImage,
@@ -28,6 +28,7 @@ from loadmaster.agent.libvirt_hv import (
     with_tags,
 )
 from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.quota import flavor_quota
 
 SPEC = GuestSpec(
     uuid="6f2c1d9e-3b7a-4c55-9a0e-1d2b3c4d5e6f",
@@ -165,6 +166,16 @@ def test_sim_migration_moves_the_guest_with_its_state() -> None:
     assert destination.balloon_info(SPEC.uuid).current == GIB
 
 
+def test_sim_launch_applies_the_flavors_quota_and_migration_keeps_it() -> None:
+    source = sim(uri="sim://source-quota")
+    destination = sim(uri="sim://dest-quota")
+    specs = {"quota:disk_total_iops_sec": "500", "quota:cpu_shares": "512"}
+    source.launch_guest(dataclasses.replace(SPEC, quota=flavor_quota(specs)))
+    source.migrate_guest(SPEC.uuid, "sim://dest-quota")
+    assert destination.io_tune(SPEC.uuid, "vda")["total_iops_sec"] == 500
+    assert destination.cpu_tune(SPEC.uuid) == CpuTune(quota=-1, period=100_000, shares=512)
+
+
 @pytest.mark.parametrize("failure", ["unknown destination", "destination refuses", "source"])
 def test_sim_failed_migration_leaves_the_guest_here(failure: str) -> None:
     source = sim(uri=f"sim://source-{failure}")
@@ -184,17 +195,6 @@ def test_sim_failed_migration_leaves_the_guest_here(failure: str) -> None:
 
 
 # -- libvirt's test driver ----------------------------------------------------------------
-
-
-@pytest.fixture
-def default_hv() -> Iterator[LibvirtHypervisor]:
-    """The process's shared default test host, as a migration destination sees it."""
-    hv = LibvirtHypervisor("test:///default")
-    yield hv
-    for guest in hv.list_guests():
-        if guest.managed:
-            hv.remove_guest(guest.uuid)
-    hv.close()
 
 
 def test_domain_xml_for_qemu_is_a_tcg_kernel_boot_with_a_stats_balloon(tmp_path: Any) -> None:

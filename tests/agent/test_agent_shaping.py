@@ -315,6 +315,26 @@ def test_tc_units_round_trip() -> None:
         parse_rate("fast")
 
 
+def test_a_flavors_nic_quota_is_shaped_by_tc_when_the_guest_is_first_seen(
+    fake_tc: FakeTc, shaped_hv: LibvirtHypervisor
+) -> None:
+    """The quota a launch wrote in the guest's metadata, applied by an agent that had not
+    seen the guest run (after a migration in, or its own restart) to each of its taps."""
+    dom = shaped_hv._conn.lookupByName("db-gold")
+    meta = "<vm><nic-limit inbound.average='256' inbound.burst='64' outbound.average='128'/></vm>"
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, meta, "lm", METADATA_NS, 0)
+    uuid = gold(shaped_hv)
+    want = {**dict.fromkeys(NET_KEYS, 0), "inbound.average": 256, "inbound.burst": 64}
+    want["outbound.average"] = 128
+    for tap in ("testnet0", "testnet1"):
+        assert fake_tc.devs[tap].root_htb and fake_tc.devs[tap].redirect
+        assert shaped_hv.interface_bandwidth(uuid, tap) == want
+    # Applied once: a later look at the guests leaves the shaping alone.
+    changes = len(fake_tc.changes())
+    shaped_hv.list_guests()
+    assert len(fake_tc.changes()) == changes
+
+
 # -- IO limits on the real disk ----------------------------------------------------------
 
 

@@ -88,6 +88,28 @@ def test_work_list_carries_disk_and_nics(live: Live) -> None:
     assert item["nics"] == vm["nics"]
 
 
+def test_work_list_carries_the_flavors_quota_and_bad_quota_is_refused(live: Live) -> None:
+    admin = live.admin
+    catalogue(admin)
+    before = table_rows(live.lm)
+    base = {"name": "q", "resources": {"VCPU": 1, "MEMORY_MB": 512, "DISK_GB": 1}}
+    bad = admin.post("/flavors", json={**base, "extra_specs": {"quota:disk_read_iops_sec": "x"}})
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["field"] == "extra_specs.quota:disk_read_iops_sec"
+    assert "'x'" in bad.json()["detail"]
+    assert table_rows(live.lm) == before
+    specs = {"quota:disk_total_bytes_sec": "1048576", "quota:vif_outbound_average": "256"}
+    ok(admin.post("/flavors", json={**base, "extra_specs": specs}), 201)
+    vm = ok(create(admin, flavor="q"), 201)
+    ok(admin.post(f"/vms/{vm['uuid']}/start", json={}))
+    [item] = ok(admin.get("/hosts/h0/work"))["items"]
+    assert item["quota"] == {
+        "disk": {"total_bytes_sec": 1048576},
+        "vif": {"outbound.average": 256},
+        "cpu": {},
+    }
+
+
 def test_unknown_or_oversized_image_refused_nothing_written(live: Live) -> None:
     admin = live.admin
     catalogue(admin)

@@ -123,7 +123,13 @@ CASES: list[tuple[str, Callable[[Loadmaster], object], str, str]] = [
         )
         for key, value, reason in [
             ("hw:foo", "1", "not an extra spec loadmaster understands"),
-            ("quota:cpu_shares", "10", "not an extra spec loadmaster understands"),
+            ("quota:cpu_shares", "ten", "must be an integer of at least 0"),
+            ("quota:disk_total_bytes_sec", "-1", "must be an integer of at least 0"),
+            ("quota:vif_inbound_average", "1.5", "must be an integer of at least 0"),
+            ("quota:cpu_period", "10", "from 1000 to 1000000"),
+            ("quota:cpu_limit", "10", "not a quota loadmaster applies"),
+            ("quota:vif_outbound_peak", "10", "needs quota:vif_outbound_average"),
+            ("quota:disk_read_iops_sec_max", "10", "needs extra_specs.quota:disk_read_iops_sec"),
             ("trait1:HW_CPU_X86_AVX2", "forbidden", "a request group's traits are required ones"),
             ("aggregate_instance_extra_specs:ssd", "true", "aggregates carry no metadata"),
             ("hw:numa_nodes", "2", "several NUMA nodes is not modelled"),

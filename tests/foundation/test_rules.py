@@ -112,7 +112,7 @@ def test_unknown_extra_specs_are_kept_with_a_warning_naming_them_when_asked() ->
     definition = {
         "name": "f",
         "resources": {"VCPU": 1},
-        "extra_specs": {"hw:foo": "1", "quota:cpu_shares": "5"},
+        "extra_specs": {"hw:foo": "1", "os:secure_boot": "required"},
     }
     with pytest.raises(ValidationError) as err:
         parse_flavor(definition)
@@ -120,7 +120,7 @@ def test_unknown_extra_specs_are_kept_with_a_warning_naming_them_when_asked() ->
     spec = parse_flavor(definition, "warn")
     assert spec.warnings == (
         "extra_specs.hw:foo is not understood and is ignored",
-        "extra_specs.quota:cpu_shares is not understood and is ignored",
+        "extra_specs.os:secure_boot is not understood and is ignored",
     )
     assert spec.extra_specs == definition["extra_specs"]
     # Known specs loadmaster cannot honour are refused whatever the setting.

@@ -14,8 +14,9 @@ from sqlalchemy import select, update
 
 from loadmaster.errors import Conflict, LoadmasterError, ValidationError
 from loadmaster.pending import audit
+from loadmaster.quota import Quota
 from loadmaster.service import Loadmaster
-from loadmaster.store.schema import HostAgentRow, HostReportRow, HostRow
+from loadmaster.store.schema import FlavorRow, HostAgentRow, HostReportRow, HostRow
 
 NODE = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}
 FAR_FUTURE = datetime(2999, 1, 1)
@@ -102,6 +103,33 @@ def test_work_list_says_what_to_do_with_each_vm(lm: Loadmaster) -> None:
     assert (out.memory_mb, out.vcpus) == (2048, 2)
     assert {i.vm: i.action for i in lm.host_agents.work("h1").items} == {moving: "migrate_in"}
     assert work.generation == lm.hosts.get("h0").generation
+
+
+def test_a_stored_quota_spec_no_longer_accepted_leaves_the_work_list_whole(
+    lm: Loadmaster,
+) -> None:
+    """A flavor kept with a warning before its quota specs were checked: its VMs still get
+    on their hosts' work lists, without the quota it was told is not applied."""
+    _cluster(lm, 1)
+    lm.flavors.create(
+        {
+            "name": "capped",
+            "resources": {"VCPU": 1, "MEMORY_MB": 512},
+            "extra_specs": {"quota:cpu_shares": "512"},
+        }
+    )
+    old = lm.vms.create("old", "small")
+    capped = lm.vms.create("capped", "capped")
+    for vm in (old, capped):
+        lm.allocations.claim(vm.uuid, "h0")
+    with lm.store.write() as session:
+        session.execute(
+            update(FlavorRow)
+            .where(FlavorRow.name == "small")
+            .values(extra_specs={"quota:cpu_limit": "1000"})
+        )
+    quotas = {i.name: i.quota for i in lm.host_agents.work("h0").items}
+    assert quotas == {"old": Quota(), "capped": Quota(cpu={"shares": 512})}
 
 
 def test_tag_change_moves_the_hosts_generation(lm: Loadmaster) -> None:

@@ -27,10 +27,11 @@ from realvm_helpers import (
     wait_for,
 )
 
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor import CpuTune, DiskSpec, GuestSpec, HypervisorError, NicSpec
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 from loadmaster.agent.storage import StorageConfig
 from loadmaster.images import GIB, POOL_NAME, volume_name
+from loadmaster.quota import flavor_quota
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
@@ -117,7 +118,24 @@ def open_files(pid: int) -> set[str]:
 def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    """Its flavor's quota in force too, on the disk, the NIC and the CPU."""
+    plain = new_spec(128)
+    quota = {
+        "quota:disk_total_bytes_sec": "4194304",
+        "quota:vif_outbound_average": "2048",
+        "quota:cpu_shares": "512",
+        "quota:cpu_period": "100000",
+        "quota:cpu_quota": "50000",
+    }
+    spec = GuestSpec(
+        plain.uuid,
+        plain.name,
+        plain.memory_kib,
+        plain.vcpus,
+        disk=DiskSpec("busybox", GIB),
+        nics=(NicSpec(NETWORK, MAC),),
+        quota=flavor_quota(quota),
+    )
     seconds = launched.launch(hv, spec)
     console = serial(real_hosts, spec)
     assert "lm-guest: root on /dev/vda" in console  # init ran from the disk's root
@@ -134,7 +152,13 @@ def test_guest_boots_from_its_image_with_a_nic_and_delete_removes_its_overlay(
     domain = ET.fromstring(hv._domain(spec.uuid).XMLDesc(0))
     iface = domain.find("devices/interface")
     assert iface is not None and iface.find("source").get("network") == NETWORK  # type: ignore[union-attr]
-    assert iface.find("target") is not None  # a tap on the network's bridge
+    tap = iface.find("target")
+    assert tap is not None  # a tap on the network's bridge
+    # The flavor's quota, in force: QEMU's throttle on the disk, the tap's shaping, the
+    # guest's CPU cgroup.
+    assert hv.cpu_tune(spec.uuid) == CpuTune(quota=50000, period=100000, shares=512)
+    assert hv._domain(spec.uuid).blockIoTune("vda", 0)["total_bytes_sec"] == 4194304
+    assert hv.interface_bandwidth(spec.uuid, tap.get("dev", ""))["outbound.average"] == 2048
 
     hv.remove_guest(spec.uuid)
     assert not defined(real_hosts.a, spec.uuid)

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from loadmaster.agent.devices import HostDevice
 from loadmaster.errors import LoadmasterError
+from loadmaster.quota import Quota
 
 KSM_KEYS = (
     "run",
@@ -137,6 +138,8 @@ class GuestSpec:
     nics: tuple[NicSpec, ...] = ()
     # The host's devices the agent gave it (agent/devices.py).
     host_devices: tuple[HostDevice, ...] = ()
+    # Its flavor's disk, NIC and CPU limits.
+    quota: Quota = field(default_factory=Quota)
 
 
 @dataclass(frozen=True)

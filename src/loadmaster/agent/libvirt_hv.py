@@ -12,7 +12,12 @@ VM tags and policy facts live in the domain's metadata, in loadmaster's namespac
 
 An ``io-limit`` names a disk by its target or its source file; one the guest does not
 have is ignored. A guest loadmaster launched also carries ``<lm:managed/>`` in that
-element; the agent only ever removes such guests.
+element; the agent only ever removes such guests. Its flavor's NIC quota rides there too,
+``<lm:nic-limit inbound.average="1024" .../>`` (KiB/s, KiB): libvirt cannot take it in the
+domain XML on kernels without its modules, so the agent applies it to each NIC whenever
+it first sees the guest run (launched, restarted, migrated in, or on its own start).
+The flavor's disk and CPU quota are the disk's ``<iotune>`` and the domain's
+``<cputune>``, applied by libvirt.
 
 KSM is not a libvirt feature: it is read and written in sysfs under ``sys_root``, or, for
 the test driver without a ``sys_root``, in memory (``ksm_for``): a test driver host is
@@ -61,6 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 METADATA_NS = "https://loadmaster.dev/xmlns/vm/1"
+NIC_LIMIT = "nic-limit"
 # How often the balloon driver refreshes guest memory stats, in seconds.
 MEMORY_STATS_PERIOD = 5
 
@@ -176,8 +182,13 @@ def domain_xml(
     ET.SubElement(dom, "memory", unit="KiB").text = str(spec.memory_kib)
     ET.SubElement(dom, "currentMemory", unit="KiB").text = str(spec.memory_kib)
     ET.SubElement(dom, "vcpu").text = str(spec.vcpus)
+    _tune_element(dom, "cputune", spec.quota.cpu)
     vm = ET.SubElement(ET.SubElement(dom, "metadata"), f"{{{METADATA_NS}}}vm")
     ET.SubElement(vm, f"{{{METADATA_NS}}}managed")
+    if spec.quota.vif:
+        ET.SubElement(
+            vm, f"{{{METADATA_NS}}}{NIC_LIMIT}", {k: str(v) for k, v in spec.quota.vif.items()}
+        )
     for tag in sorted(spec.tags):
         ET.SubElement(vm, f"{{{METADATA_NS}}}tag").text = tag
     os_el = ET.SubElement(dom, "os")
@@ -214,9 +225,31 @@ def domain_xml(
 
 def _guest_devices(devices: ET.Element, spec: GuestSpec, disk_path: str | None) -> None:
     if disk_path is not None:
-        devices.append(disk_element(disk_path))
+        disk = disk_element(disk_path)
+        _tune_element(disk, "iotune", spec.quota.disk)
+        devices.append(disk)
     for nic in spec.nics:
         devices.append(interface_element(nic))
+
+
+def _tune_element(parent: ET.Element, tag: str, limits: Mapping[str, int]) -> None:
+    """``<iotune>`` or ``<cputune>``, one child per limit; none without limits."""
+    if limits:
+        tune = ET.SubElement(parent, tag)
+        for name, value in limits.items():
+            ET.SubElement(tune, name).text = str(value)
+
+
+def nic_quota(xml: str | None) -> dict[str, int]:
+    """The NIC limits of a ``<lm:vm>`` element (``NET_KEYS``; empty: none)."""
+    if not xml:
+        return {}
+    try:
+        root = ET.fromstring(xml)
+        found = next((el for el in root.iter() if _local(el.tag) == NIC_LIMIT), None)
+        return {} if found is None else {k: int(v) for k, v in found.attrib.items()}
+    except (ET.ParseError, ValueError) as exc:
+        raise HypervisorError(f"malformed loadmaster metadata: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------------
@@ -304,7 +337,7 @@ class LibvirtHypervisor:
         for dom in domains:
             uuid = dom.UUIDString()
             if uuid not in self._domains:
-                self._start_memory_stats(dom)
+                self._first_seen(uuid, dom)
             try:
                 guests.append(self._guest_info(uuid, dom))
             except HypervisorError:
@@ -318,6 +351,22 @@ class LibvirtHypervisor:
         self._balloon_min = {u: m for u, m in self._balloon_min.items() if u in seen}
         self._sweep_shaping()
         return guests
+
+    def _first_seen(self, uuid: str, dom: Any) -> None:
+        """A guest seen running for the first time: what its definition cannot say."""
+        self._start_memory_stats(dom)
+        try:
+            self._apply_nic_quota(uuid, dom)
+        except HypervisorError as exc:
+            log.warning("the flavor's NIC limits of %s are not applied: %s", uuid, exc)
+
+    def _apply_nic_quota(self, uuid: str, dom: Any) -> None:
+        limits = nic_quota(self._metadata(uuid, dom))
+        if not limits:
+            return
+        desc = ET.fromstring(self._call(f"domain XML of {uuid}", lambda: dom.XMLDesc(0)))
+        for target in desc.findall("./devices/interface/target"):
+            self.set_interface_bandwidth(uuid, target.get("dev", ""), limits)
 
     def _start_memory_stats(self, dom: Any) -> None:
         # Without a stats period the balloon driver never refreshes "unused" memory.
@@ -485,6 +534,7 @@ class LibvirtHypervisor:
         if dom is not None:
             if not self._call(f"{what}: state", dom.isActive):
                 self._start(dom, what, defined_now=False)
+                self._started(spec.uuid, dom)
             return
         driver = self._call("driver type", self._conn.getType)
         # Checked before anything is made: a refusal leaves nothing to clean up.
@@ -502,6 +552,11 @@ class LibvirtHypervisor:
                 # No volume outlives a launch that failed (a concurrent one may use it).
                 self.storage.remove_disk(spec.uuid)
             raise
+        self._started(spec.uuid, dom)
+
+    def _started(self, uuid: str, dom: Any) -> None:
+        self._first_seen(uuid, dom)
+        self._domains[uuid] = dom
 
     def _start(self, dom: Any, what: str, *, defined_now: bool) -> None:
         try:

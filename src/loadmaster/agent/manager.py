@@ -61,6 +61,7 @@ from loadmaster.agent.hypervisor import (
     unreachable_destination,
 )
 from loadmaster.errors import ValidationError
+from loadmaster.quota import Quota
 
 log = logging.getLogger(__name__)
 
@@ -763,7 +764,7 @@ def _amounts(*inventories: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def guest_spec(item: Mapping[str, Any]) -> GuestSpec:
-    """What to launch for a work item: its size, tags, disk and NICs."""
+    """What to launch for a work item: its size, tags, disk, NICs and quota."""
     disk = item.get("disk")
     return GuestSpec(
         uuid=str(item["vm"]).lower(),
@@ -773,6 +774,7 @@ def guest_spec(item: Mapping[str, Any]) -> GuestSpec:
         tags=frozenset(item.get("tags") or ()),
         disk=DiskSpec(disk.get("image"), int(disk["size_bytes"])) if disk else None,
         nics=tuple(NicSpec(str(n["network"]), str(n["mac"])) for n in item.get("nics") or ()),
+        quota=Quota.from_dict(item.get("quota")),
     )
 
 

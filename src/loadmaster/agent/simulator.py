@@ -645,7 +645,7 @@ def launched_guest(spec: GuestSpec) -> _Guest:
         vcpus=spec.vcpus,
         tags=spec.tags,
     )
-    return _Guest(
+    guest = _Guest(
         sim_spec,
         spec.uuid,
         rng,
@@ -656,6 +656,14 @@ def launched_guest(spec: GuestSpec) -> _Guest:
         disk=spec.disk,
         nics=spec.nics,
     )
+    # The flavor's quota, as libvirt applies it at start; of the disk's, the six limits
+    # the simulator keeps.
+    guest.io_tune.update((k, v) for k, v in spec.quota.disk.items() if k in IO_KEYS)
+    cpu = spec.quota.cpu
+    guest.shares = cpu.get("shares", guest.shares)
+    guest.period = cpu.get("period", guest.period)
+    guest.quota = cpu.get("quota", guest.quota)
+    return guest
 
 
 class SimulatedHostCollector:

@@ -374,6 +374,12 @@ class WorkDiskOut(Out):
     size_bytes: int
 
 
+class WorkQuotaOut(Out):
+    disk: dict[str, int] = Field(description="the disk's <iotune>, by libvirt's names")
+    vif: dict[str, int] = Field(description="each NIC's limits (inbound.average, ...)")
+    cpu: dict[str, int] = Field(description="the domain's <cputune> (shares, period, quota)")
+
+
 class WorkItemOut(Out):
     vm: str
     name: str
@@ -386,6 +392,7 @@ class WorkItemOut(Out):
     target_uri: str | None
     disk: WorkDiskOut | None = Field(description="the disk its host makes; null: none")
     nics: list[NicOut]
+    quota: WorkQuotaOut = Field(description="its flavor's quota: extra specs")
     providers: dict[str, dict[str, int]] = Field(
         default={},
         description="launch: what the claim holds on the host's child providers (NUMA "

@@ -30,6 +30,7 @@ from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
 from loadmaster.images import disk_bytes
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
+from loadmaster.quota import Quota, flavor_quota
 from loadmaster.resources import (
     STANDARD_TRAITS,
     Inventory,
@@ -78,6 +79,8 @@ class WorkItem:
     # Its disk ({"image", "size_bytes"}; None: no disk) and NICs ([{"network", "mac"}]).
     disk: Mapping[str, object] | None = None
     nics: tuple[Mapping[str, str], ...] = ()
+    # Its flavor's quota extra specs (``loadmaster.quota``).
+    quota: Quota = field(default_factory=Quota)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -93,6 +96,7 @@ class WorkItem:
             "target_uri": self.target_uri,
             "disk": dict(self.disk) if self.disk is not None else None,
             "nics": [dict(n) for n in self.nics],
+            "quota": self.quota.to_dict(),
         }
 
 
@@ -474,6 +478,7 @@ class HostControl:
                 if images
                 else {}
             )
+            quotas = {i: _quota(f.extra_specs) for i, f in flavors.items()}
             items = []
             for r in rows:
                 # A placed VM keeps its flavor (a flavor in use cannot be deleted).
@@ -503,6 +508,7 @@ class HostControl:
                         providers=on_children.get(r.consumer_id, {}) if action == "launch" else {},
                         disk=_disk(r.image, resources, image_bytes),
                         nics=tuple(dict(n) for n in r.nics or ()),
+                        quota=quotas[flavor.id] if flavor else Quota(),
                     )
                 )
             return WorkList(root.name, root.generation, root.state, tuple(items))
@@ -706,3 +712,12 @@ def _disk(
 ) -> dict[str, object] | None:
     size = disk_bytes(resources.get("DISK_GB"), image_bytes.get(image) if image else None)
     return {"image": image, "size_bytes": size} if size else None
+
+
+def _quota(extra_specs: Mapping[str, str]) -> Quota:
+    try:
+        return flavor_quota(extra_specs)
+    except ValidationError:
+        # A flavor made before its quota specs were understood, kept then with a warning
+        # that they are not applied: they still are not, and its VMs still run.
+        return Quota()

@@ -12,7 +12,9 @@ Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`
 (``shared``, or ``dedicated``: the VCPU amount is asked as PCPU, pinned CPUs);
 ``hw:mem_page_size`` ``small`` or ``any`` (the default pages); ``hw:numa_nodes=1`` (what
 a host's NUMA nodes, its child providers, offer comes all from one node); ``lm:image`` and
-``lm:network``, the image and network of the flavor's VMs that name none. Refused, with
+``lm:network``, the image and network of the flavor's VMs that name none; Nova's libvirt
+``quota:`` specs (``loadmaster.quota``; an unknown one is refused, whatever
+``unknown_specs`` says, as a limit silently not applied would be). Refused, with
 the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
 to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
 ``hw:pci_numa_affinity_policy`` ``required``, ``legacy`` or ``preferred`` (the VM on one
@@ -30,6 +32,7 @@ from typing import Literal
 
 from loadmaster.errors import ValidationError
 from loadmaster.images import IMAGE_SPEC, NETWORK_SPEC, check_image_name, check_name
+from loadmaster.quota import check_quota_spec, flavor_quota, is_quota_spec
 from loadmaster.resources.aliases import ALIAS_SPEC, PciAlias, alias_requests
 from loadmaster.resources.inventory import parse_amounts
 from loadmaster.resources.traits import validate_trait_name
@@ -267,6 +270,8 @@ def parse_flavor(
             check_image_name(value, where)
         elif key == NETWORK_SPEC:
             check_name(value, "a network", where)
+        elif is_quota_spec(key):
+            check_quota_spec(key, value)
         elif key in _ACCEPTED_VALUES:
             if value not in _ACCEPTED_VALUES[key]:
                 raise ValidationError(
@@ -283,6 +288,7 @@ def parse_flavor(
             )
         else:
             warnings.append(f"{where} is not understood and is ignored")
+    flavor_quota(extra)
     grouped, bound = _groups(extra)
     for class_name, amount in grouped.items():
         resources[class_name] = resources.get(class_name, 0) + amount
