@@ -86,6 +86,15 @@ def check_quota_spec(key: str, value: str) -> int:
             "disk ones' _max and _max_length)",
             field=where,
         )
+    if (
+        name == "cpu_quota"
+        and value.startswith("-")
+        and value[1:].isascii()
+        and value[1:].isdigit()
+    ):
+        # libvirt and Nova take a negative CPU quota as "unlimited": flavors copied from
+        # Nova carry -1, which is no limit here too.
+        return 0
     if not value.isascii() or not value.isdigit():
         raise ValidationError(
             f"{where} must be an integer of at least 0 (0: no limit), got {value!r}", field=where

@@ -46,6 +46,12 @@ def test_quota_specs_map_to_libvirts_names_and_zero_is_no_limit() -> None:
     assert Quota.from_dict(None) == Quota() == flavor_quota({})
 
 
+def test_a_negative_cpu_quota_is_novas_unlimited() -> None:
+    assert flavor_quota({"quota:cpu_quota": "-1", "quota:cpu_shares": "512"}) == Quota(
+        cpu={"shares": 512}
+    )
+
+
 @pytest.mark.parametrize(
     ("specs", "field", "reason"),
     [
@@ -70,7 +76,8 @@ def test_quota_specs_map_to_libvirts_names_and_zero_is_no_limit() -> None:
             "needs quota:vif_inbound_average",
         ),
         ({"quota:vif_inbound_average": str(2**32)}, "quota:vif_inbound_average", "to 4294967295"),
-        ({"quota:cpu_quota": "-1"}, "quota:cpu_quota", "an integer of at least 0"),
+        ({"quota:cpu_quota": "-x"}, "quota:cpu_quota", "an integer of at least 0"),
+        ({"quota:cpu_period": "-1"}, "quota:cpu_period", "an integer of at least 0"),
         ({"quota:cpu_shares": "20000"}, "quota:cpu_shares", "from 1 to 10000"),
         ({"quota:disk_total_bytes_sec": " 5"}, "quota:disk_total_bytes_sec", "integer"),
         ({"quota:disk_total_bytes": "5"}, "quota:disk_total_bytes", "not a quota"),
