@@ -241,12 +241,7 @@ class DirectEndpoints:
             await self.app(scope, receive, send)
             return
         direct, child = found
-        try:
-            messages, body = await _read_body(receive)
-        except Exception as exc:  # the size guard's refusal of a body longer than declared
-            response = await self._handled(Request(scope), exc)
-            await response(scope, receive, send)
-            return
+        messages, body = await _read_body(receive)
         if body is None:
             await self.app(scope, _replay(messages, receive), send)
             return

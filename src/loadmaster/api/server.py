@@ -106,9 +106,9 @@ def keep_probing(sock: socket.socket) -> None:
 
 def run_server(config: uvicorn.Config) -> None:
     """``uvicorn.run`` with ``config``, several workers under loadmaster's supervisor
-    (``api.supervisor``)."""
+    (``api.uvicorn_workers``)."""
     if config.workers > 1:
-        from loadmaster.api.supervisor import Supervisor
+        from loadmaster.api.uvicorn_workers import Supervisor
         from loadmaster.scheduler.remote import prepare
         from loadmaster.settings import env_name
 
