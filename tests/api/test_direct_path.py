@@ -1,25 +1,33 @@
-"""The placement path answered directly (``api/direct.py``) answers as the middleware
-stack does: the same requests, sent to an app with the direct path and to one without
-(over identical databases), get the same statuses, bodies and headers, refusals and
-errors included; and the direct path counts, logs and labels what it answers."""
+"""The placement path answered directly (``api/direct.py``) answers as the full stack
+does: the same requests, sent to an app with the direct path and to one without (over
+identical databases), get the same statuses and bodies, every response header (names,
+and values but for those that differ between any two requests, compared by shape) and
+the same log records with the same fields, refusals and errors included. Both are one
+pipeline (``api/pipeline.py``): a stage added to it shows on both."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from api_helpers import build_cluster, ok
+from fastapi import FastAPI, Response
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import loadmaster
-from loadmaster.api import AuthConfig, create_app
-from loadmaster.api.direct import HOT_PATHS
+from loadmaster.api import AuthConfig, create_app, pipeline
+from loadmaster.api.direct import HOT_PATHS, DirectRoutes
+from loadmaster.api.observability import JsonFormatter
 from loadmaster.microversions import CLIENT_HEADERS
 
 ADMIN, READER, MEMBER, AGENT = "adm-tok", "rdr-tok", "mbr-tok", "agt-tok"
@@ -27,25 +35,23 @@ TOKENS = {ADMIN: "admin", READER: "reader", MEMBER: "member", AGENT: "agent:h0"}
 MAX_BODY = 4096
 # Fields that differ between two runs of the same request: times, random draws, ids.
 VARYING = {"seed", "seconds", "decision_seconds", "created_at", "updated_at", "request_id", "mac"}
-COMPARED_HEADERS = (
-    "content-type",
-    "openstack-api-version",
-    "vary",
-    "cache-control",
-    "www-authenticate",
-    "allow",
-    "retry-after",
-)
+REQUEST_ID_HEADERS = ("x-request-id", "openstack-request-id", "x-openstack-request-id")
+_GENERATED_ID = re.compile(r"^req-[0-9a-f-]{36}$")
 VM_A = str(uuid.UUID(int=1))
 VM_B = str(uuid.UUID(int=2))
 VM_C = str(uuid.UUID(int=3))
 NEW_VM = json.dumps({"name": "c", "flavor": "small", "uuid": VM_C}).encode()
 
 
+def _direct_routes(client: TestClient) -> DirectRoutes:
+    routes: DirectRoutes = client.app.state.direct  # type: ignore[attr-defined]
+    return routes
+
+
 def _client(tmp_path: Path, name: str, direct: bool) -> TestClient:
     lm = loadmaster.open(f"sqlite:///{tmp_path / name}.db")
     app = create_app(lm, AuthConfig(TOKENS), max_body_size=MAX_BODY)
-    app.direct.enabled = direct  # type: ignore[attr-defined]
+    app.state.direct.enabled = direct
     client = TestClient(app, headers={**CLIENT_HEADERS, "Authorization": f"Bearer {ADMIN}"})
     client.__enter__()
     # One host: every placement has one possible answer, so both apps choose alike.
@@ -55,15 +61,19 @@ def _client(tmp_path: Path, name: str, direct: bool) -> TestClient:
     return client
 
 
+def _close(*clients: TestClient) -> None:
+    for client in clients:
+        client.__exit__(None, None, None)
+        client.app.state.lm.close()  # type: ignore[attr-defined]
+
+
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[TestClient, TestClient]]:
     direct, stack = _client(tmp_path, "direct", True), _client(tmp_path, "stack", False)
     try:
         yield direct, stack
     finally:
-        for client in (direct, stack):
-            client.__exit__(None, None, None)
-            client.app.state.lm.close()  # type: ignore[attr-defined]
+        _close(direct, stack)
 
 
 def _scrub(data: Any) -> Any:
@@ -74,20 +84,63 @@ def _scrub(data: Any) -> Any:
     return data
 
 
-def _outcome(response: httpx.Response) -> tuple[Any, ...]:
+def _headers(response: httpx.Response) -> list[tuple[str, str]]:
+    """Every header, in order; the values that differ between two answers to the same
+    request by their shape: the request id (one value under each of its names), the
+    time of the answer, the body's length (its varying fields vary it)."""
+    ids = {response.headers.get(name) for name in REQUEST_ID_HEADERS}
+    assert len(ids) == 1, ids
+    (request_id,) = ids
+    assert request_id is not None and _GENERATED_ID.match(request_id), request_id
+    shown = []
+    for name, value in response.headers.multi_items():
+        if name in REQUEST_ID_HEADERS:
+            value = "<request id>"
+        elif name in ("date", "last-modified"):
+            assert parsedate_to_datetime(value).tzinfo is not None, value
+            value = "<http date>"
+        elif name == "content-length":
+            assert int(value) == len(response.content)
+            value = "<length>"
+        shown.append((name, value))
+    return shown
+
+
+class _Records(logging.Handler):
+    """loadmaster's log records, each as its JSON line's fields, formatted when written
+    (the request id is then in context)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(JsonFormatter())
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(self.format(record)))
+
+    def taken(self, request_id: str) -> list[dict[str, Any]]:
+        """The lines written since the last call, their varying values by shape."""
+        taken, self.lines = self.lines, []
+        for line in taken:
+            assert line.pop("request_id") == request_id, line
+            line["time"] = "<time>"
+            if "ms" in line:
+                assert line["ms"] >= 0
+                line["ms"] = "<ms>"
+            if "error" in line:
+                line["error"] = line["error"].splitlines()[-1]
+        return taken
+
+
+def _outcome(response: httpx.Response, records: _Records) -> tuple[Any, ...]:
     try:
         body: Any = _scrub(response.json())
     except ValueError:
         body = response.text
-    headers = {name: response.headers.get(name) for name in COMPARED_HEADERS}
-    if "last-modified" in response.headers:
-        headers["last-modified"] = "present"
-    ids = {response.headers.get(n) for n in ("x-request-id", "openstack-request-id")}
-    return response.status_code, body, headers, len(ids) == 1 and None not in ids
+    logged = records.taken(response.headers["x-request-id"])
+    return response.status_code, body, _headers(response), logged
 
 
-# (method, path, extra headers, body bytes or None), sent as JSON unless the extra headers
-# say otherwise (an empty Content-Type: none); in order, each changes both databases alike.
 REQUESTS: list[tuple[str, str, dict[str, str], bytes | None]] = [
     ("POST", "/schedule", {}, json.dumps({"requests": [{"vms": [VM_A]}]}).encode()),
     ("POST", "/schedule", {"Authorization": ""}, b'{"requests": [{"vms": ["x"]}]}'),
@@ -172,7 +225,8 @@ EXPECTED = [
     (409, True),
     (409, True),
     (404, True),
-    (404, False),
+    # A browser's: the stack's HTML page of the direct answer.
+    (404, True),
     (400, False),
     (400, False),
     (403, False),
@@ -181,36 +235,72 @@ EXPECTED = [
 ]
 
 
+def _template(path: str) -> str:
+    return "/vms/{uuid}/start" if path.endswith("/start") else path
+
+
+def _counting(
+    answer: Callable[[dict[str, Any]], Response], template: str, served: list[str]
+) -> Callable[[dict[str, Any]], Response]:
+    def counted(kwargs: dict[str, Any]) -> Response:
+        served.append(template)
+        return answer(kwargs)
+
+    return counted
+
+
+def _drive(
+    direct: TestClient, stack: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[Any, ...]]:
+    """Each of ``REQUESTS`` sent to both, which answer and log alike; the outcomes.
+    Checks which requests the direct path answered itself."""
+    served: list[str] = []
+    for route in _direct_routes(direct).routes:
+        monkeypatch.setattr(route, "answer", _counting(route.answer, route.route.path, served))
+    records = _Records()
+    logger = logging.getLogger("loadmaster")
+    logger.addHandler(records)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    outcomes = []
+    try:
+        for method, path, extra, body in REQUESTS:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            headers.update(extra)
+            if not headers.get("Content-Type", True):
+                del headers["Content-Type"]
+            sent = [
+                _outcome(client.request(method, path, headers=headers, content=body), records)
+                for client in (direct, stack)
+            ]
+            assert sent[0] == sent[1], (method, path, extra, body)
+            # Every answer is logged once, with its route's template and its status.
+            access = [r for r in sent[0][3] if r["logger"] == "loadmaster.api.access"]
+            assert len(access) == 1 and access[0]["status"] == sent[0][0], access
+            outcomes.append(sent[0])
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    # Answered directly: the happy ones and the domain's own refusals; the rest by the stack.
+    assert [o[0] for o in outcomes] == [s for s, _ in EXPECTED]
+    assert served == [
+        _template(path)
+        for (_, answered), (_, path, _, _) in zip(EXPECTED, REQUESTS, strict=True)
+        if answered
+    ]
+    return outcomes
+
+
 def test_the_direct_path_answers_as_the_stack_does(
     pair: tuple[TestClient, TestClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     direct, stack = pair
-    routes = direct.app.direct  # type: ignore[attr-defined]
-    served: list[str] = []
-    serve = routes._serve
-
-    async def counted(*args: Any) -> None:
-        served.append(args[1]["path"])
-        await serve(*args)
-
-    monkeypatch.setattr(routes, "_serve", counted)
-    statuses = []
-    for method, path, extra, body in REQUESTS:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        headers.update(extra)
-        if not headers.get("Content-Type", True):
-            del headers["Content-Type"]
-        sent = [
-            client.request(method, path, headers=headers, content=body)
-            for client in (direct, stack)
-        ]
-        assert _outcome(sent[0]) == _outcome(sent[1]), (method, path, extra, body)
-        statuses.append(sent[0].status_code)
-    # Answered directly: the happy ones and the domain's own refusals; the rest by the stack.
-    assert statuses == [s for s, _ in EXPECTED]
-    assert served == [
-        path for (_, direct), (_, path, _, _) in zip(EXPECTED, REQUESTS, strict=True) if direct
-    ]
+    outcomes = _drive(direct, stack, monkeypatch)
+    # What the stages give every answer is there: the version, its id, the log line.
+    for _, _, headers, logged in outcomes:
+        names = [name for name, _ in headers]
+        assert "openstack-api-version" in names and "x-request-id" in names
+        assert logged[-1]["logger"] == "loadmaster.api.access"
     # Both databases went the same way: the same VMs in the same states, on the same host.
     states = [
         sorted((v["name"], v["state"], v["host"]) for v in ok(client.get("/vms"))["vms"])
@@ -220,9 +310,56 @@ def test_the_direct_path_answers_as_the_stack_does(
     assert states[0] == [("a", "pending", "h0"), ("b", "pending", "h0"), ("c", "requested", None)]
 
 
+class _Dummy:
+    """A stage added later: a header on every answer and a log line with a field."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        logging.getLogger("loadmaster.api.dummy").info(
+            "dummy", extra={"fields": {"dummy_path": scope["path"]}}
+        )
+
+        async def marked(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-dummy-stage", b"seen")]
+            await send(message)
+
+        await self.app(scope, receive, marked)
+
+
+def test_a_stage_added_to_the_pipeline_is_on_the_direct_path_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stages = pipeline.stages
+
+    def with_dummy(
+        app: FastAPI, routes: list[APIRoute], max_body_size: int
+    ) -> list[pipeline.Stage]:
+        return [*stages(app, routes, max_body_size), pipeline.Stage(_Dummy)]
+
+    monkeypatch.setattr(pipeline, "stages", with_dummy)
+    direct, stack = _client(tmp_path, "direct", True), _client(tmp_path, "stack", False)
+    try:
+        outcomes = _drive(direct, stack, monkeypatch)
+    finally:
+        _close(direct, stack)
+    # Innermost, the stage is passed by every request no other stage refused, those
+    # the direct path answered included (their outcomes are the stack's, checked above).
+    answered = [o for o, (_, direct) in zip(outcomes, EXPECTED, strict=True) if direct]
+    assert answered
+    for _, _, headers, logged in answered:
+        assert ("x-dummy-stage", "seen") in headers
+        assert [r["dummy_path"] for r in logged if r["logger"] == "loadmaster.api.dummy"]
+
+
 def test_every_hot_path_is_answered_directly(tmp_path: Path) -> None:
     app = create_app(loadmaster.open(f"sqlite:///{tmp_path / 'x.db'}"))
-    served = {(r.method, r.route.path) for r in app.direct.routes}  # type: ignore[attr-defined]
+    served = {(r.method, r.route.path) for r in app.state.direct.routes}
     assert served == set(HOT_PATHS)
     app.state.lm.close()
 

@@ -20,7 +20,7 @@ from cli_helpers import run_cli
 from harness import ServedApi, free_port, wait_until
 from loadmaster.api.auth import AuthConfig
 from loadmaster.api.server import StoppingServer
-from loadmaster.api.supervisor import Worker
+from loadmaster.api.uvicorn_workers import Worker
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
 

@@ -11,17 +11,15 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.types import Receive, Scope, Send
 
-from loadmaster.api import errors, microversion
-from loadmaster.api.auth import OPEN_PATHS, AuthConfig, AuthMiddleware, TokenTable, resolve_auth
+from loadmaster.api import errors, pipeline
+from loadmaster.api.auth import OPEN_PATHS, AuthConfig, TokenTable, resolve_auth
 from loadmaster.api.batching import Batcher
 from loadmaster.api.deps import MetricsDep
-from loadmaster.api.direct import DirectRoutes
-from loadmaster.api.longpoll import HeldPolls
-from loadmaster.api.negotiation import ContentNegotiation, HtmlErrors
-from loadmaster.api.observability import Metrics, RequestContextMiddleware, configure_logging
+from loadmaster.api.direct import DirectEndpoints, DirectRoutes
+from loadmaster.api.observability import Metrics, configure_logging
 from loadmaster.api.reload import (
     on_sighup,
     reload_certificate,
@@ -52,6 +50,7 @@ from loadmaster.settings import default
 from loadmaster.settings_model import Settings, load_settings
 
 DEFAULT_MAX_BODY: int = default("max_body")
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 DESCRIPTION = """Where virtual machines run, and what each host has promised.
 
 Placement's resources and JSON shapes where the concept is the same (resource classes,
@@ -107,12 +106,11 @@ def create_app(
                 await asyncio.to_thread(evacuation.stop)
             service.host_agents.watch = None
             await watch.stop()
-            if isinstance(app, Api):
-                app.direct.close()
+            app.state.direct.close()
             if owned:
                 service.close()
 
-    app = Api(
+    app = FastAPI(
         title="loadmaster",
         version="1",
         description=DESCRIPTION,
@@ -122,6 +120,9 @@ def create_app(
         redoc_url=None,
         # ContentNegotiation refuses a body that does not say it is JSON, in the error shape.
         strict_content_type=False,
+        # Metrics and logs are loadmaster's own (api/observability.py); FastAPI's native
+        # OpenTelemetry is off, so that no request pays for asking whether it is on.
+        telemetry=NO_TELEMETRY,
     )
     app.state.lm = service
     # The process's one watcher of host changes, where agents' long-polls wait.
@@ -155,47 +156,19 @@ def create_app(
     ]
     for router in routers:
         app.include_router(router)
-    # Starlette runs the middleware added last first: request context, errors as HTML for
-    # browsers, microversion (so
-    # every answer, refusals included, says its version), auth, size guard, JSON-only
-    # negotiation, and innermost the catcher of unexpected errors.
-    app.add_middleware(errors.CatchUnexpected)
-    app.add_middleware(
-        ContentNegotiation,
-        routes=[r for router in routers for r in router.routes if isinstance(r, APIRoute)],
-    )
-    app.add_middleware(errors.BodySizeLimit, max_body_size=max_body_size)
-    if auth is not None:
-        app.add_middleware(AuthMiddleware, tokens=app.state.tokens)
-    app.add_middleware(microversion.MicroversionMiddleware, render=errors.error_response)
-    app.add_middleware(HtmlErrors)
-    # Even refused requests get an id and a log line.
-    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
-    # Outermost: a long-poll waits before it enters the stack (api/longpoll.py).
-    app.add_middleware(HeldPolls, watch=app.state.watch, tokens=app.state.tokens)
-    # The placement path's routes, answered without the stack when a request takes the
-    # common way (api/direct.py); every other request, and every refusal, goes down it.
-    app.direct = DirectRoutes(
+    api_routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
+    # The placement path's routes are answered without FastAPI's router when a request
+    # takes the common way (api/direct.py), behind the same stages as every request.
+    app.state.direct = DirectRoutes(app, api_routes)
+    pipeline.install(
         app,
-        [r for router in routers for r in router.routes if isinstance(r, APIRoute)],
-        app.state.tokens,
-        max_body_size,
+        [
+            *pipeline.stages(app, api_routes, max_body_size),
+            pipeline.Stage(DirectEndpoints, routes=app.state.direct),
+        ],
     )
     app.openapi = lambda: _openapi(app, secured=auth is not None)  # type: ignore[method-assign]
     return app
-
-
-class Api(FastAPI):
-    """The app, whose placement path's requests go to ``direct`` first (which hands
-    the others to the stack)."""
-
-    direct: DirectRoutes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            await self.direct(scope, receive, send, super().__call__)
-            return
-        await super().__call__(scope, receive, send)
 
 
 def app_from_env() -> FastAPI:

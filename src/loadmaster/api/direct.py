@@ -1,55 +1,56 @@
-"""The placement path answered without the middleware stack: ``POST /schedule``,
+"""The placement path's endpoints, answered without FastAPI's router: ``POST /schedule``,
 ``POST /vms`` and ``POST /vms/{uuid}/start`` (``HOT_PATHS``).
 
-Through the stack, one of these requests crossed seventeen ASGI layers (FastAPI's and
-Starlette's own, loadmaster's eight, the router's), solved its dependencies, and hopped to
-the thread pool twice (the endpoint, then the response's validation): more than twice
-the time this path takes, and much of the event loop's share of the server's GIL
-(docs/architecture.md has the figures). Here a request that takes the common way is
-checked, run and answered in one pass, with one hop to a thread:
+``DirectEndpoints`` is the innermost layer of the request pipeline (``api.pipeline``):
+a request reaches it only after every stage has done its work, as for any request (its
+id, log line and metrics, its version, its token, its body's size, its media types, the
+catching of unexpected errors). What it skips is FastAPI's routing: its exception
+middleware, the router, the solving of dependencies and two hops to the thread pool
+(the endpoint, then the answer's validation). A request that takes the common way is
+answered here with one hop to a thread:
 
-- the same checks, each by the same function the stack uses: the request id, the
-  microversion (``microversion.requested``), the token (``request_role``), the body's
-  size and media type, the route's availability at the version;
-- the same endpoint function, with the same arguments FastAPI would build, and the same
-  prepared validators of the route (its ``body_field`` and ``response_field``), so the
-  body is judged and the answer serialised exactly as before;
-- the same answer headers (``microversion.labels``, ``id_headers``), error rendering
-  (``error_response``), metrics and log line (``record_request``).
+- the endpoint function is called with the arguments FastAPI would build, found from its
+  signature: the dependencies that take only the request (the app's services), the
+  request, path parameters as given, and the body validated by a pydantic ``TypeAdapter``
+  of its annotation;
+- the app's and the route's checks (their ``dependencies``) run first, as FastAPI runs
+  them;
+- the answer is validated and serialised by a ``TypeAdapter`` of the route's
+  ``response_model``, with the route's include/exclude options, as FastAPI does;
+- an error the endpoint raises is answered by the app's handler for it
+  (``app.exception_handlers``); any other goes up to the pipeline's catcher.
 
-Whatever is not the common way goes down the stack, untouched and answered by it as
-before: another role than ``admin`` (401, 403), a version header that does not parse, a
-body that is not JSON or does not validate, a NUL anywhere, a query string, a chunked or
-oversized body, a client asking for HTML errors. A body already read is handed to the
-stack as it came. So every refusal keeps its one implementation, in the stack; only the
-happy path and the domain's own errors (rendered by ``error_response``, as the stack's
-handler does) are answered here.
+Whatever is not the common way goes on to the router, untouched, the body already read
+handed over as it came: a chunked body, a body that is not JSON or does not validate, a
+check that refuses (a NUL, a query string). So every refusal keeps its one
+implementation; only the happy path and the domain's own errors are answered here.
 
-The routes stay declared on the app as before: the OpenAPI document describes them from
-their models, and tests may call them through the stack (``DirectRoutes.enabled``).
+The routes stay declared on the app: the OpenAPI document describes them from their
+models, and tests may have them answered by the router (``DirectRoutes.enabled``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
+import inspect
 import json
 import logging
-import time
-from collections.abc import Awaitable, Callable, Sequence
+import types
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
+import pydantic
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import ResponseValidationError
+from fastapi.params import Depends
 from fastapi.routing import APIRoute
-from starlette.types import Message, Receive, Scope, Send
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loadmaster.api import deps, errors, microversion
-from loadmaster.api.auth import TokenTable, request_role
-from loadmaster.api.observability import id_headers, record_request, request_id_of, request_id_var
 from loadmaster.errors import LoadmasterError
 
 log = logging.getLogger("loadmaster.api")
@@ -59,83 +60,123 @@ HOT_PATHS = (("POST", "/schedule"), ("POST", "/vms"), ("POST", "/vms/{uuid}/star
 # As many threads as Starlette's pool lends sync endpoints (anyio's default limiter):
 # concurrent placements wait in the scheduler together, which decides them as one batch.
 THREADS = 40
-_JSON = b"application/json"
-_JSON_HEADERS = [(b"content-type", _JSON)]
+_JSON = "application/json"
+_REQUIRED = object()
 
-ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class _Parameters:
-    """What the endpoint takes, by name: the app's services (parameter, attribute of the
-    app's state), the request, path parameters and the body."""
-
-    services: tuple[tuple[str, str], ...]
-    request: str | None
-    path: tuple[str, ...]
-    body: str | None
+RequestDependency = Callable[[Request], Awaitable[Any]]
 
 
-# The dependencies a direct route may have: the services (given by name) and the app's
-# checks, which the direct path makes itself (no query string; no NUL in path or body).
-_SERVICES = {deps._loadmaster: "lm", deps._metrics: "metrics", deps._vm_creates: "vm_creates"}
-_CHECKS = (errors.no_nul, errors.no_unknown_query)
+class _Refused(Exception):
+    """A request the direct path leaves to the router."""
 
 
-def _parameters(route: APIRoute) -> _Parameters:
-    """The endpoint's parameters, if the direct path can build every one of them as
-    FastAPI would; else ``ValueError`` (the route then stays with the stack)."""
-    dependant = route.dependant
-    if (
-        dependant.query_params
-        or dependant.header_params
-        or dependant.cookie_params
-        or len(dependant.body_params) > 1
-        or dependant.response_param_name
-        or dependant.background_tasks_param_name
-        or dependant.websocket_param_name
-        or dependant.http_connection_param_name
-        or dependant.security_scopes_param_name
-        or route.response_field is None
-    ):
-        raise ValueError(f"{route.path}: parameters the direct path does not build")
-    services: list[tuple[str, str]] = []
-    for sub in dependant.dependencies:
-        if sub.call in _SERVICES and sub.name is not None:
-            services.append((sub.name, _SERVICES[sub.call]))
-        elif sub.call not in _CHECKS:
-            raise ValueError(f"{route.path}: dependency {sub.call!r}")
-    body = dependant.body_params[0].name if dependant.body_params else None
-    return _Parameters(
-        tuple(services),
-        dependant.request_param_name,
-        tuple(field.name for field in dependant.path_params),
-        body,
-    )
+def _request_only(call: Any, where: str) -> RequestDependency:
+    """``call`` if it is an async function of the request alone; else ``ValueError``."""
+    if not inspect.iscoroutinefunction(call):
+        raise ValueError(f"{where}: dependency {call!r} is not async")
+    hints = get_type_hints(call)
+    parameters = list(inspect.signature(call).parameters)
+    if len(parameters) != 1 or hints.get(parameters[0]) is not Request:
+        raise ValueError(f"{where}: dependency {call!r} takes more than the request")
+    return call
+
+
+def _dependency(hint: Any, where: str) -> RequestDependency | None:
+    """The dependency an ``Annotated[T, Depends(f)]`` parameter names, if it is one."""
+    if get_origin(hint) is not Annotated:
+        return None
+    for meta in hint.__metadata__:
+        if isinstance(meta, Depends):
+            return _request_only(meta.dependency, where)
+    return None
+
+
+def _is_model(hint: Any) -> bool:
+    """Whether ``hint`` is a model (a pydantic model or a dataclass, which FastAPI reads
+    from the body), or a union of models and None."""
+    if isinstance(hint, type):
+        return issubclass(hint, pydantic.BaseModel) or dataclasses.is_dataclass(hint)
+    if get_origin(hint) in (Union, types.UnionType):
+        return all(arg is type(None) or _is_model(arg) for arg in get_args(hint))
+    return False
 
 
 class _Direct:
-    """One route answered directly."""
+    """One route answered directly; ``ValueError`` for one whose endpoint takes what the
+    direct path does not build (it then stays with the router)."""
 
-    def __init__(self, route: APIRoute) -> None:
+    def __init__(self, route: APIRoute, checks: Sequence[Depends]) -> None:
         self.route = route
         (self.method,) = tuple(route.methods or ())
-        self.params = _parameters(route)
-        self.regex = route.path_regex
+        endpoint = route.endpoint
+        where = route.path
+        model = route.response_model
+        if inspect.iscoroutinefunction(endpoint) or model is None:
+            raise ValueError(f"{where}: an async endpoint, or no response model")
+        hints = get_type_hints(endpoint, include_extras=True)
+        self.services: list[tuple[str, RequestDependency]] = []
+        self.request: str | None = None
+        self.path: list[str] = []
+        self.body: tuple[str, pydantic.TypeAdapter[Any], Any] | None = None
+        for name, parameter in inspect.signature(endpoint).parameters.items():
+            hint: Any = hints.get(name)
+            service = _dependency(hint, where)
+            if service is not None:
+                self.services.append((name, service))
+            elif hint is Request:
+                self.request = name
+            elif name in route.param_convertors and hint is str:
+                self.path.append(name)
+            elif self.body is None and _is_model(hint):
+                default = (
+                    _REQUIRED if parameter.default is inspect.Parameter.empty else parameter.default
+                )
+                self.body = (name, pydantic.TypeAdapter(hint), default)
+            else:
+                raise ValueError(f"{where}: parameter {name} is not built by the direct path")
+        self.checks = [_request_only(d.dependency, where) for d in (*checks, *route.dependencies)]
+        self.answers: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(model)
         self.status = route.status_code or 200
 
-    def answer(self, kwargs: dict[str, Any]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        """The endpoint's answer (in a worker thread): status, JSON body, headers."""
+    async def arguments(
+        self, request: Request, path_params: dict[str, str], body: bytes
+    ) -> dict[str, Any]:
+        """The endpoint's arguments, as FastAPI builds them; ``_Refused`` for a request
+        the router must judge."""
+        try:
+            for check in self.checks:
+                await check(request)
+        except LoadmasterError as exc:
+            raise _Refused from exc
+        kwargs: dict[str, Any] = {name: path_params[name] for name in self.path}
+        for name, service in self.services:
+            kwargs[name] = await service(request)
+        if self.request is not None:
+            kwargs[self.request] = request
+        if self.body is not None:
+            name, adapter, default = self.body
+            if body:
+                try:
+                    kwargs[name] = adapter.validate_python(json.loads(body))
+                except (ValueError, RecursionError) as exc:  # pydantic's error is a ValueError
+                    raise _Refused from exc
+            elif default is _REQUIRED:
+                raise _Refused
+            else:
+                kwargs[name] = deepcopy(default)
+        return kwargs
+
+    def answer(self, kwargs: dict[str, Any]) -> Response:
+        """The endpoint's answer (in a worker thread)."""
         route = self.route
         raw = route.endpoint(**kwargs)
         if isinstance(raw, Response):
-            return raw.status_code, bytes(raw.body), raw.raw_headers
-        field = route.response_field
-        assert field is not None
-        value, problems = field.validate(raw, {}, loc=("response",))
-        if problems:
-            raise ResponseValidationError(errors=problems, body=raw)
-        body = field.serialize_json(
+            return raw
+        try:
+            value = self.answers.validate_python(raw, from_attributes=True)
+        except pydantic.ValidationError as exc:
+            raise ResponseValidationError(errors=exc.errors(include_url=False), body=raw) from exc
+        body = self.answers.dump_json(
             value,
             include=route.response_model_include,
             exclude=route.response_model_exclude,
@@ -144,29 +185,22 @@ class _Direct:
             exclude_defaults=route.response_model_exclude_defaults,
             exclude_none=route.response_model_exclude_none,
         )
-        return self.status, body, [(b"content-length", str(len(body)).encode()), *_JSON_HEADERS]
+        return Response(body, status_code=self.status, media_type=_JSON)
 
 
 class DirectRoutes:
-    """The direct path of ``app``'s routes in ``HOT_PATHS``; ``fallback`` is the stack."""
+    """The direct answers of ``app``'s routes in ``HOT_PATHS``, and their threads."""
 
-    def __init__(
-        self,
-        app: FastAPI,
-        routes: Sequence[APIRoute],
-        tokens: TokenTable | None,
-        max_body_size: int,
-    ) -> None:
+    def __init__(self, app: FastAPI, routes: Sequence[APIRoute]) -> None:
         self.app = app
-        self.tokens = tokens
-        self.max_body_size = max_body_size
         self.routes: list[_Direct] = []
         for route in routes:
             if any((method, route.path) in HOT_PATHS for method in route.methods or ()):
                 try:
-                    self.routes.append(_Direct(route))
+                    # The app's own checks come first, as FastAPI runs them.
+                    self.routes.append(_Direct(route, app.router.dependencies))
                 except ValueError:
-                    # Answered by the stack, as any route (a test checks none is left so).
+                    # Answered by the router, as any route (a test checks none is left so).
                     log.warning("%s is not answered directly", route.path, exc_info=True)
         self.enabled = True
         self._pool: ThreadPoolExecutor | None = None
@@ -176,176 +210,87 @@ class DirectRoutes:
             self._pool.shutdown(wait=False)
             self._pool = None
 
-    def _match(self, scope: Scope) -> tuple[_Direct, dict[str, str]] | None:
-        path = scope["path"]
-        if scope["query_string"] or "\x00" in path:
+    def match(self, scope: Scope) -> tuple[_Direct, MutableMapping[str, Any]] | None:
+        """The direct route of ``scope`` and its child scope, if it has one and may take
+        it (overridden dependencies, in tests, are FastAPI's to apply)."""
+        if not self.enabled or self.app.dependency_overrides:
             return None
+        method = scope["method"]
         for direct in self.routes:
-            if direct.method == scope["method"]:
-                found = direct.regex.match(path)
-                if found is not None:
-                    return direct, found.groupdict()
+            # The method first: most requests are not these routes', and it costs least.
+            if direct.method == method:
+                found, child = direct.route.matches(scope)
+                if found is Match.FULL:
+                    return direct, child
         return None
 
-    def _admitted(self, scope: Scope) -> tuple[bytes | None, microversion.Version] | None:
-        """(content type, version) of a request the direct path may answer; None sends it
-        down the stack, which refuses it or knows better."""
-        content_type = length = None
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                content_type = value
-            elif name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding" or (name == b"accept" and b"html" in value.lower()):
-                return None  # a chunked body; a browser, which gets HTML errors
-        if length is not None and not (
-            length.strip().isdigit() and int(length) <= self.max_body_size
-        ):
-            return None
-        if content_type is not None and content_type.split(b";")[0].strip().lower() != _JSON:
-            return None
-        try:
-            version = microversion.requested(scope)
-        except LoadmasterError:
-            return None
-        if self.tokens is not None and request_role(scope, self.tokens) != "admin":
-            return None
-        return content_type, version
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, fallback: ASGI) -> None:
-        started = time.perf_counter()
-        # Overridden dependencies (tests) are FastAPI's to apply.
-        enabled = self.enabled and not self.app.dependency_overrides
-        found = self._match(scope) if enabled else None
-        admitted = self._admitted(scope) if found is not None else None
-        if found is None or admitted is None:
-            await fallback(scope, receive, send)
-            return
-        direct, path_params = found
-        content_type, version = admitted
-        read: list[Message] = []
-        chunks = []
-        size = 0
-        while True:
-            message = await receive()
-            read.append(message)
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > self.max_body_size or not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        token = microversion.use(version)
-        try:
-            kwargs = self._arguments(direct, scope, path_params, content_type, body, read)
-        finally:
-            microversion.done(token)
-        if kwargs is None:
-            await fallback(scope, _replay(read, receive), send)
-            return
-        await self._serve(direct, scope, send, kwargs, version, started)
-
-    def _arguments(
-        self,
-        direct: _Direct,
-        scope: Scope,
-        path_params: dict[str, str],
-        content_type: bytes | None,
-        body: bytes,
-        read: list[Message],
-    ) -> dict[str, Any] | None:
-        """The endpoint's arguments, or None for a request the stack must judge."""
-        route = direct.route
-        if (
-            read[-1]["type"] != "http.request"
-            or read[-1].get("more_body", False)
-            or (body and content_type is None)
-            or b"\x00" in body
-            or b"\\u0000" in body
-            or not microversion.route_available(route.openapi_extra)
-        ):
-            return None
-        params = direct.params
-        kwargs: dict[str, Any] = {name: path_params[name] for name in params.path}
-        state = self.app.state
-        for name, attribute in params.services:
-            kwargs[name] = getattr(state, attribute)
-        if params.request is not None:
-            kwargs[params.request] = Request(scope)
-        if params.body is not None:
-            field = route.body_field
-            assert field is not None
-            if body:
-                try:
-                    given = json.loads(body)
-                except (ValueError, RecursionError):  # nested deeper than the parser goes
-                    return None
-                value, problems = field.validate(given, {}, loc=("body",))
-                if problems:
-                    return None
-            elif field.field_info.is_required():
-                return None
-            else:
-                value = deepcopy(field.default)
-            kwargs[params.body] = value
-        return kwargs
-
-    async def _serve(
-        self,
-        direct: _Direct,
-        scope: Scope,
-        send: Send,
-        kwargs: dict[str, Any],
-        version: microversion.Version,
-        started: float,
-    ) -> None:
-        scope["app"] = self.app
-        if self.tokens is not None:
-            scope.setdefault("state", {})["role"] = "admin"
-        request_id = request_id_of(scope)
-        id_token = request_id_var.set(request_id)
-        version_token = microversion.use(version)
-        status = 500
-        try:
-            try:
-                context = contextvars.copy_context()
-                status, body, headers = await asyncio.get_running_loop().run_in_executor(
-                    self._executor(), context.run, direct.answer, kwargs
-                )
-            except LoadmasterError as exc:
-                response = errors.error_response(exc)
-                status, body, headers = (
-                    response.status_code,
-                    bytes(response.body),
-                    response.raw_headers,
-                )
-            except Exception:
-                log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-                response = errors.internal_error()
-                status, body, headers = (
-                    response.status_code,
-                    bytes(response.body),
-                    response.raw_headers,
-                )
-            headers = [
-                *headers,
-                *microversion.labels(version, scope["method"], status),
-                *id_headers(request_id),
-            ]
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-        finally:
-            seconds = time.perf_counter() - started
-            record_request(self.app.state.metrics, scope, direct.route.path, status, seconds)
-            microversion.done(version_token)
-            request_id_var.reset(id_token)
-
-    def _executor(self) -> ThreadPoolExecutor:
+    def executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="loadmaster-api")
         return self._pool
+
+
+class DirectEndpoints:
+    """The pipeline's innermost layer: ``routes``' requests answered here, every other
+    request passed on to ``app`` (FastAPI's router)."""
+
+    def __init__(self, app: ASGIApp, routes: DirectRoutes) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self.routes.match(scope) if scope["type"] == "http" else None
+        if found is None or any(name == b"transfer-encoding" for name, _ in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        direct, child = found
+        messages, body = await _read_body(receive)
+        if body is None:
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        # What the router records of the route it matched (the log line's template, the
+        # checks' view of the route): set here alike.
+        scope.update(child)
+        request = Request(scope, _replay(messages, receive))
+        try:
+            kwargs = await direct.arguments(request, child["path_params"], body)
+        except _Refused:
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        try:
+            response = await asyncio.get_running_loop().run_in_executor(
+                self.routes.executor(), contextvars.copy_context().run, direct.answer, kwargs
+            )
+        except Exception as exc:
+            response = await self._handled(request, exc)
+        await response(scope, receive, send)
+
+    async def _handled(self, request: Request, exc: Exception) -> Response:
+        """The app's answer to ``exc`` from its handler for it, as FastAPI's exception
+        middleware gives; an exception without one goes on up (``CatchUnexpected``)."""
+        handlers = self.routes.app.exception_handlers
+        for kind in type(exc).__mro__:
+            handler = handlers.get(kind)
+            if handler is not None and kind is not Exception:
+                answer = handler(request, exc)
+                response = await answer if inspect.isawaitable(answer) else answer
+                assert isinstance(response, Response)
+                return response
+        raise exc
+
+
+async def _read_body(receive: Receive) -> tuple[list[Message], bytes | None]:
+    """The messages of the whole body and its bytes (None: the client hung up first)."""
+    read: list[Message] = []
+    chunks = []
+    while True:
+        message = await receive()
+        read.append(message)
+        if message["type"] != "http.request":
+            return read, None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return read, b"".join(chunks)
 
 
 def _replay(read: list[Message], receive: Receive) -> Receive:

@@ -490,10 +490,16 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_body_size:
-            await error_response(BodyTooLarge(self._detail()))(scope, receive, send)
-            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit():
+            if int(declared) > self.max_body_size:
+                await error_response(BodyTooLarge(self._detail()))(scope, receive, send)
+                return
+            if b"transfer-encoding" not in headers:
+                # The server hands over no more than the declared length: nothing to count.
+                await self.app(scope, receive, send)
+                return
         received = 0
 
         async def counted() -> Message:
@@ -519,9 +525,10 @@ async def no_nul(request: Request) -> None:
     for name, value in request.path_params.items():
         if isinstance(value, str) and "\x00" in value:
             raise _nul(f"path.{name}")
-    for name, value in request.query_params.multi_items():
-        if "\x00" in name or "\x00" in value:
-            raise _nul(f"query.{name}")
+    if request.scope["query_string"]:
+        for name, value in request.query_params.multi_items():
+            if "\x00" in name or "\x00" in value:
+                raise _nul(f"query.{name}")
     body = await request.body()
     if b"\\u0000" not in body and b"\x00" not in body:
         return
@@ -562,7 +569,7 @@ async def no_unknown_query(request: Request) -> None:
     """Unknown query parameters are refused like unknown body fields: a typo such as
     ``?stat=up`` must not quietly list every host."""
     route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
+    if not request.scope["query_string"] or not isinstance(route, APIRoute):
         return
     known = {param.alias for param in route.dependant.query_params}
     # A route whose parameter names are open-ended (Placement's "resources1", "required_X")

@@ -159,7 +159,8 @@ def serve(
         NoDelayHTTPProtocol,
         raise_open_files_limit,
     )
-    from loadmaster.api.supervisor import HEALTHCHECK_S, run_server
+    from loadmaster.api.supervisor import HEALTHCHECK_S
+    from loadmaster.api.uvicorn_workers import run_server
 
     raise_open_files_limit()
     configure_logging()  # the supervisor's lines, as the workers', are JSON
