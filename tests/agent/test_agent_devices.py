@@ -372,13 +372,6 @@ def test_each_guest_is_given_its_own_vf_and_a_stopped_one_frees_it(device_host: 
             "h_0000:3B:00.7, a provider whose devices this agent does not offer"
             in (api.failed[launch(11, {})["vm"]])
         )
-        # A VM holding devices is not moved: its domain names this host's devices.
-        moving = {**items[1], "action": "migrate_out", "target_host": "h2", "target_uri": "x"}
-        api.set([*items[:1], moving, *items[2:]])
-        report = manager.step()
-        assert report.migrating == []
-        assert "holds host devices (0000:3b:02." in api.failed[items[1]["vm"]]
-        assert "cannot move with it" in api.failed[items[1]["vm"]]
         # vm0 stops (off the list): removed, its VF goes to the next VM asking PF0.
         freed = given[items[0]["vm"]][0][1]
         api.set([*items[1:], launch(10, {PF0: {VF: 1}})])

@@ -510,27 +510,40 @@ class Assignments:
 
 
 def hostdev_elements(devices: ET.Element, given: Sequence[HostDevice]) -> None:
-    """The domain XML's ``<hostdev>`` for each device given: a PCI function managed by
-    libvirt (detached from its host driver while the guest runs), or a mediated device."""
+    """The domain XML's element for each device given (``hostdev_element``)."""
     for device in given:
-        if device.mdev_type is None:
-            hostdev = ET.SubElement(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
-            domain, bus, rest = device.address.split(":")
-            slot, function = rest.split(".")
-            ET.SubElement(
-                ET.SubElement(hostdev, "source"),
-                "address",
-                domain=f"0x{domain}",
-                bus=f"0x{bus}",
-                slot=f"0x{slot}",
-                function=f"0x{function}",
-            )
-        else:
-            hostdev = ET.SubElement(
-                devices, "hostdev", mode="subsystem", type="mdev", model="vfio-pci"
-            )
-            ET.SubElement(ET.SubElement(hostdev, "source"), "address", uuid=str(device.mdev_uuid))
-        ET.SubElement(hostdev, "alias", name=device.alias)
+        devices.append(hostdev_element(device))
+
+
+def hostdev_element(device: HostDevice) -> ET.Element:
+    """A ``<hostdev>``: a PCI function managed by libvirt (detached from its host driver
+    while the guest runs), or a mediated device; named by the device's alias."""
+    if device.mdev_type is None:
+        hostdev = ET.Element("hostdev", mode="subsystem", type="pci", managed="yes")
+        domain, bus, rest = device.address.split(":")
+        slot, function = rest.split(".")
+        ET.SubElement(
+            ET.SubElement(hostdev, "source"),
+            "address",
+            domain=f"0x{domain}",
+            bus=f"0x{bus}",
+            slot=f"0x{slot}",
+            function=f"0x{function}",
+        )
+    else:
+        hostdev = ET.Element("hostdev", mode="subsystem", type="mdev", model="vfio-pci")
+        ET.SubElement(ET.SubElement(hostdev, "source"), "address", uuid=str(device.mdev_uuid))
+    ET.SubElement(hostdev, "alias", name=device.alias)
+    return hostdev
+
+
+def given_aliases(domain_xml: str) -> set[str]:
+    """The aliases of the devices the agent gave the guest whose definition this is."""
+    return {
+        str(alias.get("name"))
+        for alias in ET.fromstring(domain_xml).iterfind("./devices/*/alias")
+        if str(alias.get("name", "")).startswith("ua-lm-")
+    }
 
 
 class DeviceSource(Protocol):

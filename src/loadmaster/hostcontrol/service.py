@@ -36,6 +36,7 @@ from loadmaster.resources import (
     validate_custom_trait,
     validate_trait_name,
 )
+from loadmaster.resources.tree_fit import NODE_CLASSES
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
 from loadmaster.store.locking import iso_utc, mark_changed, now
@@ -462,7 +463,17 @@ class HostControl:
                 ).all()
             )
             on_children = self._on_children(
-                session, root.id, [r.consumer_id for r in rows if r.state == "pending"]
+                session,
+                root.id,
+                [
+                    r.consumer_id
+                    for r in rows
+                    if r.state == "pending"
+                    or (
+                        r.flavor_id in flavors
+                        and _may_hold_devices({*flavors[r.flavor_id].resources, *r.overrides})
+                    )
+                ],
             )
             images = {r.image for r in rows if r.image}
             image_bytes = (
@@ -500,7 +511,9 @@ class HostControl:
                         resources=resources,
                         target_host=names.get(r.target_host_id) if r.target_host_id else None,
                         target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
-                        providers=on_children.get(r.consumer_id, {}) if action == "launch" else {},
+                        providers={}
+                        if action == "migrate_out"
+                        else on_children.get(r.consumer_id, {}),
                         disk=_disk(r.image, resources, image_bytes),
                         nics=tuple(dict(n) for n in r.nics or ()),
                     )
@@ -699,6 +712,12 @@ class HostControl:
                 agent.fence_failures,
                 agent.fence_error,
             )
+
+
+def _may_hold_devices(classes: Iterable[str]) -> bool:
+    """Whether a VM asking ``classes`` may hold devices on the host's children: its
+    agent gives a VM that arrived by migration devices under the providers claimed here."""
+    return any(name not in NODE_CLASSES and name != "DISK_GB" for name in classes)
 
 
 def _disk(
