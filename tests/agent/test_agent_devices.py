@@ -420,3 +420,48 @@ def test_a_device_unplugged_is_registered_again_without_it() -> None:
         assert GPU not in bodies[1]["children"] and PF0 in bodies[1]["children"]
     finally:
         manager.close()
+
+
+def direct(item: dict[str, Any], mac: str) -> dict[str, Any]:
+    """``item`` with one NIC that is a VF of the VM's (``lm:vnic_type=direct``)."""
+    return {**item, "nics": [{"network": "physnet1", "mac": mac, "vnic_type": "direct"}]}
+
+
+def test_a_nic_of_vnic_type_direct_is_its_own_vf_with_the_ledgers_mac(device_host: Any) -> None:
+    import xml.etree.ElementTree as ET
+
+    api = WorkApi()
+    manager = manager_on(device_host, api)
+    macs = ["52:54:00:aa:00:01", "52:54:00:aa:00:02"]
+    items = [direct(launch(20 + i, {PF0: {VF: 1}}), mac) for i, mac in enumerate(macs)]
+    # A direct NIC with no VF claimed (a GPU only) is refused, saying why.
+    lacking = direct(launch(22, {GPU: {"VGPU": 1}}), "52:54:00:aa:00:03")
+    try:
+        api.set([*items, lacking])
+        manager.step()
+        manager.wait_idle()
+        assert sorted(api.up_vms) == sorted(i["vm"] for i in items)
+        assert "NIC(s) of vnic_type direct need a VF each" in api.failed[lacking["vm"]]
+        seen = []
+        for item, mac in zip(items, macs, strict=True):
+            dom = ET.fromstring(device_host._conn.lookupByUUIDString(item["vm"]).XMLDesc(0))
+            assert dom.findall("./devices/hostdev") == []
+            [iface] = dom.findall("./devices/interface")
+            assert (iface.get("type"), iface.get("managed")) == ("hostdev", "yes")
+            assert iface.find("mac").get("address") == mac  # type: ignore[union-attr]
+            source = iface.find("./source/address")
+            assert source is not None and source.get("type") == "pci"
+            address = f"{int(source.get('bus', ''), 16):02x}:{int(source.get('slot', ''), 16):02x}.{int(source.get('function', ''), 16)}"
+            [said] = api.said[item["vm"]] or []
+            assert said["address"] == f"0000:{address}" and said["provider"] == PF0
+            seen.append(address)
+        assert len(set(seen)) == 2 and all(a.startswith("3b:02.") for a in seen)
+    finally:
+        manager.close()
+    # A new agent reads back which VF each NIC is, and its MAC.
+    again = manager_on(device_host, api)
+    try:
+        held = again.assignments.held()
+        assert sorted(d.mac for i in items for d in held[i["vm"]]) == macs
+    finally:
+        again.close()

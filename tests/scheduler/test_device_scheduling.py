@@ -435,3 +435,29 @@ def test_a_bad_request_group_is_refused_naming_it(
         )
     assert missing.value.field == "extra_specs.resources1:CUSTOM_NOPE"
     assert [f.name for f in dlm.flavors.list()] == ["vf"]
+
+
+def test_a_direct_nic_flavor_puts_vnic_type_on_its_vms_nics(dlm: Loadmaster) -> None:
+    before = [f.name for f in dlm.flavors.list()]
+    for extra, words in (
+        ({"lm:vnic_type": "macvtap"}, "a NIC is a VF of the VM's (direct)"),
+        ({"lm:vnic_type": "direct"}, "ask the VF with pci_passthrough:alias"),
+    ):
+        with pytest.raises(ValidationError) as err:
+            dlm.flavors.create({"name": "x", "resources": {"VCPU": 1}, "extra_specs": extra})
+        assert err.value.field == "extra_specs.lm:vnic_type"
+        assert words in str(err.value)
+    assert [f.name for f in dlm.flavors.list()] == before
+    dlm.flavors.create(
+        {
+            "name": "direct",
+            "resources": {"VCPU": 1, "MEMORY_MB": 256},
+            "extra_specs": {"pci_passthrough:alias": "vf:1", "lm:vnic_type": "direct"},
+        }
+    )
+    vms = [dlm.vms.create("direct-vm", "direct").uuid, dlm.vms.create("plain-vm", "vf").uuid]
+    dlm.scheduler.schedule([RequestSpec(vms=vms)])
+    items = {i.vm: i for i in dlm.host_agents.work("h1").items}
+    [nic] = items[vms[0]].nics
+    assert nic["vnic_type"] == "direct" and nic["mac"] == dlm.vms.get(vms[0]).nics[0].mac
+    assert "vnic_type" not in items[vms[1]].nics[0]

@@ -574,7 +574,9 @@ class HostManager:
             report.refused.append(vm)
             return
         try:
-            given = self.assignments.assign(vm, item.get("providers") or {}, self.devices)
+            given = self.assignments.assign(
+                vm, item.get("providers") or {}, self.devices, direct_macs(item)
+            )
         except DeviceShortage as exc:
             if deferred is not None:
                 deferred.append(item)
@@ -703,7 +705,7 @@ class HostManager:
         if vm in self.assignments.held() or not item.get("providers"):
             return
         try:
-            if self.assignments.assign(vm, item["providers"], self.devices):
+            if self.assignments.assign(vm, item["providers"], self.devices, direct_macs(item)):
                 self._unplugged.add(vm)
         except DeviceShortage as exc:
             if deferred is not None:
@@ -782,7 +784,7 @@ class HostManager:
             report.completed.append(vm)
             return
         try:
-            given = self.assignments.assign(vm, item["providers"], self.devices)
+            given = self.assignments.assign(vm, item["providers"], self.devices, direct_macs(item))
         except DeviceShortage as exc:
             # It moved already: it runs without them until some are free.
             raise HypervisorError(f"{self._vm(vm)} arrived, but {exc}") from exc
@@ -841,8 +843,18 @@ def guest_spec(item: Mapping[str, Any]) -> GuestSpec:
         vcpus=max(1, int(item["vcpus"])),
         tags=frozenset(item.get("tags") or ()),
         disk=DiskSpec(disk.get("image"), int(disk["size_bytes"])) if disk else None,
-        nics=tuple(NicSpec(str(n["network"]), str(n["mac"])) for n in item.get("nics") or ()),
+        nics=tuple(
+            NicSpec(str(n["network"]), str(n["mac"]))
+            for n in item.get("nics") or ()
+            if n.get("vnic_type") != "direct"
+        ),
     )
+
+
+def direct_macs(item: Mapping[str, Any]) -> list[str]:
+    """The MACs of the work item's NICs that are VFs of the VM's (``vnic_type`` direct):
+    each is written as its VF's ``<interface type='hostdev'>``, not on a host network."""
+    return [str(n["mac"]) for n in item.get("nics") or () if n.get("vnic_type") == "direct"]
 
 
 def said_devices(given: Iterable[HostDevice]) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from loadmaster.resources import (
     validate_custom_trait,
     validate_trait_name,
 )
+from loadmaster.resources.requirements import VNIC_SPEC
 from loadmaster.resources.tree_fit import NODE_CLASSES
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
@@ -515,7 +516,7 @@ class HostControl:
                         if action == "migrate_out"
                         else on_children.get(r.consumer_id, {}),
                         disk=_disk(r.image, resources, image_bytes),
-                        nics=tuple(dict(n) for n in r.nics or ()),
+                        nics=_nics(r.nics, flavor.extra_specs if flavor else {}),
                     )
                 )
             return WorkList(root.name, root.generation, root.state, tuple(items))
@@ -712,6 +713,16 @@ class HostControl:
                 agent.fence_failures,
                 agent.fence_error,
             )
+
+
+def _nics(
+    nics: Sequence[Mapping[str, str]] | None, extra_specs: Mapping[str, str]
+) -> tuple[Mapping[str, str], ...]:
+    """The VM's NICs for its agent; ``vnic_type`` ``direct`` when each is to be one of the
+    VM's VFs (its flavor's ``lm:vnic_type``)."""
+    if extra_specs.get(VNIC_SPEC) == "direct":
+        return tuple({**n, "vnic_type": "direct"} for n in nics or ())
+    return tuple(dict(n) for n in nics or ())
 
 
 def _may_hold_devices(classes: Iterable[str]) -> bool:

@@ -12,7 +12,9 @@ Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`
 (``shared``, or ``dedicated``: the VCPU amount is asked as PCPU, pinned CPUs);
 ``hw:mem_page_size`` ``small`` or ``any`` (the default pages); ``hw:numa_nodes=1`` (what
 a host's NUMA nodes, its child providers, offer comes all from one node); ``lm:image`` and
-``lm:network``, the image and network of the flavor's VMs that name none. Refused, with
+``lm:network``, the image and network of the flavor's VMs that name none;
+``lm:vnic_type=direct``: the VM's NIC is one of its VFs (asked by ``pci_passthrough:alias``),
+``<interface type='hostdev'>``, as Nova's port ``vnic_type=direct``. Refused, with
 the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
 to match), other page sizes (huge pages are not tracked), more NUMA nodes than one.
 ``hw:pci_numa_affinity_policy`` ``required``, ``legacy`` or ``preferred`` (the VM on one
@@ -110,13 +112,18 @@ _REFUSED_PREFIXES = {
         "and use member_of"
     ),
 }
+# The VM's NIC is one of its VFs (``direct``: Nova's port ``vnic_type=direct``), or a
+# virtio NIC on the host's network (``normal``, the default).
+VNIC_SPEC = "lm:vnic_type"
 _ACCEPTED_VALUES = {
+    VNIC_SPEC: ("normal", "direct"),
     "hw:cpu_policy": ("shared", "dedicated"),
     "hw:mem_page_size": ("small", "any"),
     "hw:numa_nodes": ("1",),
     "hw:pci_numa_affinity_policy": AFFINITIES,
 }
 _VALUE_REASONS = {
+    VNIC_SPEC: "a NIC is a VF of the VM's (direct) or virtio on the host's network (normal)",
     "hw:cpu_policy": "mixed policies are not modelled (shared or dedicated)",
     "hw:mem_page_size": "huge pages are not tracked (small or any)",
     "hw:numa_nodes": "a VM spread over several NUMA nodes is not modelled (1 only)",
@@ -307,6 +314,12 @@ def parse_flavor(
             )
         else:
             warnings.append(f"{where} is not understood and is ignored")
+    if extra.get(VNIC_SPEC) == "direct" and ALIAS_SPEC not in extra:
+        raise ValidationError(
+            f"extra_specs.{VNIC_SPEC}=direct makes the VM's NIC one of its VFs: ask the VF "
+            f"with {ALIAS_SPEC} (an alias of device_type type-VF)",
+            field=f"extra_specs.{VNIC_SPEC}",
+        )
     grouped, bound = _groups(extra)
     for class_name, amount in grouped.items():
         resources[class_name] = resources.get(class_name, 0) + amount
