@@ -80,10 +80,20 @@ def test_two_pfs_of_vfs_and_a_gpu_become_nested_providers() -> None:
         "host1_0000:3B:00.0": (
             "CUSTOM_PCI_8086_10ED",
             4,
-            ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1", "HW_NIC_SRIOV"],
+            [
+                "COMPUTE_MANAGED_PCI_DEVICE",
+                "CUSTOM_PCI_DEVICE_TYPE_VF",
+                "CUSTOM_PHYSNET1",
+                "HW_NIC_SRIOV",
+            ],
             0,
         ),
-        "host1_0000:3B:00.1": ("CUSTOM_VF_PHYSNET2", 4, ["COMPUTE_MANAGED_PCI_DEVICE"], 0),
+        "host1_0000:3B:00.1": (
+            "CUSTOM_VF_PHYSNET2",
+            4,
+            ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PCI_DEVICE_TYPE_VF"],
+            0,
+        ),
         "host1_pci_0000_af_00_0": ("VGPU", 16, [], 1),
     }
     by_name = {p.name: p for p in found.providers}
@@ -126,6 +136,11 @@ def test_a_whole_device_is_its_own_provider() -> None:
         ("h_0000:3B:00.0", "CUSTOM_PCI_8086_10FB", 1, ("0000:3b:00.0",)),
         ("h_0000:3B:00.1", "CUSTOM_PCI_8086_10FB", 1, ("0000:3b:00.1",)),
     ]
+    # Each provider says what kind of device it gives, for an alias's device_type.
+    assert all("CUSTOM_PCI_DEVICE_TYPE_PF" in p.traits for p in found.providers)
+    config = parse_device_config({"device_spec": [{"address": "0000:af:00.0"}]}, {})
+    [gpu] = device_providers("h", fixture_devices(), config).providers
+    assert sorted(gpu.traits) == ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PCI_DEVICE_TYPE_PCI"]
 
 
 def test_a_spec_matching_nothing_says_so(caplog: pytest.LogCaptureFixture) -> None:

@@ -52,8 +52,13 @@ def test_devices_become_children_with_their_classes_and_traits(lm: Loadmaster) -
     assert {pf0.parent, pf1.parent, gpu.parent} == {done.host.uuid}
     assert pf0.inventories["CUSTOM_PCI_8086_10ED"].total == 4
     assert pf0.inventories["CUSTOM_PCI_8086_10ED"].max_unit == 4
-    assert sorted(pf0.traits) == ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1", "HW_NIC_SRIOV"]
-    assert pf1.traits == ("COMPUTE_MANAGED_PCI_DEVICE",)
+    assert sorted(pf0.traits) == [
+        "COMPUTE_MANAGED_PCI_DEVICE",
+        "CUSTOM_PCI_DEVICE_TYPE_VF",
+        "CUSTOM_PHYSNET1",
+        "HW_NIC_SRIOV",
+    ]
+    assert sorted(pf1.traits) == ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PCI_DEVICE_TYPE_VF"]
     assert gpu.inventories["VGPU"].total == 16 and gpu.traits == ()
     assert lm.traits.exists("CUSTOM_PHYSNET1")
     # Registering the same again withdraws nothing and keeps the traits.

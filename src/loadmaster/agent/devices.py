@@ -11,7 +11,9 @@ operator's device spec matches (the agent config's ``[pci] device_spec``, Nova's
   one PF share a class and traits);
 - the class is the spec's ``resource_class`` (a name not standard becomes ``CUSTOM_*``),
   else ``CUSTOM_PCI_<VENDOR>_<PRODUCT>``; the traits are the spec's (normalised the same
-  way) plus ``COMPUTE_MANAGED_PCI_DEVICE``;
+  way) plus ``COMPUTE_MANAGED_PCI_DEVICE`` and the kind of its devices
+  (``CUSTOM_PCI_DEVICE_TYPE_VF`` for a PF's VFs, ``_PF`` for a PF, ``_PCI`` for any other
+  device), which an alias's ``device_type`` requires;
 - a device offering an enabled mediated-device type: one provider
   ``<host>_<node-device name>`` of ``mdev_class`` (``VGPU``), as many as the type's
   available instances (one type per physical GPU, the first enabled one it offers).
@@ -33,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from loadmaster.errors import ValidationError
 from loadmaster.resources import STANDARD_BY_NAME, STANDARD_TRAITS
+from loadmaster.resources.aliases import DEVICE_TYPE_TRAITS
 
 MANAGED_TRAIT = "COMPUTE_MANAGED_PCI_DEVICE"
 DEFAULT_MDEV_CLASS = "VGPU"
@@ -330,7 +333,7 @@ def device_providers(host: str, devices: Sequence[PciDevice], config: DeviceConf
             DeviceProvider(
                 name=f"{host}_{owner.upper()}",
                 resource_class=rc,
-                traits=first_spec.traits | {MANAGED_TRAIT},
+                traits=first_spec.traits | {MANAGED_TRAIT, DEVICE_TYPE_TRAITS[first.kind]},
                 numa_node=first.numa_node,
                 devices=tuple(d.address for d, _ in members),
                 total=len(members),
