@@ -480,3 +480,22 @@ def test_a_nic_of_vnic_type_direct_is_its_own_vf_with_the_ledgers_mac(device_hos
         assert sorted(d.mac for i in items for d in held[i["vm"]]) == macs
     finally:
         again.close()
+
+
+def test_the_simulators_devices_are_two_pfs_of_vfs_and_a_gpu() -> None:
+    from loadmaster.agent.simulated_devices import node_device_xmls
+
+    devices = parse_node_devices(node_device_xmls())
+    kinds = [(d.kind, d.numa_node) for d in devices]
+    assert kinds.count(("type-PF", 0)) == 2 and kinds.count(("type-VF", 0)) == 8
+    assert kinds[-1] == ("type-PCI", 1) and devices[-1].mdev_types["nvidia-222"] == 16
+    assert all(d.ifname for d in devices if d.kind != "type-PCI")
+    config = parse_device_config(
+        {"device_spec": [{"product_id": "154c"}]}, {"enabled_mdev_types": ["nvidia-222"]}
+    )
+    found = device_providers("s", devices, config)
+    assert [(p.resource_class, p.total) for p in found.providers] == [
+        ("CUSTOM_PCI_8086_154C", 4),
+        ("CUSTOM_PCI_8086_154C", 4),
+        ("VGPU", 16),
+    ]

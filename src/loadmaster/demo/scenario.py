@@ -9,6 +9,8 @@
    the scheduler places them, the source agents migrate them.
 3. **Maintenance.** The fullest host is drained: every VM on it is placed elsewhere in
    one batch, the agents migrate them, and the host ends empty in ``maintenance``.
+4. **Host devices.** The first hosts offer SR-IOV VFs and vGPUs; a VM asking a VF and
+   one asking a vGPU are started and what each holds is shown (``demo.devices``).
 
 A sampler reads the ledger and the hypervisors every ``sample_s`` the whole time, for the
 charts: VM states, the memory each tier keeps against its guarantee, the hosts' memory and
@@ -30,6 +32,7 @@ from datetime import datetime
 
 from loadmaster.agent.manager import ManagerConfig
 from loadmaster.cluster import VmSpec
+from loadmaster.demo import devices
 from loadmaster.demo.account import Account, account
 from loadmaster.demo.cloud import HostPlan, SimulatedCloud
 from loadmaster.pending import audit
@@ -209,7 +212,7 @@ def run(
         for i, name in enumerate(names):
             # Every third host launches slowly: its claims must survive reports meanwhile.
             delay = slow_launch_s if i % 3 == 2 else 0.0
-            cloud.add_host(HostPlan(name, launch_delay=delay, config=HOST_CONFIG))
+            cloud.add_host(devices.plan(i, HostPlan(name, launch_delay=delay, config=HOST_CONFIG)))
         uuids = build(cloud, vms, rng)
         sampler.start()
         progress(f"{hosts} hosts registered by their agents, {len(uuids)} VMs requested")
@@ -300,6 +303,8 @@ def run(
         )
         for line in result.drain_unplaced:
             progress(f"fits nowhere: {line}")
+
+        devices.place_and_show(cloud, progress, wait_until)
 
         giant = lm.vms.create("giant-1", "giant").uuid
         names_of[giant] = "giant-1"
