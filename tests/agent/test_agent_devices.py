@@ -328,16 +328,13 @@ def hostdevs(hv: Any, vm: str) -> list[tuple[str | None, str]]:
 
 
 @pytest.fixture
-def device_host(monkeypatch: pytest.MonkeyPatch) -> Any:
-    from dataclasses import replace
-
+def device_host() -> Any:
     from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 
     hv = LibvirtHypervisor(DEVICES_URI)
-    # A test-driver host from a file has no NUMA cells, so no free memory to show: the
-    # host's final say would refuse every launch.
-    info = replace(hv.host_info(), free_memory_kib=64 * GIB)
-    monkeypatch.setattr(hv, "host_info", lambda: info)
+    # A test-driver host from a file has no NUMA cells to count free memory in: all of
+    # its memory is free, or the host's final say would refuse every launch.
+    assert hv.host_info().free_memory_kib == 64 * GIB
     yield hv
     hv.close()
 
@@ -499,3 +496,28 @@ def test_the_simulators_devices_are_two_pfs_of_vfs_and_a_gpu() -> None:
         ("CUSTOM_PCI_8086_154C", 4),
         ("VGPU", 16),
     ]
+
+
+def test_registration_counts_numa_cells_not_device_providers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = SimulatedHypervisor(
+        [],
+        host_memory_kib=GIB,
+        numa_nodes=2,
+        node_devices=LibvirtDevices(DEVICES_URI).node_device_xmls(),
+    )
+    manager = HostManager(
+        sim,
+        WorkApi(),  # type: ignore[arg-type]
+        ManagerConfig.from_dict(ATTACH),
+        host_name="h",
+        hypervisor_uri="x",
+        device_source=sim,  # type: ignore[arg-type]
+    )
+    try:
+        with caplog.at_level(logging.INFO, logger="loadmaster.agent.manager"):
+            manager.register()
+        assert "VGPU=16 on 2 NUMA cells" in caplog.text, caplog.text
+    finally:
+        manager.close()

@@ -388,7 +388,9 @@ class HostManager:
         body = discover(self.hypervisor.host_info(), self.config, self.host_name, self.devices)
         body["hypervisor_uri"] = self.hypervisor_uri
         answer = self.api.register(self.host_name, body)
-        cells = f" on {len(body['children'])} NUMA cells" if body["children"] else ""
+        # The devices are children too, not cells.
+        nodes = len(set(body["children"]) - {p.name for p in self.devices.providers})
+        cells = f" on {nodes} NUMA cells" if nodes else ""
         log.info(
             "host %s registered (%s): %s%s",
             self.host_name,
