@@ -260,3 +260,23 @@ def test_libvirt_unplugs_and_plugs_in_by_the_devices_alias() -> None:
         assert 'bus="0x3b" slot="0x02" function="0x3"' in xml and other.alias in xml
     finally:
         hv.close()
+
+
+def test_an_evacuated_vm_gets_a_vf_of_its_new_host(db_url: str) -> None:
+    """Evacuation places the VM with the same request as a start: its devices are claimed
+    on the new host, whose agent gives it one of its VFs; the dead host's is free."""
+    with device_cloud(db_url, ["d1", "d2"]) as c:
+        [vm] = c.create_vms(1, "vf")
+        start_on(c, [vm], "d1")
+        c.hosts["d1"].kill()
+        done = c.admin.post("/hosts/d1/evacuate", json={"confirm_down": True, "force": True})
+        assert done.status_code == 200, done.text
+        c.wait_for(lambda: c.lm.vms.get(vm).host == "d2", 30, "the VM placed on d2")
+        c.wait_for(lambda: c.lm.vms.get(vm).state == "running", 30, "the VM running on d2")
+        c.wait_for(
+            lambda: [d["provider"] in pfs("d2") for d in devices_of(c, vm)] == [True],
+            30,
+            "its d2 VF said",
+        )
+        assert held_on(c, "d2") == {vm: [devices_of(c, vm)[0]["address"]]}
+        assert (used_vfs(c, "d1"), used_vfs(c, "d2")) == (0, 1)
