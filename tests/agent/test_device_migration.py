@@ -280,3 +280,35 @@ def test_an_evacuated_vm_gets_a_vf_of_its_new_host(db_url: str) -> None:
         )
         assert held_on(c, "d2") == {vm: [devices_of(c, vm)[0]["address"]]}
         assert (used_vfs(c, "d1"), used_vfs(c, "d2")) == (0, 1)
+
+
+def test_a_running_vm_whose_claim_holds_no_device_here_is_not_said_up_again() -> None:
+    """A run item naming only a NUMA node of the host (a custom class at the root made
+    the server name its providers) gives nothing to plug in: no up at every pass."""
+    from test_agent_devices import WorkApi, launch
+
+    from loadmaster.agent.hypervisor import GuestSpec
+    from loadmaster.agent.manager import HostManager
+    from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+
+    nodes = LibvirtDevices(DEVICES_URI).node_device_xmls()
+    sim = SimulatedHypervisor([], host_memory_kib=64 * GIB, node_devices=nodes, numa_nodes=2)
+    api = WorkApi()
+    manager = HostManager(
+        sim,
+        api,  # type: ignore[arg-type]
+        CONFIG,
+        host_name="h",
+        hypervisor_uri="x",
+        device_source=sim,
+    )
+    try:
+        manager.register()
+        item = {**launch(30, {"h_numa0": {"VCPU": 1}}), "action": "run"}
+        sim.launch_guest(GuestSpec(item["vm"], "vm30", 256 * 1024, 1))
+        api.set([item])
+        for _ in range(3):
+            manager.step()
+        assert api.up_vms == [] and api.failed == {}
+    finally:
+        manager.close()

@@ -775,8 +775,12 @@ class HostManager:
     def _needs_devices(self, item: Mapping[str, Any], vm: str) -> bool:
         """Whether ``vm``, running here, still waits for devices its claim holds here: it
         arrived by a migration, which it made without any."""
-        claimed = item.get("providers")
-        return bool(claimed) and (vm in self._unplugged or vm not in self.assignments.held())
+        if vm in self._unplugged:
+            return True
+        if vm in self.assignments.held():
+            return False
+        offered = {p.name for p in self.devices.providers}
+        return any(p in offered for p in item.get("providers") or ())
 
     def _say_up(self, item: Mapping[str, Any], vm: str, report: StepReport) -> None:
         """``vm`` runs here: said with the devices it was given here, plugged in first
