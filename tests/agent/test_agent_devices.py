@@ -80,10 +80,20 @@ def test_two_pfs_of_vfs_and_a_gpu_become_nested_providers() -> None:
         "host1_0000:3B:00.0": (
             "CUSTOM_PCI_8086_10ED",
             4,
-            ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1", "HW_NIC_SRIOV"],
+            [
+                "COMPUTE_MANAGED_PCI_DEVICE",
+                "CUSTOM_PCI_DEVICE_TYPE_VF",
+                "CUSTOM_PHYSNET1",
+                "HW_NIC_SRIOV",
+            ],
             0,
         ),
-        "host1_0000:3B:00.1": ("CUSTOM_VF_PHYSNET2", 4, ["COMPUTE_MANAGED_PCI_DEVICE"], 0),
+        "host1_0000:3B:00.1": (
+            "CUSTOM_VF_PHYSNET2",
+            4,
+            ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PCI_DEVICE_TYPE_VF"],
+            0,
+        ),
         "host1_pci_0000_af_00_0": ("VGPU", 16, [], 1),
     }
     by_name = {p.name: p for p in found.providers}
@@ -126,6 +136,11 @@ def test_a_whole_device_is_its_own_provider() -> None:
         ("h_0000:3B:00.0", "CUSTOM_PCI_8086_10FB", 1, ("0000:3b:00.0",)),
         ("h_0000:3B:00.1", "CUSTOM_PCI_8086_10FB", 1, ("0000:3b:00.1",)),
     ]
+    # Each provider says what kind of device it gives, for an alias's device_type.
+    assert all("CUSTOM_PCI_DEVICE_TYPE_PF" in p.traits for p in found.providers)
+    config = parse_device_config({"device_spec": [{"address": "0000:af:00.0"}]}, {})
+    [gpu] = device_providers("h", fixture_devices(), config).providers
+    assert sorted(gpu.traits) == ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PCI_DEVICE_TYPE_PCI"]
 
 
 def test_a_spec_matching_nothing_says_so(caplog: pytest.LogCaptureFixture) -> None:
@@ -313,16 +328,13 @@ def hostdevs(hv: Any, vm: str) -> list[tuple[str | None, str]]:
 
 
 @pytest.fixture
-def device_host(monkeypatch: pytest.MonkeyPatch) -> Any:
-    from dataclasses import replace
-
+def device_host() -> Any:
     from loadmaster.agent.libvirt_hv import LibvirtHypervisor
 
     hv = LibvirtHypervisor(DEVICES_URI)
-    # A test-driver host from a file has no NUMA cells, so no free memory to show: the
-    # host's final say would refuse every launch.
-    info = replace(hv.host_info(), free_memory_kib=64 * GIB)
-    monkeypatch.setattr(hv, "host_info", lambda: info)
+    # A test-driver host from a file has no NUMA cells to count free memory in: all of
+    # its memory is free, or the host's final say would refuse every launch.
+    assert hv.host_info().free_memory_kib == 64 * GIB
     yield hv
     hv.close()
 
@@ -372,13 +384,6 @@ def test_each_guest_is_given_its_own_vf_and_a_stopped_one_frees_it(device_host: 
             "h_0000:3B:00.7, a provider whose devices this agent does not offer"
             in (api.failed[launch(11, {})["vm"]])
         )
-        # A VM holding devices is not moved: its domain names this host's devices.
-        moving = {**items[1], "action": "migrate_out", "target_host": "h2", "target_uri": "x"}
-        api.set([*items[:1], moving, *items[2:]])
-        report = manager.step()
-        assert report.migrating == []
-        assert "holds host devices (0000:3b:02." in api.failed[items[1]["vm"]]
-        assert "cannot move with it" in api.failed[items[1]["vm"]]
         # vm0 stops (off the list): removed, its VF goes to the next VM asking PF0.
         freed = given[items[0]["vm"]][0][1]
         api.set([*items[1:], launch(10, {PF0: {VF: 1}})])
@@ -425,5 +430,94 @@ def test_a_device_unplugged_is_registered_again_without_it() -> None:
         sim.node_devices = [x for x in sim.node_devices if "pci_0000_af_00_0" not in x]
         assert manager.rescan_devices() is True
         assert GPU not in bodies[1]["children"] and PF0 in bodies[1]["children"]
+    finally:
+        manager.close()
+
+
+def direct(item: dict[str, Any], mac: str) -> dict[str, Any]:
+    """``item`` with one NIC that is a VF of the VM's (``lm:vnic_type=direct``)."""
+    return {**item, "nics": [{"network": "physnet1", "mac": mac, "vnic_type": "direct"}]}
+
+
+def test_a_nic_of_vnic_type_direct_is_its_own_vf_with_the_ledgers_mac(device_host: Any) -> None:
+    import xml.etree.ElementTree as ET
+
+    api = WorkApi()
+    manager = manager_on(device_host, api)
+    macs = ["52:54:00:aa:00:01", "52:54:00:aa:00:02"]
+    items = [direct(launch(20 + i, {PF0: {VF: 1}}), mac) for i, mac in enumerate(macs)]
+    # A direct NIC with no VF claimed (a GPU only) is refused, saying why.
+    lacking = direct(launch(22, {GPU: {"VGPU": 1}}), "52:54:00:aa:00:03")
+    try:
+        api.set([*items, lacking])
+        manager.step()
+        manager.wait_idle()
+        assert sorted(api.up_vms) == sorted(i["vm"] for i in items)
+        assert "NIC(s) of vnic_type direct need a VF each" in api.failed[lacking["vm"]]
+        seen = []
+        for item, mac in zip(items, macs, strict=True):
+            dom = ET.fromstring(device_host._conn.lookupByUUIDString(item["vm"]).XMLDesc(0))
+            assert dom.findall("./devices/hostdev") == []
+            [iface] = dom.findall("./devices/interface")
+            assert (iface.get("type"), iface.get("managed")) == ("hostdev", "yes")
+            assert iface.find("mac").get("address") == mac  # type: ignore[union-attr]
+            source = iface.find("./source/address")
+            assert source is not None and source.get("type") == "pci"
+            address = f"{int(source.get('bus', ''), 16):02x}:{int(source.get('slot', ''), 16):02x}.{int(source.get('function', ''), 16)}"
+            [said] = api.said[item["vm"]] or []
+            assert said["address"] == f"0000:{address}" and said["provider"] == PF0
+            seen.append(address)
+        assert len(set(seen)) == 2 and all(a.startswith("3b:02.") for a in seen)
+    finally:
+        manager.close()
+    # A new agent reads back which VF each NIC is, and its MAC.
+    again = manager_on(device_host, api)
+    try:
+        held = again.assignments.held()
+        assert sorted(d.mac for i in items for d in held[i["vm"]]) == macs
+    finally:
+        again.close()
+
+
+def test_the_simulators_devices_are_two_pfs_of_vfs_and_a_gpu() -> None:
+    from loadmaster.agent.simulated_devices import node_device_xmls
+
+    devices = parse_node_devices(node_device_xmls())
+    kinds = [(d.kind, d.numa_node) for d in devices]
+    assert kinds.count(("type-PF", 0)) == 2 and kinds.count(("type-VF", 0)) == 8
+    assert kinds[-1] == ("type-PCI", 1) and devices[-1].mdev_types["nvidia-222"] == 16
+    assert all(d.ifname for d in devices if d.kind != "type-PCI")
+    config = parse_device_config(
+        {"device_spec": [{"product_id": "154c"}]}, {"enabled_mdev_types": ["nvidia-222"]}
+    )
+    found = device_providers("s", devices, config)
+    assert [(p.resource_class, p.total) for p in found.providers] == [
+        ("CUSTOM_PCI_8086_154C", 4),
+        ("CUSTOM_PCI_8086_154C", 4),
+        ("VGPU", 16),
+    ]
+
+
+def test_registration_counts_numa_cells_not_device_providers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = SimulatedHypervisor(
+        [],
+        host_memory_kib=GIB,
+        numa_nodes=2,
+        node_devices=LibvirtDevices(DEVICES_URI).node_device_xmls(),
+    )
+    manager = HostManager(
+        sim,
+        WorkApi(),  # type: ignore[arg-type]
+        ManagerConfig.from_dict(ATTACH),
+        host_name="h",
+        hypervisor_uri="x",
+        device_source=sim,  # type: ignore[arg-type]
+    )
+    try:
+        with caplog.at_level(logging.INFO, logger="loadmaster.agent.manager"):
+            manager.register()
+        assert "VGPU=16 on 2 NUMA cells" in caplog.text, caplog.text
     finally:
         manager.close()

@@ -72,3 +72,52 @@ def test_vfs_are_claimed_given_shown_and_freed(db_url: str) -> None:
         c.wait_for(lambda: c.lm.vms.get(uuids[8]).state == "running", 30, "the ninth running")
         assert [d["address"] for d in devices_of(uuids[8])] == [freed]
         c.assert_consistent()
+
+
+def test_a_direct_nic_is_a_vf_with_the_vms_mac_and_follows_it_when_it_moves(db_url: str) -> None:
+    """Over HTTP: a flavor of lm:vnic_type=direct gives its VM's NIC as one of the host's
+    VFs with the MAC the ledger keeps, on its first host and on the one it migrates to."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    from manager_helpers import Cloud
+
+    import loadmaster
+    from loadmaster.settings_model import Settings
+
+    aliases = json.dumps([{"name": "vf", "resource_class": VF, "device_type": "type-VF"}])
+    lm = loadmaster.open(db_url, settings=Settings(pci_aliases=aliases))
+    c = Cloud(lm, sla=False, agent_hosts=["d1", "d2"])
+    try:
+        config = ManagerConfig.from_dict({"pci": {"device_spec": [{"product_id": "10ed"}]}})
+        nodes = tuple(LibvirtDevices(DEVICES_URI).node_device_xmls())
+        for host in ("d1", "d2"):
+            c.add_host(HostPlan(host, config=config, node_devices=nodes))
+        flavor = {
+            "name": "nfv",
+            "resources": {"VCPU": 1, "MEMORY_MB": 512},
+            "extra_specs": {"pci_passthrough:alias": "vf:1", "lm:vnic_type": "direct"},
+        }
+        assert c.admin.post("/flavors", json=flavor).status_code == 201, flavor
+        [vm] = c.create_vms(1, "nfv")
+        mac = c.lm.vms.get(vm).nics[0].mac
+
+        def nic_on(host: str) -> list[tuple[str | None, str | None]]:
+            """(type, MAC) of each interface and hostdev of the guest on ``host``."""
+            dom = ET.fromstring(c.sims[host].guest_xmls().get(vm, "<domain/>"))
+            return [
+                (d.get("type"), d.find("mac").get("address") if d.find("mac") is not None else None)  # type: ignore[union-attr]
+                for d in dom.iterfind("./devices/*")
+            ]
+
+        assert c.admin.put(f"/vms/{vm}/allocations", json={"host": "d1"}).status_code == 200
+        c.wait_for(lambda: c.lm.vms.get(vm).state == "running", 30, "the VM running")
+        c.wait_for(lambda: nic_on("d1") == [("hostdev", mac)], 30, "its VF NIC on d1")
+        assert c.admin.post(f"/vms/{vm}/migrate", json={"host": "d2"}).status_code == 200
+        c.wait_for(lambda: c.lm.vms.get(vm).host == "d2", 30, "the migration")
+        c.wait_for(lambda: nic_on("d2") == [("hostdev", mac)], 30, "its VF NIC on d2")
+        [device] = c.admin.get(f"/vms/{vm}/devices").json()["devices"]
+        assert device["provider"].startswith("d2_")
+    finally:
+        c.close()
+        lm.close()

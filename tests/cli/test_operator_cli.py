@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from cli_helpers import ADMIN
 from typer.testing import CliRunner
 
@@ -237,3 +238,13 @@ def test_host_show_draws_the_tree_with_each_providers_inventory_and_usage(server
     assert {"tree-1_numa0", "tree-1_numa1"} <= {h["name"] for h in only}
     code, output = cli(server, "host", "state", "tree-1_numa0", "up")
     assert code == 1 and "child provider" in output and "root host" in output, output
+
+
+def test_text_from_the_server_is_printed_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """A MAC's ":ab:" is not an emoji code, in a line or in a table."""
+    from loadmaster.cli.output import console, show
+
+    console().print("nic: network default, MAC 52:54:00:ab:02:70")
+    show({}, False, "NICs", ["mac"], [["52:54:00:ab:cd:ef"]])
+    out = capsys.readouterr().out
+    assert "MAC 52:54:00:ab:02:70" in out and "52:54:00:ab:cd:ef" in out, out

@@ -104,6 +104,36 @@ def test_demo_runs_the_whole_loop(report: tuple[Path, str]) -> None:
     assert "ledger audit: 0 problem(s)" in text
 
 
+def test_the_demo_places_a_vm_with_a_vf_and_one_with_a_vgpu(report: tuple[Path, str]) -> None:
+    """The simulated hosts' devices: each VM holds one of its host's, as vm show and host
+    show list them."""
+    _, text = report
+    vf = re.search(
+        r"^vm show nfv-1: running on (host-0[01]), host devices: \1_0000:3B:00\.[01] "
+        r"(0000:3b:0[23]\.[0-3]) -$",
+        text,
+        re.M,
+    )
+    assert vf, text
+    gpu = re.search(
+        r"^vm show render-1: running on (host-0[01]), host devices: \1_pci_0000_af_00_0 "
+        r"0000:af:00\.0 [0-9a-f-]{36}$",
+        text,
+        re.M,
+    )
+    assert gpu, text
+    assert re.search(
+        rf"^host show {vf[1]}: {vf[1]}_0000:3B:00\.[01] CUSTOM_PCI_8086_154C 1/4 used, "
+        rf"held by nfv-1 \({re.escape(vf[2])}\)$",
+        text,
+        re.M,
+    ), text
+    assert (
+        f"host show {gpu[1]}: {gpu[1]}_pci_0000_af_00_0 VGPU 1/16 used, held by render-1 (0000:af:00.0)"
+        in text
+    )
+
+
 def test_one_seed_places_the_mass_start_the_same_way_on_every_run(
     report: tuple[Path, str], tmp_path: Path
 ) -> None:

@@ -52,8 +52,13 @@ def test_devices_become_children_with_their_classes_and_traits(lm: Loadmaster) -
     assert {pf0.parent, pf1.parent, gpu.parent} == {done.host.uuid}
     assert pf0.inventories["CUSTOM_PCI_8086_10ED"].total == 4
     assert pf0.inventories["CUSTOM_PCI_8086_10ED"].max_unit == 4
-    assert sorted(pf0.traits) == ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PHYSNET1", "HW_NIC_SRIOV"]
-    assert pf1.traits == ("COMPUTE_MANAGED_PCI_DEVICE",)
+    assert sorted(pf0.traits) == [
+        "COMPUTE_MANAGED_PCI_DEVICE",
+        "CUSTOM_PCI_DEVICE_TYPE_VF",
+        "CUSTOM_PHYSNET1",
+        "HW_NIC_SRIOV",
+    ]
+    assert sorted(pf1.traits) == ["COMPUTE_MANAGED_PCI_DEVICE", "CUSTOM_PCI_DEVICE_TYPE_VF"]
     assert gpu.inventories["VGPU"].total == 16 and gpu.traits == ()
     assert lm.traits.exists("CUSTOM_PHYSNET1")
     # Registering the same again withdraws nothing and keeps the traits.
@@ -120,9 +125,19 @@ def test_a_launch_on_the_work_list_names_the_device_providers_claimed(lm: Loadma
     assert item.action == "launch"
     assert item.providers == {PF0: {"CUSTOM_PCI_8086_10ED": 1}, GPU: {"VGPU": 2}}
     assert item.to_dict()["providers"] == {PF0: {"CUSTOM_PCI_8086_10ED": 1}, GPU: {"VGPU": 2}}
+    # Running, it still names them: a VM that arrived by migration is given its devices
+    # by the destination's agent. A VM asking no device names none.
     lm.allocations.activate(vm)
-    [item] = lm.host_agents.work("h1").items
-    assert (item.action, item.providers) == ("run", {})
+    lm.flavors.create({"name": "plain", "resources": {"VCPU": 1, "MEMORY_MB": 64}})
+    plain = lm.vms.create("plain", "plain").uuid
+    lm.allocations.claim(plain, "h1")
+    lm.allocations.activate(plain)
+    items = {i.vm: i for i in lm.host_agents.work("h1").items}
+    assert (items[vm].action, items[vm].providers) == (
+        "run",
+        {PF0: {"CUSTOM_PCI_8086_10ED": 1}, GPU: {"VGPU": 2}},
+    )
+    assert (items[plain].action, items[plain].providers) == ("run", {})
 
 
 def test_a_device_whose_class_changes_keeps_what_is_in_use(lm: Loadmaster) -> None:

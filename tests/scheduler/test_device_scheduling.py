@@ -435,3 +435,142 @@ def test_a_bad_request_group_is_refused_naming_it(
         )
     assert missing.value.field == "extra_specs.resources1:CUSTOM_NOPE"
     assert [f.name for f in dlm.flavors.list()] == ["vf"]
+
+
+def test_a_direct_nic_flavor_puts_vnic_type_on_its_vms_nics(dlm: Loadmaster) -> None:
+    before = [f.name for f in dlm.flavors.list()]
+    for extra, words in (
+        ({"lm:vnic_type": "macvtap"}, "a NIC is a VF of the VM's (direct)"),
+        ({"lm:vnic_type": "direct"}, "ask the VF with pci_passthrough:alias"),
+    ):
+        with pytest.raises(ValidationError) as err:
+            dlm.flavors.create({"name": "x", "resources": {"VCPU": 1}, "extra_specs": extra})
+        assert err.value.field == "extra_specs.lm:vnic_type"
+        assert words in str(err.value)
+    assert [f.name for f in dlm.flavors.list()] == before
+    dlm.flavors.create(
+        {
+            "name": "direct",
+            "resources": {"VCPU": 1, "MEMORY_MB": 256},
+            "extra_specs": {"pci_passthrough:alias": "vf:1", "lm:vnic_type": "direct"},
+        }
+    )
+    vms = [dlm.vms.create("direct-vm", "direct").uuid, dlm.vms.create("plain-vm", "vf").uuid]
+    dlm.scheduler.schedule([RequestSpec(vms=vms)])
+    items = {i.vm: i for i in dlm.host_agents.work("h1").items}
+    [nic] = items[vms[0]].nics
+    assert nic["vnic_type"] == "direct" and nic["mac"] == dlm.vms.get(vms[0]).nics[0].mac
+    assert "vnic_type" not in items[vms[1]].nics[0]
+
+
+# -- an alias's device_type and numa_policy ------------------------------------------
+
+KIND_ALIASES = json.dumps(
+    [
+        {"name": "vf", "resource_class": "CUSTOM_NIC", "device_type": "type-VF"},
+        {"name": "pf", "resource_class": "CUSTOM_NIC", "device_type": "type-PF"},
+        {"name": "any", "resource_class": "CUSTOM_NIC"},
+        {"name": "near", "resource_class": VF, "numa_policy": "required"},
+        {"name": "loose", "resource_class": VF, "numa_policy": "preferred"},
+    ]
+)
+
+
+@pytest.fixture
+def kinds(db_url: str) -> Any:
+    """Host k: PF 0000:3b:00.1 offered whole and the first PF's VFs, both as CUSTOM_NIC
+    (each provider tagged with its devices' kind); host h1's VFs as in ``dlm``."""
+    service = loadmaster.open(db_url, settings=Settings(pci_aliases=KIND_ALIASES))
+    try:
+        register_devices(service)
+        config = ManagerConfig.from_dict(
+            {
+                "pci": {
+                    "device_spec": [
+                        {"address": "0000:3b:00.1", "resource_class": "nic"},
+                        {"address": "0000:3b:02.*", "resource_class": "nic"},
+                    ]
+                }
+            }
+        )
+        nodes = parse_node_devices(LibvirtDevices(DEVICES_URI).node_device_xmls())
+        found = device_providers("k", nodes, config.devices)
+        info = SimulatedHypervisor([], host_memory_kib=64 * GIB).host_info()
+        service.host_agents.register(
+            "k", hypervisor_uri="test:///k", **discover(info, config, "k", found)
+        )
+        yield service
+    finally:
+        service.close()
+
+
+def test_an_aliass_device_type_takes_only_that_kind_of_device(kinds: Loadmaster) -> None:
+    placed = {}
+    for alias in ("vf", "pf", "any"):
+        kinds.flavors.create(
+            {
+                "name": alias,
+                "resources": {"VCPU": 1},
+                "extra_specs": {"pci_passthrough:alias": f"{alias}:1"},
+            }
+        )
+        vm = kinds.vms.create(f"{alias}-vm", alias).uuid
+        kinds.scheduler.schedule([RequestSpec(vms=[vm])])
+        placed[alias] = sorted(
+            p for p, a in kinds.allocations.pending_for_vm(vm).items() if "CUSTOM_NIC" in a
+        )
+    assert placed["vf"] == ["k_0000:3B:00.0"]
+    assert placed["pf"] == ["k_0000:3B:00.1"]
+    assert placed["any"] == ["k_0000:3B:00.0"]  # either kind; the PF was taken
+    # The PF is taken: a second VM asking a PF finds no host, saying why.
+    vm = kinds.vms.create("pf-vm-2", "pf").uuid
+    [refused] = kinds.scheduler.schedule([RequestSpec(vms=[vm])]).placements
+    assert isinstance(refused.error, NoHostFits)
+    assert kinds.allocations.pending_for_vm(vm) == {}
+
+
+def test_an_aliass_numa_policy_is_the_flavors_unless_it_sets_its_own(kinds: Loadmaster) -> None:
+    made = kinds.flavors.create(
+        {"name": "near", "resources": {"VCPU": 1}, "extra_specs": {"pci_passthrough:alias": "near"}}
+    )
+    assert made.extra_specs["hw:pci_numa_affinity_policy"] == "required"
+    own = kinds.flavors.create(
+        {
+            "name": "own",
+            "resources": {"VCPU": 1},
+            "extra_specs": {
+                "pci_passthrough:alias": "near",
+                "hw:pci_numa_affinity_policy": "legacy",
+            },
+        }
+    )
+    assert own.extra_specs["hw:pci_numa_affinity_policy"] == "legacy"
+    with pytest.raises(ValidationError) as err:
+        kinds.flavors.create(
+            {
+                "name": "both",
+                "resources": {"VCPU": 1},
+                "extra_specs": {"pci_passthrough:alias": "near,loose"},
+            }
+        )
+    assert err.value.field == "extra_specs.pci_passthrough:alias"
+    assert "different NUMA policies (loose preferred, near required)" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "words"),
+    [
+        ({"device_type": "type-NIC"}, "device_type", "type-PCI, type-PF, type-VF"),
+        ({"numa_policy": "strict"}, "numa_policy", "required, legacy, preferred"),
+        ({"numa_policy": "socket"}, "numa_policy", "not the sockets they sit on"),
+    ],
+)
+def test_a_bad_device_type_or_numa_policy_is_refused_naming_it(
+    entry: dict[str, str], field: str, words: str
+) -> None:
+    from loadmaster.resources.aliases import parse_aliases
+
+    with pytest.raises(ValidationError) as err:
+        parse_aliases(json.dumps([{"name": "a", "resource_class": "VGPU", **entry}]))
+    assert err.value.field == f"pci_aliases[0].{field}"
+    assert words in str(err.value)

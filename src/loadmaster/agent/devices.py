@@ -11,7 +11,9 @@ operator's device spec matches (the agent config's ``[pci] device_spec``, Nova's
   one PF share a class and traits);
 - the class is the spec's ``resource_class`` (a name not standard becomes ``CUSTOM_*``),
   else ``CUSTOM_PCI_<VENDOR>_<PRODUCT>``; the traits are the spec's (normalised the same
-  way) plus ``COMPUTE_MANAGED_PCI_DEVICE``;
+  way) plus ``COMPUTE_MANAGED_PCI_DEVICE`` and the kind of its devices
+  (``CUSTOM_PCI_DEVICE_TYPE_VF`` for a PF's VFs, ``_PF`` for a PF, ``_PCI`` for any other
+  device), which an alias's ``device_type`` requires;
 - a device offering an enabled mediated-device type: one provider
   ``<host>_<node-device name>`` of ``mdev_class`` (``VGPU``), as many as the type's
   available instances (one type per physical GPU, the first enabled one it offers).
@@ -28,11 +30,12 @@ import threading
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from loadmaster.errors import ValidationError
 from loadmaster.resources import STANDARD_BY_NAME, STANDARD_TRAITS
+from loadmaster.resources.aliases import DEVICE_TYPE_TRAITS
 
 MANAGED_TRAIT = "COMPUTE_MANAGED_PCI_DEVICE"
 DEFAULT_MDEV_CLASS = "VGPU"
@@ -273,6 +276,8 @@ class DeviceProvider:
     devices: tuple[str, ...]
     mdev_type: str | None = None
     total: int = 0
+    # What its devices are (``PCI_KINDS``: a PF's VFs are type-VF); None for mdevs.
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -327,10 +332,11 @@ def device_providers(host: str, devices: Sequence[PciDevice], config: DeviceConf
             DeviceProvider(
                 name=f"{host}_{owner.upper()}",
                 resource_class=rc,
-                traits=first_spec.traits | {MANAGED_TRAIT},
+                traits=first_spec.traits | {MANAGED_TRAIT, DEVICE_TYPE_TRAITS[first.kind]},
                 numa_node=first.numa_node,
                 devices=tuple(d.address for d, _ in members),
                 total=len(members),
+                kind=first.kind,
             )
         )
     seen_types: set[str] = set()
@@ -383,12 +389,14 @@ def registration_children(
 @dataclass(frozen=True)
 class HostDevice:
     """A device a guest is given: a PCI function (``address``) or, with ``mdev_type``, a
-    mediated device ``mdev_uuid`` made on the PCI device at ``address``."""
+    mediated device ``mdev_uuid`` made on the PCI device at ``address``. With ``mac``, a
+    VF given as the guest's NIC (``<interface type='hostdev'>``) with that MAC."""
 
     provider: str
     address: str
     mdev_type: str | None = None
     mdev_uuid: str | None = None
+    mac: str | None = None
 
     @property
     def alias(self) -> str:
@@ -399,6 +407,22 @@ class HostDevice:
             + re.sub(r"[^0-9a-f]", "_", self.address)
             + (f"-{self.mdev_uuid}" if self.mdev_uuid else "")
         )
+
+
+def _as_nics(
+    given: Sequence[HostDevice], providers: Mapping[str, DeviceProvider], macs: Sequence[str]
+) -> list[HostDevice]:
+    """``given`` with its first VFs made the NICs of ``macs``, in order."""
+    vfs = [i for i, d in enumerate(given) if providers[d.provider].kind == "type-VF"]
+    if len(vfs) < len(macs):
+        raise DeviceShortage(
+            f"its {len(macs)} NIC(s) of vnic_type direct need a VF each, but its claim "
+            f"gives it {len(vfs)} here"
+        )
+    out = list(given)
+    for i, mac in zip(vfs, macs, strict=False):
+        out[i] = replace(out[i], mac=mac)
+    return out
 
 
 class DeviceShortage(Exception):
@@ -420,11 +444,17 @@ class Assignments:
             return dict(self._held)
 
     def assign(
-        self, vm: str, claimed: Mapping[str, Mapping[str, int]], discovery: Discovery
+        self,
+        vm: str,
+        claimed: Mapping[str, Mapping[str, int]],
+        discovery: Discovery,
+        macs: Sequence[str] = (),
     ) -> tuple[HostDevice, ...]:
         """Free devices for what ``vm``'s claim holds on device providers (other children,
-        NUMA nodes, are not devices); the ones it holds already if it has some. Raises
-        ``DeviceShortage`` naming the provider when too few are free."""
+        NUMA nodes, are not devices); the ones it holds already if it has some. ``macs``:
+        the VM's NICs that are VFs (``vnic_type`` direct), each given one of its VFs.
+        Raises ``DeviceShortage`` naming the provider when too few are free, or when the
+        claim gives fewer VFs than such NICs."""
         providers = {p.name: p for p in discovery.providers}
         device_classes = {p.resource_class for p in discovery.providers}
         with self._lock:
@@ -465,6 +495,7 @@ class Assignments:
                         f"{max(free, 0)} of its devices are free here"
                     )
                 given += picked
+            given = _as_nics(given, providers, macs)
             if given:
                 self._held[vm] = tuple(given)
             return tuple(given)
@@ -490,14 +521,23 @@ class Assignments:
         with self._lock:
             for vm, xml in guests.items():
                 held = []
-                for hostdev in ET.fromstring(xml).iterfind("./devices/hostdev"):
+                devices = ET.fromstring(xml).find("devices")
+                elements = [] if devices is None else list(devices)
+                for hostdev in elements:
                     source = hostdev.find("./source/address")
-                    if source is None:
+                    if hostdev.tag not in ("hostdev", "interface") or source is None:
                         continue
-                    if hostdev.get("type") == "pci":
+                    if hostdev.get("type") in ("pci", "hostdev"):
                         address = _address(source)
+                        mac = hostdev.find("mac")
                         if address in by_address:
-                            held.append(HostDevice(by_address[address].name, address))
+                            held.append(
+                                HostDevice(
+                                    by_address[address].name,
+                                    address,
+                                    mac=mac.get("address") if mac is not None else None,
+                                )
+                            )
                         continue
                     named = hostdev.find("alias")
                     alias = named.get("name", "") if named is not None else ""
@@ -509,27 +549,49 @@ class Assignments:
 
 
 def hostdev_elements(devices: ET.Element, given: Sequence[HostDevice]) -> None:
-    """The domain XML's ``<hostdev>`` for each device given: a PCI function managed by
-    libvirt (detached from its host driver while the guest runs), or a mediated device."""
+    """The domain XML's element for each device given (``hostdev_element``)."""
     for device in given:
-        if device.mdev_type is None:
-            hostdev = ET.SubElement(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
-            domain, bus, rest = device.address.split(":")
-            slot, function = rest.split(".")
-            ET.SubElement(
-                ET.SubElement(hostdev, "source"),
-                "address",
-                domain=f"0x{domain}",
-                bus=f"0x{bus}",
-                slot=f"0x{slot}",
-                function=f"0x{function}",
-            )
+        devices.append(hostdev_element(device))
+
+
+def hostdev_element(device: HostDevice) -> ET.Element:
+    """A ``<hostdev>``: a PCI function managed by libvirt (detached from its host driver
+    while the guest runs), or a mediated device; a VF given as a NIC is an ``<interface
+    type='hostdev'>`` with its MAC, which libvirt sets on the VF. Named by the device's
+    alias."""
+    if device.mdev_type is None:
+        if device.mac is not None:
+            hostdev = ET.Element("interface", type="hostdev", managed="yes")
+            ET.SubElement(hostdev, "mac", address=device.mac)
         else:
-            hostdev = ET.SubElement(
-                devices, "hostdev", mode="subsystem", type="mdev", model="vfio-pci"
-            )
-            ET.SubElement(ET.SubElement(hostdev, "source"), "address", uuid=str(device.mdev_uuid))
-        ET.SubElement(hostdev, "alias", name=device.alias)
+            hostdev = ET.Element("hostdev", mode="subsystem", type="pci", managed="yes")
+        domain, bus, rest = device.address.split(":")
+        slot, function = rest.split(".")
+        # An interface's source address names its bus type; a hostdev's is PCI already.
+        kind = {"type": "pci"} if device.mac is not None else {}
+        ET.SubElement(
+            ET.SubElement(hostdev, "source"),
+            "address",
+            kind,
+            domain=f"0x{domain}",
+            bus=f"0x{bus}",
+            slot=f"0x{slot}",
+            function=f"0x{function}",
+        )
+    else:
+        hostdev = ET.Element("hostdev", mode="subsystem", type="mdev", model="vfio-pci")
+        ET.SubElement(ET.SubElement(hostdev, "source"), "address", uuid=str(device.mdev_uuid))
+    ET.SubElement(hostdev, "alias", name=device.alias)
+    return hostdev
+
+
+def given_aliases(domain_xml: str) -> set[str]:
+    """The aliases of the devices the agent gave the guest whose definition this is."""
+    return {
+        str(alias.get("name"))
+        for alias in ET.fromstring(domain_xml).iterfind("./devices/*/alias")
+        if str(alias.get("name", "")).startswith("ua-lm-")
+    }
 
 
 class DeviceSource(Protocol):

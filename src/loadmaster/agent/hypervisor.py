@@ -8,7 +8,7 @@ averages and peaks KiB/s, bursts KiB.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -231,6 +231,13 @@ class Hypervisor(Protocol):
         """Move the running guest to the hypervisor at destination_uri. On return it runs
         there and is gone here. On failure raise HypervisorError with the guest still
         running here (rolled back)."""
+        ...
+
+    def set_host_devices(self, uuid: str, devices: Sequence[HostDevice]) -> None:
+        """Make the running guest hold exactly ``devices`` of the host's devices (those the
+        agent gave it, ``HostDevice.alias`` naming each), live and in its definition:
+        unplug the others, plug in the new ones. A migration unplugs them first, as a
+        guest holding VFIO devices cannot move, and the destination plugs in its own."""
         ...
 
     # -- network bandwidth and NUMA memory tuning ----------------------------------------

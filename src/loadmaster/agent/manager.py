@@ -14,9 +14,12 @@ hypervisor match it:
 - ``migrate_out``: the guest is moved to the destination's hypervisor, then ``up``
   completes the migration; a failure rolls back (the VM keeps running here). A
   destination this host cannot reach (libvirt's test driver private to another agent's
-  process, or this host's own URI) is refused before anything moves.
-- ``migrate_in``: the source moves it; if it already runs here (the source's agent died
-  after the move), ``up`` completes it.
+  process, or this host's own URI) is refused before anything moves. Its host devices
+  are unplugged first and plugged back in if the move fails.
+- ``migrate_in``: the source moves it; the devices its claim holds here are set aside
+  (none free: refused before anything moves), and plugged in once it runs here, when
+  ``up`` says them. If it already runs here (the source's agent died after the move),
+  ``up`` completes it.
 - A guest this manager launched that is on no item any more (stopped, deleted, moved
   away) is removed. Guests it did not launch are never touched.
 
@@ -34,7 +37,7 @@ import random
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,6 +50,7 @@ from loadmaster.agent.devices import (
     DeviceShortage,
     DeviceSource,
     Discovery,
+    HostDevice,
     device_providers,
     parse_device_config,
     parse_node_devices,
@@ -57,6 +61,7 @@ from loadmaster.agent.hypervisor import (
     GuestSpec,
     HostInfo,
     Hypervisor,
+    HypervisorError,
     NicSpec,
     unreachable_destination,
 )
@@ -308,6 +313,8 @@ class HostManager:
         self.assignments = Assignments()
         # The host's devices as last registered: their classes are the host's to offer.
         self.devices = Discovery()
+        # VMs migrating here whose devices are set aside, to be plugged in on arrival.
+        self._unplugged: set[str] = set()
         self._scanned_at = time.monotonic()
         self.api = api
         self.config = config
@@ -381,7 +388,9 @@ class HostManager:
         body = discover(self.hypervisor.host_info(), self.config, self.host_name, self.devices)
         body["hypervisor_uri"] = self.hypervisor_uri
         answer = self.api.register(self.host_name, body)
-        cells = f" on {len(body['children'])} NUMA cells" if body["children"] else ""
+        # The devices are children too, not cells.
+        nodes = len(set(body["children"]) - {p.name for p in self.devices.providers})
+        cells = f" on {nodes} NUMA cells" if nodes else ""
         log.info(
             "host %s registered (%s): %s%s",
             self.host_name,
@@ -432,7 +441,7 @@ class HostManager:
         self._names = {str(i["vm"]).lower(): str(i["name"]) for i in work["items"] if i.get("name")}
         self._log_arrivals(work["items"], guests.keys())
         wanted: set[str] = set()
-        # Launches whose devices a guest leaving in this pass still holds.
+        # Launches and arrivals whose devices a guest leaving in this pass still holds.
         deferred: list[Mapping[str, Any]] = []
         for item in work["items"]:
             vm = str(item["vm"]).lower()
@@ -445,9 +454,8 @@ class HostManager:
                     self._retag(item, vm, guests, report)
                 elif action == "migrate_out":
                     self._migrate_out(item, vm, vm in guests, report)
-                elif action == "migrate_in" and vm in guests:
-                    # The source moved it and died before saying so.
-                    self._say_up(vm, report)
+                elif action == "migrate_in":
+                    self._migrate_in(item, vm, vm in guests, report, deferred)
             except Exception as exc:  # one VM's trouble must not stop the others
                 _log_failure(f"{action} of {self._vm(vm)}", exc)
                 report.errors.append(f"{vm}: {action}: {exc}")
@@ -484,13 +492,17 @@ class HostManager:
         with self._lock:
             busy = set(self._launching) | set(self._migrating)
         self.assignments.keep_only(wanted | busy | {u for u in doomed if u not in report.removed})
+        self._unplugged &= set(self.assignments.held())
         for item in deferred:
             vm = str(item["vm"]).lower()
             try:
-                self._launch(item, vm, False, report)
+                if item["action"] == "launch":
+                    self._launch(item, vm, False, report)
+                else:
+                    self._migrate_in(item, vm, False, report)
             except Exception as exc:
-                _log_failure(f"launch of {vm}", exc)
-                report.errors.append(f"{vm}: launch: {exc}")
+                _log_failure(f"{item['action']} of {vm}", exc)
+                report.errors.append(f"{vm}: {item['action']}: {exc}")
         # Only now is this work list seen: a pass that failed half way (the hypervisor
         # away) is read and carried out again at once, not after the next change.
         self._seen = self.acted_generation = generation
@@ -550,7 +562,9 @@ class HostManager:
         """``deferred``: where a launch goes whose devices are short now, to be tried once
         more after the pass has removed the guests that left (and freed theirs)."""
         if running:
-            self._say_up(vm, report)  # started before a restart, or by the last pass
+            # Started before a restart, or by the last pass; or it arrived by a migration
+            # whose source died (its claim here became a launch).
+            self._say_up(item, vm, report)
             return
         with self._lock:
             if vm in self._launching:
@@ -562,7 +576,9 @@ class HostManager:
             report.refused.append(vm)
             return
         try:
-            given = self.assignments.assign(vm, item.get("providers") or {}, self.devices)
+            given = self.assignments.assign(
+                vm, item.get("providers") or {}, self.devices, direct_macs(item)
+            )
         except DeviceShortage as exc:
             if deferred is not None:
                 deferred.append(item)
@@ -619,10 +635,7 @@ class HostManager:
         if not spec.host_devices:
             self._finish(self._launching, spec.uuid, self.api.up, self.host_name)
             return
-        given = [
-            {"provider": d.provider, "address": d.address, "mdev_uuid": d.mdev_uuid}
-            for d in spec.host_devices
-        ]
+        given = said_devices(spec.host_devices)
         self._finish(
             self._launching,
             spec.uuid,
@@ -634,6 +647,8 @@ class HostManager:
         self, item: Mapping[str, Any], vm: str, guests: Mapping[str, Any], report: StepReport
     ) -> None:
         guest = guests.get(vm)
+        if guest is not None and self._needs_devices(item, vm):
+            self._say_up(item, vm, report)  # arrived: its devices here go in now
         tags = frozenset(item.get("tags") or ())
         if guest is not None and guest.managed and guest.tags != tags:
             self.hypervisor.set_tags(vm, tags)
@@ -659,17 +674,9 @@ class HostManager:
             )
             return
         target_host = str(item.get("target_host"))
-        held = self.assignments.held().get(vm)
         why = unreachable_destination(str(target_uri), self.hypervisor_uri)
-        if held:
-            # Its domain names this host's devices, which do not follow it.
-            why = (
-                f"it holds host devices ({', '.join(d.address for d in held)}), which "
-                "cannot move with it; stop it and start it elsewhere"
-            )
-        elif why is not None:
-            why = f"destination {target_host} cannot be reached: {why}"
         if why is not None:
+            why = f"destination {target_host} cannot be reached: {why}"
             # Refused before anything moves: the guest keeps running here and the
             # destination's claim goes.
             log.warning("not migrating %s: %s", self._vm(vm), why)
@@ -683,11 +690,46 @@ class HostManager:
         report.migrating.append(vm)
         log.info("migrating %s to host %s (%s)", self._vm(vm), item.get("target_host"), target_uri)
 
+    def _migrate_in(
+        self,
+        item: Mapping[str, Any],
+        vm: str,
+        here: bool,
+        report: StepReport,
+        deferred: list[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """The destination's side: the devices its claim holds here are set aside for it
+        (none to spare refuses the move before anything moves), and plugged in when it
+        has arrived. ``deferred`` as for a launch."""
+        if here:
+            self._say_up(item, vm, report)  # the source moved it and died before saying so
+            return
+        if vm in self.assignments.held() or not item.get("providers"):
+            return
+        try:
+            if self.assignments.assign(vm, item["providers"], self.devices, direct_macs(item)):
+                self._unplugged.add(vm)
+        except DeviceShortage as exc:
+            if deferred is not None:
+                deferred.append(item)
+                return
+            reason = f"host {self.host_name}: {exc}"
+            log.warning("refusing the migration of %s here: %s", self._vm(vm), reason)
+            self.api.migration_failed(vm, self.host_name, reason)
+            report.refused.append(vm)
+
     def _run_migration(self, vm: str, target_uri: str, target_host: str) -> None:
         started = time.monotonic()
+        held = self.assignments.held().get(vm, ())
         try:
+            if held:
+                # A guest holding VFIO devices cannot move: they are unplugged, and the
+                # destination plugs in its own.
+                self.hypervisor.set_host_devices(vm, ())
             self.hypervisor.migrate_guest(vm, target_uri)
         except Exception as exc:
+            if held:
+                self._plug_back(vm, held)
             log.warning(
                 "migration of %s to host %s (%s) failed, it keeps running here: %s",
                 self._vm(vm),
@@ -724,8 +766,42 @@ class HostManager:
                 under_way.pop(vm, None)
                 self._launch_kib.pop(vm, None)
 
-    def _say_up(self, vm: str, report: StepReport) -> None:
-        self.api.up(vm, self.host_name)
+    def _plug_back(self, vm: str, held: Sequence[HostDevice]) -> None:
+        try:
+            self.hypervisor.set_host_devices(vm, held)
+        except Exception as exc:
+            log.warning("%s runs here without its host devices: %s", self._vm(vm), exc)
+
+    def _needs_devices(self, item: Mapping[str, Any], vm: str) -> bool:
+        """Whether ``vm``, running here, still waits for devices its claim holds here: it
+        arrived by a migration, which it made without any."""
+        if vm in self._unplugged:
+            return True
+        if vm in self.assignments.held():
+            return False
+        offered = {p.name for p in self.devices.providers}
+        return any(p in offered for p in item.get("providers") or ())
+
+    def _say_up(self, item: Mapping[str, Any], vm: str, report: StepReport) -> None:
+        """``vm`` runs here: said with the devices it was given here, plugged in first
+        when it arrived without them."""
+        if not self._needs_devices(item, vm):
+            self.api.up(vm, self.host_name)
+            report.completed.append(vm)
+            return
+        try:
+            given = self.assignments.assign(vm, item["providers"], self.devices, direct_macs(item))
+        except DeviceShortage as exc:
+            # It moved already: it runs without them until some are free.
+            raise HypervisorError(f"{self._vm(vm)} arrived, but {exc}") from exc
+        if not given:
+            self.api.up(vm, self.host_name)
+            report.completed.append(vm)
+            return
+        self.hypervisor.set_host_devices(vm, given)
+        self._unplugged.discard(vm)
+        log.info("%s arrived: plugged in %s", self._vm(vm), ", ".join(d.address for d in given))
+        self.api.up(vm, self.host_name, devices=said_devices(given))
         report.completed.append(vm)
 
     def _vm(self, vm: str) -> str:
@@ -773,9 +849,24 @@ def guest_spec(item: Mapping[str, Any]) -> GuestSpec:
         vcpus=max(1, int(item["vcpus"])),
         tags=frozenset(item.get("tags") or ()),
         disk=DiskSpec(disk.get("image"), int(disk["size_bytes"])) if disk else None,
-        nics=tuple(NicSpec(str(n["network"]), str(n["mac"])) for n in item.get("nics") or ()),
+        nics=tuple(
+            NicSpec(str(n["network"]), str(n["mac"]))
+            for n in item.get("nics") or ()
+            if n.get("vnic_type") != "direct"
+        ),
         quota=Quota.from_dict(item.get("quota")),
     )
+
+
+def direct_macs(item: Mapping[str, Any]) -> list[str]:
+    """The MACs of the work item's NICs that are VFs of the VM's (``vnic_type`` direct):
+    each is written as its VF's ``<interface type='hostdev'>``, not on a host network."""
+    return [str(n["mac"]) for n in item.get("nics") or () if n.get("vnic_type") == "direct"]
+
+
+def said_devices(given: Iterable[HostDevice]) -> list[dict[str, Any]]:
+    """Devices given to a VM as its up says them to the API."""
+    return [{"provider": d.provider, "address": d.address, "mdev_uuid": d.mdev_uuid} for d in given]
 
 
 def _log_failure(what: str, exc: Exception) -> None:

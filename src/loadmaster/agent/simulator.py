@@ -609,12 +609,37 @@ class SimulatedHypervisor:
         guest = self._guest(uuid)
         guest.spec = replace(guest.spec, tags=frozenset(tags))
 
+    def set_host_devices(self, uuid: str, devices: Sequence[HostDevice]) -> None:
+        """As libvirt would: a PCI function another guest here holds is refused."""
+        self._check("set_host_devices")
+        with self._lifecycle_lock:
+            guest = self._guest(uuid)
+            others = {
+                d.address
+                for g in self._guests.values()
+                if g is not guest
+                for d in g.host_devices
+                if d.mdev_type is None
+            }
+            for device in devices:
+                if device.mdev_type is None and device.address in others:
+                    raise HypervisorError(
+                        f"plug {device.address} into {uuid}: another guest holds it"
+                    )
+            guest.host_devices = tuple(devices)
+
     def migrate_guest(self, uuid: str, destination_uri: str) -> None:
         """Moves the guest, with its balloon, counters and demand curve, to the simulator
         serving ``destination_uri``. ``broken`` holding "migrate_guest" here, or
-        "receive_guest" there, makes it fail with the guest still here."""
+        "receive_guest" there, makes it fail with the guest still here; so does a guest
+        holding host devices, as QEMU refuses to migrate VFIO devices."""
         self._check("migrate_guest")
         guest = self._guest(uuid)
+        if guest.host_devices:
+            raise HypervisorError(
+                f"migrate {uuid}: it holds host devices "
+                f"({', '.join(d.address for d in guest.host_devices)}), which cannot migrate"
+            )
         destination = SimulatedHypervisor._serving.get(destination_uri)
         if destination is None or destination is self:
             raise HypervisorError(

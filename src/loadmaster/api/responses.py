@@ -380,6 +380,14 @@ class WorkQuotaOut(Out):
     cpu: dict[str, int] = Field(description="the domain's <cputune> (shares, period, quota)")
 
 
+class WorkNicOut(NicOut):
+    vnic_type: Literal["direct"] | None = Field(
+        default=None,
+        description="direct: the NIC is one of the VM's VFs (its flavor's lm:vnic_type), "
+        "written as <interface type='hostdev'>; absent: virtio on the host's network",
+    )
+
+
 class WorkItemOut(Out):
     vm: str
     name: str
@@ -391,12 +399,13 @@ class WorkItemOut(Out):
     target_host: str | None
     target_uri: str | None
     disk: WorkDiskOut | None = Field(description="the disk its host makes; null: none")
-    nics: list[NicOut]
+    nics: list[WorkNicOut]
     quota: WorkQuotaOut = Field(description="its flavor's quota: extra specs")
     providers: dict[str, dict[str, int]] = Field(
         default={},
-        description="launch: what the claim holds on the host's child providers (NUMA "
-        "nodes, devices), by provider",
+        description="what the claim holds on the host's child providers (NUMA nodes, "
+        "devices), by provider: on a launch, an arrival (migrate_in) and, for a VM asking "
+        "devices, run",
     )
 
 

@@ -25,10 +25,11 @@ GroupArg = Annotated[str, typer.Argument(help="the server group's name or uuid")
 def console() -> Console:
     from rich.console import Console
 
-    # Names from the server are not markup. Soft wrap: a line is never broken by rich (at
+    # Names from the server are not markup, nor emoji codes (a MAC's ":ab:" is not 🆎).
+    # Soft wrap: a line is never broken by rich (at
     # 80 columns when not a terminal, cutting "44 VMs moved" in two for a script or a
     # log); a terminal wraps what is wider than itself.
-    return Console(highlight=False, markup=False, soft_wrap=True)
+    return Console(highlight=False, markup=False, soft_wrap=True, emoji=False)
 
 
 def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Iterable[Any]) -> None:
@@ -47,7 +48,7 @@ def show(data: Any, as_json: bool, title: str, columns: Iterable[str], rows: Ite
         table.add_row(*(cell(v) for v in row))
     from rich.console import Console
 
-    out = Console(highlight=False, markup=False)
+    out = Console(highlight=False, markup=False, emoji=False)
     out.width = max(
         out.width, Measurement.get(out, out.options.update_width(10_000), table).maximum
     )

@@ -12,6 +12,8 @@
 4. **A VM from an image.** As an operator would through the API: an image registered, a
    VM of it with a NIC created and started; ``vm show``'s disk and NIC, and what its
    host's agent gave the hypervisor.
+5. **Host devices.** The first hosts offer SR-IOV VFs and vGPUs; a VM asking a VF and
+   one asking a vGPU are started and what each holds is shown (``demo.devices``).
 
 A sampler reads the ledger and the hypervisors every ``sample_s`` the whole time, for the
 charts: VM states, the memory each tier keeps against its guarantee, the hosts' memory and
@@ -35,6 +37,7 @@ from typing import Any
 from loadmaster.agent.hypervisor import DiskSpec, NicSpec
 from loadmaster.agent.manager import ManagerConfig
 from loadmaster.cluster import VmSpec
+from loadmaster.demo import devices
 from loadmaster.demo.account import Account, account
 from loadmaster.demo.cloud import HostPlan, SimulatedCloud
 from loadmaster.pending import audit
@@ -230,7 +233,7 @@ def run(
         for i, name in enumerate(names):
             # Every third host launches slowly: its claims must survive reports meanwhile.
             delay = slow_launch_s if i % 3 == 2 else 0.0
-            cloud.add_host(HostPlan(name, launch_delay=delay, config=HOST_CONFIG))
+            cloud.add_host(devices.plan(i, HostPlan(name, launch_delay=delay, config=HOST_CONFIG)))
         uuids = build(cloud, vms, rng)
         sampler.start()
         progress(f"{hosts} hosts registered by their agents, {len(uuids)} VMs requested")
@@ -323,6 +326,7 @@ def run(
             progress(f"fits nowhere: {line}")
 
         result.image_boot = boot_from_image(cloud)
+        devices.place_and_show(cloud, progress, wait_until)
 
         giant = lm.vms.create("giant-1", "giant").uuid
         names_of[giant] = "giant-1"

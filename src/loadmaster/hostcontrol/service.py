@@ -37,6 +37,8 @@ from loadmaster.resources import (
     validate_custom_trait,
     validate_trait_name,
 )
+from loadmaster.resources.requirements import VNIC_SPEC
+from loadmaster.resources.tree_fit import NODE_CLASSES
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
 from loadmaster.store.locking import iso_utc, mark_changed, now
@@ -466,7 +468,17 @@ class HostControl:
                 ).all()
             )
             on_children = self._on_children(
-                session, root.id, [r.consumer_id for r in rows if r.state == "pending"]
+                session,
+                root.id,
+                [
+                    r.consumer_id
+                    for r in rows
+                    if r.state == "pending"
+                    or (
+                        r.flavor_id in flavors
+                        and _may_hold_devices({*flavors[r.flavor_id].resources, *r.overrides})
+                    )
+                ],
             )
             images = {r.image for r in rows if r.image}
             image_bytes = (
@@ -505,9 +517,11 @@ class HostControl:
                         resources=resources,
                         target_host=names.get(r.target_host_id) if r.target_host_id else None,
                         target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
-                        providers=on_children.get(r.consumer_id, {}) if action == "launch" else {},
+                        providers={}
+                        if action == "migrate_out"
+                        else on_children.get(r.consumer_id, {}),
                         disk=_disk(r.image, resources, image_bytes),
-                        nics=tuple(dict(n) for n in r.nics or ()),
+                        nics=_nics(r.nics, flavor.extra_specs if flavor else {}),
                         quota=quotas[flavor.id] if flavor else Quota(),
                     )
                 )
@@ -705,6 +719,22 @@ class HostControl:
                 agent.fence_failures,
                 agent.fence_error,
             )
+
+
+def _nics(
+    nics: Sequence[Mapping[str, str]] | None, extra_specs: Mapping[str, str]
+) -> tuple[Mapping[str, str], ...]:
+    """The VM's NICs for its agent; ``vnic_type`` ``direct`` when each is to be one of the
+    VM's VFs (its flavor's ``lm:vnic_type``)."""
+    if extra_specs.get(VNIC_SPEC) == "direct":
+        return tuple({**n, "vnic_type": "direct"} for n in nics or ())
+    return tuple(dict(n) for n in nics or ())
+
+
+def _may_hold_devices(classes: Iterable[str]) -> bool:
+    """Whether a VM asking ``classes`` may hold devices on the host's children: its
+    agent gives a VM that arrived by migration devices under the providers claimed here."""
+    return any(name not in NODE_CLASSES and name != "DISK_GB" for name in classes)
 
 
 def _disk(

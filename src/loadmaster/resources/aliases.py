@@ -11,6 +11,13 @@ An alias names the class its devices are offered as (``resource_class``, else
 ``CUSTOM_PCI_<VENDOR>_<PRODUCT>``, the class an agent's device spec gives them by default)
 and the traits their provider must have. A flavor asking ``N`` of an alias asks ``N`` of
 its class and requires its traits.
+
+As Nova's, an alias may say ``device_type`` (``type-PCI``, ``type-PF`` or ``type-VF``):
+the agents tag each device provider with the kind of devices it gives
+(``DEVICE_TYPE_TRAITS``), and the alias requires that trait. ``numa_policy``
+(``required``, ``preferred`` or ``legacy``) is the ``hw:pci_numa_affinity_policy`` of
+flavors asking the alias that set none of their own. ``socket`` is refused: the agents
+register NUMA nodes, not the sockets they sit on.
 """
 
 from __future__ import annotations
@@ -23,9 +30,24 @@ from dataclasses import dataclass
 from loadmaster.errors import ValidationError
 from loadmaster.resources.classes import STANDARD_BY_NAME, validate_custom_name
 from loadmaster.resources.traits import validate_trait_name
+from loadmaster.resources.tree_fit import AFFINITIES, Affinity
 
 ALIAS_SPEC = "pci_passthrough:alias"
-_KEYS = ("name", "resource_class", "vendor_id", "product_id", "traits")
+_KEYS = (
+    "name",
+    "resource_class",
+    "vendor_id",
+    "product_id",
+    "traits",
+    "device_type",
+    "numa_policy",
+)
+# The trait an agent gives a device provider by what its devices are (a PF's VFs: type-VF).
+DEVICE_TYPE_TRAITS = {
+    "type-PCI": "CUSTOM_PCI_DEVICE_TYPE_PCI",
+    "type-PF": "CUSTOM_PCI_DEVICE_TYPE_PF",
+    "type-VF": "CUSTOM_PCI_DEVICE_TYPE_VF",
+}
 _HEX4 = re.compile(r"^[0-9a-fA-F]{4}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -35,6 +57,7 @@ class PciAlias:
     name: str
     resource_class: str
     traits: frozenset[str] = frozenset()
+    numa_policy: Affinity | None = None
 
 
 def parse_aliases(text: str, where: str = "pci_aliases") -> dict[str, PciAlias]:
@@ -89,12 +112,37 @@ def parse_aliases(text: str, where: str = "pci_aliases") -> dict[str, PciAlias]:
             raise ValidationError(
                 f"{at}.traits must be a list of trait names", field=f"{at}.traits"
             )
+        named = {validate_trait_name(t, f"{at}.traits[{j}]") for j, t in enumerate(traits)}
+        kind = entry.get("device_type")
+        if kind is not None:
+            if kind not in DEVICE_TYPE_TRAITS:
+                raise ValidationError(
+                    f"{at}.device_type must be {', '.join(DEVICE_TYPE_TRAITS)}, got {kind!r}",
+                    field=f"{at}.device_type",
+                )
+            named.add(DEVICE_TYPE_TRAITS[kind])
         aliases[name] = PciAlias(
-            name,
-            resource_class,
-            frozenset(validate_trait_name(t, f"{at}.traits[{j}]") for j, t in enumerate(traits)),
+            name, resource_class, frozenset(named), _numa_policy(entry, f"{at}.numa_policy")
         )
     return aliases
+
+
+def _numa_policy(entry: Mapping[str, object], where: str) -> Affinity | None:
+    policy = entry.get("numa_policy")
+    if policy is None:
+        return None
+    if policy == "socket":
+        raise ValidationError(
+            f"{where}=socket is refused: the agents register NUMA nodes, not the sockets "
+            "they sit on (required, preferred or legacy)",
+            field=where,
+        )
+    chosen = next((a for a in AFFINITIES if a == policy), None)
+    if chosen is None:
+        raise ValidationError(
+            f"{where} must be {', '.join(AFFINITIES)}, got {policy!r}", field=where
+        )
+    return chosen
 
 
 def alias_requests(

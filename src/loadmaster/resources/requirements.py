@@ -12,7 +12,9 @@ Tracking" spelling); ``trait:NAME=required|forbidden``; ``member_of`` (``in:a,b`
 (``shared``, or ``dedicated``: the VCPU amount is asked as PCPU, pinned CPUs);
 ``hw:mem_page_size`` ``small`` or ``any`` (the default pages); ``hw:numa_nodes=1`` (what
 a host's NUMA nodes, its child providers, offer comes all from one node); ``lm:image`` and
-``lm:network``, the image and network of the flavor's VMs that name none; Nova's libvirt
+``lm:network``, the image and network of the flavor's VMs that name none;
+``lm:vnic_type=direct``: the VM's NIC is one of its VFs (asked by ``pci_passthrough:alias``),
+``<interface type='hostdev'>``, as Nova's port ``vnic_type=direct``; Nova's libvirt
 ``quota:`` specs (``loadmaster.quota``; an unknown one is refused, whatever
 ``unknown_specs`` says, as a limit silently not applied would be). Refused, with
 the reason: ``aggregate_instance_extra_specs:*`` (loadmaster aggregates carry no metadata
@@ -89,13 +91,19 @@ _REFUSED_PREFIXES = {
         "and use member_of"
     ),
 }
+# The VM's NIC is one of its VFs (``direct``: Nova's port ``vnic_type=direct``), or a
+# virtio NIC on the host's network (``normal``, the default).
+VNIC_SPEC = "lm:vnic_type"
+AFFINITY_SPEC = "hw:pci_numa_affinity_policy"
 _ACCEPTED_VALUES = {
+    VNIC_SPEC: ("normal", "direct"),
     "hw:cpu_policy": ("shared", "dedicated"),
     "hw:mem_page_size": ("small", "any"),
     "hw:numa_nodes": ("1",),
     "hw:pci_numa_affinity_policy": AFFINITIES,
 }
 _VALUE_REASONS = {
+    VNIC_SPEC: "a NIC is a VF of the VM's (direct) or virtio on the host's network (normal)",
     "hw:cpu_policy": "mixed policies are not modelled (shared or dedicated)",
     "hw:mem_page_size": "huge pages are not tracked (small or any)",
     "hw:numa_nodes": "a VM spread over several NUMA nodes is not modelled (1 only)",
@@ -113,7 +121,7 @@ def pci_numa_affinity(extra_specs: Mapping[str, str]) -> Affinity | None:
     """``hw:pci_numa_affinity_policy``: how the VM's devices must sit against its NUMA node
     (``tree_fit``); the VM's CPUs and memory then come from one node, as with
     ``hw:numa_nodes=1``."""
-    value = extra_specs.get("hw:pci_numa_affinity_policy")
+    value = extra_specs.get(AFFINITY_SPEC)
     if value is None:  # most flavors: asked once per VM placed
         return None
     return next((a for a in AFFINITIES if a == value), None)
@@ -229,6 +237,8 @@ def parse_flavor(
     extra: dict[str, str] = {}
     warnings: list[str] = []
     class_traits: dict[str, frozenset[str]] = {}
+    # The NUMA policies of the aliases asked, by alias.
+    policies: dict[str, Affinity] = {}
     for key, value in extra_raw.items():
         where = f"extra_specs.{key}"
         if not isinstance(key, str) or not isinstance(value, str):
@@ -262,6 +272,8 @@ def parse_flavor(
             for alias, count in alias_requests(value, aliases or {}, where):
                 resources[alias.resource_class] = resources.get(alias.resource_class, 0) + count
                 required |= alias.traits
+                if alias.numa_policy is not None:
+                    policies[alias.name] = alias.numa_policy
                 if alias.traits:
                     class_traits[alias.resource_class] = (
                         class_traits.get(alias.resource_class, frozenset()) | alias.traits
@@ -289,6 +301,22 @@ def parse_flavor(
         else:
             warnings.append(f"{where} is not understood and is ignored")
     flavor_quota(extra)
+    if extra.get(VNIC_SPEC) == "direct" and ALIAS_SPEC not in extra:
+        raise ValidationError(
+            f"extra_specs.{VNIC_SPEC}=direct makes the VM's NIC one of its VFs: ask the VF "
+            f"with {ALIAS_SPEC} (an alias of device_type type-VF)",
+            field=f"extra_specs.{VNIC_SPEC}",
+        )
+    if policies and AFFINITY_SPEC not in extra:
+        if len(set(policies.values())) > 1:
+            named = ", ".join(f"{a} {p}" for a, p in sorted(policies.items()))
+            raise ValidationError(
+                f"extra_specs.{ALIAS_SPEC}: its aliases ask different NUMA policies ({named}); "
+                f"a VM has one: set {AFFINITY_SPEC}",
+                field=f"extra_specs.{ALIAS_SPEC}",
+            )
+        # Folded in as the alias's class and traits are: the flavor's own spec wins.
+        extra[AFFINITY_SPEC] = next(iter(policies.values()))
     grouped, bound = _groups(extra)
     for class_name, amount in grouped.items():
         resources[class_name] = resources.get(class_name, 0) + amount
