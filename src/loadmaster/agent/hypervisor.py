@@ -194,8 +194,9 @@ class Hypervisor(Protocol):
         launch that fails leaves no disk behind."""
         ...
 
-    def remove_guest(self, uuid: str) -> None:
-        """Destroy and undefine, and delete its disk; no-op when absent."""
+    def remove_guest(self, uuid: str, *, keep_disk: bool = False) -> None:
+        """Destroy and undefine, and delete its disk (kept on a shared pool with
+        ``keep_disk``: the guest runs on from it elsewhere); no-op when absent."""
         ...
 
     def stopped_guests(self) -> list[str]:

@@ -505,7 +505,10 @@ class LibvirtHypervisor:
         # Checked before anything is made: a refusal leaves nothing to clean up.
         try:
             require_networks(self._conn, self._libvirt, (n.network for n in spec.nics))
-            disk_path = None if spec.disk is None else self.storage.make_disk(spec.uuid, spec.disk)
+            kept = None if spec.disk is None else self.storage.kept_disk(spec.uuid)
+            disk_path = kept
+            if spec.disk is not None and kept is None:
+                disk_path = self.storage.make_disk(spec.uuid, spec.disk)
         except HypervisorError as exc:
             raise HypervisorError(f"{what}: {exc}") from exc
         try:
@@ -513,8 +516,9 @@ class LibvirtHypervisor:
             dom = self._call(f"{what}: define", lambda: self._conn.defineXML(xml))
             self._start(dom, what, defined_now=True)
         except HypervisorError:
-            if spec.disk is not None and self._lookup(spec.uuid) is None:
-                # No volume outlives a launch that failed (a concurrent one may use it).
+            if spec.disk is not None and kept is None and self._lookup(spec.uuid) is None:
+                # No volume outlives a launch that failed (a concurrent one may use it);
+                # a disk the guest had before is its data, kept.
                 self.storage.remove_disk(spec.uuid)
             raise
 
@@ -552,7 +556,7 @@ class LibvirtHypervisor:
                 continue  # undefined since the listing
         return found
 
-    def remove_guest(self, uuid: str) -> None:
+    def remove_guest(self, uuid: str, *, keep_disk: bool = False) -> None:
         lv = self._libvirt
         dom = self._lookup(uuid)
         if dom is None:
@@ -567,7 +571,8 @@ class LibvirtHypervisor:
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_DOMAIN:
                     raise HypervisorError(f"remove {uuid}: undefine: {exc}") from exc
-        self.storage.remove_disk(uuid)
+        if not (keep_disk and self.storage.config.shared):
+            self.storage.remove_disk(uuid)
         self._sweep_shaping()
 
     def set_tags(self, uuid: str, tags: frozenset[str]) -> None:

@@ -460,6 +460,9 @@ class HostManager:
             doomed += [u for u in self.hypervisor.stopped_guests() if u not in wanted | busy]
         except Exception as exc:
             report.errors.append(f"stopped guests: {exc}")
+        # A host that is down (fenced, back after it died) had its VMs evacuated: on a
+        # shared pool they run on from their disks elsewhere, which stay.
+        evacuated = False
         if doomed:
             # The work list was read before the guests were listed: a guest that arrived in
             # between (a migration claimed and carried out meanwhile) is not on it. Only
@@ -467,9 +470,10 @@ class HostManager:
             fresh = self.api.work(self.host_name, -1, 0) or {"items": ()}
             still = {str(i["vm"]).lower() for i in fresh["items"]}
             doomed = [u for u in doomed if u not in still]
+            evacuated = fresh.get("state") == "down"
         for uuid in doomed:
             try:
-                self.hypervisor.remove_guest(uuid)
+                self.hypervisor.remove_guest(uuid, keep_disk=evacuated)
                 report.removed.append(uuid)
                 name = guests[uuid].name if uuid in guests else None
                 log.info(
