@@ -1,0 +1,69 @@
+"""A storage pool several hosts mount, as Placement models it: one sharing provider
+(``MISC_SHARES_VIA_AGGREGATE``, DISK_GB) in an aggregate with the hosts, which offer no
+DISK_GB of their own. Claims on any of them draw DISK_GB from the pool, which is never
+overcommitted, and a migration between two of them moves none of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadmaster.errors import InsufficientCapacity
+from loadmaster.service import Loadmaster
+
+POOL_AGG = "5e1f1c1e-0000-4000-8000-000000000001"
+
+
+@pytest.fixture
+def pooled(lm: Loadmaster) -> Loadmaster:
+    lm.hosts.create("pool", inventories={"DISK_GB": {"total": 100}})
+    lm.hosts.set_traits("pool", ["MISC_SHARES_VIA_AGGREGATE"])
+    lm.hosts.set_aggregates("pool", [POOL_AGG])
+    for name in ("h1", "h2"):
+        lm.hosts.create(name, inventories={"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}})
+        lm.hosts.set_aggregates(name, [POOL_AGG])
+    lm.flavors.create(
+        {"name": "disk40", "resources": {"VCPU": 1, "MEMORY_MB": 1024, "DISK_GB": 40}}
+    )
+    return lm
+
+
+def test_vms_on_two_hosts_draw_disk_from_the_one_pool(pooled: Loadmaster) -> None:
+    lm = pooled
+    a, b, c = (lm.vms.create(n, "disk40") for n in "abc")
+    lm.allocations.claim(a.uuid, "h1")
+    lm.allocations.claim(b.uuid, "h2")
+    assert lm.allocations.pending_for_vm(a.uuid) == {
+        "h1": {"VCPU": 1, "MEMORY_MB": 1024},
+        "pool": {"DISK_GB": 40},
+    }
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].pending == 80
+    # 20 GB left of the pool: the third fits on neither host.
+    for host in ("h1", "h2"):
+        with pytest.raises(InsufficientCapacity, match="DISK_GB on pool"):
+            lm.allocations.claim(c.uuid, host)
+    assert lm.vms.get(c.uuid).state == "requested"
+    # A launch that fails gives the pool's share back with the host's.
+    lm.allocations.fail(a.uuid, "h1", "no room for the guest")
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 40
+    lm.allocations.claim(c.uuid, "h1")
+
+
+def test_a_migration_between_hosts_of_the_pool_moves_no_disk(pooled: Loadmaster) -> None:
+    lm = pooled
+    vm = lm.vms.create("m", "disk40")
+    lm.allocations.claim(vm.uuid, "h1")
+    lm.allocations.activate(vm.uuid)
+    lm.allocations.claim(vm.uuid, "h2")
+    assert lm.allocations.pending_for_vm(vm.uuid) == {"h2": {"VCPU": 1, "MEMORY_MB": 1024}}
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 40  # held once
+    lm.allocations.activate(vm.uuid)
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].active == 40
+    assert lm.allocations.usages(["h1"])["h1"]["VCPU"].used == 0
+    # Back again, aborted: the disk stays held by the VM, running where it was.
+    lm.allocations.claim(vm.uuid, "h1")
+    lm.allocations.fail(vm.uuid, "h1", "cannot receive")
+    record = lm.vms.get(vm.uuid)
+    assert (record.state, record.host) == ("running", "h2")
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].active == 40
+    lm.allocations.release(vm.uuid)
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 0
