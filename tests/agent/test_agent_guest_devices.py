@@ -191,6 +191,16 @@ def test_sim_keeps_disk_and_nics_and_refuses_unknown_network_and_image() -> None
     assert hv.disks() == {}
 
 
+def test_a_host_on_a_shared_pool_offers_no_disk_gb_of_its_own(tmp_path: Path) -> None:
+    shared = StorageConfig(pool_dir=tmp_path / "shared", shared=True)
+    hv = LibvirtHypervisor("test:///default", storage=shared)
+    try:
+        assert hv.host_info().disk_gb is None
+        assert hv.storage.pool().isActive()
+    finally:
+        hv.close()
+
+
 def test_a_pool_that_cannot_be_made_leaves_the_host_without_disk_gb(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

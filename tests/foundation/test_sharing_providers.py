@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from loadmaster.errors import InsufficientCapacity
+from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
 
 POOL_AGG = "5e1f1c1e-0000-4000-8000-000000000001"
@@ -67,3 +68,21 @@ def test_a_migration_between_hosts_of_the_pool_moves_no_disk(pooled: Loadmaster)
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].active == 40
     lm.allocations.release(vm.uuid)
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 0
+
+
+def test_the_scheduler_places_on_hosts_of_the_pool_within_its_capacity(
+    pooled: Loadmaster,
+) -> None:
+    lm = pooled
+    vms = [lm.vms.create(f"v{i}", "disk40") for i in range(4)]
+    result = lm.scheduler.schedule([RequestSpec(vms=[v.uuid for v in vms])])
+    placed = [p for p in result.placements if p.ok]
+    # The pool holds two of 40 GB; the hosts' CPUs and memory would hold all four.
+    assert len(placed) == 2
+    assert {p.host for p in placed} <= {"h1", "h2"}
+    assert all("DISK_GB" in str(p.error) for p in result.placements if not p.ok)
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].pending == 80
+    # A batch of one per call sees the pool as the claims left it.
+    for v in vms:
+        if lm.vms.get(v.uuid).state == "requested":
+            assert not lm.scheduler.schedule([RequestSpec(vms=[v.uuid])]).ok

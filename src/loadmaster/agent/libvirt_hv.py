@@ -473,12 +473,16 @@ class LibvirtHypervisor:
 
     def _disk_gb(self) -> int | None:
         """The storage pool's size; None, with a warning, when the pool cannot be had: the
-        host still runs VMs without a disk, and DISK_GB is not offered."""
+        host still runs VMs without a disk, and DISK_GB is not offered. None on a shared
+        pool too: its DISK_GB is its sharing provider's, in an aggregate with the hosts
+        that mount it, counted once and not once per host."""
         try:
-            return self.storage.capacity_gb()
+            # (Made on a shared pool too: the host's guests need it.)
+            capacity = self.storage.capacity_gb()
         except HypervisorError as exc:
             log.warning("no DISK_GB: %s", exc)
             return None
+        return None if self.storage.config.shared else capacity
 
     def _lookup(self, uuid: str) -> Any | None:
         """The domain with this UUID, running or not; None when there is none."""

@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, aliased
 
 from loadmaster.resources import Inventory
+from loadmaster.resources.traits import SHARING_TRAIT
 from loadmaster.resources.tree_fit import NODE_CLASSES, numa_nodes
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.driver import Prepared, run
@@ -38,10 +39,6 @@ from loadmaster.store.schema import (
     TraitRow,
 )
 from loadmaster.store.transaction import Transaction
-
-# A provider whose inventory the providers of its aggregates draw from (a storage pool
-# several hosts mount), as Placement marks one.
-SHARING_TRAIT = "MISC_SHARES_VIA_AGGREGATE"
 
 
 class Named(Protocol):
