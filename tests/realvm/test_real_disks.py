@@ -69,7 +69,7 @@ def shared_pools(real_hosts: RealHosts) -> Iterator[tuple[LibvirtHypervisor, Lib
     """Hosts a and b with their pool at one directory of the machine (outside the daemons'
     private /var/lib/libvirt), declared shared; their own pools come back afterwards."""
     shared_dir = Path(tempfile.mkdtemp(prefix="lm-rv-shared-"))
-    storage = StorageConfig(pool_dir=shared_dir, image_dir=images(real_hosts), shared=True)
+    storage = StorageConfig(pool_dir=shared_dir, image_dir=images(real_hosts), shared="rv-shared")
     hvs: list[LibvirtHypervisor] = []
     try:
         for daemon in (real_hosts.a, real_hosts.b):

@@ -130,6 +130,15 @@ class NumaCell:
 
 
 @dataclass(frozen=True)
+class SharedPool:
+    """A storage pool several hosts mount, by the name the operator gave it on each, and
+    its size: one DISK_GB for all of them (a sharing provider), not one per host."""
+
+    name: str
+    disk_gb: int
+
+
+@dataclass(frozen=True)
 class HostInfo:
     """What the host has, as the hypervisor discovers it."""
 
@@ -138,8 +147,10 @@ class HostInfo:
     memory_kib: int
     free_memory_kib: int
     numa_cells: tuple[NumaCell, ...] = ()
-    # What the host's storage pool for guest disks holds (None: the driver has none).
+    # What the host's storage pool for guest disks holds (None: the driver has none, or
+    # the pool is shared).
     disk_gb: int | None = None
+    shared_pool: SharedPool | None = None
 
 
 # ----------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from loadmaster.agent.hypervisor import (
     HypervisorError,
     NumaCell,
     NumaTune,
+    SharedPool,
     is_test_driver,
     ksm_for,
 )
@@ -462,27 +463,27 @@ class LibvirtHypervisor:
             )
             for cell in caps.findall("./host/topology/cells/cell")
         )
+        # A shared pool's DISK_GB is its sharing provider's, counted once for the hosts
+        # that mount it, not once per host.
+        capacity, shared = self._disk_gb(), self.storage.config.shared
         return HostInfo(
             hostname=self._call("host name", self._conn.getHostname),
             cpus=int(cpus),
             memory_kib=int(memory_mib) * 1024,
             free_memory_kib=free // 1024,
             numa_cells=cells,
-            disk_gb=self._disk_gb(),
+            disk_gb=None if shared else capacity,
+            shared_pool=SharedPool(shared, capacity) if shared and capacity else None,
         )
 
     def _disk_gb(self) -> int | None:
         """The storage pool's size; None, with a warning, when the pool cannot be had: the
-        host still runs VMs without a disk, and DISK_GB is not offered. None on a shared
-        pool too: its DISK_GB is its sharing provider's, in an aggregate with the hosts
-        that mount it, counted once and not once per host."""
+        host still runs VMs without a disk, and DISK_GB is not offered."""
         try:
-            # (Made on a shared pool too: the host's guests need it.)
-            capacity = self.storage.capacity_gb()
+            return self.storage.capacity_gb()
         except HypervisorError as exc:
             log.warning("no DISK_GB: %s", exc)
             return None
-        return None if self.storage.config.shared else capacity
 
     def _lookup(self, uuid: str) -> Any | None:
         """The domain with this UUID, running or not; None when there is none."""

@@ -228,7 +228,8 @@ def discover(
 ) -> dict[str, Any]:
     """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
     providers when there are several, as Placement models them), DISK_GB from its storage
-    pool, the configured classes on the root, reserved amounts (``DEFAULT_RESERVED``
+    pool (or, for a shared pool, the pool's name and size: its sharing provider's), the
+    configured classes on the root, reserved amounts (``DEFAULT_RESERVED``
     where the config names none) and ratios from the config, and the host's devices as
     child providers with their traits."""
     reserved = {**DEFAULT_RESERVED, **config.reserved}
@@ -265,6 +266,13 @@ def discover(
         # The storage pool guests' disks are made in; a configured amount overrides it.
         root["DISK_GB"] = inventory("DISK_GB", info.disk_gb, reserved.get("DISK_GB", 0))
     body: dict[str, Any] = {"inventories": root, "children": children}
+    if info.shared_pool is not None:
+        pool = info.shared_pool
+        # Its reservation and ratio are the operator's on the pool's provider.
+        body["shared_pool"] = {
+            "name": pool.name,
+            "inventories": {"DISK_GB": {"total": pool.disk_gb}},
+        }
     if devices is not None and devices.providers:
         device_children, body["child_traits"], parents = registration_children(devices, nodes)
         children.update(device_children)

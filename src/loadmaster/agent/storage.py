@@ -9,8 +9,8 @@ A base image reaches the pool from the operator's ``image_dir`` (``<image>.qcow2
 first time a guest needs it, uploaded through libvirt (so the agent needs no access to
 the pool's directory, which a remote or sandboxed libvirtd resolves on its own side).
 
-A pool the operator declares ``shared`` is one storage that every host declaring it sees at
-``pool_dir`` (an NFS export, a cluster filesystem): a guest's volume is the same file on
+A pool the operator declares ``shared`` (by a name, the same on each host) is one storage
+that every host declaring it sees at ``pool_dir`` (an NFS export, a cluster filesystem): a guest's volume is the same file on
 all of them, so a live migration leaves it in place, and a guest started on another host
 of the pool (evacuated from a dead one) boots from the volume it had. libvirt lists a pool's volumes as of
 its last refresh, so on a shared pool a volume not listed is looked for again after one:
@@ -40,12 +40,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class StorageConfig:
-    """Where the pool lives (as its libvirtd sees it), whether it is shared storage, and
-    where base images come from."""
+    """Where the pool lives (as its libvirtd sees it), the name of the shared storage it
+    is (None: the host's own), and where base images come from."""
 
     pool_dir: Path = DEFAULT_POOL_DIR
     image_dir: Path | None = None
-    shared: bool = False
+    shared: str | None = None
 
 
 def base_name(image: str) -> str:
