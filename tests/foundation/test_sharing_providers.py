@@ -86,3 +86,21 @@ def test_the_scheduler_places_on_hosts_of_the_pool_within_its_capacity(
     for v in vms:
         if lm.vms.get(v.uuid).state == "requested":
             assert not lm.scheduler.schedule([RequestSpec(vms=[v.uuid])]).ok
+
+
+def test_the_scheduler_migrates_within_the_pool_without_disk_room(pooled: Loadmaster) -> None:
+    lm = pooled
+    vms = [lm.vms.create(n, "disk40") for n in ("x", "y")]
+    for v in vms:
+        lm.allocations.claim(v.uuid, "h1")
+        lm.allocations.activate(v.uuid)
+    # 20 GB free in the pool: the move needs none of it, and takes none.
+    result = lm.scheduler.migrate(vms[0].uuid)
+    assert result.ok, result.placements[0].error
+    assert result.placements[0].host == "h2"
+    assert lm.allocations.pending_for_vm(vms[0].uuid) == {"h2": {"VCPU": 1, "MEMORY_MB": 1024}}
+    lm.allocations.activate(vms[0].uuid)
+    assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].active == 80
+    # A new VM still finds no room: the scheduler's view kept the pool as it was.
+    z = lm.vms.create("z", "disk40")
+    assert not lm.scheduler.schedule([RequestSpec(vms=[z.uuid])]).ok

@@ -540,6 +540,7 @@ def _take(call: _Call, request: VmRequest, host: int) -> None:
         one_node=request.one_numa_node,
         affinity=request.pci_numa_affinity,
         class_traits=request.class_traits,
+        held=request.shared_held,
     )
     if call.local is not None:
         call.local.changed(host)

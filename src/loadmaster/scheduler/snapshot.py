@@ -332,10 +332,13 @@ class Snapshot:
         amounts: Mapping[str, int],
         extra: Mapping[str, int] | None = None,
         at: Ints | None = None,
+        held: Sequence[tuple[str, int]] = (),
     ) -> dict[str, Bools]:
         """Per requested class, which hosts can take ``amounts`` (one provider of the tree
         holding the whole amount, as the ledger claims it) plus ``extra`` on top. With
-        ``at``, only for those hosts (one entry per host of ``at``)."""
+        ``at``, only for those hosts (one entry per host of ``at``). ``held``: classes a
+        running VM holds on sharing providers (``VmRequest.shared_held``), which a host
+        reaching that provider needs no room for."""
         extra = extra or {}
         out = {}
         rows: Ints | slice = slice(None)
@@ -367,7 +370,21 @@ class Snapshot:
                 if amount:
                     shared_ok &= self.unit_ok(column, amount)[shared]
                 out[name] = out[name] | self._reached(shared_ok, at)
+        for name, row in held:
+            if name in out:
+                out[name] = out[name] | self._reached(self.sharing_rows == row, at)
         return out
+
+    def unheld(
+        self, host: int, amounts: Mapping[str, int], held: Sequence[tuple[str, int]]
+    ) -> Mapping[str, int]:
+        """``amounts`` less the classes held on a sharing provider ``host`` reaches: what
+        a migration there claims (the ledger keeps the rest where it is)."""
+        reached = self.sharing.get(host)
+        if not held or not reached:
+            return amounts
+        kept = {name for name, row in held if row in reached}
+        return {name: amount for name, amount in amounts.items() if name not in kept}
 
     def share(self, column: int, amount: int, candidates: Ints) -> Floats:
         """(used + amount) / capacity of one class on the candidates: the fill level after
@@ -445,12 +462,15 @@ class Snapshot:
         one_node: bool = False,
         affinity: Affinity | None = None,
         class_traits: ClassTraits = (),
+        held: Sequence[tuple[str, int]] = (),
     ) -> None:
         """Record a claim as the ledger will write it: each class on the first provider of
         the tree (root first) that holds it, else on a sharing provider the host reaches; with ``one_node`` (``hw:numa_nodes=1``) the
         classes the host's nodes offer on the first node with room for all of them (and
-        its devices as ``affinity`` says). Only for a working copy, or for the owner of
+        its devices as ``affinity`` says); a class ``held`` on a sharing provider the
+        host reaches is not claimed again (``unheld``). Only for a working copy, or for the owner of
         the arrays (the snapshot source)."""
+        amounts = self.unheld(host, amounts, held)
         for row, column, amount in self.placing(host, amounts, one_node, affinity, class_traits):
             self.used[column, row] += amount
             if not self.flat:
