@@ -5,21 +5,39 @@ overcommitted, and a migration between two of them moves none of it."""
 
 from __future__ import annotations
 
-import pytest
+import contextlib
 
-from loadmaster.errors import InsufficientCapacity
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from tests.foundation.test_ledger_stateful import _wipe
+
+from loadmaster.errors import InsufficientCapacity, InvalidTransition, ValidationError
+from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
 from loadmaster.service import Loadmaster
 
 POOL_AGG = "5e1f1c1e-0000-4000-8000-000000000001"
+HOSTS = ("h1", "h2")
 
 
 @pytest.fixture
 def pooled(lm: Loadmaster) -> Loadmaster:
+    return pooled_setup(lm)
+
+
+def pooled_setup(lm: Loadmaster) -> Loadmaster:
     lm.hosts.create("pool", inventories={"DISK_GB": {"total": 100}})
     lm.hosts.set_traits("pool", ["MISC_SHARES_VIA_AGGREGATE"])
     lm.hosts.set_aggregates("pool", [POOL_AGG])
-    for name in ("h1", "h2"):
+    for name in HOSTS:
         lm.hosts.create(name, inventories={"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}})
         lm.hosts.set_aggregates(name, [POOL_AGG])
     lm.flavors.create(
@@ -104,3 +122,90 @@ def test_the_scheduler_migrates_within_the_pool_without_disk_room(pooled: Loadma
     # A new VM still finds no room: the scheduler's view kept the pool as it was.
     z = lm.vms.create("z", "disk40")
     assert not lm.scheduler.schedule([RequestSpec(vms=[z.uuid])]).ok
+
+
+def make_machine(lm: Loadmaster) -> type[RuleBasedStateMachine]:
+    class PoolMachine(RuleBasedStateMachine):
+        """Random launches, migrations, failures, releases and deletes on two hosts of
+        one pool: the pool holds each placed VM's disk exactly once and is never
+        overcommitted."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            _wipe(lm)
+            pooled_setup(lm)
+            lm.flavors.create(
+                {"name": "disk10", "resources": {"VCPU": 1, "MEMORY_MB": 512, "DISK_GB": 10}}
+            )
+            self.vms: list[str] = []
+
+        @rule(flavor=st.sampled_from(["disk10", "disk40"]))
+        def create_vm(self, flavor: str) -> None:
+            self.vms.append(lm.vms.create(f"vm{len(self.vms)}", flavor).uuid)
+
+        @precondition(lambda self: self.vms)
+        @rule(data=st.data(), host=st.sampled_from(HOSTS))
+        def claim(self, data: st.DataObject, host: str) -> None:
+            vm = data.draw(st.sampled_from(self.vms))
+            record = lm.vms.get(vm)
+            free = {
+                **{rc: u.free for rc, u in lm.allocations.usages([host])[host].items()},
+                "DISK_GB": lm.allocations.usages(["pool"])["pool"]["DISK_GB"].free,
+            }
+            fits = all(free[rc] >= amount for rc, amount in record.resources.items())
+            landed = False
+            with contextlib.suppress(InsufficientCapacity, InvalidTransition, ValidationError):
+                lm.allocations.claim(vm, host)
+                landed = True
+            if record.state in ("requested", "stopped"):
+                assert landed == fits, (free, record.resources)
+
+        @precondition(lambda self: self.vms)
+        @rule(data=st.data())
+        def activate(self, data: st.DataObject) -> None:
+            with contextlib.suppress(InvalidTransition):
+                lm.allocations.activate(data.draw(st.sampled_from(self.vms)))
+
+        @precondition(lambda self: self.vms)
+        @rule(data=st.data(), host=st.sampled_from(HOSTS))
+        def fail(self, data: st.DataObject, host: str) -> None:
+            lm.allocations.fail(data.draw(st.sampled_from(self.vms)), host, "refused")
+
+        @precondition(lambda self: self.vms)
+        @rule(data=st.data(), on_host=st.one_of(st.none(), st.sampled_from(HOSTS)))
+        def release(self, data: st.DataObject, on_host: str | None) -> None:
+            with contextlib.suppress(InvalidTransition):
+                lm.allocations.release(data.draw(st.sampled_from(self.vms)), on_host)
+
+        @precondition(lambda self: self.vms)
+        @rule(data=st.data())
+        def delete(self, data: st.DataObject) -> None:
+            lm.allocations.delete(data.draw(st.sampled_from(self.vms)))
+
+        @invariant()
+        def the_pool_holds_each_placed_disk_once(self) -> None:
+            usage = lm.allocations.usages(["pool"])["pool"]["DISK_GB"]
+            assert usage.used <= usage.capacity
+            placed = [vm for vm in lm.vms.list() if vm.state in ("pending", "running", "migrating")]
+            assert usage.used == sum(vm.resources["DISK_GB"] for vm in placed)
+            for vm in placed:
+                on_pool = lm.allocations.allocations(vm=vm.uuid, host="pool")
+                assert sum(r.amount for r in on_pool) == vm.resources["DISK_GB"]
+
+        @invariant()
+        def audit_finds_nothing(self) -> None:
+            assert audit(lm.store) == []
+
+    return PoolMachine
+
+
+def test_pool_invariants(lm: Loadmaster) -> None:
+    run_state_machine_as_test(
+        make_machine(lm),
+        settings=settings(
+            max_examples=15,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )

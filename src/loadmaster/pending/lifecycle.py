@@ -143,9 +143,11 @@ def release_row(
 
 def _held_on(session: Session, row: VmRow, host_row: HostRow) -> set[int]:
     """The providers whose records of the VM end with its claim on ``host_row``: its
-    tree, and the sharing providers it reaches that the VM's other host (of a migration)
-    does not: those hold what the VM keeps."""
+    tree, and, when the VM is there, the sharing providers it reaches that the VM's
+    other host (of a migration) does not: those hold what the VM keeps."""
     root = host_row.root_id or host_row.id
+    if root not in (row.host_id, row.target_host_id):
+        return tree_ids(session, root)
     other = row.target_host_id if root == row.host_id else row.host_id
     shared = reached_ids(session, root)
     if row.state == "migrating" and shared:
