@@ -128,6 +128,7 @@ def claim(
     seen_vms: set[str] = set()
     stamp = now()
     for i, claim in enumerate(claims):
+        discounted: list[tuple[int, int, str, str, int]] = []
         try:
             vm = vms.get(claim.vm)
             if vm is None:
@@ -161,12 +162,20 @@ def claim(
                     "there is nothing to evacuate",
                     field=f"{prefix[i]}vm",
                 )
-            kept = _kept_on_sharing(session, vm, tree) if vm.state == "running" else set()
+            kept: set[str] = set()
+            if vm.id in groups.evacuating or (claim.move and vm.state == "pending"):
+                # Its records go in this transaction: what it holds on the pool is room.
+                discounted = _on_sharing(session, vm, tree)
+                _discount(tree, discounted, -1)
+            elif vm.state == "running":
+                kept = _kept_on_sharing(session, vm, tree)
             planned = _plan(vm, host, tree, flavor, class_ids, claim, prefix[i], kept)
             groups.check(vm, tree.root, prefix[i], moving=moving)
         except LoadmasterError as exc:
             if all_or_nothing:
                 raise
+            if discounted and tree is not None:
+                _discount(tree, discounted, 1)  # its records stay after all
             outcomes.append(ClaimOutcome(claim.vm, claim.host, error=exc))
             continue
         seen_vms.add(claim.vm)
@@ -388,19 +397,41 @@ def _plan(
     )
 
 
-def _kept_on_sharing(session: Transaction, vm: VmState, tree: ProviderTree) -> set[str]:
-    """The classes a running VM holds on sharing providers ``tree`` reaches (a disk on
-    the storage both its hosts mount): a migration there moves none of it."""
+def _on_sharing(
+    session: Transaction, vm: VmState, tree: ProviderTree
+) -> list[tuple[int, int, str, str, int]]:
+    """The VM's records on sharing providers ``tree`` reaches (a disk on the storage its
+    hosts mount): (provider id, class id, class, state, amount) each."""
     sharing = {p.id for p in tree.providers if (p.root_id or p.id) != tree.root.id}
     if not sharing:
-        return set()
+        return []
     rows = execute_core(
         session,
-        select(ResourceClassRow.name)
-        .join(AllocationRow, AllocationRow.resource_class_id == ResourceClassRow.id)
+        select(
+            AllocationRow.host_id,
+            AllocationRow.resource_class_id,
+            ResourceClassRow.name,
+            AllocationRow.state,
+            AllocationRow.amount,
+        )
+        .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
         .where(AllocationRow.consumer_id == vm.consumer_id, AllocationRow.host_id.in_(sharing)),
     )
-    return set(rows.scalars())
+    return [tuple(r) for r in rows]
+
+
+def _kept_on_sharing(session: Transaction, vm: VmState, tree: ProviderTree) -> set[str]:
+    """The classes a running VM holds on sharing providers ``tree`` reaches: a migration
+    there moves none of it."""
+    return {name for _, _, name, _, _ in _on_sharing(session, vm, tree)}
+
+
+def _discount(tree: ProviderTree, records: list[tuple[int, int, str, str, int]], sign: int) -> None:
+    """Count a VM's records on sharing providers (``_on_sharing``) as free (``sign``
+    -1) while its claim is planned: they end with it (an evacuation, a re-placed pending
+    VM), so the disk it holds on a pool does not need room twice; +1 puts them back."""
+    for provider, class_id, _, state, amount in records:
+        tree.used[(provider, class_id)][state] += sign * amount
 
 
 def _hosts_by_ident(
