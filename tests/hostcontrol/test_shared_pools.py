@@ -86,3 +86,18 @@ def test_a_pool_name_of_another_provider_or_no_name_is_refused(lm: Loadmaster) -
     with pytest.raises(NotFound):
         lm.hosts.get("h2")  # nothing written
     assert "MISC_SHARES_VIA_AGGREGATE" not in lm.hosts.get("h1").traits
+
+
+def test_capacity_counts_the_pool_once_for_its_hosts(lm: Loadmaster) -> None:
+    for host in ("h1", "h2"):
+        register(lm, host)
+    lm.flavors.create({"name": "d40", "resources": {"VCPU": 1, "MEMORY_MB": 512, "DISK_GB": 40}})
+    report = lm.scheduler.capacity("d40")
+    # Each host's CPUs and memory would take eight; the pool's 100 GB take two.
+    assert report.total == 2
+    assert sum(report.per_host.values()) == 2 and set(report.per_host) <= {"h1", "h2"}
+    for name, host in (("v", "h2"), ("w", "h1")):
+        lm.allocations.claim(lm.vms.create(name, "d40").uuid, host)
+    full = lm.scheduler.capacity("d40")
+    assert full.total == 0
+    assert full.limits["h1"] == "DISK_GB short by 20 in pool nfs-a"
