@@ -275,8 +275,8 @@ def add_sharing(session: Transaction, trees: Mapping[int, ProviderTree]) -> None
     sharing = {p.id: p for providers in reached.values() for p in providers}
     contents = load_trees(session, {p.root_id or p.id for p in sharing.values()})
     for tree in contents.values():
-        for (host_id, class_id), _ in tree.inventories.items():
-            tree.used.setdefault((host_id, class_id), {"active": 0, "pending": 0})
+        for key in tree.inventories:
+            tree.used.setdefault(key, {"active": 0, "pending": 0})
     for root, providers in reached.items():
         tree = trees[root]
         for provider in providers:
