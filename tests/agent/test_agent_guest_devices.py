@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec, SharedPool
 from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+from loadmaster.agent.manager import ManagerConfig, discover
 from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.agent.storage import StorageConfig, base_name
 from loadmaster.images import POOL_NAME, volume_name
@@ -189,6 +190,23 @@ def test_sim_keeps_disk_and_nics_and_refuses_unknown_network_and_image() -> None
     assert {g.uuid for g in hv.list_guests()} == {good.uuid}
     hv.remove_guest(good.uuid)
     assert hv.disks() == {}
+
+
+def test_a_host_on_a_shared_pool_offers_its_disk_gb_as_the_pools(tmp_path: Path) -> None:
+    shared = StorageConfig(pool_dir=tmp_path / "shared", shared="nfs-a")
+    hv = LibvirtHypervisor("test:///default", storage=shared)
+    try:
+        info = hv.host_info()
+        capacity = hv.storage.pool().info()[1] // (GIB * 1024)
+        assert info.disk_gb is None and info.shared_pool == SharedPool("nfs-a", capacity)
+        body = discover(info, ManagerConfig(), "h1")
+        assert "DISK_GB" not in body["inventories"]
+        assert body["shared_pool"] == {
+            "name": "nfs-a",
+            "inventories": {"DISK_GB": {"total": capacity}},
+        }
+    finally:
+        hv.close()
 
 
 def test_a_pool_that_cannot_be_made_leaves_the_host_without_disk_gb(

@@ -431,3 +431,33 @@ def test_disk_and_nic_reach_the_guest_and_a_host_without_the_network_refuses(
         c.wait_for(lambda: not c.where_running(), 30, "the guest gone")
         assert all(sim.disks() == {} for sim in c.sims.values())
         c.assert_consistent()
+
+
+def test_a_host_back_while_down_removes_evacuated_guests_but_keeps_their_disks(
+    db_url: str,
+) -> None:
+    """On a shared pool an evacuated VM runs on from its disk elsewhere: the agent of its
+    dead host, back while the host is down, must not delete it with the guest. A VM
+    deleted while its host is up loses its disk as before."""
+    with cloud(db_url, ["h0", "h1"]) as c:
+        h0 = c.add("h0", start=False)
+        gone, moved = c.create_vms(2)
+        c.schedule([gone, moved])
+        h0.manager.step()
+        h0.manager.wait_idle()
+        h0.manager.step()
+        kept: dict[str, bool] = {}
+        remove = h0.sim.remove_guest
+
+        def recorded(uuid: str, *, keep_disk: bool = False) -> None:
+            kept[uuid] = keep_disk
+            remove(uuid, keep_disk=keep_disk)
+
+        h0.sim.remove_guest = recorded  # type: ignore[method-assign]
+        c.lm.allocations.delete(gone)
+        h0.manager.step()
+        c.add("h1", start=False)
+        c.lm.hosts.set_state("h0", "down")
+        c.lm.allocations.claim(moved, "h1", intent="evacuate")
+        h0.manager.step()
+        assert kept == {gone: False, moved: True}

@@ -123,3 +123,21 @@ def test_report_by_sequence_and_launch_failure_over_http(
     assert up["state"] == "running" and "no hugepages" in up["fault"]
     status = ok(c["admin"].get("/hosts/h0/agent"))
     assert status["status"] == "ok" and status["hypervisor_uri"] == "test:///h0"
+
+
+def test_agents_register_their_shared_pool_over_http(
+    served: tuple[Loadmaster, dict[str, httpx.Client]],
+) -> None:
+    lm, clients = served
+    pool = {"name": "nfs-a", "inventories": {"DISK_GB": {"total": 100}}}
+    for host in ("h0", "h1"):
+        body = {"hypervisor_uri": f"test:///{host}", "inventories": NODE, "shared_pool": pool}
+        ok(clients[host].put(f"/hosts/{host}/agent", json=body))
+    shared = lm.hosts.get("nfs-a")
+    assert shared.inventories["DISK_GB"].total == 100
+    assert set(shared.aggregates) == set(lm.hosts.get("h0").aggregates)
+    assert set(shared.aggregates) == set(lm.hosts.get("h1").aggregates)
+    taken = {"name": "h1", "inventories": {"DISK_GB": {"total": 100}}}
+    body = {"hypervisor_uri": "test:///h0", "inventories": NODE, "shared_pool": taken}
+    refused = clients["h0"].put("/hosts/h0/agent", json=body)
+    assert refused.status_code == 409 and "shared_pool.name" in refused.text

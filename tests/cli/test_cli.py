@@ -374,8 +374,8 @@ def test_vm_from_an_image_with_a_nic(server: str, tmp_path: Path) -> None:
 def test_agent_pool_options_are_its_storage(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """--pool-dir, --image-dir and --pool-shared reach the agent as its StorageConfig; a
-    pool is private unless declared shared."""
+    """--pool-dir, --image-dir and --pool-shared NAME reach the agent as its StorageConfig;
+    a pool is private unless declared shared, by name."""
     from loadmaster.agent.storage import StorageConfig
 
     given: list[StorageConfig | None] = []
@@ -387,10 +387,10 @@ def test_agent_pool_options_are_its_storage(
     monkeypatch.setattr("loadmaster.agent.run_agent", run_agent)
     base = ["agent", "--hypervisor", "test:///default", "--policy-dir", str(tmp_path)]
     pool = ["--pool-dir", str(tmp_path / "pool"), "--image-dir", str(tmp_path)]
-    for extra in ([], ["--pool-shared"]):
+    for extra in ([], ["--pool-shared", "nfs-a"]):
         result = runner.invoke(app, [*base, *pool, *extra])
         assert result.exit_code == 0, result.output
     assert given == [
-        StorageConfig(pool_dir=tmp_path / "pool", image_dir=tmp_path.resolve(), shared=False),
-        StorageConfig(pool_dir=tmp_path / "pool", image_dir=tmp_path.resolve(), shared=True),
+        StorageConfig(pool_dir=tmp_path / "pool", image_dir=tmp_path.resolve(), shared=None),
+        StorageConfig(pool_dir=tmp_path / "pool", image_dir=tmp_path.resolve(), shared="nfs-a"),
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -69,7 +70,7 @@ def shared_pools(real_hosts: RealHosts) -> Iterator[tuple[LibvirtHypervisor, Lib
     """Hosts a and b with their pool at one directory of the machine (outside the daemons'
     private /var/lib/libvirt), declared shared; their own pools come back afterwards."""
     shared_dir = Path(tempfile.mkdtemp(prefix="lm-rv-shared-"))
-    storage = StorageConfig(pool_dir=shared_dir, image_dir=images(real_hosts), shared=True)
+    storage = StorageConfig(pool_dir=shared_dir, image_dir=images(real_hosts), shared="rv-shared")
     hvs: list[LibvirtHypervisor] = []
     try:
         for daemon in (real_hosts.a, real_hosts.b):
@@ -314,3 +315,33 @@ def test_failed_migration_on_a_shared_pool_deletes_nothing(
     pid_a = int((real_hosts.a.base / "run" / "qemu" / f"{spec.name}.pid").read_text())
     assert path in open_files(pid_a)
     assert volume_name(spec.uuid) in pool_volumes(destination)  # the same file, kept
+
+
+def test_an_evacuated_guest_on_a_shared_pool_boots_from_the_disk_it_had(
+    real_hosts: RealHosts,
+    shared_pools: tuple[LibvirtHypervisor, LibvirtHypervisor],
+    launched: Launched,
+) -> None:
+    """Host a dies; its agent, back with its host down, removes the guest but leaves its
+    disk; b starts the evacuated guest on that very volume, with what was written to it."""
+    dead, survivor = shared_pools
+    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    launched.uuids.append(spec.uuid)  # removed from both hosts afterwards
+    dead.launch_guest(spec)  # QEMU has its disk open from the start: no need to boot
+    path = dead.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
+    inode = os.stat(path).st_ino
+    dead.remove_guest(spec.uuid, keep_disk=True)
+    assert Path(path).exists()
+    # The guest's data: a pattern past the end of the image, where nothing else writes.
+    marker = f"{GIB - 65536} 64k"
+    subprocess.run(["qemu-io", "-c", f"write -P 0x5a {marker}", path], check=True)
+    survivor.launch_guest(spec)
+    pid_b = int((real_hosts.b.base / "run" / "qemu" / f"{spec.name}.pid").read_text())
+    assert path in open_files(pid_b)
+    assert os.stat(path).st_ino == inode
+    read = subprocess.run(
+        ["qemu-io", "-r", "-U", "-c", f"read -P 0x5a {marker}", path],
+        capture_output=True,
+        text=True,
+    )
+    assert read.returncode == 0 and "Pattern verification failed" not in read.stdout, read.stdout

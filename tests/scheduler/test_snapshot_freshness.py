@@ -163,7 +163,7 @@ def test_the_kept_snapshot_is_read_only_after_every_kind_of_change(tmp_path: Pat
             # (Last: a registration reloads all, which counts no group until one is named.)
             "group members counted": lambda: source.load_groups([lm.groups.get("apart")], {}),
             "a claim landed": lambda: source.landed(
-                [(0, {"VCPU": 1}, "apart", False, None, ())], None
+                [(0, {"VCPU": 1}, "apart", False, None, (), ())], None
             ),
         }
         for step, change in steps.items():

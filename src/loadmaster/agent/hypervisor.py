@@ -150,6 +150,15 @@ class NumaCell:
 
 
 @dataclass(frozen=True)
+class SharedPool:
+    """A storage pool several hosts mount, by the name the operator gave it on each, and
+    its size: one DISK_GB for all of them (a sharing provider), not one per host."""
+
+    name: str
+    disk_gb: int
+
+
+@dataclass(frozen=True)
 class HostInfo:
     """What the host has, as the hypervisor discovers it."""
 
@@ -158,8 +167,10 @@ class HostInfo:
     memory_kib: int
     free_memory_kib: int
     numa_cells: tuple[NumaCell, ...] = ()
-    # What the host's storage pool for guest disks holds (None: the driver has none).
+    # What the host's storage pool for guest disks holds (None: the driver has none, or
+    # the pool is shared).
     disk_gb: int | None = None
+    shared_pool: SharedPool | None = None
 
 
 # ----------------------------------------------------------------------------------------
@@ -214,8 +225,9 @@ class Hypervisor(Protocol):
         launch that fails leaves no disk behind."""
         ...
 
-    def remove_guest(self, uuid: str) -> None:
-        """Destroy and undefine, and delete its disk; no-op when absent."""
+    def remove_guest(self, uuid: str, *, keep_disk: bool = False) -> None:
+        """Destroy and undefine, and delete its disk (kept on a shared pool with
+        ``keep_disk``: the guest runs on from it elsewhere); no-op when absent."""
         ...
 
     def stopped_guests(self) -> list[str]:

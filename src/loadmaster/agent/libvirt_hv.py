@@ -51,6 +51,7 @@ from loadmaster.agent.hypervisor import (
     HypervisorError,
     NumaCell,
     NumaTune,
+    SharedPool,
     is_test_driver,
     ksm_for,
 )
@@ -501,13 +502,17 @@ class LibvirtHypervisor:
             # A test host read from a file (a node-device fixture) has no NUMA cells to
             # count free memory in, and says none is free: it is made up, all of it is.
             free = int(memory_mib) * 1024 * 1024
+        # A shared pool's DISK_GB is its sharing provider's, counted once for the hosts
+        # that mount it, not once per host.
+        capacity, shared = self._disk_gb(), self.storage.config.shared
         return HostInfo(
             hostname=self._call("host name", self._conn.getHostname),
             cpus=int(cpus),
             memory_kib=int(memory_mib) * 1024,
             free_memory_kib=free // 1024,
             numa_cells=cells,
-            disk_gb=self._disk_gb(),
+            disk_gb=None if shared else capacity,
+            shared_pool=SharedPool(shared, capacity) if shared and capacity else None,
         )
 
     def _disk_gb(self) -> int | None:
@@ -545,7 +550,10 @@ class LibvirtHypervisor:
         # Checked before anything is made: a refusal leaves nothing to clean up.
         try:
             require_networks(self._conn, self._libvirt, (n.network for n in spec.nics))
-            disk_path = None if spec.disk is None else self.storage.make_disk(spec.uuid, spec.disk)
+            kept = None if spec.disk is None else self.storage.kept_disk(spec.uuid)
+            disk_path = kept
+            if spec.disk is not None and kept is None:
+                disk_path = self.storage.make_disk(spec.uuid, spec.disk)
         except HypervisorError as exc:
             raise HypervisorError(f"{what}: {exc}") from exc
         try:
@@ -553,8 +561,9 @@ class LibvirtHypervisor:
             dom = self._call(f"{what}: define", lambda: self._conn.defineXML(xml))
             self._start(dom, what, defined_now=True)
         except HypervisorError:
-            if spec.disk is not None and self._lookup(spec.uuid) is None:
-                # No volume outlives a launch that failed (a concurrent one may use it).
+            if spec.disk is not None and kept is None and self._lookup(spec.uuid) is None:
+                # No volume outlives a launch that failed (a concurrent one may use it);
+                # a disk the guest had before is its data, kept.
                 self.storage.remove_disk(spec.uuid)
             raise
         self._started(spec.uuid, dom)
@@ -597,7 +606,7 @@ class LibvirtHypervisor:
                 continue  # undefined since the listing
         return found
 
-    def remove_guest(self, uuid: str) -> None:
+    def remove_guest(self, uuid: str, *, keep_disk: bool = False) -> None:
         lv = self._libvirt
         dom = self._lookup(uuid)
         if dom is None:
@@ -612,7 +621,8 @@ class LibvirtHypervisor:
             except lv.libvirtError as exc:
                 if exc.get_error_code() != lv.VIR_ERR_NO_DOMAIN:
                     raise HypervisorError(f"remove {uuid}: undefine: {exc}") from exc
-        self.storage.remove_disk(uuid)
+        if not (keep_disk and self.storage.config.shared):
+            self.storage.remove_disk(uuid)
         self._sweep_shaping()
 
     def set_tags(self, uuid: str, tags: frozenset[str]) -> None:

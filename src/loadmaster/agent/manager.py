@@ -233,7 +233,8 @@ def discover(
 ) -> dict[str, Any]:
     """The registration body: CPUs and memory from the hypervisor (on NUMA cells as child
     providers when there are several, as Placement models them), DISK_GB from its storage
-    pool, the configured classes on the root, reserved amounts (``DEFAULT_RESERVED``
+    pool (or, for a shared pool, the pool's name and size: its sharing provider's), the
+    configured classes on the root, reserved amounts (``DEFAULT_RESERVED``
     where the config names none) and ratios from the config, and the host's devices as
     child providers with their traits."""
     reserved = {**DEFAULT_RESERVED, **config.reserved}
@@ -270,6 +271,13 @@ def discover(
         # The storage pool guests' disks are made in; a configured amount overrides it.
         root["DISK_GB"] = inventory("DISK_GB", info.disk_gb, reserved.get("DISK_GB", 0))
     body: dict[str, Any] = {"inventories": root, "children": children}
+    if info.shared_pool is not None:
+        pool = info.shared_pool
+        # Its reservation and ratio are the operator's on the pool's provider.
+        body["shared_pool"] = {
+            "name": pool.name,
+            "inventories": {"DISK_GB": {"total": pool.disk_gb}},
+        }
     if devices is not None and devices.providers:
         device_children, body["child_traits"], parents = registration_children(devices, nodes)
         children.update(device_children)
@@ -468,6 +476,9 @@ class HostManager:
             doomed += [u for u in self.hypervisor.stopped_guests() if u not in wanted | busy]
         except Exception as exc:
             report.errors.append(f"stopped guests: {exc}")
+        # A host that is down (fenced, back after it died) had its VMs evacuated: on a
+        # shared pool they run on from their disks elsewhere, which stay.
+        evacuated = False
         if doomed:
             # The work list was read before the guests were listed: a guest that arrived in
             # between (a migration claimed and carried out meanwhile) is not on it. Only
@@ -475,9 +486,10 @@ class HostManager:
             fresh = self.api.work(self.host_name, -1, 0) or {"items": ()}
             still = {str(i["vm"]).lower() for i in fresh["items"]}
             doomed = [u for u in doomed if u not in still]
+            evacuated = fresh.get("state") == "down"
         for uuid in doomed:
             try:
-                self.hypervisor.remove_guest(uuid)
+                self.hypervisor.remove_guest(uuid, keep_disk=evacuated)
                 report.removed.append(uuid)
                 name = guests[uuid].name if uuid in guests else None
                 log.info(

@@ -598,7 +598,7 @@ class SimulatedHypervisor:
         """None: a simulated guest is either running or gone."""
         return []
 
-    def remove_guest(self, uuid: str) -> None:
+    def remove_guest(self, uuid: str, *, keep_disk: bool = False) -> None:
         self._check("remove_guest")
         with self._lifecycle_lock:
             if self._guests.pop(uuid, None) is not None:

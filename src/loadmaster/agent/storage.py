@@ -9,9 +9,10 @@ A base image reaches the pool from the operator's ``image_dir`` (``<image>.qcow2
 first time a guest needs it, uploaded through libvirt (so the agent needs no access to
 the pool's directory, which a remote or sandboxed libvirtd resolves on its own side).
 
-A pool the operator declares ``shared`` is one storage that every host declaring it sees at
-``pool_dir`` (an NFS export, a cluster filesystem): a guest's volume is the same file on
-all of them, so a live migration leaves it in place. libvirt lists a pool's volumes as of
+A pool the operator declares ``shared`` (by a name, the same on each host) is one storage
+that every host declaring it sees at ``pool_dir`` (an NFS export, a cluster filesystem): a guest's volume is the same file on
+all of them, so a live migration leaves it in place, and a guest started on another host
+of the pool (evacuated from a dead one) boots from the volume it had. libvirt lists a pool's volumes as of
 its last refresh, so on a shared pool a volume not listed is looked for again after one:
 another host may have made it.
 """
@@ -39,12 +40,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class StorageConfig:
-    """Where the pool lives (as its libvirtd sees it), whether it is shared storage, and
-    where base images come from."""
+    """Where the pool lives (as its libvirtd sees it), the name of the shared storage it
+    is (None: the host's own), and where base images come from."""
 
     pool_dir: Path = DEFAULT_POOL_DIR
     image_dir: Path | None = None
-    shared: bool = False
+    shared: str | None = None
 
 
 def base_name(image: str) -> str:
@@ -142,6 +143,20 @@ class GuestStorage:
             f"<target><format type='qcow2'/></target>{backing}</volume>"
         )
         vol = self._call(f"disk of {uuid}: create", lambda: pool.createXML(xml, 0))
+        path: str = self._call(f"disk of {uuid}: path", vol.path)
+        return path
+
+    def kept_disk(self, uuid: str) -> str | None:
+        """On a shared pool, the path of the volume the guest already has there (None on
+        a private pool, or when it has none). Another host of the pool made it: the guest
+        was evacuated here from a host that died, or starts again after it stopped there.
+        Its data is the guest's, so it boots from it as it is, as Nova's evacuate reuses
+        an instance's disk on shared storage."""
+        if not self.config.shared:
+            return None
+        vol = self._volume(self.pool(), volume_name(uuid))
+        if vol is None:
+            return None
         path: str = self._call(f"disk of {uuid}: path", vol.path)
         return path
 

@@ -219,6 +219,14 @@ class HostReport(Body):
     as_of: Annotated[datetime, Field(strict=False), BeforeValidator(_text_only)] | None = None
 
 
+class SharedPoolIn(Body):
+    """A storage pool the host mounts with others: its name, the same on each of them,
+    and its inventory (DISK_GB), which their sharing provider of that name offers."""
+
+    name: Name
+    inventories: dict[str, Inventory] = {}
+
+
 class AgentRegistration(Body):
     """What a host's agent discovered: the root's inventories and its children's (NUMA
     cells, devices), by child provider name."""
@@ -231,6 +239,8 @@ class AgentRegistration(Body):
     # A child's parent among the other children (a device under its NUMA node); the
     # others are the host's own.
     child_parents: dict[Name, Name] = {}
+    # Absent: the host mounts no shared pool (it leaves the one it was in).
+    shared_pool: SharedPoolIn | None = None
 
 
 class HostFailure(Body):

@@ -119,14 +119,16 @@ def agent(
         ),
     ] = None,
     pool_shared: Annotated[
-        bool,
+        str | None,
         typer.Option(
             "--pool-shared",
+            metavar="NAME",
             help="the pool's directory is one storage every host sees at that path (an NFS "
-            "export, a cluster filesystem), declared so on each of them: a live migration "
-            "leaves the guest's disk in place instead of copying it",
+            "export, a cluster filesystem), declared so, with one NAME, on each of them: a "
+            "live migration leaves the guest's disk in place instead of copying it, and the "
+            "pool is one DISK_GB provider NAME the hosts share, not one per host",
         ),
-    ] = False,
+    ] = None,
     image_dir: Annotated[
         Path | None,
         typer.Option(

@@ -6,7 +6,7 @@ Public API::
 
     HostControl(store, hosts, classes, ledger, scheduler, max_launch_attempts=3,
                 silent_after_s=60)
-        .register(name, hypervisor_uri=, inventories=, children=) -> Registration
+        .register(name, hypervisor_uri=, inventories=, children=, shared_pool=) -> Registration
         .generation(host) -> int; .work(host) -> WorkList
         .report(host, running, launching=, seen_generation=, as_of=, usage=, load=)
         .launch_failed(vm, host, reason) -> LaunchFailure

@@ -27,6 +27,7 @@ from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
+from loadmaster.hostcontrol.pools import PoolMembership, check_pool
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
 from loadmaster.images import disk_bytes
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
@@ -198,6 +199,7 @@ class HostControl:
         self._hosts = hosts
         self._classes = classes
         self._traits = TraitService(store)
+        self._pools = PoolMembership(store, hosts)
         self._ledger = ledger
         self._scheduler = scheduler
         self.max_launch_attempts = max_launch_attempts
@@ -222,6 +224,7 @@ class HostControl:
         children: Mapping[str, Mapping[str, Mapping[str, object]]] | None = None,
         child_traits: Mapping[str, Sequence[str]] | None = None,
         child_parents: Mapping[str, str] | None = None,
+        shared_pool: Mapping[str, object] | None = None,
     ) -> Registration:
         """Create the host (and its child providers, e.g. NUMA cells and devices) or find
         it by name, then make its inventories (and its children's traits, for those
@@ -230,7 +233,10 @@ class HostControl:
         swap on the provider's generation, retried on a race; a change that would put a
         class below what is allocated is refused and reported, and the rest still lands.
         A child named after the host (``<host>_...``) that the agent no longer lists has
-        its inventory withdrawn the same way (``withdrawn``)."""
+        its inventory withdrawn the same way (``withdrawn``). ``shared_pool`` (name,
+        inventories): the storage pool the host mounts with others, one sharing provider
+        in an aggregate with them (``hostcontrol/pools.py``); without it the host leaves
+        the pools it was in."""
         if not isinstance(hypervisor_uri, str) or not hypervisor_uri or len(hypervisor_uri) > 1024:
             raise ValidationError(
                 "hypervisor_uri must be a libvirt URI of at most 1024 characters",
@@ -243,6 +249,7 @@ class HostControl:
             for child, inv in sorted((children or {}).items())
         }
         self._check_names(name, parsed_children)
+        pool = check_pool(self._hosts, name, shared_pool)
         traits = self._check_child_traits(child_traits or {}, parsed_children)
         parents = dict(child_parents or {})
         for child, parent in sorted(parents.items()):
@@ -282,6 +289,9 @@ class HostControl:
             ):
                 self._ensure(known.name, known.parent, {}, refused)
                 withdrawn.append(known.name)
+        self._pools.join(
+            name, pool, lambda provider, inv: self._ensure(provider, None, inv, refused)
+        )
         with self._store.write() as session:
             row = lookup.host_row(session, name)
             agent = session.get(HostAgentRow, row.id)

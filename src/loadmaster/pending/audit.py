@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.vms import PLACED_STATES
+from loadmaster.resources.traits import SHARING_TRAIT
 from loadmaster.store import Store
 from loadmaster.store.schema import (
     AllocationRow,
@@ -21,8 +22,10 @@ from loadmaster.store.schema import (
     HostAgentRow,
     HostReportRow,
     HostRow,
+    HostTraitRow,
     InventoryRow,
     ServerGroupRow,
+    TraitRow,
     VmRow,
 )
 
@@ -69,10 +72,17 @@ def audit(store: Store) -> list[Problem]:
             records[row.consumer_id].append(row)
         flavors = {f.id: f for f in session.scalars(select(FlavorRow))}
         roots = dict(session.execute(select(HostRow.id, HostRow.root_id)).all())
+        sharing = set(
+            session.scalars(
+                select(HostTraitRow.host_id)
+                .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
+                .where(TraitRow.name == SHARING_TRAIT)
+            )
+        )
         for vm in session.scalars(select(VmRow)):
             mine = records.pop(vm.consumer_id, [])
             flavor = flavors.get(vm.flavor_id) if vm.flavor_id is not None else None
-            problems.extend(_check_vm(vm, mine, flavor, roots, names))
+            problems.extend(_check_vm(vm, mine, flavor, roots, names, sharing))
         consumers = dict(session.execute(select(ConsumerRow.id, ConsumerRow.uuid)).all())
         for consumer_id, rows in records.items():
             # What is left belongs to plain (Placement) consumers: in use, never pending.
@@ -191,7 +201,10 @@ def _check_vm(
     flavor: FlavorRow | None,
     roots: dict[int, int | None],
     names: dict[int, str],
+    sharing: set[int],
 ) -> list[Problem]:
+    """``sharing``: the sharing providers: records there (a disk on a pool) count for
+    the VM's host, and a migration's destination counts those its source holds."""
     wanted = lookup.effective_resources(flavor.resources if flavor else {}, vm.overrides)
     if vm.state in ("requested", "stopped", "deleted"):
         if rows:
@@ -203,11 +216,21 @@ def _check_vm(
         "migrating": [(vm.host_id, "active"), (vm.target_host_id, "pending")],
     }[vm.state]
     problems = []
+    shared = [
+        r for r in rows if r.host_id in sharing and roots.get(r.host_id) not in dict(expected)
+    ]
     for host_id, state in expected:
         held: dict[str, int] = defaultdict(int)
         for r in rows:
             if roots.get(r.host_id) == host_id and r.state == state:
                 held[names[r.resource_class_id]] += r.amount
+        for r in shared:
+            if r.state == state:
+                held[names[r.resource_class_id]] += r.amount
+        if state == "pending" and vm.state == "migrating":
+            for r in shared:  # kept from the source, not claimed again
+                if r.state == "active" and names[r.resource_class_id] not in held:
+                    held[names[r.resource_class_id]] += r.amount
         if dict(held) != wanted:
             problems.append(
                 Problem(
@@ -216,7 +239,7 @@ def _check_vm(
                     f"{vm.state}: {state} records {dict(held)} != needs {wanted}",
                 )
             )
-    stray = [r for r in rows if (roots.get(r.host_id), r.state) not in expected]
+    stray = [r for r in rows if (roots.get(r.host_id), r.state) not in expected and r not in shared]
     if stray:
         problems.append(
             Problem("state_mismatch", vm.uuid, f"{len(stray)} records do not fit state {vm.state}")

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 from loadmaster.cluster import lookup
 from loadmaster.resources import Inventory, class_order
 from loadmaster.resources.selectors import MemberOf, Required
+from loadmaster.resources.traits import SHARING_TRAIT
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     AllocationRow,
@@ -46,8 +47,6 @@ from loadmaster.store.schema import (
     HostTraitRow,
     TraitRow,
 )
-
-SHARING_TRAIT = "MISC_SHARES_VIA_AGGREGATE"
 
 
 @dataclass

@@ -34,6 +34,7 @@ from loadmaster.pending.trees import (
     PROVIDER_COLUMNS,
     ProviderRow,
     ProviderTree,
+    add_sharing,
     load_trees,
     provider_rows,
     with_roots,
@@ -49,7 +50,7 @@ from loadmaster.store.locking import (
     execute_core,
     now,
 )
-from loadmaster.store.schema import AllocationRow, HostRow, VmRow
+from loadmaster.store.schema import AllocationRow, HostRow, ResourceClassRow, VmRow
 from loadmaster.store.transaction import Transaction
 
 
@@ -116,6 +117,7 @@ def claim(
     watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
     hosts, providers = _hosts_by_ident(session, {c.host for c in claims})
     trees = load_trees(session, {h.root_id or h.id for h in hosts.values()}, providers)
+    add_sharing(session, trees)
     # Only a class some tree has inventory of can be planned on it.
     class_ids = {name: id_ for tree in trees.values() for name, id_ in tree.class_ids.items()}
     class_names = {v: k for k, v in class_ids.items()}
@@ -126,6 +128,7 @@ def claim(
     seen_vms: set[str] = set()
     stamp = now()
     for i, claim in enumerate(claims):
+        discounted: list[tuple[int, int, str, str, int]] = []
         try:
             vm = vms.get(claim.vm)
             if vm is None:
@@ -159,11 +162,20 @@ def claim(
                     "there is nothing to evacuate",
                     field=f"{prefix[i]}vm",
                 )
-            planned = _plan(vm, host, tree, flavor, class_ids, claim, prefix[i])
+            kept: set[str] = set()
+            if vm.id in groups.evacuating or (claim.move and vm.state == "pending"):
+                # Its records go in this transaction: what it holds on the pool is room.
+                discounted = _on_sharing(session, vm, tree)
+                _discount(tree, discounted, -1)
+            elif vm.state == "running":
+                kept = _kept_on_sharing(session, vm, tree)
+            planned = _plan(vm, host, tree, flavor, class_ids, claim, prefix[i], kept)
             groups.check(vm, tree.root, prefix[i], moving=moving)
         except LoadmasterError as exc:
             if all_or_nothing:
                 raise
+            if discounted and tree is not None:
+                _discount(tree, discounted, 1)  # its records stay after all
             outcomes.append(ClaimOutcome(claim.vm, claim.host, error=exc))
             continue
         seen_vms.add(claim.vm)
@@ -283,7 +295,10 @@ def _plan(
     class_ids: Mapping[str, int],
     claim: Claim,
     prefix: str,
+    kept: set[str],
 ) -> list[tuple[ProviderRow, int, int]]:
+    """``kept``: classes a migrating VM holds on a sharing provider the destination
+    reaches too: the allocation there stays, and is not claimed again."""
     if host.parent_id is not None:
         raise ValidationError(
             f"{prefix}host {host.name} is a child provider; claim on its root host",
@@ -333,7 +348,11 @@ def _plan(
             f"{flavor.name} forbids",
             field=f"{prefix}host",
         )
-    wanted = lookup.effective_resources(flavor.resources, vm.overrides)
+    wanted = {
+        name: amount
+        for name, amount in lookup.effective_resources(flavor.resources, vm.overrides).items()
+        if name not in kept
+    }
     if not wanted:
         # No records would be written: nothing could ever end such a claim.
         raise ValidationError(
@@ -376,6 +395,43 @@ def _plan(
     raise InsufficientCapacity(
         f"{prefix}host {host.name} cannot fit VM {vm.uuid}: {misfit.problems[0]}", field=where
     )
+
+
+def _on_sharing(
+    session: Transaction, vm: VmState, tree: ProviderTree
+) -> list[tuple[int, int, str, str, int]]:
+    """The VM's records on sharing providers ``tree`` reaches (a disk on the storage its
+    hosts mount): (provider id, class id, class, state, amount) each."""
+    sharing = {p.id for p in tree.providers if (p.root_id or p.id) != tree.root.id}
+    if not sharing:
+        return []
+    rows = execute_core(
+        session,
+        select(
+            AllocationRow.host_id,
+            AllocationRow.resource_class_id,
+            ResourceClassRow.name,
+            AllocationRow.state,
+            AllocationRow.amount,
+        )
+        .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
+        .where(AllocationRow.consumer_id == vm.consumer_id, AllocationRow.host_id.in_(sharing)),
+    )
+    return [tuple(r) for r in rows]
+
+
+def _kept_on_sharing(session: Transaction, vm: VmState, tree: ProviderTree) -> set[str]:
+    """The classes a running VM holds on sharing providers ``tree`` reaches: a migration
+    there moves none of it."""
+    return {name for _, _, name, _, _ in _on_sharing(session, vm, tree)}
+
+
+def _discount(tree: ProviderTree, records: list[tuple[int, int, str, str, int]], sign: int) -> None:
+    """Count a VM's records on sharing providers (``_on_sharing``) as free (``sign``
+    -1) while its claim is planned: they end with it (an evacuation, a re-placed pending
+    VM), so the disk it holds on a pool does not need room twice; +1 puts them back."""
+    for provider, class_id, _, state, amount in records:
+        tree.used[(provider, class_id)][state] += sign * amount
 
 
 def _hosts_by_ident(

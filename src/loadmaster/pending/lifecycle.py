@@ -14,7 +14,7 @@ from loadmaster.cluster import lookup
 from loadmaster.cluster.records import VmRecord
 from loadmaster.cluster.vms import TRANSITIONS, move, vm_records
 from loadmaster.errors import Conflict, InvalidTransition, ValidationError
-from loadmaster.pending.trees import tree_ids, with_roots
+from loadmaster.pending.trees import reached_ids, tree_ids, with_roots
 from loadmaster.store.locking import bump_consumers, generation_of, touch_generations
 from loadmaster.store.schema import AllocationRow, HostRow, VmRow
 
@@ -59,7 +59,10 @@ def activate_row(session: Session, row: VmRow) -> None:
     )
     touched = with_roots(session, {r.host_id for r in rows})
     if row.state == "migrating":
-        target_tree = tree_ids(session, row.target_host_id)
+        # What it holds on storage both ends share stays: the guest's disk did not move.
+        target_tree = tree_ids(session, row.target_host_id) | reached_ids(
+            session, row.target_host_id
+        )
         for r in rows:
             if r.host_id not in target_tree:
                 session.delete(r)
@@ -98,9 +101,7 @@ def release_row(
     that never started, stopped for one that ran)."""
     query = select(AllocationRow).where(AllocationRow.consumer_id == row.consumer_id)
     if host_row is not None:
-        query = query.where(
-            AllocationRow.host_id.in_(tree_ids(session, host_row.root_id or host_row.id))
-        )
+        query = query.where(AllocationRow.host_id.in_(_held_on(session, row, host_row)))
     doomed = list(session.scalars(query))
     if not doomed:
         if host_row is None and row.state == "pending":
@@ -138,6 +139,20 @@ def release_row(
     touch_generations(session, touched)
     bump_consumers(session, [row.consumer_id])
     return len(doomed)
+
+
+def _held_on(session: Session, row: VmRow, host_row: HostRow) -> set[int]:
+    """The providers whose records of the VM end with its claim on ``host_row``: its
+    tree, and, when the VM is there, the sharing providers it reaches that the VM's
+    other host (of a migration) does not: those hold what the VM keeps."""
+    root = host_row.root_id or host_row.id
+    if root not in (row.host_id, row.target_host_id):
+        return tree_ids(session, root)
+    other = row.target_host_id if root == row.host_id else row.host_id
+    shared = reached_ids(session, root)
+    if row.state == "migrating" and shared:
+        shared -= reached_ids(session, other)
+    return tree_ids(session, root) | shared
 
 
 def stop(session: Session, vm: str, *, if_on: str | None = None) -> VmRecord:
@@ -233,12 +248,13 @@ def take_over_migration(session: Session, vm: str, down: Set[int]) -> TakenOver 
         f"migration from {source.name} taken over: host {source.name} is down; "
         f"started again on {target.name}"
     )
+    held = _held_on(session, row, source)
     doomed = [
         r
         for r in session.scalars(
             select(AllocationRow).where(AllocationRow.consumer_id == row.consumer_id)
         )
-        if r.host_id in tree_ids(session, source.id)
+        if r.host_id in held
     ]
     touched = with_roots(session, {r.host_id for r in doomed}) | {source.id, target.id}
     for r in doomed:

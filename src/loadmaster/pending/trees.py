@@ -3,7 +3,7 @@ the ledger's other parts share."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,15 +21,17 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from loadmaster.resources import Inventory
+from loadmaster.resources.traits import SHARING_TRAIT
 from loadmaster.resources.tree_fit import NODE_CLASSES, numa_nodes
 from loadmaster.store import Prepared, run
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
     AllocationRow,
+    HostAggregateRow,
     HostRow,
     HostTraitRow,
     InventoryRow,
@@ -233,3 +235,63 @@ def with_roots(session: Transaction, host_ids: set[int]) -> set[int]:
         session, select(HostRow.id, HostRow.root_id).where(HostRow.id.in_(host_ids))
     ).all()
     return set(host_ids) | {root for _, root in rows if root}
+
+
+def sharing_reached(session: Transaction, root_ids: set[int]) -> dict[int, list[ProviderRow]]:
+    """Per root: the sharing providers (``SHARING_TRAIT``) of other trees in an aggregate
+    with a provider of its tree, in id order (roots reaching none are left out)."""
+    mine = aliased(HostRow)
+    theirs = aliased(HostAggregateRow)
+    rows = execute_core(
+        session,
+        select(func.coalesce(mine.root_id, mine.id), *PROVIDER_COLUMNS)
+        .distinct()
+        .join(HostAggregateRow, HostAggregateRow.host_id == mine.id)
+        .join(theirs, theirs.aggregate == HostAggregateRow.aggregate)
+        .join(HostRow, HostRow.id == theirs.host_id)
+        .join(HostTraitRow, HostTraitRow.host_id == HostRow.id)
+        .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
+        .where(
+            func.coalesce(mine.root_id, mine.id).in_(root_ids),
+            TraitRow.name == SHARING_TRAIT,
+            func.coalesce(HostRow.root_id, HostRow.id) != func.coalesce(mine.root_id, mine.id),
+        )
+        .order_by(HostRow.id),
+    ).all()
+    out: dict[int, list[ProviderRow]] = {}
+    for root, *provider in rows:
+        out.setdefault(root, []).append(ProviderRow(*provider))
+    return out
+
+
+def add_sharing(session: Transaction, trees: Mapping[int, ProviderTree]) -> None:
+    """Each tree takes, after its own providers, the sharing providers it reaches, with
+    their inventories and usage: a class no provider of the tree offers is claimed there,
+    as Placement's allocation candidates take it. Trees reaching one sharing provider
+    share its usage, so the claims of one batch see each other's."""
+    reached = sharing_reached(session, set(trees))
+    if not reached:
+        return
+    sharing = {p.id: p for providers in reached.values() for p in providers}
+    contents = load_trees(session, {p.root_id or p.id for p in sharing.values()})
+    for tree in contents.values():
+        for key in tree.inventories:
+            tree.used.setdefault(key, {"active": 0, "pending": 0})
+    for root, providers in reached.items():
+        tree = trees[root]
+        for provider in providers:
+            source = contents[provider.root_id or provider.id]
+            tree.providers.append(provider)
+            for key, inventory in source.inventories.items():
+                if key[0] == provider.id:
+                    tree.inventories[key] = inventory
+                    tree.used[key] = source.used[key]
+            tree.class_ids.update(source.class_ids)
+            tree.provider_traits[provider.id] = source.provider_traits.get(provider.id, set())
+
+
+def reached_ids(session: Transaction, root_id: int | None) -> set[int]:
+    """The ids of the sharing providers ``root_id``'s tree reaches."""
+    if root_id is None:
+        return set()
+    return {p.id for p in sharing_reached(session, {root_id}).get(root_id, [])}

@@ -35,3 +35,8 @@ def validate_custom_trait(name: object, field: str = "trait") -> str:
             f"{field} {name!r} is not a custom trait: it must match CUSTOM_[A-Z0-9_]+", field=field
         )
     return name
+
+
+# A provider whose inventory the providers of its aggregates draw from (a storage pool
+# several hosts mount), as Placement marks one.
+SHARING_TRAIT = "MISC_SHARES_VIA_AGGREGATE"

@@ -187,6 +187,12 @@ class _Local:
         self.changes[self.count] = host
         self.count += 1
 
+    def changed_everywhere(self) -> None:
+        """A claim on a sharing provider (a pool several hosts draw from) changes every
+        host that reaches it: no kept answer holds."""
+        self.verdicts.clear()
+        self.scores.clear()
+
     def verdict(self, snap: Snapshot, entry: LoadedFilter, request: VmRequest) -> Bools | None:
         """The hosts the filter keeps, as of now (None: it said None)."""
         key = (id(entry), *self.values.of(request, self.filters[id(entry)]))
@@ -527,9 +533,12 @@ def _take(call: _Call, request: VmRequest, host: int) -> None:
         one_node=request.one_numa_node,
         affinity=request.pci_numa_affinity,
         class_traits=request.class_traits,
+        held=request.shared_held,
     )
     if call.local is not None:
         call.local.changed(host)
+        if call.snap.sharing.get(host):
+            call.local.changed_everywhere()
 
 
 @overload

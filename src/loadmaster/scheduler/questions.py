@@ -9,7 +9,7 @@ from loadmaster.scheduler.decide import FilterResult, Plan, filter_hosts, score_
 from loadmaster.scheduler.explain import explanation
 from loadmaster.scheduler.request import VmRequest
 from loadmaster.scheduler.results import CapacityReport, Explanation
-from loadmaster.scheduler.snapshot import Ints, Snapshot
+from loadmaster.scheduler.snapshot import Bools, Ints, Snapshot
 
 RANKED = 5  # hosts listed with their scores
 
@@ -31,8 +31,7 @@ def capacity(
     the plan's best). With a hard-affinity group all of them must share one host, so
     ``total`` is the most any single host takes."""
     results, keep = filter_hosts(snap, request, plan.unweighed())
-    counts = fitting_count(snap, request)
-    counts[~keep] = 0
+    counts = fitting_count(snap, request, keep)
     if request.group is not None:
         members = snap.group_members[request.group.name]
         cap = request.group.max_per_host or (1 if request.group.policy == "anti-affinity" else None)
@@ -53,9 +52,12 @@ def capacity(
     return CapacityReport(flavor, total, per_host, group, dict(sorted(limits.items())))
 
 
-def fitting_count(snap: Snapshot, request: VmRequest) -> Ints:
-    """Per host, how many copies of the request fit by resources (unit rules included)."""
-    counts = np.full(snap.size, np.iinfo(np.int64).max, np.int64)
+def fitting_count(snap: Snapshot, request: VmRequest, keep: Bools) -> Ints:
+    """Per host ``keep`` marks, how many copies of the request fit by resources (unit
+    rules included); 0 on the others."""
+    unlimited = np.iinfo(np.int64).max
+    counts = np.full(snap.size, unlimited, np.int64)
+    pooled: list[tuple[Bools, Ints]] = []
     for name, amount in request.resources.items():
         column = snap.classes.get(name)
         if column is None:
@@ -69,10 +71,34 @@ def fitting_count(snap: Snapshot, request: VmRequest) -> Ints:
                 np.int64
             )
         )
+        if snap.sharing:
+            # Hosts offering the class only through a pool: counted below, the pool's
+            # count shared out among them.
+            drawing = (snap.host_capacity[column] == 0) & snap.reach.any(axis=1)
+            per_host = np.where(drawing, unlimited, per_host)
+            pooled.append((drawing, per_provider[snap.sharing_rows]))
         counts = np.minimum(counts, per_host)
     if request.one_numa_node:
         counts = np.minimum(counts, snap.one_node_counts(request.resources))
+    counts[~keep] = 0
+    for drawing, per_pool in pooled:
+        counts = _shared_out(snap, counts, drawing, per_pool.copy())
     return counts
+
+
+def _shared_out(snap: Snapshot, counts: Ints, drawing: Bools, left: Ints) -> Ints:
+    """``counts`` with each host that ``drawing`` marks taking what its other classes
+    allow from the pools it reaches, in host order, so the hosts of one pool together
+    never count it twice."""
+    out = counts.copy()
+    for h in np.flatnonzero(drawing).tolist():
+        took = 0
+        for k in np.flatnonzero(snap.reach[h]).tolist():
+            take = min(int(counts[h]) - took, int(left[k]))
+            took += take
+            left[k] -= take
+        out[h] = took
+    return out
 
 
 def _zero_reason(snap: Snapshot, request: VmRequest, results: list[FilterResult], host: int) -> str:
@@ -95,6 +121,17 @@ def _shortfall(snap: Snapshot, request: VmRequest, host: int) -> str | None:
     short = []
     for name, amount in sorted(request.resources.items()):
         column = snap.classes.get(name)
+        pools = (
+            []
+            if column is None
+            else [r for r in snap.sharing.get(host, []) if snap.capacity[column, r] > 0]
+        )
+        if column is not None and pools and not snap.host_capacity[column, host]:
+            free = max(int(snap.capacity[column, r] - snap.used[column, r]) for r in pools)
+            if free < amount:
+                where = ", ".join(snap.provider_names[r] for r in pools)
+                short.append(f"{name} short by {amount - free} in pool {where}")
+            continue
         if column is None or not snap.host_capacity[column, host]:
             short.append(f"no {name} inventory")
             continue

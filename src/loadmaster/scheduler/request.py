@@ -125,6 +125,9 @@ class VmRequest:
     pci_numa_affinity: Affinity | None = None
     # Per class, the traits the provider it is taken from must have (a PCI alias's).
     class_traits: tuple[tuple[str, frozenset[str]], ...] = ()
+    # A running VM's classes held on sharing providers, as (class, provider row): a host
+    # reaching that provider takes the VM without them (its disk stays on the pool).
+    shared_held: tuple[tuple[str, int], ...] = ()
 
     @property
     def companion_total(self) -> dict[str, int]:

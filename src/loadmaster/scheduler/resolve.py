@@ -21,7 +21,13 @@ from loadmaster.scheduler.request import RequestSpec, VmRequest
 from loadmaster.scheduler.snapshot import Snapshot
 from loadmaster.store import Prepared, Store, run_chunked
 from loadmaster.store.locking import GROUP_COLUMNS, execute_core
-from loadmaster.store.schema import FlavorRow, ServerGroupRow, VmRow
+from loadmaster.store.schema import (
+    AllocationRow,
+    FlavorRow,
+    ResourceClassRow,
+    ServerGroupRow,
+    VmRow,
+)
 from loadmaster.store.transaction import Transaction, as_session
 
 SCHEDULABLE_STATES = ("requested", "stopped", "running")
@@ -261,9 +267,25 @@ class _Resolver:
                 # anywhere but where it is.
                 current = int(snap.root_of[snap.row_of[row.host_id]])
                 request.exclude_hosts = request.exclude_hosts | {snap.names[current]}
+                if row.state == "running" and current in snap.sharing:
+                    request.shared_held = _held_on_sharing(session, snap, row.consumer_id)
                 if group is not None and group.policy == "affinity":
                     self.out.leaving.setdefault(group.name, []).append(current)
             self.out.items.append(Item(position + j, request, error, intent=self.intent))
+
+
+def _held_on_sharing(
+    session: Transaction, snap: Snapshot, consumer_id: int
+) -> tuple[tuple[str, int], ...]:
+    """What the consumer holds on the snapshot's sharing providers: (class, row)."""
+    ids = [int(snap.provider_ids[r]) for r in snap.sharing_rows.tolist()]
+    found = execute_core(
+        session,
+        select(AllocationRow.host_id, ResourceClassRow.name)
+        .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
+        .where(AllocationRow.consumer_id == consumer_id, AllocationRow.host_id.in_(ids)),
+    ).all()
+    return tuple(sorted((name, snap.row_of[host_id]) for host_id, name in found))
 
 
 def with_flavor(

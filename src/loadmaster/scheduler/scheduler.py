@@ -35,7 +35,6 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
-from loadmaster.resources.tree_fit import Affinity
 from loadmaster.scheduler import questions
 from loadmaster.scheduler.coalesce import Ticket, Waiting, intent_kind, merge
 from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
@@ -52,8 +51,7 @@ from loadmaster.scheduler.results import (
     Placement,
     ScheduleResult,
 )
-from loadmaster.scheduler.snapshot import ClassTraits
-from loadmaster.scheduler.source import SnapshotSource
+from loadmaster.scheduler.source import Landed, SnapshotSource
 from loadmaster.store import Store
 from loadmaster.store.transaction import Transaction
 
@@ -699,9 +697,6 @@ class _RaceInOneTransaction(Exception):
     a check the snapshot and the ledger judge apart): the transaction is rolled back."""
 
 
-Landed = tuple[int, Mapping[str, int], str | None, bool, Affinity | None, ClassTraits]
-
-
 def _landed(decision: Decision) -> Landed:
     assert decision.host is not None
     request = decision.request
@@ -713,6 +708,7 @@ def _landed(decision: Decision) -> Landed:
         request.one_numa_node,
         request.pci_numa_affinity,
         request.class_traits,
+        request.shared_held,
     )
 
 

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S
 from loadmaster.cluster.records import HOST_STATES
+from loadmaster.resources.traits import SHARING_TRAIT
 from loadmaster.resources.tree_fit import NODE_CLASSES, Affinity, fit_in_tree, numa_nodes
 
 Ints = npt.NDArray[np.int64]
@@ -106,6 +107,11 @@ class Snapshot:
         self.inverse_capacity: Floats = np.zeros((0, 0))
         self.trait_matrix: Bools = np.zeros((0, 0), np.bool_)
         self.aggregate_matrix: Bools = np.zeros((0, 0), np.bool_)
+        # Sharing providers (``SHARING_TRAIT``: a storage pool several hosts mount): their
+        # rows, and per host which of them its tree reaches through an aggregate.
+        self.sharing_rows: Ints = np.zeros(0, np.int64)
+        self.reach: Bools = np.zeros((0, 0), np.bool_)
+        self.sharing: dict[int, list[int]] = {}
         self.vm_count: Ints = np.zeros(0, np.int64)
         self.load: Floats = np.zeros(0, np.float64)
         # Per host: when its agent was last heard from (seconds since the epoch), NaN for
@@ -228,6 +234,24 @@ class Snapshot:
         self._unit_ok.clear()
         self._tree_nodes.clear()
         self._shares = (None, {})
+        self._derive_sharing()
+
+    def _derive_sharing(self) -> None:
+        trait = self.traits.get(SHARING_TRAIT)
+        rows = (
+            np.zeros(0, np.int64) if trait is None else np.flatnonzero(self.trait_matrix[:, trait])
+        )
+        self.sharing_rows = rows
+        self.reach = np.zeros((self.size, len(rows)), np.bool_)
+        for k, row in enumerate(rows.tolist()):
+            columns = np.flatnonzero(self.aggregate_matrix[row])
+            members = self.any_per_host(np.asarray(self.aggregate_matrix[:, columns].any(axis=1)))
+            members[self.root_of[row]] = False  # its own tree holds it already
+            self.reach[:, k] = members
+        self.sharing = {
+            int(h): self.sharing_rows[self.reach[h]].tolist()
+            for h in np.flatnonzero(self.reach.any(axis=1))
+        }
 
     def freeze(self, frozen: bool = True) -> None:
         """Make every array read-only (or writable again, for whoever owns them)."""
@@ -276,8 +300,16 @@ class Snapshot:
         """Hosts with any inventory of the class."""
         key = (column, -1)
         if key not in self._unit_ok:
-            self._unit_ok[key] = self.host_capacity[column] > 0
+            offered = self.host_capacity[column] > 0
+            if self.sharing:
+                offered = offered | self._reached(self.capacity[column, self.sharing_rows] > 0)
+            self._unit_ok[key] = offered
         return self._unit_ok[key]
+
+    def _reached(self, sharing_ok: Bools, at: Ints | None = None) -> Bools:
+        """Per host (of ``at``): does it reach a sharing provider ``sharing_ok`` marks."""
+        reach = self.reach if at is None else self.reach[at]
+        return np.asarray(reach[:, sharing_ok].any(axis=1))
 
     def offered_everywhere(self, column: int) -> bool:
         """Does every host have inventory of the class."""
@@ -300,10 +332,13 @@ class Snapshot:
         amounts: Mapping[str, int],
         extra: Mapping[str, int] | None = None,
         at: Ints | None = None,
+        held: Sequence[tuple[str, int]] = (),
     ) -> dict[str, Bools]:
         """Per requested class, which hosts can take ``amounts`` (one provider of the tree
         holding the whole amount, as the ledger claims it) plus ``extra`` on top. With
-        ``at``, only for those hosts (one entry per host of ``at``)."""
+        ``at``, only for those hosts (one entry per host of ``at``). ``held``: classes a
+        running VM holds on sharing providers (``VmRequest.shared_held``), which a host
+        reaching that provider needs no room for."""
         extra = extra or {}
         out = {}
         rows: Ints | slice = slice(None)
@@ -328,7 +363,28 @@ class Snapshot:
                 out[name] = ok
             else:
                 out[name] = np.bincount(owner, weights=ok, minlength=size) > 0
+            if self.sharing:
+                shared = self.sharing_rows
+                room = self.capacity[column][shared] - self.used[column][shared]
+                shared_ok = room >= amount + extra.get(name, 0)
+                if amount:
+                    shared_ok &= self.unit_ok(column, amount)[shared]
+                out[name] = out[name] | self._reached(shared_ok, at)
+        for name, row in held:
+            if name in out:
+                out[name] = out[name] | self._reached(self.sharing_rows == row, at)
         return out
+
+    def unheld(
+        self, host: int, amounts: Mapping[str, int], held: Sequence[tuple[str, int]]
+    ) -> Mapping[str, int]:
+        """``amounts`` less the classes held on a sharing provider ``host`` reaches: what
+        a migration there claims (the ledger keeps the rest where it is)."""
+        reached = self.sharing.get(host)
+        if not held or not reached:
+            return amounts
+        kept = {name for name, row in held if row in reached}
+        return {name: amount for name, amount in amounts.items() if name not in kept}
 
     def share(self, column: int, amount: int, candidates: Ints) -> Floats:
         """(used + amount) / capacity of one class on the candidates: the fill level after
@@ -403,16 +459,20 @@ class Snapshot:
         one_node: bool = False,
         affinity: Affinity | None = None,
         class_traits: ClassTraits = (),
+        held: Sequence[tuple[str, int]] = (),
     ) -> None:
         """Record a claim as the ledger will write it: each class on the first provider of
-        the tree (root first) that holds it; with ``one_node`` (``hw:numa_nodes=1``) the
+        the tree (root first) that holds it, else on a sharing provider the host reaches; with ``one_node`` (``hw:numa_nodes=1``) the
         classes the host's nodes offer on the first node with room for all of them (and
-        its devices as ``affinity`` says). Only for a working copy, or for the owner of
+        its devices as ``affinity`` says); a class ``held`` on a sharing provider the
+        host reaches is not claimed again (``unheld``). Only for a working copy, or for the owner of
         the arrays (the snapshot source)."""
+        amounts = self.unheld(host, amounts, held)
         for row, column, amount in self.placing(host, amounts, one_node, affinity, class_traits):
             self.used[column, row] += amount
             if not self.flat:
-                self.host_used[column, host] += amount
+                # (A sharing provider's row counts for its own tree, not the claim's host.)
+                self.host_used[column, self.root_of[row]] += amount
         self.vm_count[host] += 1
         if group is not None and group in self.group_members:
             self.group_members[group][host] += 1
@@ -428,7 +488,8 @@ class Snapshot:
     ) -> list[tuple[int, int, int]]:
         """Where ``fit_in_tree`` puts the amounts, as (row, column, amount); nothing if
         they do not fit."""
-        if self.flat and not class_traits:
+        shared = self.sharing.get(host, [])
+        if self.flat and not class_traits and not shared:
             # A tree of one provider: every class on it, if it offers and has room for
             # each (fit_in_tree's answer, without its generality).
             plan = []
@@ -446,14 +507,14 @@ class Snapshot:
             )
 
         fit = fit_in_tree(
-            self.tree[host],
+            self.tree[host] + shared,
             amounts,
             one_node=one_node,
             offers=offers,
             problem=lambda row, name, amount: (
                 "" if self._room(self.classes[name], row, amount) else "full"
             ),
-            node_of=self.tree_nodes(host),
+            node_of=self.tree_nodes(host) + [None] * len(shared),
             affinity=affinity,
         )
         return [(row, self.classes[name], amount) for row, name, amount in fit.plan]

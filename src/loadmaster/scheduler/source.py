@@ -53,6 +53,18 @@ from loadmaster.store.schema import (
 )
 from loadmaster.store.transaction import Transaction
 
+# A claim of ours that landed: (host, amounts, group, one_node, affinity, class_traits,
+# held on sharing providers), as ``Snapshot.apply`` takes it.
+Landed = tuple[
+    int,
+    Mapping[str, int],
+    str | None,
+    bool,
+    Affinity | None,
+    ClassTraits,
+    tuple[tuple[str, int], ...],
+]
+
 
 class SnapshotSource:
     """The one owner of a scheduler's ``Snapshot``: ``snapshot`` is read-only to all else."""
@@ -341,19 +353,18 @@ class SnapshotSource:
     # -- our own claims ----------------------------------------------------------------
     def landed(
         self,
-        claims: Sequence[
-            tuple[int, Mapping[str, int], str | None, bool, Affinity | None, ClassTraits]
-        ],
+        claims: Sequence[Landed],
         clock: int | None,
     ) -> None:
-        """Our claims landed, as ``(host, amounts, group, one_node, affinity, class_traits)``:
+        """Our claims landed, as ``(host, amounts, group, one_node, affinity, class_traits,
+        held)``:
         apply them as the
         ledger wrote them. The ledger bumped each tree's generations once and stamped
         them with ``clock``, a change the snapshot then holds (None: do not trust that,
         read those providers again at the next refresh)."""
         with self._writing():
             snap = self._thaw()
-            for host, amounts, group, one_node, affinity, class_traits in claims:
+            for host, amounts, group, one_node, affinity, class_traits, held in claims:
                 snap.apply(
                     host,
                     amounts,
@@ -361,6 +372,7 @@ class SnapshotSource:
                     one_node=one_node,
                     affinity=affinity,
                     class_traits=class_traits,
+                    held=held,
                 )
             for host in {claim[0] for claim in claims}:
                 snap.generation[snap.tree[host]] += 1

@@ -67,7 +67,9 @@ def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) 
     """Register the host (created if new, found by name otherwise) with the inventories its
     agent discovered; a class that would shrink below its allocations keeps its old
     inventory and is listed under ``refused``; a child provider named after the host that
-    the agent no longer lists (a device gone) is listed under ``withdrawn``."""
+    the agent no longer lists (a device gone) is listed under ``withdrawn``. A host on a
+    shared pool joins its sharing provider's aggregate (made with it on the first
+    registration that names it); one that names none leaves it."""
     _check_host_of_agent(request, host_name)
     fields = body.model_dump()
     registration = lm.host_agents.register(
@@ -77,6 +79,7 @@ def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) 
         children=fields["children"],
         child_traits=fields["child_traits"],
         child_parents=fields["child_parents"],
+        shared_pool=fields["shared_pool"],
     )
     return {
         "host": views.host(registration.host),

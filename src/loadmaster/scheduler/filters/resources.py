@@ -20,7 +20,14 @@ class ResourcesFilter:
     name = "resources"
     order = 90
     dynamic = True
-    reads = ("resources", "companion_total", "one_numa_node", "pci_numa_affinity", "class_traits")
+    reads = (
+        "resources",
+        "companion_total",
+        "one_numa_node",
+        "pci_numa_affinity",
+        "class_traits",
+        "shared_held",
+    )
 
     def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict:
         return self.mask_at(hosts, request, None)
@@ -36,7 +43,7 @@ class ResourcesFilter:
             elif not hosts.offered_everywhere(column):
                 offered = hosts.offers(column)
                 checks.append((offered if at is None else offered[at], f"no {name} inventory"))
-        fits = hosts.fits(request.resources, request.companion_total, at)
+        fits = hosts.fits(request.resources, request.companion_total, at, request.shared_held)
         checks += [(ok, f"short of {name}") for name, ok in sorted(fits.items())]
         if request.one_numa_node:
             counts = hosts.one_node_counts(request.resources)
@@ -59,7 +66,7 @@ class ResourcesFilter:
                 near[i] = bool(
                     hosts.placing(
                         int(hosts_at[i]),
-                        request.resources,
+                        hosts.unheld(int(hosts_at[i]), request.resources, request.shared_held),
                         request.one_numa_node,
                         affinity,
                         request.class_traits,
