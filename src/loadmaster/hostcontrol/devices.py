@@ -19,7 +19,9 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
+from loadmaster.cluster.records import VmRecord
 from loadmaster.errors import Conflict, ValidationError
+from loadmaster.pending import lifecycle
 from loadmaster.resources.tree_fit import NODE_CLASSES
 from loadmaster.store import Store
 from loadmaster.store.schema import (
@@ -122,28 +124,14 @@ class DeviceViews:
     def __init__(self, store: Store) -> None:
         self._store = store
 
-    def check(self, vm: str, host: str, devices: Sequence[GivenDevice]) -> None:
-        """Refuse, changing nothing, what ``given`` would refuse: an up that names a
-        device the VM's claim does not hold is refused before the VM is activated."""
-        with self._store.read() as session:
-            _held(session, lookup.vm_row(session, vm), host, devices)
-
-    def given(self, vm: str, host: str, devices: Sequence[GivenDevice]) -> None:
-        """Record what ``host``'s agent gave ``vm`` (replacing what it said before). Each
-        device's provider must be one the VM holds records on, under ``host``."""
+    def up(self, vm: str, host: str, devices: Sequence[GivenDevice]) -> VmRecord:
+        """The VM runs on ``host`` with ``devices``: activated and its devices recorded in
+        one transaction, so no reader sees it running without the devices it holds, and a
+        device its claim does not hold refuses the whole, the VM left as it was."""
         with self._store.write() as session:
-            row = lookup.vm_row(session, vm, lock=True)
-            held = _held(session, row, host, devices)
-            session.execute(delete(VmDeviceRow).where(VmDeviceRow.vm_id == row.id))
-            session.add_all(
-                VmDeviceRow(
-                    vm_id=row.id,
-                    provider_id=held[d.provider],
-                    address=d.address,
-                    mdev_uuid=d.mdev_uuid,
-                )
-                for d in devices
-            )
+            record = lifecycle.activate(session, vm, host)
+            _write_given(session, vm, host, devices)
+            return record
 
     def of_vm(self, vm: str) -> list[GivenDevice]:
         """The devices the VM holds now, as its agent said."""
@@ -276,3 +264,18 @@ def _given(session: Session, vm_ids: Sequence[int]) -> dict[int, list[GivenDevic
     for vm_id, provider, address, mdev in session.execute(query):
         out.setdefault(vm_id, []).append(GivenDevice(provider, address, mdev))
     return out
+
+
+def _write_given(session: Session, vm: str, host: str, devices: Sequence[GivenDevice]) -> None:
+    row = lookup.vm_row(session, vm, lock=True)
+    held = _held(session, row, host, devices)
+    session.execute(delete(VmDeviceRow).where(VmDeviceRow.vm_id == row.id))
+    session.add_all(
+        VmDeviceRow(
+            vm_id=row.id,
+            provider_id=held[d.provider],
+            address=d.address,
+            mdev_uuid=d.mdev_uuid,
+        )
+        for d in devices
+    )

@@ -133,11 +133,9 @@ def vm_up(lm: LM, request: Request, uuid: str, body: VmUp | None = None) -> VmOu
         if body.host is None:
             raise ValidationError("devices are said with the host they are on", field="host")
         given = parse_given(body.model_dump()["devices"])
-        lm.devices.check(uuid, body.host, given)
-    record = lm.allocations.activate(uuid, body.host if body else None)
     if given is not None and body is not None and body.host is not None:
-        lm.devices.given(uuid, body.host, given)
-    return views.vm(record)
+        return views.vm(lm.devices.up(uuid, body.host, given))
+    return views.vm(lm.allocations.activate(uuid, body.host if body else None))
 
 
 @router.get(VM + "/devices", tags=["vms"], response_model=VmDevicesOut)
