@@ -12,10 +12,10 @@ import pytest
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.errors import PluginFailed
 from loadmaster.scheduler import Plan, Snapshot, SyntheticHost, VmRequest, decide
-from loadmaster.scheduler.decide import filter_hosts
-from loadmaster.scheduler.plugins import LoadedFilter, Verdict, load_filters, load_weighers
-from loadmaster.scheduler.policies import POLICIES
-from loadmaster.scheduler.questions import capacity, explain
+from loadmaster.scheduler.core.decide import filter_hosts
+from loadmaster.scheduler.core.plugins import LoadedFilter, Verdict, load_filters, load_weighers
+from loadmaster.scheduler.core.policies import POLICIES
+from loadmaster.scheduler.core.questions import capacity, explain
 
 SMALL = {"VCPU": 1, "MEMORY_MB": 512}
 BIG_HOST = {"VCPU": 16, "MEMORY_MB": 65536}
@@ -181,7 +181,7 @@ def test_filters(
 
 
 def _weights(weigher: str, snap: Snapshot, req: VmRequest, **options: object) -> list[float]:
-    from loadmaster.scheduler.plugins import WeigherSetting
+    from loadmaster.scheduler.core.plugins import WeigherSetting
 
     [(loaded, _)] = load_weighers([WeigherSetting(weigher, 1.0, options)])
     raw = loaded.weigh(snap, req, np.arange(snap.size))

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from loadmaster.cluster.groups import GroupRecord
 from loadmaster.scheduler import Decision, Plan, Snapshot, SyntheticHost, VmRequest, decide
-from loadmaster.scheduler.plugins import LoadedFilter, Verdict, load_filters, load_weighers
-from loadmaster.scheduler.policies import POLICIES
-from loadmaster.scheduler.results import NoHostFits
+from loadmaster.scheduler.core.plugins import LoadedFilter, Verdict, load_filters, load_weighers
+from loadmaster.scheduler.core.policies import POLICIES
+from loadmaster.scheduler.core.results import NoHostFits
 
-decide_module = importlib.import_module("loadmaster.scheduler.decide")
+decide_module = importlib.import_module("loadmaster.scheduler.core.decide")
 FILTERS = tuple(load_filters())
 GROUPS = {
     "anti": GroupRecord("u1", "anti", "anti-affinity", None),

@@ -17,9 +17,9 @@ from loadmaster.cluster import sync_standard_vocabulary
 from loadmaster.errors import ConcurrentUpdate, PluginFailed, StoreUnavailable
 from loadmaster.pending import Claim, Ledger
 from loadmaster.scheduler import RequestSpec, Scheduler
-from loadmaster.scheduler import plugins as plugins_module
 from loadmaster.scheduler import scheduler as scheduler_module
-from loadmaster.scheduler.plugins import load_filters
+from loadmaster.scheduler.core import plugins as plugins_module
+from loadmaster.scheduler.core.plugins import load_filters
 from loadmaster.service import Loadmaster
 from loadmaster.store.schema import ResourceClassRow
 

@@ -35,12 +35,12 @@ from loadmaster.scheduler import (
     VmRequest,
     decide,
 )
-from loadmaster.scheduler.decide import filter_hosts
-from loadmaster.scheduler.policies import POLICIES
-from loadmaster.scheduler.results import NoHostFits
+from loadmaster.scheduler.core.decide import filter_hosts
+from loadmaster.scheduler.core.policies import POLICIES
+from loadmaster.scheduler.core.results import NoHostFits
 from loadmaster.service import Loadmaster
 
-decide_module = importlib.import_module("loadmaster.scheduler.decide")
+decide_module = importlib.import_module("loadmaster.scheduler.core.decide")
 
 
 def _replay_holds(snap: Snapshot, plan: Plan, decisions: list[Decision]) -> None:

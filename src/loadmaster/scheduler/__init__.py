@@ -2,8 +2,8 @@
 filters and weighers (plugins), named policies, batch and gang placement over the
 pending-aware ledger, explanations and capacity questions."""
 
-from loadmaster.scheduler.decide import Decision, FilterResult, Plan, decide
-from loadmaster.scheduler.plugins import (
+from loadmaster.scheduler.core.decide import Decision, FilterResult, Plan, decide
+from loadmaster.scheduler.core.plugins import (
     HostFilter,
     HostView,
     MaskFilter,
@@ -11,10 +11,9 @@ from loadmaster.scheduler.plugins import (
     Weigher,
     WeigherSetting,
 )
-from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
-from loadmaster.scheduler.reports import check_measures, record_report
-from loadmaster.scheduler.request import RequestSpec, VmRequest
-from loadmaster.scheduler.results import (
+from loadmaster.scheduler.core.policies import DEFAULT_POLICY, POLICIES, Policy
+from loadmaster.scheduler.core.request import RequestSpec, VmRequest
+from loadmaster.scheduler.core.results import (
     CapacityReport,
     Explanation,
     FilterCount,
@@ -23,8 +22,9 @@ from loadmaster.scheduler.results import (
     Placement,
     ScheduleResult,
 )
+from loadmaster.scheduler.core.snapshot import Snapshot, SyntheticHost
+from loadmaster.scheduler.reports import check_measures, record_report
 from loadmaster.scheduler.scheduler import Scheduler
-from loadmaster.scheduler.snapshot import Snapshot, SyntheticHost
 
 __all__ = [
     "DEFAULT_POLICY",

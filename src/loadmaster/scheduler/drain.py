@@ -33,8 +33,8 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Ledger
 from loadmaster.pending.waiting import WaitingClaims
-from loadmaster.scheduler.request import RequestSpec
-from loadmaster.scheduler.results import Explanation
+from loadmaster.scheduler.core.request import RequestSpec
+from loadmaster.scheduler.core.results import Explanation
 from loadmaster.scheduler.scheduler import Scheduler
 from loadmaster.store import Store
 from loadmaster.store.locking import now

@@ -36,23 +36,23 @@ from loadmaster.errors import (
 from loadmaster.pending import Claim, ClaimOutcome, Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
 from loadmaster.resources.tree_fit import Affinity
-from loadmaster.scheduler import questions
 from loadmaster.scheduler.coalesce import Ticket, Waiting, intent_kind, merge
-from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
-from loadmaster.scheduler.plugins import LoadedFilter, load_filters, load_weighers
-from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
-from loadmaster.scheduler.remote import NotReached, SchedulingClient
-from loadmaster.scheduler.reports import record_report
-from loadmaster.scheduler.request import MAX_VMS_PER_CALL, RequestSpec
-from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve, vm_count
-from loadmaster.scheduler.results import (
+from loadmaster.scheduler.core import questions
+from loadmaster.scheduler.core.decide import Decision, Plan, decide, order_for_groups
+from loadmaster.scheduler.core.plugins import LoadedFilter, load_filters, load_weighers
+from loadmaster.scheduler.core.policies import DEFAULT_POLICY, POLICIES, Policy
+from loadmaster.scheduler.core.request import MAX_VMS_PER_CALL, RequestSpec
+from loadmaster.scheduler.core.results import (
     CapacityReport,
     Explanation,
     NoHostFits,
     Placement,
     ScheduleResult,
 )
-from loadmaster.scheduler.snapshot import ClassTraits
+from loadmaster.scheduler.core.snapshot import ClassTraits
+from loadmaster.scheduler.remote import NotReached, SchedulingClient
+from loadmaster.scheduler.reports import record_report
+from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve, vm_count
 from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.store import Store
 from loadmaster.store.transaction import Transaction

@@ -37,7 +37,7 @@ from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.pending import trees
 from loadmaster.resources import Inventory
 from loadmaster.resources.tree_fit import Affinity
-from loadmaster.scheduler.snapshot import STATE_CODE, ClassTraits, Snapshot
+from loadmaster.scheduler.core.snapshot import STATE_CODE, ClassTraits, Snapshot
 from loadmaster.store import Prepared, Store, locking, run
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import execute_core

@@ -23,8 +23,8 @@ from typing import Any, TypeVar, cast, overload
 import numpy as np
 
 from loadmaster.errors import LoadmasterError, PluginFailed
-from loadmaster.scheduler.explain import explanation
-from loadmaster.scheduler.plugins import (
+from loadmaster.scheduler.core.explain import explanation
+from loadmaster.scheduler.core.plugins import (
     FilterResult,
     LoadedFilter,
     Verdict,
@@ -32,9 +32,9 @@ from loadmaster.scheduler.plugins import (
     host_view,
     local_weigher,
 )
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.results import HostScore, NoHostFits
-from loadmaster.scheduler.snapshot import Bools, Floats, Ints, Snapshot
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.results import HostScore, NoHostFits
+from loadmaster.scheduler.core.snapshot import Bools, Floats, Ints, Snapshot
 
 log = logging.getLogger("loadmaster.scheduler")
 T = TypeVar("T")

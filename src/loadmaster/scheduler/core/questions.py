@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadmaster.scheduler.decide import FilterResult, Plan, filter_hosts, score_rows, weigh
-from loadmaster.scheduler.explain import explanation
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.results import CapacityReport, Explanation
-from loadmaster.scheduler.snapshot import Ints, Snapshot
+from loadmaster.scheduler.core.decide import FilterResult, Plan, filter_hosts, score_rows, weigh
+from loadmaster.scheduler.core.explain import explanation
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.results import CapacityReport, Explanation
+from loadmaster.scheduler.core.snapshot import Ints, Snapshot
 
 RANKED = 5  # hosts listed with their scores
 
