@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from loadmaster.cluster.groups import GroupRecord
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.errors import PluginFailed
 from loadmaster.scheduler import Plan, Snapshot, SyntheticHost, VmRequest, decide
 from loadmaster.scheduler.core.decide import filter_hosts

@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadmaster.cluster.groups import GroupRecord
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.scheduler import Decision, Plan, Snapshot, SyntheticHost, VmRequest, decide
 from loadmaster.scheduler.core.plugins import LoadedFilter, Verdict, load_filters, load_weighers
 from loadmaster.scheduler.core.policies import POLICIES

@@ -21,8 +21,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
+from loadmaster.cluster.host_rows import silences
 from loadmaster.cluster.hosts import HostService
-from loadmaster.cluster.liveness import silences
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import (
     ConcurrentUpdate,

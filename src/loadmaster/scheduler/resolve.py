@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy import bindparam, select
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.groups import GroupRecord, group_record
+from loadmaster.cluster.groups import group_record
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.cluster.vm_rows import FlavorRules, vms_with_flavors
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import InvalidTransition, LoadmasterError, NotFound, ValidationError

@@ -31,8 +31,8 @@ from sqlalchemy import (
 )
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, epoch
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.pending import trees
 from loadmaster.resources import Inventory
