@@ -2,7 +2,7 @@
 filters and weighers (plugins), named policies, batch and gang placement over the
 pending-aware ledger, explanations and capacity questions."""
 
-from loadmaster.scheduler.core.decide import Decision, FilterResult, Plan, decide
+from loadmaster.scheduler.core.decide import Decision, FilterResult, LoadedPolicy, decide
 from loadmaster.scheduler.core.plugins import (
     HostFilter,
     HostView,
@@ -37,10 +37,10 @@ __all__ = [
     "HostFilter",
     "HostScore",
     "HostView",
+    "LoadedPolicy",
     "MaskFilter",
     "NoHostFits",
     "Placement",
-    "Plan",
     "Policy",
     "RequestSpec",
     "ScheduleResult",

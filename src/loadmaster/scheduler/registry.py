@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from loadmaster.errors import ValidationError
-from loadmaster.scheduler.core.decide import Plan
+from loadmaster.scheduler.core.decide import LoadedPolicy
 from loadmaster.scheduler.core.plugins import LoadedFilter, load_filters, load_weighers
 from loadmaster.scheduler.core.policies import DEFAULT_POLICY, POLICIES, Policy
 
@@ -26,7 +26,7 @@ class PolicyRegistry:
     ) -> None:
         self._subset_size, self._tie_tolerance = subset_size, tie_tolerance
         self._filters: list[LoadedFilter] | None = None
-        self._loaded: dict[str, Plan] = {}
+        self._loaded: dict[str, LoadedPolicy] = {}
         self.policies: dict[str, Policy] = {**POLICIES, **(policies or {})}
         self.default = self.named(default or DEFAULT_POLICY, "default_policy").name
 
@@ -39,7 +39,7 @@ class PolicyRegistry:
             )
         return self.policies[name]
 
-    def loaded(self, policy: Policy) -> Plan:
+    def loaded(self, policy: Policy) -> LoadedPolicy:
         if policy.name not in self._loaded:
             self._loaded[policy.name] = self._load(policy)
         return self._loaded[policy.name]
@@ -61,7 +61,7 @@ class PolicyRegistry:
         loaded = {policy.name: self._load(policy) for policy in fresh.values()}
         self._loaded, self.policies = loaded, fresh
 
-    def _load(self, policy: Policy) -> Plan:
+    def _load(self, policy: Policy) -> LoadedPolicy:
         filters = self._loaded_filters()
         known = {f.name for f in filters}
         for verb, named in (("disables", policy.disabled_filters), ("runs", policy.filters)):
@@ -73,7 +73,7 @@ class PolicyRegistry:
                     field="policy",
                 )
         runs = known if policy.filters is None else set(policy.filters)
-        return Plan(
+        return LoadedPolicy(
             policy.name,
             tuple(f for f in filters if f.name in runs - set(policy.disabled_filters)),
             tuple(load_weighers(policy.weighers)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from loadmaster.errors import ConcurrentUpdate, Conflict, LoadmasterError
 from loadmaster.scheduler.commit import Committer, Proposal, lost_race
-from loadmaster.scheduler.core.decide import Decision, Plan, decide
+from loadmaster.scheduler.core.decide import Decision, LoadedPolicy, decide
 from loadmaster.scheduler.core.results import Placement
 from loadmaster.scheduler.resolve import Item, Resolved
 from loadmaster.scheduler.source import SnapshotSource
@@ -36,14 +36,14 @@ class Rounds:
         self._store, self._source = store, source
         self.claim_chunk, self._max_attempts = claim_chunk, max_attempts
 
-    def gang(self, call: Call, plan: Plan) -> tuple[list[Positioned], int]:
+    def gang(self, call: Call, policy: LoadedPolicy) -> tuple[list[Positioned], int]:
         items = call.resolved.items
         for item in items:
             if item.error is not None:
                 return self._abort(items, item, item.error), 0
         conflicts = 0
         for _ in range(self._max_attempts):
-            decided = self._decide(call, items, plan, gang=True)
+            decided = self._decide(call, items, policy, gang=True)
             for item, decision in decided:
                 if decision.error is not None:
                     return self._abort(items, item, decision.error), conflicts
@@ -66,14 +66,14 @@ class Rounds:
         )
         return self._abort(items, None, gave_up), conflicts
 
-    def best_effort(self, call: Call, plan: Plan) -> tuple[list[Positioned], int]:
+    def best_effort(self, call: Call, policy: LoadedPolicy) -> tuple[list[Positioned], int]:
         items = call.resolved.items
         out = [self._failed(item) for item in items if item.error is not None]
         queue = [item for item in items if item.error is None]
         conflicts = 0
         while queue:
             chosen = []
-            for item, decision in self._decide(call, queue, plan, gang=False):
+            for item, decision in self._decide(call, queue, policy, gang=False):
                 if decision.error is not None:
                     item.error = decision.error
                     out.append(self._failed(item))
@@ -114,12 +114,12 @@ class Rounds:
         return retry
 
     def _decide(
-        self, call: Call, items: list[Item], plan: Plan, gang: bool
+        self, call: Call, items: list[Item], policy: LoadedPolicy, gang: bool
     ) -> list[tuple[Item, Decision]]:
         decisions = decide(
             self._source.snapshot,
             [item.request for item in items],
-            plan,
+            policy,
             call.seed,
             all_or_nothing=gang,
             breakdown=call.committer is None,

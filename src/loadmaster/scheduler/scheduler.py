@@ -206,9 +206,9 @@ class Scheduler:
                 else LedgerCommitter(self._ledger, self._source, move_pending=move_pending)
             )
             call = Call(self._begin(requests, dry_run, move_pending, intent), seed, committer)
-            plan = self._policies.loaded(chosen)
+            loaded = self._policies.loaded(chosen)
             run = self._rounds.gang if gang else self._rounds.best_effort
-            placements, conflicts = run(call, plan)
+            placements, conflicts = run(call, loaded)
         placements.sort(key=lambda pair: pair[0])
         return ScheduleResult(
             tuple(p for _, p in placements),
@@ -271,12 +271,14 @@ class Scheduler:
                 return placement.explanation
             if placement.error is not None:
                 raise placement.error
-        plan = self._policies.loaded(self._policies.named(policy or self.default_policy, "policy"))
+        loaded = self._policies.loaded(
+            self._policies.named(policy or self.default_policy, "policy")
+        )
         with self._lock:
             resolved = self._begin([request], dry_run=True)
             items = [(item.position, item.request) for item in resolved.items]
             first = order_for_groups(items)[0][1]
-            return questions.explain(self._source.snapshot, first, plan)
+            return questions.explain(self._source.snapshot, first, loaded)
 
     def capacity(
         self, flavor: str, *, group: str | None = None, policy: str | None = None, **spec: Any
@@ -287,11 +289,13 @@ class Scheduler:
         most any single host takes."""
         if not self._reads_only:
             return self._for_reads().capacity(flavor, group=group, policy=policy, **spec)
-        plan = self._policies.loaded(self._policies.named(policy or self.default_policy, "policy"))
+        loaded = self._policies.loaded(
+            self._policies.named(policy or self.default_policy, "policy")
+        )
         with self._lock:
             resolved = self._begin([RequestSpec(flavor=flavor, group=group, **spec)], True)
             request = resolved.items[0].request
-            return questions.capacity(self._source.snapshot, request, plan, flavor, group)
+            return questions.capacity(self._source.snapshot, request, loaded, flavor, group)
 
     def hand_claims_to(self, delegate: SchedulingClient | None) -> None:
         """Placements that claim go to the scheduling process ``delegate`` reaches
@@ -337,13 +341,13 @@ class Scheduler:
 
     def _decide_together(self, batch: list[Ticket], policy: Policy) -> None:
         seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
-        plan = self._policies.loaded(policy)
+        loaded = self._policies.loaded(policy)
         calls, intents = [t.requests for t in batch], [t.intent for t in batch]
         try:
             with self._one_transaction(calls) as transaction:
                 resolved, spans = self._begin_many(calls, False, False, intents, transaction)
                 committer = LedgerCommitter(self._ledger, self._source, transaction=transaction)
-                placements, _ = self._rounds.best_effort(Call(resolved, seed, committer), plan)
+                placements, _ = self._rounds.best_effort(Call(resolved, seed, committer), loaded)
             if committer.landing is not None:
                 self._source.landed(*committer.landing)
         except RolledBack:
@@ -351,7 +355,7 @@ class Scheduler:
             # reads and the claims apart, where a lost race is decided again as usual.
             resolved, spans = self._begin_many(calls, False, False, intents)
             committer = LedgerCommitter(self._ledger, self._source)
-            placements, _ = self._rounds.best_effort(Call(resolved, seed, committer), plan)
+            placements, _ = self._rounds.best_effort(Call(resolved, seed, committer), loaded)
         placements.sort(key=lambda pair: pair[0])
         for ticket, span in zip(batch, spans, strict=True):
             if isinstance(span, LoadmasterError):
