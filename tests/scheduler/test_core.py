@@ -11,7 +11,7 @@ import pytest
 
 from loadmaster.cluster.records import GroupRecord
 from loadmaster.errors import PluginFailed
-from loadmaster.scheduler import LoadedPolicy, Snapshot, SyntheticHost, VmRequest, decide
+from loadmaster.scheduler.core import LoadedPolicy, Snapshot, SyntheticHost, VmRequest, decide
 from loadmaster.scheduler.core.decide import filter_hosts
 from loadmaster.scheduler.core.plugins import LoadedFilter, Verdict, load_filters, load_weighers
 from loadmaster.scheduler.core.policies import POLICIES

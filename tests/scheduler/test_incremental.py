@@ -13,7 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadmaster.cluster.records import GroupRecord
-from loadmaster.scheduler import Decision, LoadedPolicy, Snapshot, SyntheticHost, VmRequest, decide
+from loadmaster.scheduler.core import (
+    Decision,
+    LoadedPolicy,
+    Snapshot,
+    SyntheticHost,
+    VmRequest,
+    decide,
+)
 from loadmaster.scheduler.core.plugins import LoadedFilter, Verdict, load_filters, load_weighers
 from loadmaster.scheduler.core.policies import POLICIES
 from loadmaster.scheduler.core.results import NoHostFits

@@ -8,7 +8,8 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from loadmaster.scheduler import RequestSpec, Snapshot, SyntheticHost
+from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.core import Snapshot, SyntheticHost
 from loadmaster.scheduler.core.request import VmRequest
 from loadmaster.service import Loadmaster
 from loadmaster.store.locking import now

@@ -26,10 +26,10 @@ from test_incremental import (
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.pending import audit
-from loadmaster.scheduler import (
+from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.core import (
     Decision,
     LoadedPolicy,
-    RequestSpec,
     Snapshot,
     SyntheticHost,
     VmRequest,
