@@ -21,8 +21,8 @@ from loadmaster.pending import Ledger
 from loadmaster.pending.waiting import WaitingClaims
 from loadmaster.resources.aliases import parse_aliases
 from loadmaster.scheduler import Scheduler
+from loadmaster.scheduler.core.policies import load_policy_file
 from loadmaster.scheduler.drain import DrainService
-from loadmaster.scheduler.policies import load_policy_file
 from loadmaster.settings_model import Settings, load_settings
 from loadmaster.store import Store
 

@@ -18,7 +18,7 @@ from loadmaster.api.auth import resolve_auth
 from loadmaster.api.tls import peer_host
 from loadmaster.errors import ValidationError
 from loadmaster.microversions import CLIENT_HEADERS
-from loadmaster.scheduler.policies import load_policy_file
+from loadmaster.scheduler.core.policies import load_policy_file
 from loadmaster.settings import MAX_FILE_BYTES
 from loadmaster.settings_model import load_settings
 

@@ -15,7 +15,7 @@ from tests.scheduler.conftest import add_hosts, small_flavor
 import loadmaster
 from loadmaster.errors import ValidationError
 from loadmaster.scheduler import RequestSpec
-from loadmaster.scheduler.policies import load_policy_file
+from loadmaster.scheduler.core.policies import load_policy_file
 from loadmaster.service import Loadmaster
 from loadmaster.settings import OPTIONS, env_name
 from loadmaster.settings_model import Settings, load_settings

@@ -26,8 +26,8 @@ from loadmaster.heartbeat import AGENT_HEADER
 from loadmaster.hostcontrol import HostWatch
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
-from loadmaster.scheduler.plugins import WeigherSetting
-from loadmaster.scheduler.policies import Policy
+from loadmaster.scheduler.core.plugins import WeigherSetting
+from loadmaster.scheduler.core.policies import Policy
 from loadmaster.service import Loadmaster
 from loadmaster.store.locking import now
 from loadmaster.store.schema import HostAgentRow, HostReportRow, HostRow

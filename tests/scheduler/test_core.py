@@ -9,13 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from loadmaster.cluster.groups import GroupRecord
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.errors import PluginFailed
-from loadmaster.scheduler import Plan, Snapshot, SyntheticHost, VmRequest, decide
-from loadmaster.scheduler.decide import filter_hosts
-from loadmaster.scheduler.plugins import LoadedFilter, Verdict, load_filters, load_weighers
-from loadmaster.scheduler.policies import POLICIES
-from loadmaster.scheduler.questions import capacity, explain
+from loadmaster.scheduler.core import LoadedPolicy, Snapshot, SyntheticHost, VmRequest, decide
+from loadmaster.scheduler.core.decide import filter_hosts
+from loadmaster.scheduler.core.plugins import LoadedFilter, Verdict, load_filters, load_weighers
+from loadmaster.scheduler.core.policies import POLICIES
+from loadmaster.scheduler.core.questions import capacity, explain
 
 SMALL = {"VCPU": 1, "MEMORY_MB": 512}
 BIG_HOST = {"VCPU": 16, "MEMORY_MB": 65536}
@@ -34,9 +34,9 @@ def group(policy: str, max_per_host: int | None = None) -> GroupRecord:
     return GroupRecord("g-uuid", "g", policy, max_per_host)
 
 
-def plan(policy: str = "spread", **kw: object) -> Plan:
+def loaded(policy: str = "spread", **kw: object) -> LoadedPolicy:
     chosen = POLICIES[policy]
-    return Plan(policy, tuple(load_filters()), tuple(load_weighers(chosen.weighers)), **kw)  # type: ignore[arg-type]
+    return LoadedPolicy(policy, tuple(load_filters()), tuple(load_weighers(chosen.weighers)), **kw)  # type: ignore[arg-type]
 
 
 FILTER_CASES = [
@@ -174,14 +174,14 @@ def test_filters(
     reasons: dict[str, dict[str, int]],
 ) -> None:
     snap = Snapshot.of(hosts, {"g": members or {}})
-    _, keep = filter_hosts(snap, req, plan())
+    _, keep = filter_hosts(snap, req, loaded())
     assert {snap.names[h] for h in np.flatnonzero(keep)} == kept
-    blamed = explain(snap, req, plan()).filters
+    blamed = explain(snap, req, loaded()).filters
     assert {f.filter: f.reasons for f in blamed} == reasons
 
 
 def _weights(weigher: str, snap: Snapshot, req: VmRequest, **options: object) -> list[float]:
-    from loadmaster.scheduler.plugins import WeigherSetting
+    from loadmaster.scheduler.core.plugins import WeigherSetting
 
     [(loaded, _)] = load_weighers([WeigherSetting(weigher, 1.0, options)])
     raw = loaded.weigh(snap, req, np.arange(snap.size))
@@ -293,7 +293,7 @@ def test_decide_sees_its_own_decisions_and_leaves_the_snapshot_alone() -> None:
     before = _arrays(snap)
     reqs = [request({"VCPU": 1}, group=group("anti-affinity")) for _ in range(3)]
     reqs = [replace(r, vm=f"v{i}", label=f"v{i}") for i, r in enumerate(reqs)]
-    decisions = decide(snap, reqs, plan(), seed=7)
+    decisions = decide(snap, reqs, loaded(), seed=7)
     hosts = [d.host for d in decisions]
     assert sorted(h for h in hosts if h is not None) == [0, 1]  # one per host
     failed = [d for d in decisions if d.error is not None]
@@ -306,15 +306,15 @@ def test_decide_sees_its_own_decisions_and_leaves_the_snapshot_alone() -> None:
 def test_the_same_seed_makes_the_same_choices_and_another_seed_can_differ() -> None:
     snap = Snapshot.of([host(f"h{i}") for i in range(50)])
     reqs = [replace(request(), vm=f"v{i}", label=f"v{i}") for i in range(20)]
-    first = [d.host for d in decide(snap, reqs, plan(), seed=1)]
-    assert [d.host for d in decide(snap, reqs, plan(), seed=1)] == first
-    assert any([d.host for d in decide(snap, reqs, plan(), seed=s)] != first for s in range(2, 6))
+    first = [d.host for d in decide(snap, reqs, loaded(), seed=1)]
+    assert [d.host for d in decide(snap, reqs, loaded(), seed=1)] == first
+    assert any([d.host for d in decide(snap, reqs, loaded(), seed=s)] != first for s in range(2, 6))
 
 
 def test_all_or_nothing_stops_at_the_first_misfit() -> None:
     snap = Snapshot.of([host("a", capacity={"VCPU": 1})])
     reqs = [replace(request({"VCPU": 1}), vm=f"v{i}", label=f"v{i}") for i in range(4)]
-    decisions = decide(snap, reqs, plan(), seed=0, all_or_nothing=True)
+    decisions = decide(snap, reqs, loaded(), seed=0, all_or_nothing=True)
     assert [d.host for d in decisions] == [0, None]
 
 
@@ -325,17 +325,17 @@ def test_a_hard_affinity_group_lands_together_or_not_at_all() -> None:
     members = [
         replace(request({"VCPU": 1}, group=group("affinity")), label=f"m{i}") for i in range(3)
     ]
-    decisions = decide(snap, members, plan(), seed=3)
+    decisions = decide(snap, members, loaded(), seed=3)
     assert {d.host for d in decisions} == {1}
     four = [*members, replace(members[0], label="m3")]
-    decisions = decide(snap, four, plan(), seed=3)
+    decisions = decide(snap, four, loaded(), seed=3)
     assert all(d.error is not None for d in decisions)
     assert "needs 4 VMs on one host; the best host big fits 3" in str(decisions[-1].error)
 
 
 def test_breakdown_gives_the_chosen_host_and_runners_up_per_weigher() -> None:
     snap = Snapshot.of([host("a", used={"VCPU": 8}), host("b"), host("c", used={"VCPU": 4})])
-    [decision] = decide(snap, [request()], plan("pack"), seed=0, breakdown=True)
+    [decision] = decide(snap, [request()], loaded("pack"), seed=0, breakdown=True)
     assert decision.host is not None
     chosen, *others = decision.scores
     assert chosen.host == snap.names[decision.host] == "a"
@@ -348,9 +348,11 @@ def test_capacity_counts_copies_per_host_within_group_caps() -> None:
         [host("a", capacity={"VCPU": 4}), host("b", capacity={"VCPU": 8}), host("c", state="down")],
         {"g": {"b": 1}},
     )
-    report = capacity(snap, request({"VCPU": 2}), plan(), "f", None)
+    report = capacity(snap, request({"VCPU": 2}), loaded(), "f", None)
     assert report.total == 6 and report.per_host == {"b": 4, "a": 2}
-    capped = capacity(snap, request({"VCPU": 2}, group=group("anti-affinity", 3)), plan(), "f", "g")
+    capped = capacity(
+        snap, request({"VCPU": 2}, group=group("anti-affinity", 3)), loaded(), "f", "g"
+    )
     assert capped.per_host == {"a": 2, "b": 2} and capped.limits == {"c": "down"}
 
 
@@ -367,7 +369,7 @@ class _Greedy:
 def test_a_static_filter_reading_what_it_did_not_declare_fails_naming_itself() -> None:
     greedy = LoadedFilter("greedy", _Greedy(), None, False, 1, frozenset({"required_traits"}))
     snap = Snapshot.of([host("a")])
-    [decision] = decide(snap, [request()], Plan("p", (greedy,)), seed=0)
+    [decision] = decide(snap, [request()], LoadedPolicy("p", (greedy,)), seed=0)
     assert isinstance(decision.error, PluginFailed)
     assert "'greedy'" in str(decision.error) and "request.resources" in str(decision.error)
 
@@ -386,5 +388,5 @@ def test_static_verdicts_are_cached_per_declared_fields() -> None:
     snap = Snapshot.of([host("a"), host("b")])
     avx = frozenset({"HW_CPU_X86_AVX2"})
     reqs = [request(), request({"VCPU": 2}), request(required_traits=avx), request()]
-    decide(snap, reqs, Plan("p", (counting,)), seed=0)
+    decide(snap, reqs, LoadedPolicy("p", (counting,)), seed=0)
     assert calls == [frozenset(), avx]

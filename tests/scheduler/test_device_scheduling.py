@@ -18,7 +18,7 @@ from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 from loadmaster.errors import InsufficientCapacity, NotFound, ValidationError
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec
-from loadmaster.scheduler.results import NoHostFits
+from loadmaster.scheduler.core.results import NoHostFits
 from loadmaster.service import Loadmaster
 from loadmaster.settings_model import Settings
 

@@ -12,13 +12,20 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadmaster.cluster.groups import GroupRecord
-from loadmaster.scheduler import Decision, Plan, Snapshot, SyntheticHost, VmRequest, decide
-from loadmaster.scheduler.plugins import LoadedFilter, Verdict, load_filters, load_weighers
-from loadmaster.scheduler.policies import POLICIES
-from loadmaster.scheduler.results import NoHostFits
+from loadmaster.cluster.records import GroupRecord
+from loadmaster.scheduler.core import (
+    Decision,
+    LoadedPolicy,
+    Snapshot,
+    SyntheticHost,
+    VmRequest,
+    decide,
+)
+from loadmaster.scheduler.core.plugins import LoadedFilter, Verdict, load_filters, load_weighers
+from loadmaster.scheduler.core.policies import POLICIES
+from loadmaster.scheduler.core.results import NoHostFits
 
-decide_module = importlib.import_module("loadmaster.scheduler.decide")
+decide_module = importlib.import_module("loadmaster.scheduler.core.decide")
 FILTERS = tuple(load_filters())
 GROUPS = {
     "anti": GroupRecord("u1", "anti", "anti-affinity", None),
@@ -102,9 +109,11 @@ def _requests(specs: list[tuple[str, str | None, frozenset[str], bool]]) -> list
     ]
 
 
-def _plan(policy: str, sample: int | None) -> Plan:
+def _loaded(policy: str, sample: int | None) -> LoadedPolicy:
     chosen = POLICIES[policy]
-    return Plan(policy, FILTERS, tuple(load_weighers(chosen.weighers)), sample, subset_size=2)
+    return LoadedPolicy(
+        policy, FILTERS, tuple(load_weighers(chosen.weighers)), sample, subset_size=2
+    )
 
 
 def _same(fast: list[Decision], full: list[Decision]) -> None:
@@ -145,15 +154,15 @@ def test_incremental_decisions_are_the_full_recomputes(
 ) -> None:
     snap = _snapshot(hosts)
     reqs = _requests(requests)
-    plan = _plan(policy, sample)
+    loaded = _loaded(policy, sample)
     kw: dict[str, Any] = {"all_or_nothing": all_or_nothing, "breakdown": breakdown}
     saved = decide_module.FULL_AFTER
     decide_module.FULL_AFTER = full_after
     try:
-        fast = decide(snap, reqs, plan, seed, **kw)
+        fast = decide(snap, reqs, loaded, seed, **kw)
     finally:
         decide_module.FULL_AFTER = saved
-    full = decide(snap, reqs, plan, seed, incremental=False, **kw)
+    full = decide(snap, reqs, loaded, seed, incremental=False, **kw)
     _same(fast, full)
 
 
@@ -186,7 +195,7 @@ def test_a_host_local_filter_is_asked_again_only_about_the_hosts_that_changed() 
     entry = LoadedFilter("room", room, None, True, 1, frozenset({"resources"}), room)
     snap = Snapshot.of([SyntheticHost(f"h{i}", {"VCPU": 2}) for i in range(4)])
     reqs = [VmRequest(f"v{i}", f"v{i}", "f", {"VCPU": 1}) for i in range(8)]
-    decisions = decide(snap, reqs, Plan("p", (entry,)), seed=3)
+    decisions = decide(snap, reqs, LoadedPolicy("p", (entry,)), seed=3)
     assert sorted(d.host for d in decisions if d.host is not None) == [0, 0, 1, 1, 2, 2, 3, 3]
     # Once over every host, then once per decision about the one host it changed.
     assert seen[0] is None and seen.count(None) == 1

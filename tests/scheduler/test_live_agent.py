@@ -8,8 +8,9 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from loadmaster.scheduler import RequestSpec, Snapshot, SyntheticHost
-from loadmaster.scheduler.request import VmRequest
+from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.core import Snapshot, SyntheticHost
+from loadmaster.scheduler.core.request import VmRequest
 from loadmaster.service import Loadmaster
 from loadmaster.store.locking import now
 from loadmaster.store.schema import HostAgentRow, HostRow
@@ -30,7 +31,7 @@ def test_the_rule_needs_a_word_within_the_limit() -> None:
 
 
 def test_filter_keeps_only_live_agents_and_says_why() -> None:
-    from loadmaster.scheduler.filters.live_agent import LiveAgentFilter
+    from loadmaster.scheduler.core.filters.live_agent import LiveAgentFilter
 
     fresh = time.time()
     snap = Snapshot.of(
@@ -52,7 +53,7 @@ def test_filter_keeps_only_live_agents_and_says_why() -> None:
 
 
 def test_without_agents_every_host_is_kept() -> None:
-    from loadmaster.scheduler.filters.live_agent import LiveAgentFilter
+    from loadmaster.scheduler.core.filters.live_agent import LiveAgentFilter
 
     snap = Snapshot.of([SyntheticHost("a", {"VCPU": 4}), SyntheticHost("b", {"VCPU": 4})])
     assert LiveAgentFilter().mask(snap, _request()) is None

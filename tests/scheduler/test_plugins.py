@@ -37,7 +37,7 @@ class BigVmsOnLowHosts:
     def mask(self, hosts, request):
         if request.resources.get("VCPU", 0) < 4:
             return None
-        from loadmaster.scheduler.plugins import Verdict
+        from loadmaster.scheduler.core.plugins import Verdict
 
         low = np.array([int(n[1:]) < 2 for n in hosts.names])
         return Verdict.one_reason(low, "big VMs go to h0 and h1")

@@ -11,7 +11,7 @@ from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.errors import ValidationError
 from loadmaster.scheduler import RequestSpec
-from loadmaster.scheduler.results import DRY_RUN_LISTED
+from loadmaster.scheduler.core.results import DRY_RUN_LISTED
 from loadmaster.scheduler.scheduler import MAX_VMS_PER_CALL
 from loadmaster.service import Loadmaster
 

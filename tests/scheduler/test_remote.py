@@ -15,6 +15,7 @@ from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.errors import Busy, NotFound, SchedulerUnavailable, ValidationError
 from loadmaster.scheduler import RequestSpec, Scheduler
+from loadmaster.scheduler.core.results import NoHostFits, ScheduleResult
 from loadmaster.scheduler.remote import (
     HANDSHAKE_S,
     SOCKET_NAME,
@@ -24,7 +25,6 @@ from loadmaster.scheduler.remote import (
     answers,
     prepare,
 )
-from loadmaster.scheduler.results import NoHostFits, ScheduleResult
 from loadmaster.service import Loadmaster
 
 

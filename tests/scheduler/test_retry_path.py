@@ -17,9 +17,9 @@ from loadmaster.cluster import sync_standard_vocabulary
 from loadmaster.errors import ConcurrentUpdate, PluginFailed, StoreUnavailable
 from loadmaster.pending import Claim, Ledger
 from loadmaster.scheduler import RequestSpec, Scheduler
-from loadmaster.scheduler import plugins as plugins_module
-from loadmaster.scheduler import scheduler as scheduler_module
-from loadmaster.scheduler.plugins import load_filters
+from loadmaster.scheduler import registry as registry_module
+from loadmaster.scheduler.core import plugins as plugins_module
+from loadmaster.scheduler.core.plugins import load_filters
 from loadmaster.service import Loadmaster
 from loadmaster.store.schema import ResourceClassRow
 
@@ -144,7 +144,7 @@ def test_a_raising_plugin_is_named(slm: Loadmaster, monkeypatch: pytest.MonkeyPa
     broken = [replace(f, mask=Broken()) if f is victim else f for f in filters]
     # Both the claiming scheduler and its read-only twin load the broken plugin.
     monkeypatch.setattr(plugins_module, "load_filters", lambda: broken)
-    monkeypatch.setattr(scheduler_module, "load_filters", lambda: broken)
+    monkeypatch.setattr(registry_module, "load_filters", lambda: broken)
     scheduler = Scheduler(slm.store)
     result = scheduler.schedule([RequestSpec(vms=vms)])
     for placement in result.placements:

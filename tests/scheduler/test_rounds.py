@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_incremental import (
     GROUPS,
-    _plan,
+    _loaded,
     _requests,
     _snapshot,
     host_strategy,
@@ -26,30 +26,30 @@ from test_incremental import (
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.pending import audit
-from loadmaster.scheduler import (
+from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.core import (
     Decision,
-    Plan,
-    RequestSpec,
+    LoadedPolicy,
     Snapshot,
     SyntheticHost,
     VmRequest,
     decide,
 )
-from loadmaster.scheduler.decide import filter_hosts
-from loadmaster.scheduler.policies import POLICIES
-from loadmaster.scheduler.results import NoHostFits
+from loadmaster.scheduler.core.decide import filter_hosts
+from loadmaster.scheduler.core.policies import POLICIES
+from loadmaster.scheduler.core.results import NoHostFits
 from loadmaster.service import Loadmaster
 
-decide_module = importlib.import_module("loadmaster.scheduler.decide")
+decide_module = importlib.import_module("loadmaster.scheduler.core.decide")
 
 
-def _replay_holds(snap: Snapshot, plan: Plan, decisions: list[Decision]) -> None:
+def _replay_holds(snap: Snapshot, loaded: LoadedPolicy, decisions: list[Decision]) -> None:
     """Decided one after the other on a working copy: each host kept by every filter at
     its turn, each refusal made when no host was kept."""
     state = snap.working()
     for decision in decisions:
         request = decision.request
-        _, keep = filter_hosts(state, request, plan)
+        _, keep = filter_hosts(state, request, loaded)
         if decision.host is None:
             assert isinstance(decision.error, NoHostFits)
             group = request.group
@@ -114,11 +114,11 @@ def test_every_host_a_round_takes_passes_every_filter_in_turn(
 ) -> None:
     snap = _snapshot(hosts)
     reqs = _requests(requests)
-    plan = _plan(policy, sample)
-    decisions = decide(snap, reqs, plan, seed, breakdown=breakdown)
+    loaded = _loaded(policy, sample)
+    decisions = decide(snap, reqs, loaded, seed, breakdown=breakdown)
     assert sorted(d.index for d in decisions) == list(range(len(reqs)))
-    _replay_holds(snap, plan, decisions)
-    again = decide(snap, reqs, plan, seed, breakdown=not breakdown)
+    _replay_holds(snap, loaded, decisions)
+    again = decide(snap, reqs, loaded, seed, breakdown=not breakdown)
     # Same seed, same hosts: a dry run (breakdown) shows what the real run takes.
     assert [(d.index, d.host) for d in again] == [(d.index, d.host) for d in decisions]
     for decision in (*decisions, *again):
@@ -148,11 +148,11 @@ def test_a_mass_start_is_decided_in_rounds_and_spreads_as_one_at_a_time(
         )
         for i in range(400)
     ]
-    plan = _plan("spread", 20)
-    rounds = decide(snap, reqs, plan, seed=11)
+    loaded = _loaded("spread", 20)
+    rounds = decide(snap, reqs, loaded, seed=11)
     assert all(d.host is not None for d in rounds)
     assert alone[0] < len(reqs) // 4
-    _replay_holds(snap, plan, rounds)
+    _replay_holds(snap, loaded, rounds)
     anti = [d.host for d in rounds if d.request.group is not None]
     assert len(set(anti)) == len(anti) == 100
 
@@ -164,7 +164,7 @@ def test_a_mass_start_is_decided_in_rounds_and_spreads_as_one_at_a_time(
         capacity = np.array([h.capacity["VCPU"] for h in hosts])
         return float((used / capacity).std())
 
-    single = decide(snap, reqs, plan, seed=11, rounds=False)
+    single = decide(snap, reqs, loaded, seed=11, rounds=False)
     assert spread(rounds) <= spread(single) * 1.25
 
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 import loadmaster
 from loadmaster.errors import LoadmasterError
 from loadmaster.pending import Claim
+from loadmaster.scheduler.core.snapshot import ARRAYS, Snapshot
 from loadmaster.scheduler.reports import record_report
-from loadmaster.scheduler.snapshot import ARRAYS, Snapshot
 from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.service import Loadmaster
 

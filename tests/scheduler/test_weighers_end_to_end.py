@@ -11,12 +11,12 @@ import pytest
 from tests.scheduler.conftest import add_hosts, add_vms, small_flavor
 
 from loadmaster.scheduler import POLICIES, Policy, RequestSpec, Scheduler, WeigherSetting, source
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Snapshot, SyntheticHost
+from loadmaster.scheduler.core.weighers.balance import BalanceWeigher
+from loadmaster.scheduler.core.weighers.pack import PackWeigher
+from loadmaster.scheduler.core.weighers.spread import SpreadWeigher
 from loadmaster.scheduler.reports import record_report
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Snapshot, SyntheticHost
-from loadmaster.scheduler.weighers.balance import BalanceWeigher
-from loadmaster.scheduler.weighers.pack import PackWeigher
-from loadmaster.scheduler.weighers.spread import SpreadWeigher
 from loadmaster.service import Loadmaster
 
 

@@ -24,7 +24,7 @@ from loadmaster.api import tls
 from loadmaster.api.auth import TOKENS_ENV, TokenTable, resolve_auth
 from loadmaster.errors import LoadmasterError
 from loadmaster.scheduler import Scheduler
-from loadmaster.scheduler.policies import load_policy_file
+from loadmaster.scheduler.core.policies import load_policy_file
 from loadmaster.settings_model import Settings
 
 log = logging.getLogger("loadmaster.api.reload")

@@ -6,12 +6,13 @@ from loadmaster.cluster.catalog import (
     TraitService,
     sync_standard_vocabulary,
 )
-from loadmaster.cluster.groups import GROUP_POLICIES, GroupRecord, GroupService
+from loadmaster.cluster.groups import GROUP_POLICIES, GroupService
 from loadmaster.cluster.hosts import HostService
 from loadmaster.cluster.records import (
     AllocationRecord,
     ClassUsage,
     FlavorRecord,
+    GroupRecord,
     HostRecord,
     VmRecord,
 )

@@ -10,31 +10,18 @@ from __future__ import annotations
 
 import builtins
 import uuid as uuidlib
-from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy import select
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.records import VmRecord
+from loadmaster.cluster.records import GroupRecord, VmRecord
 from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import Conflict, ValidationError
 from loadmaster.store import Store
 from loadmaster.store.schema import ServerGroupRow, VmRow
 
 GROUP_POLICIES = ("affinity", "anti-affinity", "soft-affinity", "soft-anti-affinity")
-
-
-@dataclass(frozen=True)
-class GroupRecord:
-    uuid: str
-    name: str
-    policy: str
-    max_per_host: int | None
-
-    @property
-    def hard(self) -> bool:
-        return not self.policy.startswith("soft-")
 
 
 def validate_policy(policy: object, field: str = "policy") -> str:

@@ -1,22 +1,26 @@
 """Host rows: checked before they are written, read into records in a few queries, locked
-with their generation checked, their inventories replaced. The hosts' service
-(``hosts.py``) and the ledger's reshaper (``pending/reshape.py``) both write through these."""
+with their generation checked, their inventories replaced, those whose agent cannot act
+found (``silences``). The hosts' service (``hosts.py``) and the ledger's reshaper
+(``pending/reshape.py``) both write through these."""
 
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from datetime import datetime
 from typing import NamedTuple
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
+from loadmaster.cluster.liveness import Silence, agent_live, epoch
 from loadmaster.cluster.records import HOST_STATES, HostRecord
 from loadmaster.errors import ConcurrentUpdate, Conflict, InventoryInUse, ValidationError
 from loadmaster.resources import Inventory, in_class_order, validate_trait_name
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.schema import (
+    HostAgentRow,
     HostAggregateRow,
     HostRow,
     HostTraitRow,
@@ -215,3 +219,24 @@ def write_inventories(
         InventoryRow(host_id=row.id, resource_class_id=ids[name], **inv.as_dict())
         for name, inv in wanted.items()
     )
+
+
+def silences(
+    session: Session, host_ids: Collection[int], silent_after: float, at: datetime
+) -> dict[int, Silence]:
+    """Of these root hosts, those whose agent cannot act at ``at``; none while the
+    deployment uses no agents."""
+    if not host_ids or session.scalar(select(HostAgentRow.host_id).limit(1)) is None:
+        return {}
+    found: dict[int, Silence] = {}
+    for chunk in in_chunks(sorted(host_ids)):
+        rows = session.execute(
+            select(HostRow.id, HostRow.name, HostAgentRow.last_seen_at)
+            .outerjoin(HostAgentRow, HostAgentRow.host_id == HostRow.id)
+            .where(HostRow.id.in_(chunk))
+        )
+        for host_id, name, last_seen in rows:
+            seen = None if last_seen is None else epoch(last_seen)
+            if not agent_live(seen, epoch(at), silent_after):
+                found[host_id] = Silence(name, last_seen)
+    return found

@@ -10,18 +10,12 @@ against its missing agent (the scheduling API alone, Placement clients, simulati
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import overload
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from loadmaster.store.chunks import in_chunks
-from loadmaster.store.schema import HostAgentRow, HostRow
 
 # Seconds without a word from a host's agent before it is silent (``agent_silent_after``).
 DEFAULT_SILENT_AFTER_S = 60.0
@@ -66,24 +60,3 @@ class Silence:
         if self.since is None:
             return f"host {self.host} has no agent"
         return f"the agent of host {self.host} is silent since {utc_text(epoch(self.since))}"
-
-
-def silences(
-    session: Session, host_ids: Collection[int], silent_after: float, at: datetime
-) -> dict[int, Silence]:
-    """Of these root hosts, those whose agent cannot act at ``at``; none while the
-    deployment uses no agents."""
-    if not host_ids or session.scalar(select(HostAgentRow.host_id).limit(1)) is None:
-        return {}
-    found: dict[int, Silence] = {}
-    for chunk in in_chunks(sorted(host_ids)):
-        rows = session.execute(
-            select(HostRow.id, HostRow.name, HostAgentRow.last_seen_at)
-            .outerjoin(HostAgentRow, HostAgentRow.host_id == HostRow.id)
-            .where(HostRow.id.in_(chunk))
-        )
-        for host_id, name, last_seen in rows:
-            seen = None if last_seen is None else epoch(last_seen)
-            if not agent_live(seen, epoch(at), silent_after):
-                found[host_id] = Silence(name, last_seen)
-    return found

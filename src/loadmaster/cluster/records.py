@@ -13,6 +13,18 @@ HOST_STATES = ("up", "maintenance", "down")
 
 
 @dataclass(frozen=True)
+class GroupRecord:
+    uuid: str
+    name: str
+    policy: str
+    max_per_host: int | None
+
+    @property
+    def hard(self) -> bool:
+        return not self.policy.startswith("soft-")
+
+
+@dataclass(frozen=True)
 class HostRecord:
     uuid: str
     name: str

@@ -65,8 +65,8 @@ from loadmaster.errors import (
 from loadmaster.heartbeat import heard_gap, suspect_after
 from loadmaster.hostcontrol.service import HostControl
 from loadmaster.pending.lifecycle import TakenOver, take_over_migration
+from loadmaster.scheduler.core.request import RequestSpec
 from loadmaster.scheduler.drain import Unplaced
-from loadmaster.scheduler.request import RequestSpec
 from loadmaster.scheduler.scheduler import Scheduler
 from loadmaster.store import Store
 from loadmaster.store.locking import lock_vms, now

@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from loadmaster.cluster.liveness import Silence, epoch, silences, utc_text
+from loadmaster.cluster.host_rows import silences
+from loadmaster.cluster.liveness import Silence, epoch, utc_text
 from loadmaster.store import Store
 from loadmaster.store.locking import now
 from loadmaster.store.schema import AllocationRow, HostRow, VmRow

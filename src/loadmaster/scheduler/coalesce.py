@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 from loadmaster.cluster.lookup import canonical_uuid
 from loadmaster.errors import LoadmasterError
-from loadmaster.scheduler.request import RequestSpec
+from loadmaster.scheduler.core.request import RequestSpec
+from loadmaster.scheduler.core.results import ScheduleResult
 from loadmaster.scheduler.resolve import Resolved, vm_count
-from loadmaster.scheduler.results import ScheduleResult
 
 
 def intent_kind(intent: str | None) -> str | None:

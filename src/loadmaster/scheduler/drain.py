@@ -21,8 +21,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
+from loadmaster.cluster.host_rows import silences
 from loadmaster.cluster.hosts import HostService
-from loadmaster.cluster.liveness import silences
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import (
     ConcurrentUpdate,
@@ -33,8 +33,8 @@ from loadmaster.errors import (
 )
 from loadmaster.pending import Ledger
 from loadmaster.pending.waiting import WaitingClaims
-from loadmaster.scheduler.request import RequestSpec
-from loadmaster.scheduler.results import Explanation
+from loadmaster.scheduler.core.request import RequestSpec
+from loadmaster.scheduler.core.results import Explanation
 from loadmaster.scheduler.scheduler import Scheduler
 from loadmaster.store import Store
 from loadmaster.store.locking import now

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from loadmaster.errors import LoadmasterError, SchedulerUnavailable
 
 if TYPE_CHECKING:
-    from loadmaster.scheduler.request import RequestSpec
-    from loadmaster.scheduler.results import ScheduleResult
+    from loadmaster.scheduler.core.request import RequestSpec
+    from loadmaster.scheduler.core.results import ScheduleResult
 
 log = logging.getLogger("loadmaster.scheduler.remote")
 

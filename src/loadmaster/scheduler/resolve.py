@@ -12,13 +12,14 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy import bindparam, select
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.groups import GroupRecord, group_record
+from loadmaster.cluster.groups import group_record
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.cluster.vm_rows import FlavorRules, vms_with_flavors
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.errors import InvalidTransition, LoadmasterError, NotFound, ValidationError
 from loadmaster.resources import aggregate_specs, one_numa_node, pci_numa_affinity
-from loadmaster.scheduler.request import RequestSpec, VmRequest
-from loadmaster.scheduler.snapshot import Snapshot
+from loadmaster.scheduler.core.request import RequestSpec, VmRequest
+from loadmaster.scheduler.core.snapshot import Snapshot
 from loadmaster.store import Prepared, Store, run_chunked
 from loadmaster.store.locking import GROUP_COLUMNS, execute_core
 from loadmaster.store.schema import (

@@ -1,15 +1,14 @@
-"""The scheduler: resolve, decide, claim; many VMs per call, several schedulers at once.
+"""The scheduler's public calls (``schedule``, ``start``, ``migrate``, ``explain``,
+``capacity``): many VMs per call, several schedulers at once.
 
-Around the pure core (``decide.py``) sit the two parts that do I/O: ``resolve.py`` reads
-what the requests name, and this module claims the decisions through the ledger. Claims
-carry no generation pin: the ledger checks capacity and group rules again under the hosts'
-and groups' locks, so a decision made on a stale snapshot can only cost a refusal. A VM
-whose claim was refused because a host changed is decided again on a fresher snapshot (a
-bounded number of times). Nothing is kept between calls but the snapshot, which a refresh
-brings up to date and our own landed claims update directly.
-
-This module holds the scheduler's calls around the pure core
-(resolve, decide, claim, retry).
+A call is resolved (``resolve.py`` reads what the requests name, ``source.py`` brings the
+snapshot up to date), then run in rounds (``rounds.py``): the pure core (``core/``)
+proposes a host per VM, a committer (``commit.py``) claims them through the ledger, and a
+VM whose claim lost a race is decided again on a fresher snapshot. Best-effort calls that
+arrive while another is deciding are decided together with it (``coalesce.py``). Calls
+that claim go to the scheduling process when there is one (``hand_claims_to``,
+``remote.py``). Nothing is kept between calls but the snapshot, which a refresh brings up
+to date and our own landed claims update directly.
 """
 
 from __future__ import annotations
@@ -25,33 +24,27 @@ import numpy as np
 
 from loadmaster.cluster import lookup
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S
-from loadmaster.errors import (
-    ConcurrentUpdate,
-    Conflict,
-    InvalidTransition,
-    LoadmasterError,
-    NotFound,
-    ValidationError,
-)
-from loadmaster.pending import Claim, ClaimOutcome, Ledger
+from loadmaster.errors import LoadmasterError, ValidationError
+from loadmaster.pending import Ledger
 from loadmaster.pending.ledger import CLAIM_INTENTS
-from loadmaster.scheduler import questions
 from loadmaster.scheduler.coalesce import Ticket, Waiting, intent_kind, merge
-from loadmaster.scheduler.decide import Decision, Plan, decide, order_for_groups
-from loadmaster.scheduler.plugins import LoadedFilter, load_filters, load_weighers
-from loadmaster.scheduler.policies import DEFAULT_POLICY, POLICIES, Policy
-from loadmaster.scheduler.remote import NotReached, SchedulingClient
-from loadmaster.scheduler.reports import record_report
-from loadmaster.scheduler.request import MAX_VMS_PER_CALL, RequestSpec
-from loadmaster.scheduler.resolve import Item, Resolved, check_size, resolve, vm_count
-from loadmaster.scheduler.results import (
+from loadmaster.scheduler.commit import LedgerCommitter, RolledBack
+from loadmaster.scheduler.core import questions
+from loadmaster.scheduler.core.decide import order_for_groups
+from loadmaster.scheduler.core.policies import Policy
+from loadmaster.scheduler.core.request import MAX_VMS_PER_CALL, RequestSpec
+from loadmaster.scheduler.core.results import (
     CapacityReport,
     Explanation,
     NoHostFits,
-    Placement,
     ScheduleResult,
 )
-from loadmaster.scheduler.source import Landed, SnapshotSource
+from loadmaster.scheduler.registry import PolicyRegistry
+from loadmaster.scheduler.remote import NotReached, SchedulingClient
+from loadmaster.scheduler.reports import record_report
+from loadmaster.scheduler.resolve import Resolved, check_size, resolve, vm_count
+from loadmaster.scheduler.rounds import Call, Rounds
+from loadmaster.scheduler.source import SnapshotSource
 from loadmaster.store import Store
 from loadmaster.store.transaction import Transaction
 
@@ -109,16 +102,15 @@ class Scheduler:
         self._ledger = Ledger(store, conflict_retries=2)
         self._source = SnapshotSource(store)
         self.agent_silent_after = agent_silent_after
-        self.policies: dict[str, Policy] = {**POLICIES, **(policies or {})}
-        self.default_policy = self._policy(default_policy or DEFAULT_POLICY, "default_policy").name
+        self._policies = PolicyRegistry(
+            policies, default_policy, subset_size=subset_size, tie_tolerance=tie_tolerance
+        )
         self._claim_chunk = claim_chunk
-        self._max_attempts = max_attempts
-        self._subset_size = subset_size
-        self._tie_tolerance = tie_tolerance
+        self._rounds = Rounds(
+            store, self._source, claim_chunk=claim_chunk, max_attempts=max_attempts
+        )
         # Seeds of calls that bring none; each call then decides with its own seed.
         self._seeds = np.random.default_rng(seed)
-        self._filters: list[LoadedFilter] | None = None
-        self._plans: dict[str, Plan] = {}
         # One decision at a time per Scheduler object: the arrays are not thread-safe.
         self._lock = threading.RLock()
         # Calls waiting for the lock; whichever holds it decides them together (coalesce.py).
@@ -136,6 +128,16 @@ class Scheduler:
         self._source.agent_silent_after = seconds
         if self._reader is not None:
             self._reader.agent_silent_after = seconds
+
+    @property
+    def policies(self) -> Mapping[str, Policy]:
+        """The policies calls may name, the built-in ones and the operator's."""
+        return self._policies.policies
+
+    @property
+    def default_policy(self) -> str:
+        """The policy of calls that name none."""
+        return self._policies.default
 
     # -- public API --------------------------------------------------------------------
     def schedule(
@@ -187,7 +189,7 @@ class Scheduler:
         if not dry_run and self._reads_only:
             raise ValidationError("this scheduler only answers dry runs", field="dry_run")
         started = time.perf_counter()
-        chosen = self._policy(policy or self.default_policy, "policy")
+        chosen = self._policies.named(policy or self.default_policy, "policy")
         if intent not in CLAIM_INTENTS:
             raise ValidationError(
                 f"intent must be start, migrate or evacuate, got {intent!r}", field="intent"
@@ -198,10 +200,15 @@ class Scheduler:
         with self._lock:
             if seed is None:
                 seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
-            call = _Call(self._begin(requests, dry_run, move_pending, intent), seed)
-            plan = self._plan(chosen)
-            run = self._gang if gang else self._best_effort
-            placements, conflicts = run(call, plan, dry_run, move_pending)
+            committer = (
+                None
+                if dry_run
+                else LedgerCommitter(self._ledger, self._source, move_pending=move_pending)
+            )
+            call = Call(self._begin(requests, dry_run, move_pending, intent), seed, committer)
+            loaded = self._policies.loaded(chosen)
+            run = self._rounds.gang if gang else self._rounds.best_effort
+            placements, conflicts = run(call, loaded)
         placements.sort(key=lambda pair: pair[0])
         return ScheduleResult(
             tuple(p for _, p in placements),
@@ -264,12 +271,14 @@ class Scheduler:
                 return placement.explanation
             if placement.error is not None:
                 raise placement.error
-        plan = self._plan(self._policy(policy or self.default_policy, "policy"))
+        loaded = self._policies.loaded(
+            self._policies.named(policy or self.default_policy, "policy")
+        )
         with self._lock:
             resolved = self._begin([request], dry_run=True)
             items = [(item.position, item.request) for item in resolved.items]
             first = order_for_groups(items)[0][1]
-            return questions.explain(self._source.snapshot, first, plan)
+            return questions.explain(self._source.snapshot, first, loaded)
 
     def capacity(
         self, flavor: str, *, group: str | None = None, policy: str | None = None, **spec: Any
@@ -280,11 +289,13 @@ class Scheduler:
         most any single host takes."""
         if not self._reads_only:
             return self._for_reads().capacity(flavor, group=group, policy=policy, **spec)
-        plan = self._plan(self._policy(policy or self.default_policy, "policy"))
+        loaded = self._policies.loaded(
+            self._policies.named(policy or self.default_policy, "policy")
+        )
         with self._lock:
             resolved = self._begin([RequestSpec(flavor=flavor, group=group, **spec)], True)
             request = resolved.items[0].request
-            return questions.capacity(self._source.snapshot, request, plan, flavor, group)
+            return questions.capacity(self._source.snapshot, request, loaded, flavor, group)
 
     def hand_claims_to(self, delegate: SchedulingClient | None) -> None:
         """Placements that claim go to the scheduling process ``delegate`` reaches
@@ -330,20 +341,21 @@ class Scheduler:
 
     def _decide_together(self, batch: list[Ticket], policy: Policy) -> None:
         seed = int(self._seeds.integers(MAX_SEED, endpoint=True))
-        plan = self._plan(policy)
+        loaded = self._policies.loaded(policy)
         calls, intents = [t.requests for t in batch], [t.intent for t in batch]
         try:
             with self._one_transaction(calls) as transaction:
                 resolved, spans = self._begin_many(calls, False, False, intents, transaction)
-                call = _Call(resolved, seed, transaction)
-                placements, _ = self._best_effort(call, plan, False, False)
-            if call.landing is not None:
-                self._source.landed(*call.landing)
-        except _RaceInOneTransaction:
+                committer = LedgerCommitter(self._ledger, self._source, transaction=transaction)
+                placements, _ = self._rounds.best_effort(Call(resolved, seed, committer), loaded)
+            if committer.landing is not None:
+                self._source.landed(*committer.landing)
+        except RolledBack:
             # Rolled back whole, nothing applied to the snapshot: decided again with the
             # reads and the claims apart, where a lost race is decided again as usual.
             resolved, spans = self._begin_many(calls, False, False, intents)
-            placements, _ = self._best_effort(_Call(resolved, seed), plan, False, False)
+            committer = LedgerCommitter(self._ledger, self._source)
+            placements, _ = self._rounds.best_effort(Call(resolved, seed, committer), loaded)
         placements.sort(key=lambda pair: pair[0])
         for ticket, span in zip(batch, spans, strict=True):
             if isinstance(span, LoadmasterError):
@@ -369,8 +381,7 @@ class Scheduler:
                 reader = Scheduler(
                     self._store, agent_silent_after=self.agent_silent_after, **self._settings
                 )
-                reader.policies = self.policies
-                reader.default_policy = self.default_policy
+                reader._policies.follow(self._policies)
                 reader._reads_only = True
                 self._reader = reader
             return self._reader
@@ -379,57 +390,10 @@ class Scheduler:
         """Replace the operator's policies (the built-in ones stay), as a reload does:
         each is checked as a call would check it, and the default must remain, else
         nothing changes. Calls under way finish with the policy they started with."""
-        fresh = {**POLICIES, **policies}
-        if self.default_policy not in fresh:
-            raise ValidationError(
-                f"the default policy {self.default_policy!r} is not in the new policies "
-                f"(known: {', '.join(sorted(fresh))})",
-                field="default_policy",
-            )
-        plans = {policy.name: self._make_plan(policy) for policy in fresh.values()}
-        self._plans, self.policies = plans, fresh
+        self._policies.replace(policies)
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.use_policies(policies)
-
-    def _policy(self, name: str, field: str) -> Policy:
-        if name not in self.policies:
-            raise ValidationError(
-                f"{field} {name!r} is not a policy (known: {', '.join(sorted(self.policies))})",
-                field=field,
-            )
-        return self.policies[name]
-
-    def _plan(self, policy: Policy) -> Plan:
-        if policy.name not in self._plans:
-            self._plans[policy.name] = self._make_plan(policy)
-        return self._plans[policy.name]
-
-    def _make_plan(self, policy: Policy) -> Plan:
-        filters = self._loaded_filters()
-        known = {f.name for f in filters}
-        for verb, named in (("disables", policy.disabled_filters), ("runs", policy.filters)):
-            unknown = sorted(set(named or ()) - known)
-            if unknown:
-                raise ValidationError(
-                    f"policy {policy.name!r} {verb} filter {unknown[0]!r}, which is not "
-                    f"registered (known: {', '.join(sorted(known))})",
-                    field="policy",
-                )
-        runs = known if policy.filters is None else set(policy.filters)
-        return Plan(
-            policy.name,
-            tuple(f for f in filters if f.name in runs - set(policy.disabled_filters)),
-            tuple(load_weighers(policy.weighers)),
-            policy.sample,
-            self._subset_size,
-            self._tie_tolerance,
-        )
-
-    def _loaded_filters(self) -> list[LoadedFilter]:
-        if self._filters is None:
-            self._filters = load_filters()
-        return self._filters
 
     def _begin(
         self,
@@ -496,226 +460,3 @@ class Scheduler:
             resolved, spans = merge(each)
             self._source.load_groups(resolved.groups.values(), resolved.leaving, session)
         return resolved, spans
-
-    def _reload(self, call: _Call) -> None:
-        with self._store.read_transaction() as session:
-            self._source.refresh(session)
-            self._source.load_groups(call.resolved.groups.values(), call.resolved.leaving, session)
-
-    # -- one batch, two modes ------------------------------------------------------------
-    def _decide(
-        self, call: _Call, items: list[Item], plan: Plan, gang: bool, dry_run: bool
-    ) -> list[tuple[Item, Decision]]:
-        decisions = decide(
-            self._source.snapshot,
-            [item.request for item in items],
-            plan,
-            call.seed,
-            all_or_nothing=gang,
-            breakdown=dry_run,
-            attempt=call.round,
-        )
-        call.round += 1
-        out = []
-        for decision in decisions:
-            item = items[decision.index]
-            item.attempts += 1
-            item.seconds += decision.seconds
-            out.append((item, decision))
-        return out
-
-    def _gang(
-        self, call: _Call, plan: Plan, dry_run: bool, move_pending: bool
-    ) -> tuple[list[tuple[int, Placement]], int]:
-        items = call.resolved.items
-        for item in items:
-            if item.error is not None:
-                return self._abort(items, item, item.error), 0
-        conflicts = 0
-        for _ in range(self._max_attempts):
-            decided = self._decide(call, items, plan, gang=True, dry_run=dry_run)
-            for item, decision in decided:
-                if decision.error is not None:
-                    return self._abort(items, item, decision.error), conflicts
-            if dry_run:
-                return [self._placed(item, d) for item, d in decided], conflicts
-            try:
-                self._ledger.claim_many(
-                    [self._claim(item, d, move_pending) for item, d in decided],
-                    all_or_nothing=True,
-                )
-            except LoadmasterError as exc:
-                if not _lost_race(exc):
-                    return self._abort(items, None, exc), conflicts
-                # Another scheduler changed a chosen host: decide again on the store's view.
-                conflicts += 1
-                self._reload(call)
-                continue
-            self._source.landed([_landed(d) for _, d in decided], clock=None)
-            return [self._placed(item, d) for item, d in decided], conflicts
-        gave_up = ConcurrentUpdate(
-            f"gang of {len(items)} VMs lost the race for its hosts {self._max_attempts} times "
-            "to other schedulers; nothing was claimed, try again",
-            field="requests",
-        )
-        return self._abort(items, None, gave_up), conflicts
-
-    def _best_effort(
-        self, call: _Call, plan: Plan, dry_run: bool, move_pending: bool
-    ) -> tuple[list[tuple[int, Placement]], int]:
-        items = call.resolved.items
-        out = [self._failed(item) for item in items if item.error is not None]
-        queue = [item for item in items if item.error is None]
-        conflicts = 0
-        while queue:
-            chosen = []
-            for item, decision in self._decide(call, queue, plan, gang=False, dry_run=dry_run):
-                if decision.error is not None:
-                    item.error = decision.error
-                    out.append(self._failed(item))
-                elif dry_run:
-                    out.append(self._placed(item, decision))
-                else:
-                    chosen.append((item, decision))
-            retry: list[Item] = []
-            for start in range(0, len(chosen), self._claim_chunk):
-                chunk = chosen[start : start + self._claim_chunk]
-                retry += self._persist(call, chunk, out, move_pending)
-            if retry:
-                conflicts += len(retry)
-                self._reload(call)
-            queue = retry
-        return out, conflicts
-
-    def _persist(
-        self,
-        call: _Call,
-        chosen: list[tuple[Item, Decision]],
-        out: list[tuple[int, Placement]],
-        move_pending: bool,
-    ) -> list[Item]:
-        """Claim one chunk in one transaction; record what landed, return the VMs to
-        decide again."""
-        claims = [self._claim(item, decision, move_pending) for item, decision in chosen]
-        try:
-            outcomes = self._ledger.claim_many(
-                claims, all_or_nothing=False, transaction=call.transaction
-            )
-        except ConcurrentUpdate as exc:
-            if call.transaction is not None:
-                raise _RaceInOneTransaction from exc
-            outcomes = [ClaimOutcome(c.vm, c.host, error=exc) for c in claims]
-        if call.transaction is not None and any(
-            o.error is not None and _lost_race(o.error) for o in outcomes
-        ):
-            # The claim may have written some: the caller rolls back and starts over.
-            raise _RaceInOneTransaction
-        landed, retry = [], []
-        clocks = {o.clock for o in outcomes if o.error is None}
-        for (item, decision), outcome in zip(chosen, outcomes, strict=True):
-            if outcome.error is None:
-                landed.append(_landed(decision))
-                out.append(self._placed(item, decision))
-                continue
-            if _lost_race(outcome.error) and item.attempts < self._max_attempts:
-                retry.append(item)
-                continue
-            item.error = outcome.error
-            if _lost_race(outcome.error):
-                item.error = ConcurrentUpdate(
-                    f"VM {item.request.label}: gave up after {item.attempts} claims lost to "
-                    f"other schedulers; last: {outcome.error.detail}",
-                    field="vm",
-                )
-            out.append(self._failed(item))
-        # A drain's re-placed VMs also left hosts the snapshot did not update: read all.
-        clock = clocks.pop() if len(clocks) == 1 and not move_pending else None
-        if call.transaction is None:
-            self._source.landed(landed, clock)
-        else:
-            call.landing = (landed, clock)  # once committed
-        return retry
-
-    def _claim(self, item: Item, decision: Decision, move_pending: bool) -> Claim:
-        # Not pinned to the generations the decision saw: the ledger checks capacity and
-        # group rules again under the hosts' and groups' locks, so a stale view can only
-        # cost a refusal (decided again), never an overcommit. Pinning made every agent's
-        # "up" (which changes no usage but moves the generation) fail whole batches of a
-        # mass start on PostgreSQL, as Placement's provider generations do for Nova.
-        assert decision.host is not None
-        return Claim(
-            decision.request.vm or "",
-            self._source.snapshot.names[decision.host],
-            move=move_pending,
-            intent=item.intent,
-        )
-
-    def _abort(
-        self, items: list[Item], culprit: Item | None, cause: LoadmasterError
-    ) -> list[tuple[int, Placement]]:
-        """A gang fails as one: the culprit keeps its own error, the others say why."""
-        for item in items:
-            item.error = (
-                cause
-                if item is culprit
-                else Conflict(
-                    f"not placed: the gang was abandoned ({cause.detail})", field="requests"
-                )
-            )
-        return [self._failed(item) for item in items]
-
-    def _failed(self, item: Item) -> tuple[int, Placement]:
-        return item.position, Placement(
-            item.request.label, None, item.error, item.seconds, item.attempts
-        )
-
-    def _placed(self, item: Item, decision: Decision) -> tuple[int, Placement]:
-        assert decision.host is not None
-        return item.position, Placement(
-            item.request.label,
-            self._source.snapshot.names[decision.host],
-            None,
-            item.seconds,
-            item.attempts,
-            decision.scores,
-        )
-
-
-class _Call:
-    """One ``schedule`` call: what it resolved, its seed, how many rounds it decided, and
-    the write transaction it holds from its reads to its claim (``_one_transaction``),
-    with what landed in it, applied to the snapshot once that commits."""
-
-    def __init__(self, resolved: Resolved, seed: int, transaction: Transaction | None = None):
-        self.resolved, self.seed, self.transaction = resolved, seed, transaction
-        self.round = 0
-        self.landing: tuple[list[Landed], int | None] | None = None
-
-
-class _RaceInOneTransaction(Exception):
-    """A claim in a call's one transaction met a race (with a writer SQLite let in, or
-    a check the snapshot and the ledger judge apart): the transaction is rolled back."""
-
-
-def _landed(decision: Decision) -> Landed:
-    assert decision.host is not None
-    request = decision.request
-    group = request.group.name if request.group is not None else None
-    return (
-        decision.host,
-        request.resources,
-        group,
-        request.one_numa_node,
-        request.pci_numa_affinity,
-        request.class_traits,
-        request.shared_held,
-    )
-
-
-def _lost_race(error: LoadmasterError) -> bool:
-    """Errors a fresher view of the hosts can cure: a changed generation, a host that
-    filled up, left service or was deleted meanwhile. A VM in the wrong state cannot be
-    cured so."""
-    if isinstance(error, NotFound):
-        return (error.field or "").endswith("host")
-    return isinstance(error, Conflict) and not isinstance(error, InvalidTransition)

@@ -31,13 +31,13 @@ from sqlalchemy import (
 )
 
 from loadmaster.cluster import lookup
-from loadmaster.cluster.groups import GroupRecord
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, epoch
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.cluster.vms import PLACED_STATES
 from loadmaster.pending import trees
 from loadmaster.resources import Inventory
 from loadmaster.resources.tree_fit import Affinity
-from loadmaster.scheduler.snapshot import STATE_CODE, ClassTraits, Snapshot
+from loadmaster.scheduler.core.snapshot import STATE_CODE, ClassTraits, Snapshot
 from loadmaster.store import Prepared, Store, locking, run
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import execute_core

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from loadmaster.cluster.records import HOST_STATES
-from loadmaster.scheduler.plugins import Verdict
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import STATE_CODE, Snapshot
+from loadmaster.scheduler.core.plugins import Verdict
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import STATE_CODE, Snapshot
 
 
 class HostStateFilter:

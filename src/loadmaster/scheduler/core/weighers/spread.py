@@ -3,9 +3,9 @@ normalised to capacity: the mirror image of pack."""
 
 from __future__ import annotations
 
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
-from loadmaster.scheduler.weighers.pack import PackWeigher, utilisation
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Floats, Ints, Snapshot
+from loadmaster.scheduler.core.weighers.pack import PackWeigher, utilisation
 
 
 class SpreadWeigher(PackWeigher):

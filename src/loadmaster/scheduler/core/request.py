@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, Strict, with_config
 
 from loadmaster import shapes
-from loadmaster.cluster.groups import GroupRecord
+from loadmaster.cluster.records import GroupRecord
 from loadmaster.errors import ValidationError
 from loadmaster.resources import parse_amounts, summed, validate_trait_name
 from loadmaster.resources.tree_fit import Affinity

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from loadmaster.resources import summed
-from loadmaster.scheduler.plugins import FilterResult
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.results import Explanation, FilterCount, HostScore
-from loadmaster.scheduler.snapshot import Bools, Ints, Snapshot
+from loadmaster.scheduler.core.plugins import FilterResult
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.results import Explanation, FilterCount, HostScore
+from loadmaster.scheduler.core.snapshot import Bools, Ints, Snapshot
 
 
 def explanation(

@@ -1,10 +1,10 @@
-"""The scheduling core: ``decide(snapshot, requests, plan, seed)``, a function with no I/O.
+"""The scheduling core: ``decide(snapshot, requests, policy, seed)``, a function with no I/O.
 
 It filters, weighs and picks a host for each request in turn, on a working copy of the
 snapshot's usage that takes each decision before the next one is made (pending counts as
 used, for resources and for server groups alike), and returns one ``Decision`` per request.
 The snapshot is never changed, nothing is kept between calls, and the same snapshot,
-requests, plan and seed give the same decisions: a decision can be replayed from its seed.
+requests, policy and seed give the same decisions: a decision can be replayed from its seed.
 Within a call, the verdicts and raw scores of host-local plugins (``plugins.py``) are kept
 per request shape and brought up to date on the hosts the decisions changed, so a mass
 start does not ask every plugin about every host for every VM.
@@ -23,8 +23,8 @@ from typing import Any, TypeVar, cast, overload
 import numpy as np
 
 from loadmaster.errors import LoadmasterError, PluginFailed
-from loadmaster.scheduler.explain import explanation
-from loadmaster.scheduler.plugins import (
+from loadmaster.scheduler.core.explain import explanation
+from loadmaster.scheduler.core.plugins import (
     FilterResult,
     LoadedFilter,
     Verdict,
@@ -32,9 +32,9 @@ from loadmaster.scheduler.plugins import (
     host_view,
     local_weigher,
 )
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.results import HostScore, NoHostFits
-from loadmaster.scheduler.snapshot import Bools, Floats, Ints, Snapshot
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.results import HostScore, NoHostFits
+from loadmaster.scheduler.core.snapshot import Bools, Floats, Ints, Snapshot
 
 log = logging.getLogger("loadmaster.scheduler")
 T = TypeVar("T")
@@ -51,12 +51,13 @@ ROUND_SHARE = 32
 
 
 @dataclass(frozen=True)
-class Plan:
-    """A policy made ready to use: its filters (in order) and weighers with multipliers,
-    how many feasible hosts to score (``sample``, None: all), and how a winner is drawn:
-    among the hosts within ``tie_tolerance`` (a fraction of the summed multipliers) of the
-    best, one of the ``subset_size`` best at random, so schedulers running side by side
-    spread out instead of all claiming the same host."""
+class LoadedPolicy:
+    """A policy made ready to use (kube-scheduler's profile, once its plugins are built):
+    its filters (in order) and weighers with multipliers, how many feasible hosts to score
+    (``sample``, None: all), and how a winner is drawn: among the hosts within
+    ``tie_tolerance`` (a fraction of the summed multipliers) of the best, one of the
+    ``subset_size`` best at random, so schedulers running side by side spread out instead
+    of all claiming the same host."""
 
     name: str
     filters: tuple[LoadedFilter, ...]
@@ -65,7 +66,7 @@ class Plan:
     subset_size: int = 100
     tie_tolerance: float = 0.01
 
-    def unweighed(self) -> Plan:
+    def unweighed(self) -> LoadedPolicy:
         return replace(self, weighers=())
 
 
@@ -91,7 +92,7 @@ class Decision:
 class _Call:
     """What one ``decide`` call carries from request to request."""
 
-    plan: Plan
+    policy: LoadedPolicy
     rng: np.random.Generator
     breakdown: bool
     snap: Snapshot
@@ -150,23 +151,23 @@ class _Values:
 
 
 class _Local:
-    """The host-local plugins of a plan and their answers, kept per value of the request
+    """The host-local plugins of a policy and their answers, kept per value of the request
     fields each reads, and which hosts the decisions so far changed. A filter's kept
     verdict is brought up to date by asking it about the hosts changed since it was last
     used (``changes``), or about every host once many have; a weigher's kept scores the
     same way."""
 
-    def __init__(self, plan: Plan, requests: int, size: int) -> None:
+    def __init__(self, policy: LoadedPolicy, requests: int, size: int) -> None:
         self.filters = {
-            id(e): tuple(sorted(e.reads or ())) for e in plan.filters if e.local is not None
+            id(e): tuple(sorted(e.reads or ())) for e in policy.filters if e.local is not None
         }
         self.weighers: dict[int, tuple[str, tuple[str, ...]]] = {}
-        for position, (weigher, _) in enumerate(plan.weighers):
+        for position, (weigher, _) in enumerate(policy.weighers):
             reads = local_weigher(weigher)
             if reads is not None:
                 name = str(getattr(weigher, "name", type(weigher).__name__))
                 self.weighers[position] = (name, tuple(sorted(reads)))
-        statics = [e for e in plan.filters if e.mask is not None and not e.dynamic]
+        statics = [e for e in policy.filters if e.mask is not None and not e.dynamic]
         # The fields the static filters read, when all declare them (None: not cached).
         self.static_fields = (
             tuple(sorted({f for e in statics for f in e.reads or ()}))
@@ -258,7 +259,7 @@ class _Local:
 def decide(
     snapshot: Snapshot,
     requests: Sequence[VmRequest],
-    plan: Plan,
+    policy: LoadedPolicy,
     seed: int,
     *,
     all_or_nothing: bool = False,
@@ -284,12 +285,12 @@ def decide(
     which sampled host wins may differ, so the same seed replays the same decisions only
     with the same ``rounds``."""
     rng = np.random.default_rng(seed if not attempt else [seed, attempt])
-    call = _Call(plan, rng, breakdown, snapshot)
+    call = _Call(policy, rng, breakdown, snapshot)
     if incremental and (
-        any(e.local is not None for e in plan.filters)
-        or any(local_weigher(w) is not None for w, _ in plan.weighers)
+        any(e.local is not None for e in policy.filters)
+        or any(local_weigher(w) is not None for w, _ in policy.weighers)
     ):
-        call.local = _Local(plan, len(requests), snapshot.size)
+        call.local = _Local(policy, len(requests), snapshot.size)
     ordered = order_for_groups(list(enumerate(requests)))
     # Two requests of one round seldom want the same host (one that does is decided
     # alone) when a round has at most one request per ROUND_SHARE hosts.
@@ -297,7 +298,7 @@ def decide(
     in_rounds = (
         call.local is not None
         and rounds
-        and plan.sample is not None
+        and policy.sample is not None
         and len(ordered) >= ROUNDS_FROM
         and round_size >= 2
     )
@@ -358,8 +359,8 @@ def _decide_round(
     taken was feasible, with every decision before it counted, as ``_decide_one``'s are;
     what differs from deciding one at a time is only which sampled host won: a runner-up
     changed earlier in the round is ranked as it was at the round's start."""
-    local, plan = call.local, call.plan
-    assert local is not None and plan.sample is not None
+    local, policy = call.local, call.policy
+    assert local is not None and policy.sample is not None
     started = time.perf_counter()
     shapes: dict[tuple[Hashable, ...], list[int]] = {}
     for row, (_, request) in enumerate(run):
@@ -371,9 +372,9 @@ def _decide_round(
         if keep is None:
             continue
         candidates = np.flatnonzero(keep)
-        if len(candidates) <= plan.sample:
+        if len(candidates) <= policy.sample:
             continue
-        sample = candidates[call.rng.integers(0, len(candidates), (len(rows), plan.sample))]
+        sample = candidates[call.rng.integers(0, len(candidates), (len(rows), policy.sample))]
         chosen, weighed = _pick_rows(call, [run[row][1] for row in rows], sample)
         for at, (row, column) in enumerate(zip(rows, chosen.tolist(), strict=True)):
             picks[row] = (
@@ -395,7 +396,7 @@ def _decide_round(
             assert host is not None
             decision = Decision(index, request, host, [], seconds=each)
             if call.breakdown:
-                decision.results, _ = filter_hosts(call.snap, request, plan, call.statics)
+                decision.results, _ = filter_hosts(call.snap, request, policy, call.statics)
                 decision.scores = _breakdown(call.snap, *picked)
             _take(call, request, host)
         decisions.append(decision)
@@ -420,12 +421,12 @@ def _pick_rows(
     [0, 1] over each row, then at random among the row's ``subset_size`` best within
     ``tie_tolerance`` of its best; and each weigher's rescaled scores, with the rows it
     has an opinion on."""
-    plan, snap, local = call.plan, call.snap, call.local
+    policy, snap, local = call.policy, call.snap, call.local
     assert local is not None
     count, size = sample.shape
     total = np.zeros((count, size))
     weighed: list[tuple[str, Floats, Bools]] = []
-    for position, (weigher, multiplier) in enumerate(plan.weighers):
+    for position, (weigher, multiplier) in enumerate(policy.weighers):
         name = str(getattr(weigher, "name", type(weigher).__name__))
         kept, raw = local.raw(snap, position, weigher, requests[0], None)
         if kept:
@@ -447,11 +448,11 @@ def _pick_rows(
         part[opinion] = multiplier * (scores[opinion] - low[opinion]) / spread[opinion]
         total += part
         weighed.append((name, part, opinion))
-    tolerance = plan.tie_tolerance * sum(abs(m) for _, m in plan.weighers)
+    tolerance = policy.tie_tolerance * sum(abs(m) for _, m in policy.weighers)
     near = total >= total.max(axis=1, keepdims=True) - tolerance
-    if size > plan.subset_size:
+    if size > policy.subset_size:
         # Only the subset_size best of each row may win (as ``_pick``'s argpartition).
-        best = np.argpartition(-total, plan.subset_size - 1, axis=1)[:, : plan.subset_size]
+        best = np.argpartition(-total, policy.subset_size - 1, axis=1)[:, : policy.subset_size]
         among = np.zeros_like(near)
         np.put_along_axis(among, best, True, axis=1)
         near &= among
@@ -500,13 +501,13 @@ def _decide_one(call: _Call, index: int, request: VmRequest, *, last: bool) -> D
     try:
         results: list[FilterResult] | None = None
         if call.local is None:
-            results, keep = filter_hosts(call.snap, request, call.plan, call.statics)
+            results, keep = filter_hosts(call.snap, request, call.policy, call.statics)
         else:
             keep = _kept_hosts(call, call.local, request)
         host, scores = _pick(call, request, keep.nonzero()[0])
         if results is None and (host is None or call.breakdown):
             # Explaining needs every filter's verdict over every host: worked out only now.
-            results, _ = filter_hosts(call.snap, request, call.plan, call.statics)
+            results, _ = filter_hosts(call.snap, request, call.policy, call.statics)
     except PluginFailed as exc:
         return Decision(index, request, None, [], exc)
     results = results or []
@@ -554,16 +555,16 @@ def _kept_hosts(
     filters' verdicts brought up to date rather than worked out again. ``only_local``:
     None if a dynamic filter that is not host-local concerns the request (its verdict
     could change with any decision, so the request is decided alone)."""
-    snap, plan = call.snap, call.plan
+    snap, policy = call.snap, call.policy
     if local.static_fields is None:
-        keep, _ = _static_part(snap, request, plan, call.statics, local.values)
+        keep, _ = _static_part(snap, request, policy, call.statics, local.values)
     else:
         key = local.values.of(request, local.static_fields)
         if key not in local.statics:
-            local.statics[key], _ = _static_part(snap, request, plan, call.statics, local.values)
+            local.statics[key], _ = _static_part(snap, request, policy, call.statics, local.values)
         keep = local.statics[key]
     keep = keep.copy()
-    for entry in plan.filters:
+    for entry in policy.filters:
         if entry.mask is not None and not entry.dynamic:
             continue
         if id(entry) in local.filters:
@@ -582,15 +583,15 @@ def _kept_hosts(
 def filter_hosts(
     snap: Snapshot,
     request: VmRequest,
-    plan: Plan,
+    policy: LoadedPolicy,
     statics: dict[tuple[Hashable, ...], tuple[Bools, list[FilterResult]]] | None = None,
 ) -> tuple[list[FilterResult], Bools]:
-    """Every filter of the plan on every host: their results and the hosts all keep.
+    """Every filter of the policy on every host: their results and the hosts all keep.
     ``statics`` caches the verdicts of the filters that ignore usage, per what they read."""
-    keep, results = _static_part(snap, request, plan, {} if statics is None else statics)
+    keep, results = _static_part(snap, request, policy, {} if statics is None else statics)
     keep = keep.copy()
     results = list(results)
-    for entry in plan.filters:
+    for entry in policy.filters:
         if entry.mask is not None and not entry.dynamic:
             continue
         verdict = _verdict(snap, entry, request, keep)
@@ -603,13 +604,13 @@ def filter_hosts(
 def _static_part(
     snap: Snapshot,
     request: VmRequest,
-    plan: Plan,
+    policy: LoadedPolicy,
     statics: dict[tuple[Hashable, ...], tuple[Bools, list[FilterResult]]],
     values: _Values | None = None,
 ) -> tuple[Bools, list[FilterResult]]:
     """The verdicts of the filters that ignore usage: once per combination of the request
     fields they declare they read, or every time while one of them declares none."""
-    entries = [e for e in plan.filters if e.mask is not None and not e.dynamic]
+    entries = [e for e in policy.filters if e.mask is not None and not e.dynamic]
     cacheable = all(entry.reads is not None for entry in entries)
     key: tuple[Hashable, ...] = ()
     if cacheable:
@@ -691,23 +692,23 @@ def _verdict(
 def _pick(
     call: _Call, request: VmRequest, candidates: Ints
 ) -> tuple[int | None, tuple[HostScore, ...]]:
-    plan, rng = call.plan, call.rng
+    policy, rng = call.policy, call.rng
     if len(candidates) == 0:
         return None, ()
-    if plan.sample is not None and len(candidates) > plan.sample:
+    if policy.sample is not None and len(candidates) > policy.sample:
         # Score a random sample, as kube-scheduler (percentageOfNodesToScore) and
         # Nomad (limit iterator) do: every sampled host is feasible, and the best of a
         # few hundred random ones is as good as the best of all for spreading.
         # (Drawn with replacement: a host drawn twice changes nothing.)
-        candidates = candidates[rng.integers(0, len(candidates), plan.sample)]
-    if len(candidates) == 1 or not plan.weighers:
+        candidates = candidates[rng.integers(0, len(candidates), policy.sample)]
+    if len(candidates) == 1 or not policy.weighers:
         return int(candidates[rng.integers(len(candidates))]), ()
-    weighed = weigh(call.snap, request, candidates, plan.weighers, call.local)
+    weighed = weigh(call.snap, request, candidates, policy.weighers, call.local)
     scores = sum((w for _, w in weighed), np.zeros(len(candidates)))
-    tolerance = plan.tie_tolerance * sum(abs(m) for _, m in plan.weighers)
+    tolerance = policy.tie_tolerance * sum(abs(m) for _, m in policy.weighers)
     near = np.flatnonzero(scores >= scores.max() - tolerance)
-    if len(near) > plan.subset_size:
-        best = np.argpartition(-scores[near], plan.subset_size)[: plan.subset_size]
+    if len(near) > policy.subset_size:
+        best = np.argpartition(-scores[near], policy.subset_size)[: policy.subset_size]
         near = near[best]
     chosen = int(near[rng.integers(len(near))])
     breakdown = _breakdown(call.snap, candidates, chosen, weighed) if call.breakdown else ()

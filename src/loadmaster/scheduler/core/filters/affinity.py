@@ -6,9 +6,9 @@ so the host it lands on has room for the whole group.
 
 from __future__ import annotations
 
-from loadmaster.scheduler.plugins import Verdict
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Snapshot
+from loadmaster.scheduler.core.plugins import Verdict
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Snapshot
 
 
 class AffinityFilter:

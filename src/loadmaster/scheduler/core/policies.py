@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from loadmaster.errors import ValidationError
-from loadmaster.scheduler.plugins import WeigherSetting
+from loadmaster.scheduler.core.plugins import WeigherSetting
 from loadmaster.settings import read_operator_file
 
 # Spreading policies score a random sample of feasible hosts (kube-scheduler scores 5% of

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadmaster.scheduler.plugins import Verdict
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Bools, Snapshot
+from loadmaster.scheduler.core.plugins import Verdict
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Bools, Snapshot
 
 
 def _marked(hosts: Snapshot, names: frozenset[str]) -> Bools:

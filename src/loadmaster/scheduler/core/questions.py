@@ -5,32 +5,38 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadmaster.scheduler.decide import FilterResult, Plan, filter_hosts, score_rows, weigh
-from loadmaster.scheduler.explain import explanation
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.results import CapacityReport, Explanation
-from loadmaster.scheduler.snapshot import Bools, Ints, Snapshot
+from loadmaster.scheduler.core.decide import (
+    FilterResult,
+    LoadedPolicy,
+    filter_hosts,
+    score_rows,
+    weigh,
+)
+from loadmaster.scheduler.core.explain import explanation
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.results import CapacityReport, Explanation
+from loadmaster.scheduler.core.snapshot import Bools, Ints, Snapshot
 
 RANKED = 5  # hosts listed with their scores
 
 
-def explain(snap: Snapshot, request: VmRequest, plan: Plan) -> Explanation:
+def explain(snap: Snapshot, request: VmRequest, policy: LoadedPolicy) -> Explanation:
     """Every filter's count of hosts ruled out and why, and the best hosts left, scored."""
-    results, keep = filter_hosts(snap, request, plan)
+    results, keep = filter_hosts(snap, request, policy)
     candidates = np.flatnonzero(keep)
-    weighed = weigh(snap, request, candidates, plan.weighers)
+    weighed = weigh(snap, request, candidates, policy.weighers)
     total = sum((w for _, w in weighed), np.zeros(len(candidates)))
     best = [int(i) for i in np.argsort(-total, kind="stable")[:RANKED]]
     return explanation(snap, request, results, score_rows(snap, candidates, weighed, best))
 
 
 def capacity(
-    snap: Snapshot, request: VmRequest, plan: Plan, flavor: str, group: str | None
+    snap: Snapshot, request: VmRequest, policy: LoadedPolicy, flavor: str, group: str | None
 ) -> CapacityReport:
     """How many more VMs of the request fit now, and on which hosts (most first, then
-    the plan's best). With a hard-affinity group all of them must share one host, so
+    the policy's best). With a hard-affinity group all of them must share one host, so
     ``total`` is the most any single host takes."""
-    results, keep = filter_hosts(snap, request, plan.unweighed())
+    results, keep = filter_hosts(snap, request, policy.unweighed())
     counts = fitting_count(snap, request, keep)
     if request.group is not None:
         members = snap.group_members[request.group.name]
@@ -40,7 +46,7 @@ def capacity(
     hard_affinity = request.group is not None and request.group.policy == "affinity"
     total = int(counts.max(initial=0) if hard_affinity else counts.sum())
     candidates = np.flatnonzero(counts)
-    weighed = weigh(snap, request, candidates, plan.weighers)
+    weighed = weigh(snap, request, candidates, policy.weighers)
     scores = sum((w for _, w in weighed), np.zeros(len(candidates)))
     # Most VMs first; among hosts taking as many, the policy's best first.
     order = np.lexsort((-scores, -counts[candidates]))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Floats, Ints, Snapshot
 
 
 class BalanceWeigher:

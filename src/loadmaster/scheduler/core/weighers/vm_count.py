@@ -3,8 +3,8 @@ ones included, whatever their size."""
 
 from __future__ import annotations
 
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Floats, Ints, Snapshot
 
 
 class VmCountWeigher:

@@ -3,9 +3,9 @@ members counted like running ones, so a mass start never doubles up."""
 
 from __future__ import annotations
 
-from loadmaster.scheduler.plugins import Verdict
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Ints, Snapshot
+from loadmaster.scheduler.core.plugins import Verdict
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Ints, Snapshot
 
 
 class AntiAffinityFilter:

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Floats, Ints, Snapshot
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Floats, Ints, Snapshot
 
 
 def utilisation(

@@ -3,9 +3,9 @@ never puts more than N members on one host. (Hard anti-affinity applies it itsel
 
 from __future__ import annotations
 
-from loadmaster.scheduler.plugins import Verdict
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Ints, Snapshot
+from loadmaster.scheduler.core.plugins import Verdict
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Ints, Snapshot
 
 
 class MaxPerHostFilter:

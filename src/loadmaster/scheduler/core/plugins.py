@@ -59,8 +59,8 @@ import numpy as np
 
 from loadmaster.cluster.records import HOST_STATES
 from loadmaster.errors import ValidationError
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Bools, Floats, Ints, Snapshot
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Bools, Floats, Ints, Snapshot
 
 FILTER_GROUP = "loadmaster.filters"
 WEIGHER_GROUP = "loadmaster.weighers"

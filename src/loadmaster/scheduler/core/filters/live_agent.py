@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from loadmaster.cluster.liveness import agent_live, utc_text
-from loadmaster.scheduler.plugins import Verdict
-from loadmaster.scheduler.request import VmRequest
-from loadmaster.scheduler.snapshot import Bools, Snapshot
+from loadmaster.scheduler.core.plugins import Verdict
+from loadmaster.scheduler.core.request import VmRequest
+from loadmaster.scheduler.core.snapshot import Bools, Snapshot
 
 NO_AGENT = "no agent"
 SILENT = "agent silent"
