@@ -14,7 +14,7 @@ from loadmaster.agent.collectors import (
     HostMemoryCollector,
     default_guest_collectors,
 )
-from loadmaster.agent.hypervisor import SysfsKsm
+from loadmaster.agent.hypervisor.base import SysfsKsm
 
 
 def test_host_memory_from_fixture(proc_dir: Path) -> None:

@@ -23,8 +23,8 @@ from loadmaster.agent.controllers import (
     libvirt_shares,
     stop_or_migrate,
 )
-from loadmaster.agent.hypervisor import GuestInfo, HypervisorError, SysfsKsm
-from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.hypervisor.base import GuestInfo, HypervisorError, SysfsKsm
+from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 KSM_HOST = {"ksm_run": 1, "ksm_merge_across_nodes": 1, "ksm_pages_to_scan": 100}

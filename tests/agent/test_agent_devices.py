@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from loadmaster.agent.devices import (
+from loadmaster.agent.hypervisor.devices import (
     LibvirtDevices,
     device_providers,
     parse_device_config,
     parse_node_devices,
 )
-from loadmaster.agent.manager import HostManager, ManagerConfig, discover
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig, discover
 from loadmaster.errors import ValidationError
 
 DEVICES_XML = Path(__file__).parent / "fixtures" / "devices.xml"
@@ -99,7 +99,7 @@ def test_two_pfs_of_vfs_and_a_gpu_become_nested_providers() -> None:
 
 
 def test_on_a_numa_host_devices_register_under_their_node() -> None:
-    from loadmaster.agent.hypervisor import HostInfo, NumaCell
+    from loadmaster.agent.hypervisor.base import HostInfo, NumaCell
 
     info = HostInfo(
         "h", 16, 64 * GIB, 64 * GIB, (NumaCell(0, 8, 32 * GIB), NumaCell(1, 8, 32 * GIB))
@@ -144,7 +144,7 @@ def test_a_spec_matching_nothing_says_so(caplog: pytest.LogCaptureFixture) -> No
         device_source=LibvirtDevices(DEVICES_URI),
     )
     try:
-        with caplog.at_level(logging.WARNING, logger="loadmaster.agent.manager"):
+        with caplog.at_level(logging.WARNING, logger="loadmaster.agent.manager.host_manager"):
             found = manager.discover_devices()
     finally:
         manager.close()
@@ -316,7 +316,7 @@ def hostdevs(hv: Any, vm: str) -> list[tuple[str | None, str]]:
 def device_host(monkeypatch: pytest.MonkeyPatch) -> Any:
     from dataclasses import replace
 
-    from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+    from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
 
     hv = LibvirtHypervisor(DEVICES_URI)
     # A test-driver host from a file has no NUMA cells, so no free memory to show: the

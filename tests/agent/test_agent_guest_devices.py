@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
-from loadmaster.agent.storage import StorageConfig, base_name
+from loadmaster.agent.hypervisor.base import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.storage import StorageConfig, base_name
 from loadmaster.images import POOL_NAME, volume_name
 
 MAC = "52:54:00:12:34:56"

@@ -15,7 +15,7 @@ import pytest
 from agent_helpers import sim_agent
 
 from loadmaster.agent import Agent, LibvirtHypervisor, SimulatedHypervisor, run_agent
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent.hypervisor.base import (
     DEFAULT_SYS_ROOT,
     HypervisorError,
     MemoryKsm,

@@ -20,8 +20,8 @@ import pytest
 from loadmaster.agent import Agent, LibvirtHypervisor, run_agent
 from loadmaster.agent.collectors import GuestMemoryCollector
 from loadmaster.agent.controllers import BalloonController, ControlContext
-from loadmaster.agent.hypervisor import HypervisorError
-from loadmaster.agent.libvirt_hv import parse_metadata
+from loadmaster.agent.hypervisor.base import HypervisorError
+from loadmaster.agent.hypervisor.libvirt import parse_metadata
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 

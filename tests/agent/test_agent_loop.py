@@ -15,7 +15,7 @@ from agent_helpers import FakePolicy, sim_agent
 
 from loadmaster.agent import SimulatedHypervisor, simulate_host
 from loadmaster.agent.controllers import BalloonController, ControlContext, Controller, Outcome
-from loadmaster.agent.simulator import GIB
+from loadmaster.agent.hypervisor.simulated import GIB
 from loadmaster.policy import PolicyError, shipped_policy_dir
 
 

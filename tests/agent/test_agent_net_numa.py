@@ -19,14 +19,14 @@ from loadmaster.agent.controllers import (
     NumaTuneController,
     net_limit,
 )
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent.hypervisor.base import (
     NET_LIMIT_MAX,
     HypervisorError,
     format_nodeset,
     parse_nodeset,
 )
-from loadmaster.agent.journal import AppliedJournal
-from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.sla.journal import AppliedJournal
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 Hv = SimulatedHypervisor | LibvirtHypervisor

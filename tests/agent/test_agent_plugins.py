@@ -15,7 +15,7 @@ from test_incomplete_samples import full
 from loadmaster.agent import Agent, run_agent
 from loadmaster.agent.collectors import collector_selection
 from loadmaster.agent.controllers import default_controllers
-from loadmaster.agent.manager import ManagerConfig
+from loadmaster.agent.manager.host_manager import ManagerConfig
 from loadmaster.errors import ValidationError
 
 PLUGIN = '''

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from loadmaster.agent import SimulatedHypervisor, simulate_host
 from loadmaster.agent.controllers import ControlContext, StopController
-from loadmaster.agent.simulator import GIB, SimGuestSpec
+from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 from loadmaster.tiers import TIER_NAMES, priority_of, tier_of

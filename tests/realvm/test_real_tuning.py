@@ -28,15 +28,15 @@ from realvm_helpers import Launched, RealHosts, new_spec, serial, wait_for
 
 from loadmaster.agent.collectors import GuestIoCollector, GuestNetCollector
 from loadmaster.agent.controllers import ControlContext, IoTuneController, NetTuneController
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
-from loadmaster.agent.libvirt_hv import (
+from loadmaster.agent.hypervisor.base import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor.libvirt import (
     DEFAULT_GUEST_CMDLINE,
     METADATA_NS,
     LibvirtHypervisor,
     disk_targets,
 )
-from loadmaster.agent.shaping import IFB_PREFIX
-from loadmaster.agent.storage import StorageConfig
+from loadmaster.agent.hypervisor.shaping import IFB_PREFIX
+from loadmaster.agent.hypervisor.storage import StorageConfig
 from loadmaster.images import GIB
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 

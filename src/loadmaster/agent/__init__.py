@@ -21,19 +21,19 @@ Public API::
         -> JournalState(last, interrupted, open_cycle, ...)
 """
 
-from loadmaster.agent.hypervisor import GuestInfo, Hypervisor, HypervisorError
-from loadmaster.agent.journal import (
+from loadmaster.agent.hypervisor.base import GuestInfo, Hypervisor, HypervisorError
+from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.runner import run_agent
+from loadmaster.agent.sla.journal import (
     AppliedJournal,
     AppliedRecord,
     JournalError,
     JournalState,
     read_journal,
 )
-from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor
-from loadmaster.agent.loop import Agent, CycleReport
-from loadmaster.agent.runner import run_agent
-from loadmaster.agent.simulation import SimulationResult, simulate_host
-from loadmaster.agent.simulator import SimulatedHypervisor
+from loadmaster.agent.sla.loop import Agent, CycleReport
+from loadmaster.demo.simulation import SimulationResult, simulate_host
 
 __all__ = [
     "METADATA_NS",

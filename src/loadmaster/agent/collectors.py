@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from loadmaster.agent.hypervisor import KSM_KEYS, NET_KEYS, GuestInfo, Hypervisor
+from loadmaster.agent.hypervisor.base import KSM_KEYS, NET_KEYS, GuestInfo, Hypervisor
 from loadmaster.agent.plugins import GUEST_COLLECTOR_GROUP, HOST_COLLECTOR_GROUP, registered
 from loadmaster.policy.entities import HOST_MEMORY_STATS, HOST_TIME_STATS
 from loadmaster.policy.snapshot import StatValue

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent.hypervisor.base import (
     NET_DIRECTIONS,
     NET_KEYS,
     NET_LIMIT_MAX,

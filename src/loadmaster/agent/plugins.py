@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 from loadmaster.errors import ValidationError
 
 if TYPE_CHECKING:
-    from loadmaster.agent.hypervisor import GuestImage, Hypervisor
-    from loadmaster.agent.storage import StorageConfig
+    from loadmaster.agent.hypervisor.base import GuestImage, Hypervisor
+    from loadmaster.agent.hypervisor.storage import StorageConfig
 
 HOST_COLLECTOR_GROUP = "loadmaster.host_collectors"
 GUEST_COLLECTOR_GROUP = "loadmaster.guest_collectors"

@@ -162,10 +162,10 @@ def agent(
 
     from loadmaster.agent import run_agent
     from loadmaster.agent.collectors import collector_selection
-    from loadmaster.agent.hypervisor import GuestImage
-    from loadmaster.agent.loop import CycleReport
-    from loadmaster.agent.narration import CycleNarrator
-    from loadmaster.agent.storage import DEFAULT_POOL_DIR, StorageConfig
+    from loadmaster.agent.hypervisor.base import GuestImage
+    from loadmaster.agent.hypervisor.storage import DEFAULT_POOL_DIR, StorageConfig
+    from loadmaster.agent.sla.loop import CycleReport
+    from loadmaster.agent.sla.narration import CycleNarrator
     from loadmaster.apiclient import ApiError, ApiUnreachable, ClientTls, TlsSetupError
 
     if url is not None and api_alias is not None and url != api_alias:
@@ -238,7 +238,7 @@ def agent_journal(
     """What the agent's journal says it applied: the last value of every control, and the
     cycles that started but never ended (an agent killed mid-cycle). The hypervisor may be
     one call ahead of an interrupted cycle, never behind the journal."""
-    from loadmaster.agent.journal import agent_running, read_journal
+    from loadmaster.agent.sla.journal import agent_running, read_journal
 
     try:
         state = read_journal(state_dir)

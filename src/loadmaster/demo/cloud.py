@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import httpx
 
 from loadmaster.agent.collectors import default_guest_collectors
-from loadmaster.agent.loop import Agent
-from loadmaster.agent.manager import HostManager, ManagerConfig
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig
 from loadmaster.agent.runner import ApiClient
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.sla.loop import Agent
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.apiclient import ApiError

@@ -54,8 +54,8 @@ from loadmaster.agent.controllers import (
     MigrationSender,
     default_controllers,
 )
-from loadmaster.agent.hypervisor import GuestInfo, Hypervisor
-from loadmaster.agent.journal import AppliedJournal, JournalError
+from loadmaster.agent.hypervisor.base import GuestInfo, Hypervisor
+from loadmaster.agent.sla.journal import AppliedJournal, JournalError
 from loadmaster.policy import PolicyError
 from loadmaster.policy.engine import PolicyDirectory, read_policy_bytes
 from loadmaster.policy.errors import PolicyLimitError

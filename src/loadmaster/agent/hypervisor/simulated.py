@@ -34,8 +34,7 @@ from loadmaster.agent.controllers import (
     SHARES_MAX,
     SHARES_MIN,
 )
-from loadmaster.agent.devices import HostDevice, hostdev_elements
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent.hypervisor.base import (
     NET_DIRECTIONS,
     NET_KEYS,
     NET_LIMIT_MAX,
@@ -57,6 +56,7 @@ from loadmaster.agent.hypervisor import (
     format_nodeset,
     parse_nodeset,
 )
+from loadmaster.agent.hypervisor.devices import HostDevice, hostdev_elements
 from loadmaster.policy.entities import IO_KEYS
 from loadmaster.policy.snapshot import StatValue
 from loadmaster.tiers import PRIORITY_PREFIX, tier_of

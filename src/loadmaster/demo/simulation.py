@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadmaster.agent.collectors import default_guest_collectors
-from loadmaster.agent.loop import Agent
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.sla.loop import Agent
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.tiers import TIERS
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from loadmaster.agent.devices import HostDevice
+from loadmaster.agent.hypervisor.devices import HostDevice
 from loadmaster.errors import LoadmasterError
 from loadmaster.quota import Quota
 
@@ -136,7 +136,7 @@ class GuestSpec:
     tags: frozenset[str] = frozenset()
     disk: DiskSpec | None = None
     nics: tuple[NicSpec, ...] = ()
-    # The host's devices the agent gave it (agent/devices.py).
+    # The host's devices the agent gave it (agent/hypervisor/devices.py).
     host_devices: tuple[HostDevice, ...] = ()
     # Its flavor's disk, NIC and CPU limits.
     quota: Quota = field(default_factory=Quota)

@@ -1,0 +1,1 @@
+"""The hypervisor drivers and what the agent needs from one."""

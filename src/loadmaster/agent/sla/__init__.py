@@ -1,0 +1,1 @@
+"""The SLA loop: collectors, the policy and controllers, once a cycle."""
