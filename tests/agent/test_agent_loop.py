@@ -14,8 +14,9 @@ import pytest
 from agent_helpers import FakePolicy, sim_agent
 
 from loadmaster.agent import SimulatedHypervisor, simulate_host
-from loadmaster.agent.controllers import BalloonController, ControlContext, Controller, Outcome
 from loadmaster.agent.hypervisor.simulated import GIB
+from loadmaster.agent.sla.controllers import ControlContext, Controller, Outcome
+from loadmaster.agent.sla.controllers.balloon import BalloonController
 from loadmaster.policy import PolicyError, shipped_policy_dir
 
 

@@ -12,13 +12,6 @@ import pytest
 from agent_helpers import FakePolicy, sim_agent
 
 from loadmaster.agent import LibvirtHypervisor, read_journal
-from loadmaster.agent.collectors import GuestNetCollector, GuestNumaCollector
-from loadmaster.agent.controllers import (
-    ControlContext,
-    NetTuneController,
-    NumaTuneController,
-    net_limit,
-)
 from loadmaster.agent.hypervisor.base import (
     NET_LIMIT_MAX,
     HypervisorError,
@@ -26,6 +19,11 @@ from loadmaster.agent.hypervisor.base import (
     parse_nodeset,
 )
 from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.sla.collectors.net import GuestNetCollector
+from loadmaster.agent.sla.collectors.numa import GuestNumaCollector
+from loadmaster.agent.sla.controllers import ControlContext
+from loadmaster.agent.sla.controllers.nettune import NetTuneController, net_limit
+from loadmaster.agent.sla.controllers.numatune import NumaTuneController
 from loadmaster.agent.sla.journal import AppliedJournal
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 

@@ -21,7 +21,6 @@ import libvirt
 import pytest
 from agent_helpers import NODE_XML
 
-from loadmaster.agent.collectors import GuestIoCollector, GuestNetCollector
 from loadmaster.agent.hypervisor.base import NET_KEYS, HypervisorError
 from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor
 from loadmaster.agent.hypervisor.shaping import (
@@ -34,6 +33,8 @@ from loadmaster.agent.hypervisor.shaping import (
     parse_rate,
     parse_size,
 )
+from loadmaster.agent.sla.collectors.io import GuestIoCollector
+from loadmaster.agent.sla.collectors.net import GuestNetCollector
 
 KIB = 1024
 

@@ -13,7 +13,7 @@ from test_incomplete_samples import full, without
 from typer.testing import CliRunner
 
 from loadmaster.agent import Agent
-from loadmaster.agent.collectors import (
+from loadmaster.agent.sla.collectors import (
     CollectorSet,
     CollectorSources,
     Declaration,

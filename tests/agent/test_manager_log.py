@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 import pytest
 from manager_helpers import cloud
 
-from loadmaster.agent.controllers import Action, Failure
 from loadmaster.agent.hypervisor.base import GuestSpec
 from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
 from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig
+from loadmaster.agent.sla.controllers import Action, Failure
 from loadmaster.agent.sla.loop import CycleReport
 from loadmaster.agent.sla.narration import CycleNarrator
 

@@ -26,8 +26,6 @@ import libvirt
 import pytest
 from realvm_helpers import Launched, RealHosts, new_spec, serial, wait_for
 
-from loadmaster.agent.collectors import GuestIoCollector, GuestNetCollector
-from loadmaster.agent.controllers import ControlContext, IoTuneController, NetTuneController
 from loadmaster.agent.hypervisor.base import DiskSpec, GuestSpec, HypervisorError, NicSpec
 from loadmaster.agent.hypervisor.libvirt import (
     DEFAULT_GUEST_CMDLINE,
@@ -37,6 +35,11 @@ from loadmaster.agent.hypervisor.libvirt import (
 )
 from loadmaster.agent.hypervisor.shaping import IFB_PREFIX
 from loadmaster.agent.hypervisor.storage import StorageConfig
+from loadmaster.agent.sla.collectors.io import GuestIoCollector
+from loadmaster.agent.sla.collectors.net import GuestNetCollector
+from loadmaster.agent.sla.controllers import ControlContext
+from loadmaster.agent.sla.controllers.iotune import IoTuneController
+from loadmaster.agent.sla.controllers.nettune import NetTuneController
 from loadmaster.images import GIB
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 

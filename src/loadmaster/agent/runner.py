@@ -12,9 +12,9 @@ from typing import Any
 
 from loadmaster.agent.hypervisor.base import GuestImage, Hypervisor
 from loadmaster.agent.hypervisor.devices import LibvirtDevices
+from loadmaster.agent.hypervisor.registry import DEFAULT_DRIVER, DriverOptions, open_hypervisor
 from loadmaster.agent.hypervisor.storage import StorageConfig
 from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig
-from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor
 from loadmaster.agent.sla.journal import AppliedJournal
 from loadmaster.agent.sla.loop import Agent, CycleReport
 from loadmaster.agent.sla.reporting import MeasurementReporter

@@ -161,9 +161,9 @@ def agent(
     import logging
 
     from loadmaster.agent import run_agent
-    from loadmaster.agent.collectors import collector_selection
     from loadmaster.agent.hypervisor.base import GuestImage
     from loadmaster.agent.hypervisor.storage import DEFAULT_POOL_DIR, StorageConfig
+    from loadmaster.agent.sla.collectors import collector_selection
     from loadmaster.agent.sla.loop import CycleReport
     from loadmaster.agent.sla.narration import CycleNarrator
     from loadmaster.apiclient import ApiError, ApiUnreachable, ClientTls, TlsSetupError

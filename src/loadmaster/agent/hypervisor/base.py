@@ -356,6 +356,15 @@ def ksm_for(uri: str, sys_root: Path | None) -> Ksm:
     return SysfsKsm(DEFAULT_SYS_ROOT)
 
 
+# -- CPU tune -----------------------------------------------------------------------------
+
+# libvirt's accepted ranges (virsh schedinfo): a negative quota means "no limit".
+QUOTA_UNLIMITED = -1
+QUOTA_MIN, QUOTA_MAX = 1000, 17_592_186_044_415
+PERIOD_MIN, PERIOD_MAX = 1000, 1_000_000
+SHARES_MIN, SHARES_MAX = 2, 262_144
+
+
 # -- network bandwidth and NUMA memory tuning ---------------------------------------------
 
 NET_DIRECTIONS = ("inbound", "outbound")

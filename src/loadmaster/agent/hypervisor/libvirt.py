@@ -61,7 +61,7 @@ from loadmaster.images import volume_name
 from loadmaster.policy.entities import IO_KEYS
 
 if TYPE_CHECKING:
-    from loadmaster.agent.plugins import DriverOptions
+    from loadmaster.agent.hypervisor.registry import DriverOptions
 
 log = logging.getLogger(__name__)
 

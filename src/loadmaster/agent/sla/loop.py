@@ -32,7 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from loadmaster.agent.collectors import (
+from loadmaster.agent.hypervisor.base import GuestInfo, Hypervisor
+from loadmaster.agent.sla.collectors import (
     DEFAULT_HISTORY,
     PROPERTY_FIELDS,
     CollectorSet,
@@ -46,7 +47,7 @@ from loadmaster.agent.collectors import (
     default_host_collectors,
     named_collectors,
 )
-from loadmaster.agent.controllers import (
+from loadmaster.agent.sla.controllers import (
     Action,
     ControlContext,
     Controller,
@@ -54,7 +55,6 @@ from loadmaster.agent.controllers import (
     MigrationSender,
     default_controllers,
 )
-from loadmaster.agent.hypervisor.base import GuestInfo, Hypervisor
 from loadmaster.agent.sla.journal import AppliedJournal, JournalError
 from loadmaster.policy import PolicyError
 from loadmaster.policy.engine import PolicyDirectory, read_policy_bytes

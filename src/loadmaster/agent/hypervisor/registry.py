@@ -1,22 +1,8 @@
-"""The agent's extension points, found by entry point as the scheduler's filters are, and
-as MOM loads its collectors and controllers by name.
-
-Each entry names a factory: a collector factory takes ``CollectorSources`` and returns a
-host or guest collector; a controller factory takes ``ControllerSources`` and returns a
-``Controller``, or None where it does not apply (no migration sender, say). A third party
-adds one in its own pyproject, without touching loadmaster::
-
-    [project.entry-points."loadmaster.guest_collectors"]
-    gpu-temp = "mypkg.collectors:gpu_temperature"
-
-    [project.entry-points."loadmaster.controllers"]
-    cpufreq = "mypkg.controllers:CpuFreqController.build"
-
-A collector runs when the agent's collector selection names it; every registered
-controller runs. The hypervisor driver is chosen by name (``--driver``, or ``driver`` in
-the host's config file; default ``libvirt``) from ``loadmaster.hypervisors``, whose
-entries take ``DriverOptions`` and return a ``Hypervisor`` (with a ``close()`` if it
-holds a connection)::
+"""The hypervisor drivers, found by entry point as the SLA loop's collectors and
+controllers are. The driver is chosen by name (``--driver``, or ``driver`` in the host's
+config file; default ``libvirt``) from ``loadmaster.hypervisors``, whose entries take
+``DriverOptions`` and return a ``Hypervisor`` (with a ``close()`` if it holds a
+connection). A third party adds one in its own pyproject, without touching loadmaster::
 
     [project.entry-points."loadmaster.hypervisors"]
     firecracker = "mypkg.fc:FirecrackerHypervisor.from_options"
@@ -25,7 +11,7 @@ holds a connection)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,16 +21,8 @@ if TYPE_CHECKING:
     from loadmaster.agent.hypervisor.base import GuestImage, Hypervisor
     from loadmaster.agent.hypervisor.storage import StorageConfig
 
-HOST_COLLECTOR_GROUP = "loadmaster.host_collectors"
-GUEST_COLLECTOR_GROUP = "loadmaster.guest_collectors"
-CONTROLLER_GROUP = "loadmaster.controllers"
 HYPERVISOR_GROUP = "loadmaster.hypervisors"
 DEFAULT_DRIVER = "libvirt"
-
-
-def registered(group: str) -> dict[str, EntryPoint]:
-    """The entries of one group by name (loaded only when used)."""
-    return {ep.name: ep for ep in entry_points(group=group)}
 
 
 @dataclass(frozen=True)
@@ -63,7 +41,7 @@ class DriverOptions:
 
 def open_hypervisor(driver: str, options: DriverOptions) -> Hypervisor:
     """The named driver, connected; an unknown name is an error naming the known ones."""
-    found = registered(HYPERVISOR_GROUP)
+    found = {ep.name: ep for ep in entry_points(group=HYPERVISOR_GROUP)}
     if driver not in found:
         raise ValidationError(
             f"driver {driver!r} is not a registered hypervisor driver "
