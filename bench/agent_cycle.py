@@ -14,7 +14,8 @@ import logging
 import statistics
 import time
 
-from loadmaster.agent import Agent, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
 from loadmaster.agent.sla.collectors import default_guest_collectors
 from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 from loadmaster.policy import shipped_policy_dir

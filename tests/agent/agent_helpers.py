@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent import Agent, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
 from loadmaster.agent.sla.collectors import default_guest_collectors
 from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 from loadmaster.policy import PolicyError

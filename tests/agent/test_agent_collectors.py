@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from agent_helpers import FakePolicy
 
-from loadmaster.agent import Agent, SimulatedHypervisor
 from loadmaster.agent.hypervisor.base import SysfsKsm
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
 from loadmaster.agent.sla.collectors import default_guest_collectors
 from loadmaster.agent.sla.collectors.cpu import HostCpuCollector
 from loadmaster.agent.sla.collectors.ksm import HostKsmCollector

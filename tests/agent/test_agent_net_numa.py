@@ -11,14 +11,15 @@ from typing import Any
 import pytest
 from agent_helpers import FakePolicy, sim_agent
 
-from loadmaster.agent import LibvirtHypervisor, read_journal
 from loadmaster.agent.hypervisor.base import (
     NET_LIMIT_MAX,
     HypervisorError,
     format_nodeset,
     parse_nodeset,
 )
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
 from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.sla import read_journal
 from loadmaster.agent.sla.collectors.net import GuestNetCollector
 from loadmaster.agent.sla.collectors.numa import GuestNumaCollector
 from loadmaster.agent.sla.controllers import ControlContext

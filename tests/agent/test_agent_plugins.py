@@ -12,8 +12,9 @@ from agent_helpers import FIXTURES
 from scripted_hv import ScriptedHypervisor
 from test_incomplete_samples import full
 
-from loadmaster.agent import Agent, run_agent
+from loadmaster.agent import run_agent
 from loadmaster.agent.manager.host_manager import ManagerConfig
+from loadmaster.agent.sla import Agent
 from loadmaster.agent.sla.collectors import collector_selection
 from loadmaster.agent.sla.controllers import default_controllers
 from loadmaster.errors import ValidationError

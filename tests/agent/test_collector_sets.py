@@ -12,7 +12,7 @@ from scripted_hv import ScriptedHypervisor
 from test_incomplete_samples import full, without
 from typer.testing import CliRunner
 
-from loadmaster.agent import Agent
+from loadmaster.agent.sla import Agent
 from loadmaster.agent.sla.collectors import (
     CollectorSet,
     CollectorSources,

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scripted_hv import Sample, ScriptedHypervisor
 
-from loadmaster.agent import Agent, AppliedJournal, CycleReport
+from loadmaster.agent.sla import Agent, AppliedJournal, CycleReport
 from loadmaster.agent.sla.journal import JOURNAL_FILE
 from loadmaster.policy import shipped_policy_dir
 

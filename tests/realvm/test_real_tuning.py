@@ -26,13 +26,14 @@ import libvirt
 import pytest
 from realvm_helpers import Launched, RealHosts, new_spec, serial, wait_for
 
-from loadmaster.agent.hypervisor.base import DiskSpec, GuestSpec, HypervisorError, NicSpec
-from loadmaster.agent.hypervisor.libvirt import (
+from loadmaster.agent.hypervisor.base import (
     DEFAULT_GUEST_CMDLINE,
-    METADATA_NS,
-    LibvirtHypervisor,
-    disk_targets,
+    DiskSpec,
+    GuestSpec,
+    HypervisorError,
+    NicSpec,
 )
+from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor, disk_targets
 from loadmaster.agent.hypervisor.shaping import IFB_PREFIX
 from loadmaster.agent.hypervisor.storage import StorageConfig
 from loadmaster.agent.sla.collectors.io import GuestIoCollector

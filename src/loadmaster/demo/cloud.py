@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
-from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig
+from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.runner import ApiClient
+from loadmaster.agent.sla import Agent
 from loadmaster.agent.sla.collectors import default_guest_collectors
 from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
-from loadmaster.agent.sla.loop import Agent
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.apiclient import ApiError

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from loadmaster.agent.hypervisor.base import DiskSpec, NicSpec
-from loadmaster.agent.manager.host_manager import ManagerConfig
+from loadmaster.agent.hypervisor import DiskSpec, NicSpec
+from loadmaster.agent.manager import ManagerConfig
 from loadmaster.cluster import VmSpec
 from loadmaster.demo.account import Account, account
 from loadmaster.demo.cloud import HostPlan, SimulatedCloud

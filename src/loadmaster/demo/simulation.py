@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.sla import Agent
 from loadmaster.agent.sla.collectors import default_guest_collectors
 from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
-from loadmaster.agent.sla.loop import Agent
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.tiers import TIERS
 
