@@ -14,8 +14,10 @@ import logging
 import statistics
 import time
 
-from loadmaster.agent import Agent, SimulatedHypervisor
-from loadmaster.agent.collectors import default_guest_collectors
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors import default_guest_collectors
+from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 from loadmaster.policy import shipped_policy_dir
 
 
@@ -31,7 +33,7 @@ def main() -> None:
     agent = Agent(
         sim,
         shipped_policy_dir(),
-        host_collectors=sim.host_collectors(),
+        host_collectors=simulated_host_collectors(sim),
         guest_collectors=default_guest_collectors(sim, sim.clock),
         migration_sender=lambda _uuid, _reason: None,
     )

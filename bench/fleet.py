@@ -278,7 +278,7 @@ def place(
 
 
 def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: Path) -> Result:
-    from loadmaster.agent.manager import DEFAULT_WAIT_S
+    from loadmaster.agent.manager.host_manager import DEFAULT_WAIT_S
 
     result = Result(hosts, backend, build.name)
     placements = args.placements if not build.legacy else min(args.placements, 50)
@@ -487,7 +487,7 @@ def main() -> None:
         return
     # Not at the top: ``--worker prepare`` runs with the baseline's loadmaster, which
     # has no such setting.
-    from loadmaster.agent.manager import DEFAULT_WAIT_S
+    from loadmaster.agent.manager.host_manager import DEFAULT_WAIT_S
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[1000, 10000])

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadmaster.agent.manager import backoff, matches_work_list
+from loadmaster.agent.manager.host_manager import backoff, matches_work_list
 from loadmaster.heartbeat import AGENT_HEADER
 
 LEGACY_WAIT_S = 5.0

@@ -6,8 +6,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent import Agent, SimulatedHypervisor
-from loadmaster.agent.collectors import default_guest_collectors
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors import default_guest_collectors
+from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 from loadmaster.policy import PolicyError
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
@@ -43,7 +45,7 @@ def sim_agent(sim: SimulatedHypervisor, policy_dir: Path, **kwargs: Any) -> Agen
     return Agent(
         sim,
         policy_dir,
-        host_collectors=sim.host_collectors(),
+        host_collectors=simulated_host_collectors(sim),
         guest_collectors=default_guest_collectors(sim, sim.clock),
         **kwargs,
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import FIXTURES, NODE_XML
 
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
 
 
 @pytest.fixture

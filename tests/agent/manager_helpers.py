@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import loadmaster
-from loadmaster.agent.manager import ManagerConfig
+from loadmaster.agent.manager.host_manager import ManagerConfig
 from loadmaster.cluster import VmSpec
 from loadmaster.demo.cloud import HostPlan, SimHost, SimulatedCloud
 from loadmaster.pending import audit

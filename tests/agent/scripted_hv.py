@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent.hypervisor.base import (
     BalloonInfo,
     BlockStats,
     CpuStats,

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from agent_helpers import FakePolicy
 
-from loadmaster.agent import Agent, SimulatedHypervisor
-from loadmaster.agent.collectors import (
-    HostCpuCollector,
-    HostKsmCollector,
-    HostMemoryCollector,
-    default_guest_collectors,
-)
-from loadmaster.agent.hypervisor import SysfsKsm
+from loadmaster.agent.hypervisor.base import SysfsKsm
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors import default_guest_collectors
+from loadmaster.agent.sla.collectors.cpu import HostCpuCollector
+from loadmaster.agent.sla.collectors.ksm import HostKsmCollector
+from loadmaster.agent.sla.collectors.memory import HostMemoryCollector
+from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 
 
 def test_host_memory_from_fixture(proc_dir: Path) -> None:
@@ -98,7 +98,7 @@ def test_history_is_bounded(tmp_path: Path) -> None:
     agent = Agent(
         sim,
         tmp_path,
-        host_collectors=sim.host_collectors(),
+        host_collectors=simulated_host_collectors(sim),
         guest_collectors=default_guest_collectors(sim, sim.clock),
         policy_loader=policy.loader,
         history_length=4,

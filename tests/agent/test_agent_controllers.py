@@ -9,22 +9,20 @@ from typing import Any
 
 import pytest
 
-from loadmaster.agent.controllers import (
-    QUOTA_MAX,
-    BalloonController,
-    ControlContext,
+from loadmaster.agent.hypervisor.base import QUOTA_MAX, GuestInfo, HypervisorError, SysfsKsm
+from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.sla.controllers import ControlContext, stop_or_migrate
+from loadmaster.agent.sla.controllers.balloon import BalloonController
+from loadmaster.agent.sla.controllers.cputune import (
     CpuTuneController,
-    IoTuneController,
-    KsmController,
-    MigrationController,
-    StopController,
     libvirt_period,
     libvirt_quota,
     libvirt_shares,
-    stop_or_migrate,
 )
-from loadmaster.agent.hypervisor import GuestInfo, HypervisorError, SysfsKsm
-from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.sla.controllers.iotune import IoTuneController
+from loadmaster.agent.sla.controllers.ksm import KsmController
+from loadmaster.agent.sla.controllers.migrate import MigrationController
+from loadmaster.agent.sla.controllers.stop import StopController
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 KSM_HOST = {"ksm_run": 1, "ksm_merge_across_nodes": 1, "ksm_pages_to_scan": 100}

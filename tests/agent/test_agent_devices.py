@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from loadmaster.agent.devices import (
+from loadmaster.agent.hypervisor.devices import (
     LibvirtDevices,
     device_providers,
     parse_device_config,
     parse_node_devices,
 )
-from loadmaster.agent.manager import HostManager, ManagerConfig, discover
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.manager import HostManager, ManagerConfig
+from loadmaster.agent.manager.host_manager import discover
 from loadmaster.errors import ValidationError
 
 DEVICES_XML = Path(__file__).parent / "fixtures" / "devices.xml"
@@ -109,7 +110,7 @@ def test_two_pfs_of_vfs_and_a_gpu_become_nested_providers() -> None:
 
 
 def test_on_a_numa_host_devices_register_under_their_node() -> None:
-    from loadmaster.agent.hypervisor import HostInfo, NumaCell
+    from loadmaster.agent.hypervisor.base import HostInfo, NumaCell
 
     info = HostInfo(
         "h", 16, 64 * GIB, 64 * GIB, (NumaCell(0, 8, 32 * GIB), NumaCell(1, 8, 32 * GIB))
@@ -329,7 +330,7 @@ def hostdevs(hv: Any, vm: str) -> list[tuple[str | None, str]]:
 
 @pytest.fixture
 def device_host() -> Any:
-    from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+    from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
 
     hv = LibvirtHypervisor(DEVICES_URI)
     # A test-driver host from a file has no NUMA cells to count free memory in: all of
@@ -480,7 +481,7 @@ def test_a_nic_of_vnic_type_direct_is_its_own_vf_with_the_ledgers_mac(device_hos
 
 
 def test_the_simulators_devices_are_two_pfs_of_vfs_and_a_gpu() -> None:
-    from loadmaster.agent.simulated_devices import node_device_xmls
+    from loadmaster.agent.hypervisor.simulated_devices import node_device_xmls
 
     devices = parse_node_devices(node_device_xmls())
     kinds = [(d.kind, d.numa_node) for d in devices]

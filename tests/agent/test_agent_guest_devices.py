@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec, SharedPool
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
-from loadmaster.agent.manager import ManagerConfig, discover
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
-from loadmaster.agent.storage import StorageConfig, base_name
+from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor.base import SharedPool
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.storage import StorageConfig, base_name
+from loadmaster.agent.manager import ManagerConfig
+from loadmaster.agent.manager.host_manager import discover
 from loadmaster.images import POOL_NAME, volume_name
 
 MAC = "52:54:00:12:34:56"

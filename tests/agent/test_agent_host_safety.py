@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from agent_helpers import sim_agent
 
-from loadmaster.agent import Agent, LibvirtHypervisor, SimulatedHypervisor, run_agent
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent import run_agent
+from loadmaster.agent.hypervisor.base import (
     DEFAULT_SYS_ROOT,
     HypervisorError,
     MemoryKsm,
@@ -23,6 +23,9 @@ from loadmaster.agent.hypervisor import (
     is_test_driver,
     ksm_for,
 )
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
 from loadmaster.policy import shipped_policy_dir
 
 REAL_KSM = Path("/sys/kernel/mm/ksm")

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from loadmaster.agent import AppliedJournal, JournalError, SimulatedHypervisor, read_journal
-from loadmaster.agent.controllers import Action
-from loadmaster.agent.hypervisor import HypervisorError
-from loadmaster.agent.journal import JOURNAL_FILE, agent_running, parse_journal
-from loadmaster.agent.simulator import GIB
+from loadmaster.agent.hypervisor.base import HypervisorError
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.sla import AppliedJournal, JournalError, read_journal
+from loadmaster.agent.sla.controllers import Action
+from loadmaster.agent.sla.journal import JOURNAL_FILE, agent_running, parse_journal
 from loadmaster.cli import app
 from loadmaster.policy import PolicyError
 

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from loadmaster.agent import Agent, LibvirtHypervisor, run_agent
-from loadmaster.agent.collectors import GuestMemoryCollector
-from loadmaster.agent.controllers import BalloonController, ControlContext
-from loadmaster.agent.hypervisor import HypervisorError
-from loadmaster.agent.libvirt_hv import parse_metadata
+from loadmaster.agent import run_agent
+from loadmaster.agent.hypervisor.base import HypervisorError
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor, parse_metadata
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors.memory import GuestMemoryCollector
+from loadmaster.agent.sla.controllers import ControlContext
+from loadmaster.agent.sla.controllers.balloon import BalloonController
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 

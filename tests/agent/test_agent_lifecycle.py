@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from loadmaster.agent.hypervisor import CpuTune, GuestSpec, HypervisorError
-from loadmaster.agent.libvirt_hv import (
+from loadmaster.agent.hypervisor.base import CpuTune, GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor.libvirt import (
     METADATA_NS,
     GuestImage,
     LibvirtHypervisor,
@@ -27,7 +27,7 @@ from loadmaster.agent.libvirt_hv import (
     is_managed,
     with_tags,
 )
-from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
 from loadmaster.quota import flavor_quota
 
 SPEC = GuestSpec(

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from agent_helpers import FakePolicy, sim_agent
 
-from loadmaster.agent import SimulatedHypervisor, simulate_host
-from loadmaster.agent.controllers import BalloonController, ControlContext, Controller, Outcome
-from loadmaster.agent.simulator import GIB
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.sla.controllers import ControlContext, Controller, Outcome
+from loadmaster.agent.sla.controllers.balloon import BalloonController
+from loadmaster.demo.simulation import simulate_host
 from loadmaster.policy import PolicyError, shipped_policy_dir
 
 

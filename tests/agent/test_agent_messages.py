@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from loadmaster.agent.controllers import Failure
-from loadmaster.agent.loop import CycleReport
-from loadmaster.agent.narration import CycleNarrator
 from loadmaster.agent.runner import ApiClient
+from loadmaster.agent.sla.controllers import Failure
+from loadmaster.agent.sla.loop import CycleReport
+from loadmaster.agent.sla.narration import CycleNarrator
 from loadmaster.apiclient import ApiError
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

@@ -11,22 +11,21 @@ from typing import Any
 import pytest
 from agent_helpers import FakePolicy, sim_agent
 
-from loadmaster.agent import LibvirtHypervisor, read_journal
-from loadmaster.agent.collectors import GuestNetCollector, GuestNumaCollector
-from loadmaster.agent.controllers import (
-    ControlContext,
-    NetTuneController,
-    NumaTuneController,
-    net_limit,
-)
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent.hypervisor.base import (
     NET_LIMIT_MAX,
     HypervisorError,
     format_nodeset,
     parse_nodeset,
 )
-from loadmaster.agent.journal import AppliedJournal
-from loadmaster.agent.simulator import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.sla import read_journal
+from loadmaster.agent.sla.collectors.net import GuestNetCollector
+from loadmaster.agent.sla.collectors.numa import GuestNumaCollector
+from loadmaster.agent.sla.controllers import ControlContext
+from loadmaster.agent.sla.controllers.nettune import NetTuneController, net_limit
+from loadmaster.agent.sla.controllers.numatune import NumaTuneController
+from loadmaster.agent.sla.journal import AppliedJournal
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 Hv = SimulatedHypervisor | LibvirtHypervisor

@@ -12,14 +12,15 @@ from agent_helpers import FIXTURES
 from scripted_hv import ScriptedHypervisor
 from test_incomplete_samples import full
 
-from loadmaster.agent import Agent, run_agent
-from loadmaster.agent.collectors import collector_selection
-from loadmaster.agent.controllers import default_controllers
-from loadmaster.agent.manager import ManagerConfig
+from loadmaster.agent import run_agent
+from loadmaster.agent.manager.host_manager import ManagerConfig
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors import collector_selection
+from loadmaster.agent.sla.controllers import default_controllers
 from loadmaster.errors import ValidationError
 
 PLUGIN = '''
-from loadmaster.agent.controllers import Action, HypervisorController
+from loadmaster.agent.sla.controllers import Action, HypervisorController
 
 
 class GpuTemperature:

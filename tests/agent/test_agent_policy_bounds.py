@@ -12,7 +12,8 @@ from pathlib import Path
 
 from agent_helpers import sim_agent
 
-from loadmaster.agent import Agent, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
+from loadmaster.agent.sla import Agent
 from loadmaster.policy import shipped_policy_dir
 
 RUNAWAY = '(defvar s (* "x" 100000))\n(with s a (with s b 0))\n'

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from agent_helpers import NODE_XML
 
-from loadmaster.agent.hypervisor import NET_KEYS, DiskSpec, GuestSpec, NicSpec
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
-from loadmaster.agent.manager import guest_spec
-from loadmaster.agent.storage import StorageConfig
+from loadmaster.agent.hypervisor.base import NET_KEYS, DiskSpec, GuestSpec, NicSpec
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.hypervisor.storage import StorageConfig
+from loadmaster.agent.manager.host_manager import guest_spec
 from loadmaster.quota import VIF_KEYS, flavor_quota
 
 MIB = 1024 * 1024

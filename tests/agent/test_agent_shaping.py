@@ -1,4 +1,4 @@
-"""NIC limits where the kernel cannot take libvirt's (agent/shaping.py), without QEMU: the
+"""NIC limits where the kernel cannot take libvirt's (agent/hypervisor/shaping.py), without QEMU: the
 once-per-host probe choosing tc or libvirt, the tc shaping of a tap on libvirt's test
 driver (its guests' interfaces stand for taps), nothing half-made when a command fails,
 ifb devices of gone taps swept, and IO limits on the guest's real disk targets.
@@ -21,10 +21,9 @@ import libvirt
 import pytest
 from agent_helpers import NODE_XML
 
-from loadmaster.agent.collectors import GuestIoCollector, GuestNetCollector
-from loadmaster.agent.hypervisor import NET_KEYS, HypervisorError
-from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor
-from loadmaster.agent.shaping import (
+from loadmaster.agent.hypervisor.base import NET_KEYS, HypervisorError
+from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor
+from loadmaster.agent.hypervisor.shaping import (
     IFB_PREFIX,
     PROBE_PREFIX,
     ShapingError,
@@ -34,6 +33,8 @@ from loadmaster.agent.shaping import (
     parse_rate,
     parse_size,
 )
+from loadmaster.agent.sla.collectors.io import GuestIoCollector
+from loadmaster.agent.sla.collectors.net import GuestNetCollector
 
 KIB = 1024
 

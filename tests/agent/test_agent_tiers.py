@@ -9,9 +9,10 @@ from agent_helpers import sim_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadmaster.agent import SimulatedHypervisor, simulate_host
-from loadmaster.agent.controllers import ControlContext, StopController
-from loadmaster.agent.simulator import GIB, SimGuestSpec
+from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
+from loadmaster.agent.sla.controllers import ControlContext
+from loadmaster.agent.sla.controllers.stop import StopController
+from loadmaster.demo.simulation import simulate_host
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 from loadmaster.tiers import TIER_NAMES, priority_of, tier_of

@@ -12,8 +12,8 @@ from scripted_hv import ScriptedHypervisor
 from test_incomplete_samples import full, without
 from typer.testing import CliRunner
 
-from loadmaster.agent import Agent
-from loadmaster.agent.collectors import (
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors import (
     CollectorSet,
     CollectorSources,
     Declaration,

@@ -9,8 +9,8 @@ from pathlib import Path
 from manager_helpers import cloud
 from typer.testing import CliRunner
 
-from loadmaster.agent.devices import LibvirtDevices
-from loadmaster.agent.manager import ManagerConfig
+from loadmaster.agent.hypervisor.devices import LibvirtDevices
+from loadmaster.agent.manager.host_manager import ManagerConfig
 from loadmaster.cli.app import app
 from loadmaster.demo.cloud import ADMIN_TOKEN, HostPlan
 

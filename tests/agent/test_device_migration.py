@@ -14,7 +14,7 @@ from typing import Any
 
 from manager_helpers import Cloud, cloud
 
-from loadmaster.agent.devices import LibvirtDevices
+from loadmaster.agent.hypervisor.devices import LibvirtDevices
 from loadmaster.agent.manager import ManagerConfig
 from loadmaster.demo.cloud import HostPlan
 
@@ -170,8 +170,8 @@ def test_a_destination_agent_short_of_devices_refuses_the_migration() -> None:
     from test_agent_devices import PF0, VF, WorkApi, launch
 
     from loadmaster.agent.hypervisor import GuestSpec
+    from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
     from loadmaster.agent.manager import HostManager
-    from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 
     nodes = LibvirtDevices(DEVICES_URI).node_device_xmls()
     sim = SimulatedHypervisor([], host_memory_kib=64 * GIB, node_devices=nodes)
@@ -220,9 +220,9 @@ def test_libvirt_unplugs_and_plugs_in_by_the_devices_alias() -> None:
     definition. (The test driver has no hot-plug: its domain is wrapped to see the calls.)"""
     import libvirt
 
-    from loadmaster.agent.devices import HostDevice
     from loadmaster.agent.hypervisor import GuestSpec
-    from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+    from loadmaster.agent.hypervisor.devices import HostDevice
+    from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
 
     hv = LibvirtHypervisor(DEVICES_URI)
     try:
@@ -288,8 +288,8 @@ def test_a_running_vm_whose_claim_holds_no_device_here_is_not_said_up_again() ->
     from test_agent_devices import WorkApi, launch
 
     from loadmaster.agent.hypervisor import GuestSpec
+    from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
     from loadmaster.agent.manager import HostManager
-    from loadmaster.agent.simulator import GIB, SimulatedHypervisor
 
     nodes = LibvirtDevices(DEVICES_URI).node_device_xmls()
     sim = SimulatedHypervisor([], host_memory_kib=64 * GIB, node_devices=nodes, numa_nodes=2)

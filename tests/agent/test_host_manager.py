@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from manager_helpers import cloud
 
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor, domain_xml
-from loadmaster.agent.manager import HostManager, ManagerConfig, discover
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.base import DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor, domain_xml
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig, discover
 from loadmaster.errors import ValidationError
 
 HOSTS = [f"h{i}" for i in range(8)]

@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scripted_hv import Sample, ScriptedHypervisor
 
-from loadmaster.agent import Agent, AppliedJournal, CycleReport
-from loadmaster.agent.journal import JOURNAL_FILE
+from loadmaster.agent.sla import Agent, AppliedJournal, CycleReport
+from loadmaster.agent.sla.journal import JOURNAL_FILE
 from loadmaster.policy import shipped_policy_dir
 
 MOM_SHAPED = Path(__file__).resolve().parents[1] / "policy" / "fixtures" / "mom-shaped"

@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 import pytest
 from manager_helpers import cloud
 
-from loadmaster.agent.controllers import Action, Failure
-from loadmaster.agent.hypervisor import GuestSpec
-from loadmaster.agent.loop import CycleReport
-from loadmaster.agent.manager import HostManager, ManagerConfig
-from loadmaster.agent.narration import CycleNarrator
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.base import GuestSpec
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig
+from loadmaster.agent.sla.controllers import Action, Failure
+from loadmaster.agent.sla.loop import CycleReport
+from loadmaster.agent.sla.narration import CycleNarrator
 
 
 class Lines(logging.Handler):
@@ -34,7 +34,7 @@ class Lines(logging.Handler):
 @pytest.fixture
 def manager_log() -> Iterator[Lines]:
     # Straight on the manager's logger: an in-process server stops propagation above it.
-    logger = logging.getLogger("loadmaster.agent.manager")
+    logger = logging.getLogger("loadmaster.agent.manager.host_manager")
     lines, level = Lines(), logger.level
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)

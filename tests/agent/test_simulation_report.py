@@ -12,8 +12,8 @@ import numpy as np
 from PIL import Image
 from typer.testing import CliRunner
 
-from loadmaster.agent.simulation import GUEST_SWAP_COLOUR, MIGRATION_COLOUR, STOP_COLOUR
 from loadmaster.cli import app
+from loadmaster.demo.simulation import GUEST_SWAP_COLOUR, MIGRATION_COLOUR, STOP_COLOUR
 
 
 def _pixels(png: bytes, colour: str) -> int:

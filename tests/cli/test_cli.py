@@ -376,7 +376,7 @@ def test_agent_pool_options_are_its_storage(
 ) -> None:
     """--pool-dir, --image-dir and --pool-shared NAME reach the agent as its StorageConfig;
     a pool is private unless declared shared, by name."""
-    from loadmaster.agent.storage import StorageConfig
+    from loadmaster.agent.hypervisor.storage import StorageConfig
 
     given: list[StorageConfig | None] = []
 

@@ -24,8 +24,8 @@ from realvm_helpers import (
     wait_ready,
 )
 
-from loadmaster.agent.libvirt_hv import GuestImage
-from loadmaster.agent.shaping import TapShaper
+from loadmaster.agent.hypervisor.libvirt import GuestImage
+from loadmaster.agent.hypervisor.shaping import TapShaper
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,8 @@ from typing import IO
 import libvirt
 import pytest
 
-from loadmaster.agent.hypervisor import GuestInfo, GuestSpec, HypervisorError
-from loadmaster.agent.libvirt_hv import GuestImage, LibvirtHypervisor
+from loadmaster.agent.hypervisor.base import GuestInfo, GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor.libvirt import GuestImage, LibvirtHypervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first start of a libvirtd probes the QEMU binary's capabilities (~8 s on 2 cores).

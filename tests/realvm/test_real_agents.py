@@ -47,11 +47,11 @@ from realvm_helpers import (
 from typer.testing import CliRunner
 
 import loadmaster
-from loadmaster.agent.hypervisor import GuestSpec
-from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor, parse_metadata
-from loadmaster.agent.loop import Agent
-from loadmaster.agent.manager import HostManager, ManagerConfig, StepReport
+from loadmaster.agent.hypervisor.base import GuestSpec
+from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor, parse_metadata
+from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig, StepReport
 from loadmaster.agent.runner import ApiClient
+from loadmaster.agent.sla.loop import Agent
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.cli import app

@@ -28,9 +28,9 @@ from realvm_helpers import (
     wait_for,
 )
 
-from loadmaster.agent.hypervisor import CpuTune, DiskSpec, GuestSpec, HypervisorError, NicSpec
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
-from loadmaster.agent.storage import StorageConfig
+from loadmaster.agent.hypervisor.base import CpuTune, DiskSpec, GuestSpec, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.hypervisor.storage import StorageConfig
 from loadmaster.images import GIB, POOL_NAME, volume_name
 from loadmaster.quota import flavor_quota
 

@@ -41,9 +41,9 @@ from realvm_helpers import (
 from sqlalchemy import select
 
 import loadmaster
-from loadmaster.agent.hypervisor import HypervisorError
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
-from loadmaster.agent.manager import HostManager, ManagerConfig
+from loadmaster.agent.hypervisor.base import HypervisorError
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig
 from loadmaster.agent.runner import ApiClient
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import serve_in_thread

@@ -31,8 +31,8 @@ from realvm_helpers import (
     wait_for,
 )
 
-from loadmaster.agent.hypervisor import GuestSpec, HypervisorError
-from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor, parse_metadata
+from loadmaster.agent.hypervisor.base import GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor, parse_metadata
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 

@@ -26,8 +26,8 @@ from realvm_helpers import (
     wait_for,
 )
 
-from loadmaster.agent import Agent
-from loadmaster.agent.libvirt_hv import LibvirtHypervisor
+from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
+from loadmaster.agent.sla import Agent
 from loadmaster.policy import shipped_policy_dir
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]

@@ -26,17 +26,21 @@ import libvirt
 import pytest
 from realvm_helpers import Launched, RealHosts, new_spec, serial, wait_for
 
-from loadmaster.agent.collectors import GuestIoCollector, GuestNetCollector
-from loadmaster.agent.controllers import ControlContext, IoTuneController, NetTuneController
-from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, HypervisorError, NicSpec
-from loadmaster.agent.libvirt_hv import (
+from loadmaster.agent.hypervisor.base import (
     DEFAULT_GUEST_CMDLINE,
-    METADATA_NS,
-    LibvirtHypervisor,
-    disk_targets,
+    DiskSpec,
+    GuestSpec,
+    HypervisorError,
+    NicSpec,
 )
-from loadmaster.agent.shaping import IFB_PREFIX
-from loadmaster.agent.storage import StorageConfig
+from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor, disk_targets
+from loadmaster.agent.hypervisor.shaping import IFB_PREFIX
+from loadmaster.agent.hypervisor.storage import StorageConfig
+from loadmaster.agent.sla.collectors.io import GuestIoCollector
+from loadmaster.agent.sla.collectors.net import GuestNetCollector
+from loadmaster.agent.sla.controllers import ControlContext
+from loadmaster.agent.sla.controllers.iotune import IoTuneController
+from loadmaster.agent.sla.controllers.nettune import NetTuneController
 from loadmaster.images import GIB
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 

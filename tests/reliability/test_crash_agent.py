@@ -31,7 +31,7 @@ import libvirt
 import pytest
 from libvirt_daemons import test_driver_daemon
 
-from loadmaster.agent.journal import JOURNAL_FILE, read_journal
+from loadmaster.agent.sla.journal import JOURNAL_FILE, read_journal
 
 LOADMASTER = str(Path(sys.executable).parent / "loadmaster")
 GUESTS = 200

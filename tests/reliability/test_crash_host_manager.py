@@ -37,8 +37,8 @@ import pytest
 from libvirt_daemons import test_driver_daemon
 
 import loadmaster
-from loadmaster.agent.hypervisor import GuestSpec
-from loadmaster.agent.libvirt_hv import domain_xml
+from loadmaster.agent.hypervisor.base import GuestSpec
+from loadmaster.agent.hypervisor.libvirt import domain_xml
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import serve_in_thread
 from loadmaster.cluster import VmSpec

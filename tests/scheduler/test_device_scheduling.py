@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import loadmaster
-from loadmaster.agent.devices import LibvirtDevices, device_providers, parse_node_devices
-from loadmaster.agent.manager import ManagerConfig, discover
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.devices import LibvirtDevices, device_providers, parse_node_devices
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.manager.host_manager import ManagerConfig, discover
 from loadmaster.errors import InsufficientCapacity, NotFound, ValidationError
 from loadmaster.pending import audit
 from loadmaster.scheduler import RequestSpec

@@ -1,55 +1,31 @@
-"""The host agent: keeps one host inside its SLA promises, as MOM does for oVirt.
+"""The host agent: the host's manager and its SLA loop, over one hypervisor.
 
-Every cycle collectors read the host and its guests into ``EntitySnapshot``s, the policy
-(``loadmaster.policy``, hot-reloaded from a directory) decides controls, and controllers
-apply them: balloon, KSM, CPU tune, IO tune, network bandwidth, NUMA placement, stopping
-vapor VMs and asking the scheduler to migrate VMs. Usage is reported to the loadmaster API.
+- ``loadmaster.agent.manager``: ``HostManager`` registers the host with the inventory it
+  discovers and makes the hypervisor match the host's work list (launches, migrations,
+  removals), as vdsm does for oVirt and nova-compute for Nova.
+- ``loadmaster.agent.sla``: ``Agent``, the SLA loop MOM runs for oVirt: each interval its
+  collectors read the host and guests, the policy (``loadmaster.policy``, hot-reloaded
+  from a directory) decides controls, and its controllers apply them (balloon, KSM, CPU
+  tune, IO tune, network bandwidth, NUMA placement, stopping vapor VMs, asking the
+  scheduler to migrate VMs); applied controls are journalled and usage is reported to
+  the API. Collectors and controllers are entry-point plugins.
+- ``loadmaster.agent.hypervisor``: the ``Hypervisor`` protocol both use, its value types,
+  the driver registry (``loadmaster.hypervisors``) and the drivers: ``libvirt`` and
+  ``simulated`` (demos, benchmarks, tests).
+
+``run_agent`` (``loadmaster agent``) is the one place that runs the two together: with
+an API it starts the manager's thread beside the loop, without one only the loop runs.
+The demo's simulated host is ``loadmaster.demo.simulation``; evaluating a policy offline
+against a snapshot is ``loadmaster.policy.offline``.
 
 Public API::
 
-    run_agent(hypervisor_uri, policy_dir, interval, api_url, token, host_name, cycles)
-        -> list[CycleReport]
-    simulate_host(guests, steps, seed, out_dir) -> SimulationResult
-    Agent(hypervisor, policy_dir, interval, host_collectors=None, guest_collectors=None,
-          controllers=None, reporter=None, *, host_name=..., migration_sender=...,
-          collectors=None)   # collectors="vdsm" / "mom-libvirt": MOM's sets by name
-        .run_cycle() -> CycleReport; .run_forever(stop_event)
-    LibvirtHypervisor(uri, sys_root=None), SimulatedHypervisor(...).mixed(...)
-    Collectors and controllers are plugins (``loadmaster.agent.plugins``): entry-point
-    groups loadmaster.host_collectors, loadmaster.guest_collectors, loadmaster.controllers.
-    AppliedJournal(state_dir) .cycle_start/.applied/.cycle_end; read_journal(state_dir)
-        -> JournalState(last, interrupted, open_cycle, ...)
+    run_agent(hypervisor_uri, policy_dir, interval, api_url, token, host_name, cycles,
+              state_dir=None, sys_root=None, config_file=None, collectors=None,
+              guest_image=None, migration_data_uri=None, storage=None, on_cycle=None,
+              driver=None, tls=None) -> list[CycleReport]
 """
 
-from loadmaster.agent.hypervisor import GuestInfo, Hypervisor, HypervisorError
-from loadmaster.agent.journal import (
-    AppliedJournal,
-    AppliedRecord,
-    JournalError,
-    JournalState,
-    read_journal,
-)
-from loadmaster.agent.libvirt_hv import METADATA_NS, LibvirtHypervisor
-from loadmaster.agent.loop import Agent, CycleReport
 from loadmaster.agent.runner import run_agent
-from loadmaster.agent.simulation import SimulationResult, simulate_host
-from loadmaster.agent.simulator import SimulatedHypervisor
 
-__all__ = [
-    "METADATA_NS",
-    "Agent",
-    "AppliedJournal",
-    "AppliedRecord",
-    "CycleReport",
-    "GuestInfo",
-    "Hypervisor",
-    "HypervisorError",
-    "JournalError",
-    "JournalState",
-    "LibvirtHypervisor",
-    "SimulatedHypervisor",
-    "SimulationResult",
-    "read_journal",
-    "run_agent",
-    "simulate_host",
-]
+__all__ = ["run_agent"]

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent.devices import LibvirtDevices
-from loadmaster.agent.hypervisor import GuestImage, Hypervisor
-from loadmaster.agent.journal import AppliedJournal
-from loadmaster.agent.loop import Agent, CycleReport
-from loadmaster.agent.manager import HostManager, ManagerConfig
-from loadmaster.agent.plugins import DEFAULT_DRIVER, DriverOptions, open_hypervisor
-from loadmaster.agent.reporting import MeasurementReporter
-from loadmaster.agent.storage import StorageConfig
+from loadmaster.agent.hypervisor.base import GuestImage, Hypervisor
+from loadmaster.agent.hypervisor.devices import LibvirtDevices
+from loadmaster.agent.hypervisor.registry import DEFAULT_DRIVER, DriverOptions, open_hypervisor
+from loadmaster.agent.hypervisor.storage import StorageConfig
+from loadmaster.agent.manager.host_manager import HostManager, ManagerConfig
+from loadmaster.agent.sla.journal import AppliedJournal
+from loadmaster.agent.sla.loop import Agent, CycleReport
+from loadmaster.agent.sla.reporting import MeasurementReporter
 from loadmaster.apiclient import ApiClient as HttpClient
 from loadmaster.apiclient import ApiError, ClientTls
 from loadmaster.errors import InvalidTransition

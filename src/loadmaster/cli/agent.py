@@ -163,11 +163,11 @@ def agent(
     import logging
 
     from loadmaster.agent import run_agent
-    from loadmaster.agent.collectors import collector_selection
     from loadmaster.agent.hypervisor import GuestImage
-    from loadmaster.agent.loop import CycleReport
-    from loadmaster.agent.narration import CycleNarrator
-    from loadmaster.agent.storage import DEFAULT_POOL_DIR, StorageConfig
+    from loadmaster.agent.hypervisor.storage import DEFAULT_POOL_DIR, StorageConfig
+    from loadmaster.agent.sla import CycleReport
+    from loadmaster.agent.sla.collectors import collector_selection
+    from loadmaster.agent.sla.narration import CycleNarrator
     from loadmaster.apiclient import ApiError, ApiUnreachable, ClientTls, TlsSetupError
 
     if url is not None and api_alias is not None and url != api_alias:
@@ -240,7 +240,8 @@ def agent_journal(
     """What the agent's journal says it applied: the last value of every control, and the
     cycles that started but never ended (an agent killed mid-cycle). The hypervisor may be
     one call ahead of an interrupted cycle, never behind the journal."""
-    from loadmaster.agent.journal import agent_running, read_journal
+    from loadmaster.agent.sla import read_journal
+    from loadmaster.agent.sla.journal import agent_running
 
     try:
         state = read_journal(state_dir)
@@ -285,7 +286,7 @@ def simulate_host(
     out: Annotated[Path, typer.Option(help="where CSV, PNG and HTML go")] = Path("simulation"),
 ) -> None:
     """Simulate one host under memory pressure, with and without the shipped policies."""
-    from loadmaster.agent import simulate_host as simulate
+    from loadmaster.demo.simulation import simulate_host as simulate
 
     result = simulate(guests, steps, seed, out)
     for label, value in result.figures():

@@ -79,7 +79,7 @@ def policy_eval(
     the policy sets as JSON: host controls, per-guest controls, stats the policy missed,
     guests left out, controls refused, why the agent would skip the tick, and for a guest
     asked both to stop and to migrate, which one the agent carries out."""
-    from loadmaster.agent.offline import evaluate_snapshot
+    from loadmaster.policy.offline import evaluate_snapshot
 
     files = _policy_files(paths)
     try:

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from loadmaster.agent.collectors import default_guest_collectors
-from loadmaster.agent.loop import Agent
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.runner import ApiClient
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors import default_guest_collectors
+from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.apiclient import ApiError
@@ -207,7 +208,7 @@ class SimulatedCloud:
                 sim,
                 shipped_policy_dir(),
                 sim.step_seconds,
-                host_collectors=sim.host_collectors(),
+                host_collectors=simulated_host_collectors(sim),
                 guest_collectors=default_guest_collectors(sim, sim.clock),
                 reporter=sla_client.report,
                 host_name=plan.name,

@@ -1,5 +1,5 @@
 """The demo's host devices: its first hosts offer SR-IOV VFs and a GPU's vGPUs (the
-simulator's node devices, ``agent/simulated_devices.py``); a VM asking a VF and one asking
+simulator's node devices, ``agent/hypervisor/simulated_devices.py``); a VM asking a VF and one asking
 a vGPU are started, and what each holds is shown as ``vm show`` and ``host show`` list it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from loadmaster.agent.devices import parse_device_config
-from loadmaster.agent.simulated_devices import VF_PRODUCT, VF_VENDOR, node_device_xmls
+from loadmaster.agent.hypervisor.devices import parse_device_config
+from loadmaster.agent.hypervisor.simulated_devices import VF_PRODUCT, VF_VENDOR, node_device_xmls
 from loadmaster.demo.cloud import HostPlan, SimulatedCloud
 
 # How many of the demo's hosts have devices (two: one may be the drained host).

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from loadmaster.agent.devices import HostDevice
+from loadmaster.agent.hypervisor.devices import HostDevice
 from loadmaster.errors import LoadmasterError
 from loadmaster.quota import Quota
 
@@ -136,7 +136,7 @@ class GuestSpec:
     tags: frozenset[str] = frozenset()
     disk: DiskSpec | None = None
     nics: tuple[NicSpec, ...] = ()
-    # The host's devices the agent gave it (agent/devices.py).
+    # The host's devices the agent gave it (agent/hypervisor/devices.py).
     host_devices: tuple[HostDevice, ...] = ()
     # Its flavor's disk, NIC and CPU limits.
     quota: Quota = field(default_factory=Quota)
@@ -373,6 +373,15 @@ def ksm_for(uri: str, sys_root: Path | None) -> Ksm:
     if is_test_driver(uri):
         return MemoryKsm()
     return SysfsKsm(DEFAULT_SYS_ROOT)
+
+
+# -- CPU tune -----------------------------------------------------------------------------
+
+# libvirt's accepted ranges (virsh schedinfo): a negative quota means "no limit".
+QUOTA_UNLIMITED = -1
+QUOTA_MIN, QUOTA_MAX = 1000, 17_592_186_044_415
+PERIOD_MIN, PERIOD_MAX = 1000, 1_000_000
+SHARES_MIN, SHARES_MAX = 2, 262_144
 
 
 # -- network bandwidth and NUMA memory tuning ---------------------------------------------

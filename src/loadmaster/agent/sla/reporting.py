@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from loadmaster.agent.loop import Reporter
+from loadmaster.agent.sla.loop import Reporter
 
 DEFAULT_MAX_AGE_S = 300.0
 DEFAULT_LOAD_STEP = 0.05

@@ -25,22 +25,18 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from loadmaster.agent.collectors import HostCollector, HostKsmCollector, Stats
-from loadmaster.agent.controllers import (
+from loadmaster.agent.hypervisor.base import (
+    NET_DIRECTIONS,
+    NET_KEYS,
+    NET_LIMIT_MAX,
+    NET_PARAMS,
+    NUMA_MODES,
     PERIOD_MAX,
     PERIOD_MIN,
     QUOTA_MAX,
     QUOTA_MIN,
     SHARES_MAX,
     SHARES_MIN,
-)
-from loadmaster.agent.devices import HostDevice, hostdev_elements
-from loadmaster.agent.hypervisor import (
-    NET_DIRECTIONS,
-    NET_KEYS,
-    NET_LIMIT_MAX,
-    NET_PARAMS,
-    NUMA_MODES,
     BalloonInfo,
     BlockStats,
     CpuStats,
@@ -57,6 +53,7 @@ from loadmaster.agent.hypervisor import (
     format_nodeset,
     parse_nodeset,
 )
+from loadmaster.agent.hypervisor.devices import HostDevice, hostdev_elements
 from loadmaster.policy.entities import IO_KEYS
 from loadmaster.policy.snapshot import StatValue
 from loadmaster.tiers import PRIORITY_PREFIX, tier_of
@@ -328,7 +325,7 @@ class SimulatedHypervisor:
     def guest_swap_kib(self) -> int:
         return sum(g.guest_swap for g in self._running())
 
-    def host_stats(self) -> Stats:
+    def host_stats(self) -> dict[str, StatValue]:
         free = max(0, self.host_memory_kib - self.host_used_kib)
         return {
             "mem_available": self.host_memory_kib,
@@ -339,9 +336,6 @@ class SimulatedHypervisor:
             "cpu_count": self.cpus,
             "cpu_load": self.cpu_load,
         }
-
-    def host_collectors(self) -> list[HostCollector]:
-        return [SimulatedHostCollector(self), HostKsmCollector(self)]
 
     # -- the Hypervisor protocol -------------------------------------------------------
 
@@ -689,24 +683,3 @@ def launched_guest(spec: GuestSpec) -> _Guest:
     guest.period = cpu.get("period", guest.period)
     guest.quota = cpu.get("quota", guest.quota)
     return guest
-
-
-class SimulatedHostCollector:
-    """The simulated host's memory and CPU, in the fields the /proc collectors give."""
-
-    name = "simulated-host"
-    fields: tuple[str, ...] = (
-        "mem_available",
-        "mem_unused",
-        "mem_free",
-        "swap_total",
-        "swap_usage",
-        "cpu_count",
-        "cpu_load",
-    )
-
-    def __init__(self, sim: SimulatedHypervisor) -> None:
-        self.sim = sim
-
-    def collect(self, guests: Sequence[Mapping[str, StatValue]]) -> Stats:
-        return self.sim.host_stats()

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent.hypervisor import NET_DIRECTIONS, NET_KEYS, NET_PARAMS, HypervisorError
+from loadmaster.agent.hypervisor.base import NET_DIRECTIONS, NET_KEYS, NET_PARAMS, HypervisorError
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from loadmaster.agent.devices import (
+from loadmaster.agent.hypervisor import DiskSpec, GuestSpec, Hypervisor, HypervisorError, NicSpec
+from loadmaster.agent.hypervisor.base import HostInfo, unreachable_destination
+from loadmaster.agent.hypervisor.devices import (
     Assignments,
     DeviceConfig,
     DeviceShortage,
@@ -55,15 +57,6 @@ from loadmaster.agent.devices import (
     parse_device_config,
     parse_node_devices,
     registration_children,
-)
-from loadmaster.agent.hypervisor import (
-    DiskSpec,
-    GuestSpec,
-    HostInfo,
-    Hypervisor,
-    HypervisorError,
-    NicSpec,
-    unreachable_destination,
 )
 from loadmaster.errors import ValidationError
 from loadmaster.quota import Quota
@@ -159,7 +152,7 @@ class ManagerConfig:
         DISK_GB = 500
         CUSTOM_LICENSE_X = 4
 
-        [[pci.device_spec]]              # host devices offered (agent/devices.py)
+        [[pci.device_spec]]              # host devices offered (agent/hypervisor/devices.py)
         vendor_id = "8086"
         product_id = "10ed"
         address = "0000:3b:02.*"

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadmaster.agent.collectors import default_guest_collectors
-from loadmaster.agent.loop import Agent
-from loadmaster.agent.simulator import GIB, SimulatedHypervisor
+from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
+from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.collectors import default_guest_collectors
+from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.tiers import TIERS
 
@@ -85,7 +86,7 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
         with_policy,
         shipped_policy_dir(),
         with_policy.step_seconds,
-        host_collectors=with_policy.host_collectors(),
+        host_collectors=simulated_host_collectors(with_policy),
         guest_collectors=default_guest_collectors(with_policy, with_policy.clock),
         host_name="simulated-host",
         migration_sender=lambda uuid, reason: migrations.append((uuid, reason)),

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loadmaster.agent.hypervisor import DiskSpec, HypervisorError
+from loadmaster.agent.hypervisor.base import DiskSpec, HypervisorError
 from loadmaster.errors import ValidationError
 from loadmaster.images import GIB, POOL_NAME, virtual_size, volume_name
 

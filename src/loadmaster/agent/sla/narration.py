@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from loadmaster.agent.loop import CycleReport
+from loadmaster.agent.sla.loop import CycleReport
 
 
 @dataclass

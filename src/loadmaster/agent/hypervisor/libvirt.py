@@ -36,33 +36,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from loadmaster.agent.devices import HostDevice, given_aliases, hostdev_element, hostdev_elements
-from loadmaster.agent.hypervisor import (
+from loadmaster.agent.hypervisor import GuestImage, GuestInfo, GuestSpec, HypervisorError
+from loadmaster.agent.hypervisor.base import (
     NET_KEYS,
     NUMA_MODES,
     BalloonInfo,
     BlockStats,
     CpuStats,
     CpuTune,
-    GuestImage,
-    GuestInfo,
-    GuestSpec,
     HostInfo,
-    HypervisorError,
     NumaCell,
     NumaTune,
     SharedPool,
     is_test_driver,
     ksm_for,
 )
-from loadmaster.agent.networks import interface_element, require_networks
-from loadmaster.agent.shaping import ShapingError, TapShaper, libvirt_can_shape
-from loadmaster.agent.storage import GuestStorage, StorageConfig, disk_element
+from loadmaster.agent.hypervisor.devices import (
+    HostDevice,
+    given_aliases,
+    hostdev_element,
+    hostdev_elements,
+)
+from loadmaster.agent.hypervisor.networks import interface_element, require_networks
+from loadmaster.agent.hypervisor.shaping import ShapingError, TapShaper, libvirt_can_shape
+from loadmaster.agent.hypervisor.storage import GuestStorage, StorageConfig, disk_element
 from loadmaster.images import volume_name
 from loadmaster.policy.entities import IO_KEYS
 
 if TYPE_CHECKING:
-    from loadmaster.agent.plugins import DriverOptions
+    from loadmaster.agent.hypervisor.registry import DriverOptions
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +264,7 @@ class LibvirtHypervisor:
     ``migration_uri`` is where the destination QEMU listens for a live migration's data
     (``tcp://ADDRESS``; None: the destination's host name, as libvirt resolves it).
     KSM is written under ``sys_root``; see ``ksm_for`` for the default. ``tap_shaper``
-    limits NICs where the kernel cannot take libvirt's limits (``agent/shaping.py``; by
+    limits NICs where the kernel cannot take libvirt's limits (``agent/hypervisor/shaping.py``; by
     default one for a QEMU host on this machine, none for the test driver or a remote
     host)."""
 

@@ -20,13 +20,13 @@ from collections.abc import Iterable
 from os import PathLike
 from typing import Any
 
-from loadmaster.agent.collectors import (
+from loadmaster.agent.sla.collectors import (
     DEFAULT_HISTORY,
     PROPERTY_FIELDS,
     Declaration,
     declarations,
 )
-from loadmaster.agent.controllers import stop_or_migrate
+from loadmaster.agent.sla.controllers import stop_or_migrate
 from loadmaster.policy.engine import load_policy_files
 from loadmaster.policy.jsonio import result_to_json, snapshot_from_json
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot

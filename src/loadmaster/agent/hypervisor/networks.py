@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from typing import Any
 
-from loadmaster.agent.hypervisor import HypervisorError, NicSpec
+from loadmaster.agent.hypervisor.base import HypervisorError, NicSpec
 
 
 def require_networks(conn: Any, lv: Any, names: Iterable[str]) -> None:

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent.controllers import Action
+from loadmaster.agent.sla.controllers import Action
 from loadmaster.errors import LoadmasterError
 
 log = logging.getLogger(__name__)
