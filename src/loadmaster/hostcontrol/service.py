@@ -17,9 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
-from sqlalchemy.orm import Session
-
 from loadmaster.cluster import HostRecord, HostService, ResourceClassService, TraitService, lookup
 from loadmaster.cluster.host_rows import parse_inventories
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, agent_live, epoch
@@ -28,7 +25,7 @@ from loadmaster.cluster.vms import vm_records
 from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationError
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
-from loadmaster.images import disk_bytes
+from loadmaster.hostcontrol.worklists import WorkList, read_work_lists
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
 from loadmaster.resources import (
     STANDARD_TRAITS,
@@ -40,13 +37,7 @@ from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measur
 from loadmaster.store import Store
 from loadmaster.store.locking import iso_utc, mark_changed, now
 from loadmaster.store.schema import (
-    AllocationRow,
-    FlavorRow,
     HostAgentRow,
-    HostRow,
-    ImageRow,
-    ResourceClassRow,
-    VmRow,
 )
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
@@ -54,65 +45,6 @@ DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
 CHILD_SEPARATOR = "_"
 # What each VM on the host's work list asks of its agent.
 ACTIONS = ("launch", "run", "migrate_out", "migrate_in")
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One VM the ledger puts on the host.
-
-    ``launch``: pending here, start it. ``run``: it runs here, keep it (and its tags).
-    ``migrate_out``: it runs here and must move to ``target_uri``. ``migrate_in``: it is on
-    its way here; the source's agent moves it."""
-
-    vm: str
-    name: str
-    action: str
-    memory_mb: int
-    vcpus: int
-    tags: tuple[str, ...]
-    resources: Mapping[str, int]
-    target_host: str | None = None
-    target_uri: str | None = None
-    # A launch's claim on the host's child providers (its devices among them), by provider.
-    providers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # Its disk ({"image", "size_bytes"}; None: no disk) and NICs ([{"network", "mac"}]).
-    disk: Mapping[str, object] | None = None
-    nics: tuple[Mapping[str, str], ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "providers": {p: dict(amounts) for p, amounts in self.providers.items()},
-            "vm": self.vm,
-            "name": self.name,
-            "action": self.action,
-            "memory_mb": self.memory_mb,
-            "vcpus": self.vcpus,
-            "tags": list(self.tags),
-            "resources": dict(self.resources),
-            "target_host": self.target_host,
-            "target_uri": self.target_uri,
-            "disk": dict(self.disk) if self.disk is not None else None,
-            "nics": [dict(n) for n in self.nics],
-        }
-
-
-@dataclass(frozen=True)
-class WorkList:
-    """Everything the ledger puts on ``host`` as of its ``generation``, read in one
-    snapshot: an agent that read generation G knows of every claim stamped G or before."""
-
-    host: str
-    generation: int
-    state: str
-    items: tuple[WorkItem, ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "generation": self.generation,
-            "state": self.state,
-            "items": [i.to_dict() for i in self.items],
-        }
 
 
 @dataclass(frozen=True)
@@ -431,108 +363,7 @@ class HostControl:
             root = lookup.host_row(session, host)
             if root.parent_id is not None:
                 raise ValidationError(f"host {host} is a child provider", field="host")
-            rows = session.scalars(
-                select(VmRow)
-                .where(
-                    or_(VmRow.host_id == root.id, VmRow.target_host_id == root.id),
-                    VmRow.state.in_(("pending", "running", "migrating")),
-                )
-                .order_by(VmRow.id)
-            ).all()
-            if not rows:
-                # Most hosts of an idle fleet: their agents' first reads after a restart.
-                return WorkList(root.name, root.generation, root.state, ())
-            flavors = {
-                f.id: f
-                for f in session.scalars(
-                    select(FlavorRow).where(FlavorRow.id.in_({r.flavor_id for r in rows}))
-                )
-            }
-            others = {r.target_host_id for r in rows} | {r.host_id for r in rows}
-            names = dict(
-                session.execute(
-                    select(HostRow.id, HostRow.name).where(HostRow.id.in_(others))
-                ).all()
-            )
-            uris = dict(
-                session.execute(
-                    select(HostAgentRow.host_id, HostAgentRow.hypervisor_uri).where(
-                        HostAgentRow.host_id.in_(others)
-                    )
-                ).all()
-            )
-            on_children = self._on_children(
-                session, root.id, [r.consumer_id for r in rows if r.state == "pending"]
-            )
-            images = {r.image for r in rows if r.image}
-            image_bytes = (
-                dict(
-                    session.execute(
-                        select(ImageRow.name, ImageRow.size_bytes).where(ImageRow.name.in_(images))
-                    ).all()
-                )
-                if images
-                else {}
-            )
-            items = []
-            for r in rows:
-                # A placed VM keeps its flavor (a flavor in use cannot be deleted).
-                flavor = flavors.get(r.flavor_id) if r.flavor_id is not None else None
-                resources = lookup.effective_resources(
-                    flavor.resources if flavor else {}, r.overrides
-                )
-                if r.state == "pending":
-                    action = "launch"
-                elif r.state == "running":
-                    action = "run"
-                elif r.host_id == root.id:
-                    action = "migrate_out"
-                else:
-                    action = "migrate_in"
-                items.append(
-                    WorkItem(
-                        vm=r.uuid,
-                        name=r.name,
-                        action=action,
-                        memory_mb=int(resources.get("MEMORY_MB", 0)),
-                        vcpus=int(resources.get("VCPU", 0)),
-                        tags=tuple(r.tags),
-                        resources=resources,
-                        target_host=names.get(r.target_host_id) if r.target_host_id else None,
-                        target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
-                        providers=on_children.get(r.consumer_id, {}) if action == "launch" else {},
-                        disk=_disk(r.image, resources, image_bytes),
-                        nics=tuple(dict(n) for n in r.nics or ()),
-                    )
-                )
-            return WorkList(root.name, root.generation, root.state, tuple(items))
-
-    @staticmethod
-    def _on_children(
-        session: Session, root_id: int, consumers: Sequence[int]
-    ) -> dict[int, dict[str, dict[str, int]]]:
-        """Per consumer, its records on the child providers of host ``root_id``: what the
-        agent must give a launching VM of its devices."""
-        if not consumers:
-            return {}
-        out: dict[int, dict[str, dict[str, int]]] = {}
-        for consumer, provider, class_name, amount in session.execute(
-            select(
-                AllocationRow.consumer_id,
-                HostRow.name,
-                ResourceClassRow.name,
-                AllocationRow.amount,
-            )
-            .join(HostRow, HostRow.id == AllocationRow.host_id)
-            .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
-            .where(
-                HostRow.root_id == root_id,
-                HostRow.id != root_id,
-                AllocationRow.consumer_id.in_(set(consumers)),
-            )
-        ):
-            out.setdefault(consumer, {}).setdefault(provider, {})[class_name] = int(amount)
-        return out
+            return read_work_lists(session, [root.id])[root.id]
 
     # -- what the agent says ---------------------------------------------------------------
     def report(
@@ -699,10 +530,3 @@ class HostControl:
                 agent.fence_failures,
                 agent.fence_error,
             )
-
-
-def _disk(
-    image: str | None, resources: Mapping[str, int], image_bytes: Mapping[str, int]
-) -> dict[str, object] | None:
-    size = disk_bytes(resources.get("DISK_GB"), image_bytes.get(image) if image else None)
-    return {"image": image, "size_bytes": size} if size else None

@@ -33,19 +33,21 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.errors import Busy, ValidationError
+from loadmaster.errors import Busy, NotFound, ValidationError
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S, flush_every
+from loadmaster.hostcontrol.worklists import LISTED_STATES, WorkList, read_work_lists
 from loadmaster.scheduler.reports import write_measurements
 from loadmaster.store import ClockNotices, Store
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import clock_and_changed, now
-from loadmaster.store.schema import HostAgentRow, HostRow
+from loadmaster.store.schema import HostAgentRow, HostRow, VmRow
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +59,16 @@ DEFAULT_TICK_S = 0.1
 NOTICED_TICKS = 10
 # A wait for a notice is cut in slices this long at most, so that stopping is quick.
 STOP_CHECK_S = 0.5
-# Work lists one process reads at once, and how many more may wait for a turn: past
-# that an agent is told to come back later (503), so a fleet starting together cannot
-# queue the placements and reads of everyone else behind its first reads. Each agent
-# turned away is given a later turn of its own (``Retry-After``), one read-time after the
-# last one given: ten thousand agents refused in the same second come back spread over
-# the time the server needs to read their lists, not all again a second later.
-READS_AT_ONCE = 4
-MAX_QUEUED_READS = 64
+# Hosts whose work lists may wait for the next batch read: past that an agent is told
+# to come back later (503), so a fleet starting together cannot queue the placements and
+# reads of everyone else behind its first reads. Each agent turned away is given a turn
+# of its own (``Retry-After``), one read's measured cost after the last one given and at
+# most this many a second, so that agents refused together come back spread over the
+# time the server needs to read their lists and find room when they do.
+MAX_QUEUED_READS = 2048
+# A batch of this many hosts or more counts fully in the estimate of a read's cost; a
+# smaller one (a single wake-up) counts less, its fixed cost spread over fewer hosts.
+FULL_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -102,10 +106,14 @@ class HostWatch:
         self._generations: dict[int, int] = {}
         self._waiters: dict[int, set[asyncio.Future[str]]] = {}
         self._heard: set[int] = set()
-        self._reads = asyncio.Semaphore(READS_AT_ONCE)
-        self._queued = 0
-        # How long a work list takes to read (moving average), and the latest turn given.
-        self._read_s = 0.005
+        # Work lists as last read, with ``commits`` as taken before the read: still the
+        # host's list while the host has moved neither in the database nor by a commit of
+        # this process. Hosts whose lists wait for the next batch read, and its reader.
+        self._lists: dict[int, tuple[WorkList, int]] = {}
+        self._pending: dict[int, list[asyncio.Future[WorkList]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        # What one host's list costs in a batch (moving average), and the latest turn given.
+        self._read_s = 0.001
         self._next_turn = 0.0
         # Per host: commits of this process that stamped it, and how many of them the
         # last read of its work list had seen.
@@ -171,27 +179,78 @@ class HostWatch:
         hosts[found.name] = hosts[uuid] = found
         return found
 
-    @contextlib.asynccontextmanager
-    async def reading(self) -> AsyncIterator[None]:
-        """A turn to read a work list, or ``Busy`` when too many wait for one."""
-        if self._queued >= MAX_QUEUED_READS:
-            raise Busy(
-                f"{self._queued} work lists are waiting to be read; come back later",
-                retry_after_s=self._later_turn(),
-            )
-        self._queued += 1
-        try:
-            async with self._reads:
-                started = time.monotonic()
-                yield
-                self._read_s += 0.1 * (time.monotonic() - started - self._read_s)
-        finally:
-            self._queued -= 1
+    async def work_list(self, host: WatchedHost) -> WorkList:
+        """The host's work list: as this process last read it while the host has not moved
+        since, else read with every other list asked meanwhile in one batch; ``Busy``
+        when too many hosts wait for one."""
+        kept = self._lists.get(host.id)
+        if kept is not None and self._still(host.id, *kept):
+            return kept[0]
+        waiting = self._pending.get(host.id)
+        if waiting is None:
+            if len(self._pending) >= MAX_QUEUED_READS:
+                raise Busy(
+                    f"{len(self._pending)} work lists are waiting to be read; come back later",
+                    retry_after_s=self._later_turn(),
+                )
+            waiting = self._pending[host.id] = []
+        assert self._loop is not None, "HostWatch.start() first"
+        future: asyncio.Future[WorkList] = self._loop.create_future()
+        waiting.append(future)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read_batches(), name="host-watch-reads")
+        return await future
+
+    def _still(self, host_id: int, work_list: WorkList, commits: int) -> bool:
+        """Whether ``work_list``, read after ``commits`` commits of this process had
+        stamped the host, is still the host's."""
+        return (
+            self._generations.get(host_id, -1) <= work_list.generation
+            and self._commits.get(host_id, 0) == commits
+        )
+
+    async def _read_batches(self) -> None:
+        """Reads the lists of every host waiting, a batch at a time, until none waits."""
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            commits = {host_id: self._commits.get(host_id, 0) for host_id in batch}
+            try:
+                lists, took = await asyncio.to_thread(self._read_lists, list(batch))
+            except Exception as exc:  # the database away: each caller hears why
+                for futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc)
+                continue
+            # Timed in the reading thread: the read alone, not its wait for a thread.
+            weight = len(batch) / (len(batch) + FULL_BATCH)
+            self._read_s += weight * (took / len(batch) - self._read_s)
+            for host_id, futures in batch.items():
+                work_list = lists.get(host_id)
+                if work_list is not None:
+                    self.saw(host_id, work_list.generation, commits[host_id])
+                    self._lists[host_id] = (work_list, commits[host_id])
+                for future in futures:
+                    if future.done():
+                        continue
+                    if work_list is None:
+                        future.set_exception(
+                            NotFound(f"host {host_id}: no such host", field="host")
+                        )
+                    else:
+                        future.set_result(work_list)
+
+    def _read_lists(self, host_ids: list[int]) -> tuple[dict[int, WorkList], float]:
+        started = time.perf_counter()
+        with self._store.read() as session:
+            lists = read_work_lists(session, host_ids)
+        return lists, time.perf_counter() - started
 
     def _later_turn(self) -> int:
         """Seconds until a turn no other refused agent was given (at least 1)."""
         current = time.monotonic()
-        self._next_turn = max(self._next_turn, current + 1) + self._read_s / READS_AT_ONCE
+        spacing = max(self._read_s, 1 / MAX_QUEUED_READS)
+        self._next_turn = max(self._next_turn, current + 1) + spacing
         return math.ceil(self._next_turn - current)
 
     def maybe_newer(self, host_id: int, after: int) -> bool:
@@ -358,21 +417,35 @@ class HostWatch:
 
     def _poll(self) -> list[tuple[int, int]]:
         """(host id, generation) of the root hosts stamped since the last poll; the whole
-        set of root hosts again when providers were added, removed or moved."""
+        set of root hosts again when providers were added, removed or moved, and the
+        (empty) work list of each that has no VM on it."""
+        commits = dict(self._commits)
         with self._store.read() as session:
             (seq, layout), changed = clock_and_changed(session, self._since)
             if layout != self._layout:
                 hosts: dict[str, WatchedHost] = {}
                 generations: dict[int, int] = {}
-                for host_id, name, uuid, generation in session.execute(
-                    select(HostRow.id, HostRow.name, HostRow.uuid, HostRow.generation).where(
-                        HostRow.parent_id.is_(None)
-                    )
-                ):
+                empty: dict[int, tuple[WorkList, int]] = {}
+                roots = session.execute(
+                    select(
+                        HostRow.id, HostRow.name, HostRow.uuid, HostRow.generation, HostRow.state
+                    ).where(HostRow.parent_id.is_(None))
+                ).all()
+                # Read after the generations: a VM placed in between moved its host past
+                # the generation read, so no host is taken for empty at a generation at
+                # which it was not.
+                busy = _hosts_with_vms(session)
+                for host_id, name, uuid, generation, state in roots:
                     hosts[name] = hosts[uuid] = WatchedHost(host_id, name)
                     generations[host_id] = generation
+                    if host_id not in busy:
+                        empty[host_id] = (
+                            WorkList(name, generation, state),
+                            commits.get(host_id, 0),
+                        )
                 # Replaced whole (one assignment each): the event loop reads them meanwhile.
                 self._hosts, self._generations = hosts, generations
+                self._lists.update(empty)
                 self._layout = layout
         self._since = seq
         return [(host_id, generation) for host_id, _seq, generation in changed]
@@ -437,6 +510,17 @@ class HostWatch:
                 raise ValidationError(f"host {ident} is a child provider", field="host")
             self.saw(row.id, row.generation)
             return WatchedHost(row.id, row.name), row.uuid
+
+
+def _hosts_with_vms(session: Session) -> set[int]:
+    """The hosts some VM's work is listed on (as its host or its migration's target)."""
+    listed = VmRow.state.in_(LISTED_STATES)
+    return {
+        int(host_id)
+        for column in (VmRow.host_id, VmRow.target_host_id)
+        for host_id in session.scalars(select(column).where(listed, column.is_not(None)).distinct())
+        if host_id is not None
+    }
 
 
 def _settle(future: asyncio.Future[str], outcome: str, *_: object) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
@@ -25,7 +24,7 @@ from loadmaster.api.responses import (
 )
 from loadmaster.api.schemas import AgentRegistration, HostFailure, HostReport
 from loadmaster.heartbeat import AGENT_HEADER, polls_as_agent
-from loadmaster.hostcontrol import HostWatch, WatchedHost, WorkList
+from loadmaster.hostcontrol import HostWatch, WorkList
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["host agents"])
@@ -115,27 +114,18 @@ async def work(
     of the middleware stack (``api/longpoll.py``) until the process's ``HostWatch`` says
     the host may have changed or the wait ran out, and a client that hangs up ends it at
     once. Here, the wait is over."""
-    lm: Loadmaster = request.app.state.lm
     watch: HostWatch = request.app.state.watch
     host = await watch.host(host_name)
     if _polls_as_agent(request, host.name):
         watch.heard(host.id)
     work_list = None
     if watch.maybe_newer(host.id, after):
-        work_list = await _work_list(lm, watch, host)
+        work_list = await watch.work_list(host)
         if work_list.generation > after:
             return _answer(response, work_list)
     if request.headers.get("if-none-match") == _etag(after):
         return Response(status_code=304, headers={"ETag": _etag(after)})
-    return _answer(response, work_list or await _work_list(lm, watch, host))
-
-
-async def _work_list(lm: Loadmaster, watch: HostWatch, host: WatchedHost) -> WorkList:
-    async with watch.reading():
-        commits = watch.commits(host.id)
-        work_list = await run_in_threadpool(lm.host_agents.work, host.name)
-    watch.saw(host.id, work_list.generation, commits)
-    return work_list
+    return _answer(response, work_list or await watch.work_list(host))
 
 
 def _answer(response: Response, work_list: WorkList) -> dict[str, Any]:
