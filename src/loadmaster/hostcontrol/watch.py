@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import threading
@@ -45,7 +46,7 @@ from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S, flush_every
 from loadmaster.hostcontrol.worklists import LISTED_STATES, WorkList, read_work_lists
 from loadmaster.scheduler.reports import write_measurements
 from loadmaster.store import ClockNotices, Store
-from loadmaster.store.chunks import in_chunks
+from loadmaster.store.chunks import IN_LIST_ROWS, in_chunks
 from loadmaster.store.locking import clock_and_changed, now
 from loadmaster.store.schema import HostAgentRow, HostRow, VmRow
 
@@ -66,6 +67,10 @@ STOP_CHECK_S = 0.5
 # most this many a second, so that agents refused together come back spread over the
 # time the server needs to read their lists and find room when they do.
 MAX_QUEUED_READS = 2048
+# Hosts with VMs whose lists this process has never read are read ahead with each batch,
+# this many at most (a statement's worth): the first agents of a fleet starting together
+# bring in the lists of those that follow, which are then answered from memory.
+READ_AHEAD = IN_LIST_ROWS
 # A batch of this many hosts or more counts fully in the estimate of a read's cost; a
 # smaller one (a single wake-up) counts less, its fixed cost spread over fewer hosts.
 FULL_BATCH = 64
@@ -111,6 +116,8 @@ class HostWatch:
         # this process. Hosts whose lists wait for the next batch read, and its reader.
         self._lists: dict[int, tuple[WorkList, int]] = {}
         self._pending: dict[int, list[asyncio.Future[WorkList]]] = {}
+        # Hosts with VMs whose lists this process has not read yet (read ahead).
+        self._unread: set[int] = set()
         self._reader: asyncio.Task[None] | None = None
         # What one host's list costs in a batch (moving average), and the latest turn given.
         self._read_s = 0.001
@@ -213,9 +220,10 @@ class HostWatch:
         """Reads the lists of every host waiting, a batch at a time, until none waits."""
         while self._pending:
             batch, self._pending = self._pending, {}
-            commits = {host_id: self._commits.get(host_id, 0) for host_id in batch}
+            ahead = list(itertools.islice(self._unread - batch.keys(), READ_AHEAD))
+            commits = {h: self._commits.get(h, 0) for h in itertools.chain(batch, ahead)}
             try:
-                lists, took = await asyncio.to_thread(self._read_lists, list(batch))
+                lists, took = await asyncio.to_thread(self._read_lists, list(commits))
             except Exception as exc:  # the database away: each caller hears why
                 for futures in batch.values():
                     for future in futures:
@@ -223,13 +231,14 @@ class HostWatch:
                             future.set_exception(exc)
                 continue
             # Timed in the reading thread: the read alone, not its wait for a thread.
-            weight = len(batch) / (len(batch) + FULL_BATCH)
-            self._read_s += weight * (took / len(batch) - self._read_s)
+            weight = len(commits) / (len(commits) + FULL_BATCH)
+            self._read_s += weight * (took / len(commits) - self._read_s)
+            for host_id, listed in lists.items():
+                self.saw(host_id, listed.generation, commits[host_id])
+                self._lists[host_id] = (listed, commits[host_id])
+            self._unread.difference_update(commits)
             for host_id, futures in batch.items():
                 work_list = lists.get(host_id)
-                if work_list is not None:
-                    self.saw(host_id, work_list.generation, commits[host_id])
-                    self._lists[host_id] = (work_list, commits[host_id])
                 for future in futures:
                     if future.done():
                         continue
@@ -446,6 +455,8 @@ class HostWatch:
                 # Replaced whole (one assignment each): the event loop reads them meanwhile.
                 self._hosts, self._generations = hosts, generations
                 self._lists.update(empty)
+                # ``list()`` copies at once what the event loop may add to meanwhile.
+                self._unread = busy.difference(list(self._lists))
                 self._layout = layout
         self._since = seq
         return [(host_id, generation) for host_id, _seq, generation in changed]

@@ -150,9 +150,7 @@ class _Context:
         self.uris: dict[int, str] = {}
         for chunk in in_chunks(others):
             self.names.update(
-                session.execute(
-                    select(HostRow.id, HostRow.name).where(HostRow.id.in_(chunk))
-                ).all()
+                session.execute(select(HostRow.id, HostRow.name).where(HostRow.id.in_(chunk))).all()
             )
             self.uris.update(
                 session.execute(
