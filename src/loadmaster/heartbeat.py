@@ -39,6 +39,11 @@ def suspect_after(silent_after: float, heard_every: float) -> float:
 
 # The header by which a long-poll of a host's work list says it is that host's agent.
 AGENT_HEADER = "Loadmaster-Agent"
+# The header by which a host's agent says which run of it speaks: a value drawn anew each
+# time the agent's process starts. A host whose agent announced a run takes VMs only once
+# that run has read the host's work list: a manager that has just (re)started holds no
+# list, and a VM claimed there before its first read would wait on nobody.
+AGENT_RUN_HEADER = "Loadmaster-Agent-Run"
 
 
 def polls_as_agent(bound: str | None, host: str, said: str | None) -> bool:

@@ -148,6 +148,7 @@ class HostControl:
         children: Mapping[str, Mapping[str, Mapping[str, object]]] | None = None,
         child_traits: Mapping[str, Sequence[str]] | None = None,
         child_parents: Mapping[str, str] | None = None,
+        run: str | None = None,
     ) -> Registration:
         """Create the host (and its child providers, e.g. NUMA cells and devices) or find
         it by name, then make its inventories (and its children's traits, for those
@@ -156,7 +157,9 @@ class HostControl:
         swap on the provider's generation, retried on a race; a change that would put a
         class below what is allocated is refused and reported, and the rest still lands.
         A child named after the host (``<host>_...``) that the agent no longer lists has
-        its inventory withdrawn the same way (``withdrawn``)."""
+        its inventory withdrawn the same way (``withdrawn``). ``run``: the run of the
+        agent registering (``heartbeat.AGENT_RUN_HEADER``), which holds no work list yet:
+        the host takes VMs once that run has read one."""
         if not isinstance(hypervisor_uri, str) or not hypervisor_uri or len(hypervisor_uri) > 1024:
             raise ValidationError(
                 "hypervisor_uri must be a libvirt URI of at most 1024 characters",
@@ -220,6 +223,7 @@ class HostControl:
                         registered_at=stamp,
                         last_seen_at=stamp,
                         seen_generation=0,
+                        agent_run=run,
                     )
                 )
                 # A host that can act now: schedulers' snapshots read their agents again
@@ -229,6 +233,8 @@ class HostControl:
             else:
                 agent.hypervisor_uri = hypervisor_uri
                 agent.last_seen_at = stamp
+                if run is not None:
+                    agent.agent_run = run
         return Registration(self._hosts.get(name), refused, tuple(withdrawn))
 
     @staticmethod

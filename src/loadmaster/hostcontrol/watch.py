@@ -130,15 +130,25 @@ class HostWatch:
         self._held: dict[int, int] = {}
         self._written: dict[int, float] = {}
         # Measurements heard since the last flush, host id -> (usage, load): written with
-        # liveness, in bulk. Reports arrive on the API's threads, hence the lock.
+        # liveness, in bulk. Reports arrive on the API's threads, hence the lock (which
+        # guards managers' runs below as well).
         self._measured: dict[int, tuple[Mapping[str, float], Mapping[str, float]]] = {}
-        self._measured_lock = threading.Lock()
+        self._said_lock = threading.Lock()
+        # Per host, the run of its manager last heard and the run that last read its work
+        # list, as this process knows them; and those not written yet (under the lock).
+        self._runs: dict[int, str] = {}
+        self._listed_runs: dict[int, str] = {}
+        self._runs_due: dict[int, str] = {}
+        self._listed_due: dict[int, str] = {}
+        # Set when a manager's first read must be written at once (``ran``).
+        self._flush_now: asyncio.Event | None = None
         # The server is stopping: no wait lasts (``release``).
         self._released = False
 
     # -- life -----------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._flush_now = asyncio.Event()
         await asyncio.to_thread(self._poll)
         self._unlisten = self._store.listen(self._committed)
         # The tick runs in a thread of its own, not as a task handing each poll to a
@@ -159,9 +169,7 @@ class HostWatch:
             self._unlisten()
         self.release()
         with contextlib.suppress(Exception):  # the database may be what is going away
-            await asyncio.to_thread(
-                self._write_heard, self._due(time.monotonic()), self._take_measured()
-            )
+            await self._flush()
 
     def release(self) -> None:
         """The server starts to stop: every wait ends now, as if its time ran out, and
@@ -355,14 +363,30 @@ class HostWatch:
         """The host's agent measured ``usage`` and ``load`` (checked; either may be empty:
         its figures keep their last value): written with the next flush, the latest
         report of each host only."""
-        with self._measured_lock:
+        with self._said_lock:
             earlier = self._measured.get(host_id)
             if earlier is not None:
                 usage, load = usage or earlier[0], load or earlier[1]
             self._measured[host_id] = (usage, load)
 
+    def ran(self, host_id: int, run: str, *, listed: bool = False) -> None:
+        """The host's manager of run ``run`` (``heartbeat.AGENT_RUN_HEADER``) spoke;
+        ``listed``: it was answered its work list (or that the list it holds is current).
+        Written with the next flush when it is news, at once for a run's first list: the
+        host takes VMs from then on (from any thread)."""
+        with self._said_lock:
+            if self._runs.get(host_id) != run:
+                self._runs[host_id] = self._runs_due[host_id] = run
+            first = listed and self._listed_runs.get(host_id) != run
+            if first:
+                self._listed_runs[host_id] = self._listed_due[host_id] = run
+        loop, flush_now = self._loop, self._flush_now
+        if first and loop is not None and flush_now is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(flush_now.set)
+
     def _take_measured(self) -> dict[int, tuple[Mapping[str, float], Mapping[str, float]]]:
-        with self._measured_lock:
+        with self._said_lock:
             taken, self._measured = self._measured, {}
         return taken
 
@@ -415,14 +439,36 @@ class HostWatch:
         return noticed
 
     async def _flush_every(self) -> None:
+        flush_now = self._flush_now
+        assert flush_now is not None
         while True:
-            await asyncio.sleep(self.flush_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flush_now.wait(), self.flush_s)
+            flush_now.clear()
             try:
-                await asyncio.to_thread(
-                    self._write_heard, self._due(time.monotonic()), self._take_measured()
-                )
+                await self._flush()
             except Exception as exc:  # liveness written with the next flush
                 log.warning("host watch: liveness and measurements not written: %s", exc)
+
+    async def _flush(self) -> None:
+        with self._said_lock:
+            runs, self._runs_due = self._runs_due, {}
+            listed, self._listed_due = self._listed_due, {}
+        try:
+            await asyncio.to_thread(
+                self._write_heard,
+                self._due(time.monotonic()),
+                self._take_measured(),
+                runs,
+                listed,
+            )
+        except Exception:
+            # What managers said of their runs is said once: kept for the next flush,
+            # unless newer news came meanwhile.
+            with self._said_lock:
+                self._runs_due = {**runs, **self._runs_due}
+                self._listed_due = {**listed, **self._listed_due}
+            raise
 
     def _poll(self) -> list[tuple[int, int]]:
         """(host id, generation) of the root hosts stamped since the last poll; the whole
@@ -503,8 +549,10 @@ class HostWatch:
         self,
         ids: list[int],
         measured: Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]],
+        runs: Mapping[int, str],
+        listed: Mapping[int, str],
     ) -> None:
-        if not ids and not measured:
+        if not (ids or measured or runs or listed):
             return
         at = now()
         with self._store.write() as session:
@@ -512,6 +560,12 @@ class HostWatch:
                 session.execute(_HEARD, {"hosts": chunk, "at": at})
             if measured:
                 write_measurements(session, measured)
+            # Heard as well: schedulers read again the agents heard since their last read.
+            for statement, news in ((_RAN, runs), (_LISTED, listed)):
+                if news:
+                    session.execute(
+                        statement, [{"host": h, "run": r, "at": at} for h, r in news.items()]
+                    )
 
     def _read_host(self, ident: str) -> tuple[WatchedHost, str]:
         """The root host ``ident`` and its uuid as stored."""
@@ -548,4 +602,14 @@ _HEARD = (
     update(_AGENTS)
     .where(_AGENTS.c.host_id.in_(bindparam("hosts", expanding=True)))
     .values(last_seen_at=bindparam("at"))
+)
+_RAN = (
+    update(_AGENTS)
+    .where(_AGENTS.c.host_id == bindparam("host"))
+    .values(agent_run=bindparam("run"), last_seen_at=bindparam("at"))
+)
+_LISTED = (
+    update(_AGENTS)
+    .where(_AGENTS.c.host_id == bindparam("host"))
+    .values(listed_run=bindparam("run"), last_seen_at=bindparam("at"))
 )
