@@ -17,6 +17,13 @@ The same query keeps a cache of every root host's generation, so a long-poll tha
 with nothing new to tell waits without reading the database, and one that times out
 answers "unchanged" without reading it either.
 
+Work lists are kept as last read, and answered from memory while their host has not
+moved (neither its generation as cached nor a commit of this process): the lists of
+hosts with no VM are known from the full read of the hosts, so most of a fleet's first
+reads after a restart cost no statement. The others wait for the next batch read, all
+the hosts asked meanwhile plus a statement's worth of hosts with VMs not read yet, in one
+read transaction (``worklists.read_work_lists``).
+
 Liveness: every request of an agent, and every long-poll it holds open (the server keeps
 TCP keep-alive probes on its connections, so a dead peer's connection ends), counts as
 hearing from it. What was heard is written in bulk, one statement per flush for the whole
@@ -159,10 +166,11 @@ class HostWatch:
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._ticker is not None:
             await asyncio.to_thread(self._ticker.join)
         if callable(self._unlisten):
@@ -200,6 +208,8 @@ class HostWatch:
         when too many hosts wait for one."""
         kept = self._lists.get(host.id)
         if kept is not None and self._still(host.id, *kept):
+            # As a read would: the caller has seen every commit the list has.
+            self.saw(host.id, kept[0].generation, kept[1])
             return kept[0]
         waiting = self._pending.get(host.id)
         if waiting is None:
