@@ -46,7 +46,7 @@ def _why_not(lm: Loadmaster, host: str) -> dict[str, int]:
 
 
 def test_a_host_whose_manager_never_read_its_list_is_not_chosen(
-    lm: Loadmaster, served: ThreadedServer, monkeypatch: pytest.MonkeyPatch
+    lm: Loadmaster, served: ThreadedServer
 ) -> None:
     # The shipped agent's client: its registration, reports and reads say its run.
     agent = runner.ApiClient(served.url)
@@ -65,7 +65,8 @@ def test_a_host_whose_manager_never_read_its_list_is_not_chosen(
         wait_until(lambda: _chosen(lm, "reporting"), 30, "the host after its first read")
 
         # The manager of "holding" restarts: a new run, which holds no list until it reads.
-        monkeypatch.setattr(runner, "RUN", "restarted")
+        agent.close()
+        agent = runner.ApiClient(served.url, run="restarted")
         agent.register("holding", {"hypervisor_uri": "test:///holding", "inventories": NODE})
         wait_until(lambda: not _chosen(lm, "holding"), 30, "the restarted manager unchosen")
         assert _why_not(lm, "holding") == {UNLISTED: 1}

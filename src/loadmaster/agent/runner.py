@@ -43,8 +43,12 @@ class ApiClient(HttpClient):
         token: str | None = None,
         timeout: float = 5.0,
         tls: ClientTls | None = None,
+        run: str | None = None,
     ) -> None:
+        """``run``: the run said (``AGENT_RUN_HEADER``), by default this process's; the
+        clients of one agent say the same."""
         super().__init__(api_url, token, timeout, tls)
+        self.run = run or RUN
 
     def hint(self, method: str, path: str, status: int) -> str:
         parts = path.split("/")
@@ -64,7 +68,7 @@ class ApiClient(HttpClient):
 
     def report(self, host_name: str, payload: dict[str, Any]) -> None:
         self.request(
-            "POST", f"/hosts/{host_name}/report", body=payload, headers={AGENT_RUN_HEADER: RUN}
+            "POST", f"/hosts/{host_name}/report", body=payload, headers={AGENT_RUN_HEADER: self.run}
         )
 
     def request_migration(self, vm_uuid: str, reason: str) -> bool:
@@ -80,7 +84,7 @@ class ApiClient(HttpClient):
 
     def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = self.request(
-            "PUT", f"/hosts/{host}/agent", body=body, headers={AGENT_RUN_HEADER: RUN}
+            "PUT", f"/hosts/{host}/agent", body=body, headers={AGENT_RUN_HEADER: self.run}
         )
         return answer
 
@@ -95,7 +99,7 @@ class ApiClient(HttpClient):
             # if the header were not there: heartbeat.polls_as_agent).
             headers={
                 AGENT_HEADER: host,
-                AGENT_RUN_HEADER: RUN,
+                AGENT_RUN_HEADER: self.run,
                 **({"If-None-Match": f'"{after}"'} if after >= 0 else {}),
             },
         )

@@ -235,6 +235,8 @@ class HostControl:
                 agent.last_seen_at = stamp
                 if run is not None:
                     agent.agent_run = run
+        if run is not None:
+            self._scheduler.agents_changed()
         return Registration(self._hosts.get(name), refused, tuple(withdrawn))
 
     @staticmethod

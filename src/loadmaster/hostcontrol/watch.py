@@ -98,10 +98,14 @@ class HostWatch:
         *,
         tick_s: float = DEFAULT_TICK_S,
         refresh_s: float = DEFAULT_HEARD_EVERY_S,
+        runs_written: Callable[[], None] | None = None,
     ) -> None:
         """``refresh_s``: a held long-poll is written as heard this often
-        (``agent_heard_every``); what was heard is flushed as ``heartbeat.flush_every``."""
+        (``agent_heard_every``); what was heard is flushed as ``heartbeat.flush_every``.
+        ``runs_written``: called once a flush wrote news of managers' runs (the process's
+        scheduler reads the agents again)."""
         self._store = store
+        self._runs_written = runs_written
         self.tick_s = tick_s
         self.flush_s = flush_every(refresh_s)
         self.refresh_s = refresh_s
@@ -576,6 +580,8 @@ class HostWatch:
                     session.execute(
                         statement, [{"host": h, "run": r, "at": at} for h, r in news.items()]
                     )
+        if (runs or listed) and self._runs_written is not None:
+            self._runs_written()
 
     def _read_host(self, ident: str) -> tuple[WatchedHost, str]:
         """The root host ``ident`` and its uuid as stored."""

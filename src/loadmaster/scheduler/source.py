@@ -251,6 +251,10 @@ class SnapshotSource:
         snap.derive()
         return True
 
+    def agents_changed(self) -> None:
+        """An agent's row was written through this process: the next refresh reads it."""
+        self._agents_read = None
+
     def reported(self) -> None:
         """A report was recorded through this scheduler: the next refresh reads it."""
         self._reports_read = None
