@@ -84,13 +84,16 @@ def test_a_malformed_run_is_refused_naming_the_header_and_changes_nothing(
         agent.register("h0", {"hypervisor_uri": "test:///h0", "inventories": NODE})
         agent.work("h0", -1, 0)
         wait_until(lambda: _chosen(lm, "h0"), 30, "the host after its first read")
-        for path, method, body in (
-            ("/hosts/h0/agent", "PUT", {"hypervisor_uri": "test:///h0", "inventories": NODE}),
-            ("/hosts/h0/report", "POST", {"usage": {"cpu": 0.5}}),
-            ("/hosts/h0/work", "GET", None),
+        # The long-poll is refused at once, not after its wait.
+        for method, path, body, params in (
+            ("PUT", "/hosts/h0/agent", {"hypervisor_uri": "test:///h0", "inventories": NODE}, {}),
+            ("POST", "/hosts/h0/report", {"usage": {"cpu": 0.5}}, {}),
+            ("GET", "/hosts/h0/work", None, {"after": 10**6, "wait": 60}),
         ):
             with pytest.raises(ApiError) as refused:
-                agent.request(method, path, body=body, headers={AGENT_RUN_HEADER: "no spaces"})
+                agent.request(
+                    method, path, body=body, params=params, headers={AGENT_RUN_HEADER: "no spaces"}
+                )
             assert refused.value.status == 400
             assert refused.value.field == "header.loadmaster-agent-run"
         assert _chosen(lm, "h0")

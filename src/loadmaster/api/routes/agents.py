@@ -7,7 +7,6 @@ write only under ``/hosts/<its host>/`` and to a VM's ``up``, ``launch-failed``,
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -25,13 +24,11 @@ from loadmaster.api.responses import (
 )
 from loadmaster.api.schemas import AgentRegistration, HostFailure, HostReport
 from loadmaster.errors import ValidationError
-from loadmaster.heartbeat import AGENT_HEADER, AGENT_RUN_HEADER, polls_as_agent
+from loadmaster.heartbeat import AGENT_HEADER, AGENT_RUN_HEADER, polls_as_agent, valid_run
 from loadmaster.hostcontrol import HostWatch, WorkList
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["host agents"])
-
-_RUN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def agent_host(request: Request) -> str | None:
@@ -62,7 +59,7 @@ def _polls_as_agent(request: Request, host: str) -> bool:
 def _run(request: Request) -> str | None:
     """The run the caller says it is of the host's agent (``AGENT_RUN_HEADER``)."""
     run = request.headers.get(AGENT_RUN_HEADER)
-    if run is not None and not _RUN.fullmatch(run):
+    if run is not None and not valid_run(run):
         raise ValidationError(
             f"header {AGENT_RUN_HEADER} must be 1 to 64 letters, digits, '-' or '_'",
             field=f"header.{AGENT_RUN_HEADER.lower()}",
