@@ -196,12 +196,7 @@ class SimAgent:
                     failures = 0
                 except HttpError as exc:
                     failures += 1
-                    request, _, why = str(exc).partition(": ")
-                    # By route, not by host: ten thousand hosts make one line each.
-                    route = UUID.sub("{vm}", request.split("?")[0]).replace(
-                        f"/{self.host}/", "/{host}/"
-                    )
-                    self.stats.errors[f"{route}: {why.split(':')[0]}"] += 1
+                    self._count(exc)
                     await asyncio.sleep(backoff(failures))
         finally:
             if sla is not None:
@@ -209,6 +204,12 @@ class SimAgent:
             self.poll.close()
             self.calls.close()
             self.sla.close()
+
+    def _count(self, exc: HttpError) -> None:
+        """An error by route and kind, not by host: ten thousand hosts make one line each."""
+        request, _, why = str(exc).partition(": ")
+        route = UUID.sub("{vm}", request.split("?")[0]).replace(f"/{self.host}/", "/{host}/")
+        self.stats.errors[f"{route}: {why.split(':')[0]}"] += 1
 
     async def _pass(self, until: float) -> None:
         wait = min(self.wait * random.uniform(0.8, 1.0), max(0.0, until - time.monotonic()))
@@ -293,7 +294,7 @@ class SimAgent:
                 )
                 self.stats.sla_ms.append((time.monotonic() - began) * 1000)
             except HttpError as exc:
-                self.stats.errors[f"sla report: {exc}"[:60]] += 1
+                self._count(exc)
             await asyncio.sleep(self.sla_every)
 
     async def _legacy_sla(self, until: float) -> None:
@@ -303,7 +304,7 @@ class SimAgent:
             try:
                 await self._report(self.sla, usage={"VCPU": len(self.running)}, load={"cpu": 0.1})
             except HttpError as exc:
-                self.stats.errors[f"sla report: {exc}"[:60]] += 1
+                self._count(exc)
             await asyncio.sleep(LEGACY_SLA_REPORT_S)
 
 
