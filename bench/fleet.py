@@ -4,14 +4,17 @@ how fast a claim reaches its host's agent, and what the fleet does to placements
 Usage: .venv/bin/python bench/fleet.py [--hosts 1000 10000] [--backends sqlite postgres]
        [--idle 120] [--placements 200] [--processes 4] [--baseline-hosts 200 1000]
        [--baseline-ref REF] [--no-baseline] [--png bench/out/fleet.png]
+       [--cold-start] [--sla-every SECONDS]
 
 Per run: ``--hosts`` root hosts with an agent registered each (VCPU 64, MEMORY_MB 256 GiB);
 ``loadmaster serve`` on SQLite (one process), or two ``serve`` processes on two ports
 sharing one private PostgreSQL, as two machines would. Simulated agents
 (bench/fleet_agents.py: the shipped host manager's cadence, asyncio over raw HTTP, in
 ``--processes`` client processes, loopback only, bounded in time) start with their first
-polls spread over a few seconds; with two servers each client process talks to one of
-them. Then:
+polls spread over a few seconds (hosts / 250, at least 3; ``--cold-start``: all within
+5 s, a fleet powered on together); with two servers each client process talks to one of
+them. With ``--sla-every S`` each agent's SLA loop also sends a measurement-only report
+every S seconds (nova-compute's periodic cadence is 60). Then:
 
 1. ``--placements`` ``POST /schedule`` calls of one VM each, one at a time, *before* the
    agents start: the latency without the fleet;
@@ -27,9 +30,12 @@ them. Then:
    ``loadmaster_agent_polls_waiting``), with every error they met counted, and every VM
    placed still running at the end.
 
-Printed per run: hosts, backend, build, idle CPU % of one core (per 1,000 hosts too),
+Printed per run: hosts, backend, build, the seconds from each agent's start to its first
+work list (p50, p99, max, and how many agents got one), idle CPU % of one core (per 1,000
+hosts too),
 requests/s while idle, wake-up p50/p99 ms, ``POST /schedule`` p50/p99 ms without and with
-the fleet (and the ratio), the servers' peak RSS, errors (answers other than
+the fleet (and the ratio), the servers' peak RSS and their collector's pauses (count, total, longest, per server
+process, from their /metrics), the SLA reports' latency p50/p99, errors (answers other than
 200, 304 and 503, failed placements; requests no server answered, as when it restarts,
 are listed apart), VMs left unclaimed or not running, the audit's problems,
 and the seconds the agents took to be back after the restart. The baseline
@@ -115,6 +121,12 @@ class Result:
     audit_problems: int = 0
     agents_back: int = 0
     settle_s: float = 0.0
+    # Seconds from each agent's start to its first work list; SLA reports' latencies.
+    first_list_s: list[float] = field(default_factory=list)
+    sla_ms: list[float] = field(default_factory=list)
+    # Per server process: the collector's pauses (count, total s, longest s) until the
+    # placements with the fleet ended.
+    gc_pauses: list[tuple[int, float, float]] = field(default_factory=list)
     shed: int = 0
     # The placements with the fleet: route -> (requests, mean ms) the servers answered
     # meanwhile, long-polls left out (their time is waiting).
@@ -176,6 +188,26 @@ def seconds_by_route(apis: list[ServedApi]) -> defaultdict[tuple[str, str], floa
                     route = line[len(head) :].split('"', 1)[0]
                     totals[route, part] += float(line.rsplit(" ", 1)[1])
     return totals
+
+
+def gc_pauses(api: ServedApi) -> tuple[int, float, float]:
+    """The server's garbage-collector pauses so far (its /metrics): how many, their total
+    and the longest, in seconds."""
+    values = {
+        name: float(line.rsplit(" ", 1)[1])
+        for line in metrics_text(api).splitlines()
+        for name in (
+            "loadmaster_gc_pause_seconds_count",
+            "loadmaster_gc_pause_seconds_sum",
+            "loadmaster_gc_pause_longest_seconds",
+        )
+        if line.startswith(name + " ")
+    }
+    return (
+        int(values.get("loadmaster_gc_pause_seconds_count", 0)),
+        values.get("loadmaster_gc_pause_seconds_sum", 0.0),
+        values.get("loadmaster_gc_pause_longest_seconds", 0.0),
+    )
 
 
 def polls_waiting(api: ServedApi) -> float:
@@ -296,7 +328,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         result.schedule_alone_ms, failed = place(apis, uuids[:placements], started)
         # First polls read each agent's work list once: spread as hosts booting would be,
         # at about what one server reads in a second (the rest are told to come back).
-        spread = max(3.0, hosts / 250)
+        spread = 5.0 if args.cold_start else max(3.0, hosts / 250)
         settle_limit = 300.0
         duration = spread + settle_limit + 5 + args.idle + placements * 0.2 + 30 + RESTART_LIMIT_S
         begin = time.monotonic() + 2
@@ -321,6 +353,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
                 "--spread",
                 f"{spread:.1f}",
                 *(["--legacy"] if build.legacy else []),
+                *(["--sla-every", str(args.sla_every)] if args.sla_every else []),
             ]
             agents.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
         time.sleep(max(0.0, begin + spread - time.monotonic()))
@@ -348,6 +381,8 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         }
         result.rss_mib = peak_rss_mib(pids)
         if not build.legacy:
+            result.gc_pauses = [gc_pauses(api) for api in apis]
+        if not build.legacy:
             mine = sum(
                 len(names[p :: args.processes]) for p in range(args.processes) if p % len(apis) == 0
             )
@@ -359,6 +394,8 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         outputs = [json.loads(a.communicate(timeout=120)[0]) for a in agents]
         woken: dict[str, float] = {}
         for n, out in enumerate(outputs):
+            result.first_list_s.extend(out.get("first_list", {}).values())
+            result.sla_ms.extend(out.get("sla_ms", []))
             for vm, at in out["woken"].items():
                 woken[vm] = at
                 began, via = started.get(vm, (None, 0))
@@ -406,7 +443,8 @@ def q(values: list[float], p: float) -> str:
 
 def report(results: list[Result]) -> None:
     head = (
-        f"{'hosts':>6} {'backend':8} {'build':16} {'idle CPU %':>10} {'/1k hosts':>9} "
+        f"{'hosts':>6} {'backend':8} {'build':16} {'1st list p50':>12} {'p99':>6} {'max':>6} "
+        f"{'got':>6} {'idle CPU %':>10} {'/1k hosts':>9} "
         f"{'req/s':>7} {'wake p50':>8} {'p99':>7} {'other p50':>9} {'p99':>7} "
         f"{'sched alone p50':>15} {'p99':>6} {'fleet p50':>9} {'p99':>6} {'x p99':>6} "
         f"{'RSS MiB':>7} {'errors':>6} {'lost':>4} {'audit':>5} {'settled s':>9} {'503s':>6} "
@@ -421,7 +459,9 @@ def report(results: list[Result]) -> None:
             else float("nan")
         )
         print(
-            f"{r.hosts:>6} {r.backend:8} {r.build:16} {r.idle_cpu_pct:>10.1f} "
+            f"{r.hosts:>6} {r.backend:8} {r.build:16} {q(r.first_list_s, 50):>12} "
+            f"{q(r.first_list_s, 99):>6} {q(r.first_list_s, 100):>6} {len(r.first_list_s):>6} "
+            f"{r.idle_cpu_pct:>10.1f} "
             f"{r.idle_cpu_pct * 1000 / r.hosts:>9.2f} {r.idle_rps:>7.1f} "
             f"{q(r.wake_ms, 50):>8} {q(r.wake_ms, 99):>7} "
             f"{q(r.wake_other_ms, 50):>9} {q(r.wake_other_ms, 99):>7} "
@@ -437,6 +477,17 @@ def report(results: list[Result]) -> None:
                 for route, (n, ms) in sorted(r.busy_routes.items(), key=lambda i: -i[1][0])
             )
             print(f"{'':>6} answered during the placements with the fleet: {spent}")
+        if r.gc_pauses:
+            each = "; ".join(
+                f"server {n}: {count} pauses, {total:.2f} s in all, longest {1000 * longest:.0f} ms"
+                for n, (count, total, longest) in enumerate(r.gc_pauses)
+            )
+            print(f"{'':>6} GC pauses: {each}")
+        if r.sla_ms:
+            print(
+                f"{'':>6} SLA reports: {len(r.sla_ms)}, p50 {q(r.sla_ms, 50)} ms, "
+                f"p99 {q(r.sla_ms, 99)} ms"
+            )
         if r.errors:
             print(f"{'':>6} errors: {r.errors}")
         if r.unanswered:
@@ -503,7 +554,15 @@ def main() -> None:
     parser.add_argument("--baseline-ref", default=ISSUE_START)
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--png", type=Path, default=ROOT / "bench/out/fleet.png")
+    parser.add_argument(
+        "--cold-start", action="store_true", help="every agent starts within 5 s, after=-1"
+    )
+    parser.add_argument(
+        "--sla-every", type=float, default=0.0, help="each agent's SLA loop reports this often"
+    )
     args = parser.parse_args()
+    if args.sla_every < 0:
+        parser.error("--sla-every: seconds between reports, 0 (none) or more")
     from loadmaster.api.server import raise_open_files_limit
 
     raise_open_files_limit()

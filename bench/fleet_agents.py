@@ -8,17 +8,20 @@ wait is drawn from 80-100 % of ``wait``, and a failure backs off as the shipped 
 does (``manager.backoff``), after the server's ``Retry-After`` on 503 or 429. The
 ``legacy`` cadence is the one of the commit issue #24 starts from: a 5 s long-poll with no
 ``If-None-Match``, a full report after every pass, and the SLA loop's full report every
-15 s.
+15 s. Otherwise each agent says a run of its own (``AGENT_RUN_HEADER``), as the shipped
+one does, and with ``sla_every`` its SLA loop sends a measurement-only report (a load that
+moved) that often.
 
 HTTP/1.1 is spoken over asyncio streams directly: httpx's pool, with thousands of
 connections in one process, spent more time on itself than on the server (300 waits of
 3 s took up to 7 s through it, 3.1 s this way). Loopback only.
 
     python bench/fleet_agents.py --url URL --token T --hosts h0,h1,... --duration S
-        [--wait 50] [--legacy] [--start-at MONOTONIC] [--spread 5]
+        [--wait 50] [--legacy] [--start-at MONOTONIC] [--spread 5] [--sla-every S]
 
 prints one JSON object: requests by status, errors, wake-ups (VM uuid -> monotonic
-time its agent read it), and when each agent last completed a poll.
+time its agent read it), when each agent last completed a poll, the seconds from each
+agent's start to its first work list, and the SLA reports' latencies.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ import re
 import signal
 import sys
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from loadmaster.agent.manager.host_manager import backoff, matches_work_list
-from loadmaster.heartbeat import AGENT_HEADER
+from loadmaster.heartbeat import AGENT_HEADER, AGENT_RUN_HEADER
 
 LEGACY_WAIT_S = 5.0
 LEGACY_SLA_REPORT_S = 15.0
@@ -131,6 +135,10 @@ class FleetStats:
     # Host -> when its agent last completed a poll.
     polled: dict[str, float] = field(default_factory=dict)
     reports: int = 0
+    # Host -> seconds from its agent's start to its first work list.
+    first_list: dict[str, float] = field(default_factory=dict)
+    # Milliseconds each SLA report took to be answered.
+    sla_ms: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +147,8 @@ class FleetStats:
             "woken": self.woken,
             "polled": self.polled,
             "reports": self.reports,
+            "first_list": self.first_list,
+            "sla_ms": self.sla_ms,
         }
 
 
@@ -152,8 +162,13 @@ class SimAgent:
         *,
         wait: float,
         legacy: bool = False,
+        sla_every: float = 0.0,
     ) -> None:
         self.host, self.stats, self.legacy = host, stats, legacy
+        self.sla_every = sla_every
+        self.run_id = uuid.uuid4().hex
+        self.said = {} if legacy else {AGENT_RUN_HEADER: self.run_id}
+        self.started = 0.0
         self.wait = LEGACY_WAIT_S if legacy else wait
         # A poll and the rest on connections of their own, as the shipped agent does.
         self.poll = Connection(url, token)
@@ -166,7 +181,14 @@ class SimAgent:
 
     async def run(self, until: float) -> None:
         failures = 0
-        sla = asyncio.create_task(self._legacy_sla(until)) if self.legacy else None
+        self.started = time.monotonic()
+        sla = (
+            asyncio.create_task(self._legacy_sla(until))
+            if self.legacy
+            else asyncio.create_task(self._sla(until))
+            if self.sla_every > 0
+            else None
+        )
         try:
             while time.monotonic() < until:
                 try:
@@ -174,12 +196,7 @@ class SimAgent:
                     failures = 0
                 except HttpError as exc:
                     failures += 1
-                    request, _, why = str(exc).partition(": ")
-                    # By route, not by host: ten thousand hosts make one line each.
-                    route = UUID.sub("{vm}", request.split("?")[0]).replace(
-                        f"/{self.host}/", "/{host}/"
-                    )
-                    self.stats.errors[f"{route}: {why.split(':')[0]}"] += 1
+                    self._count(exc)
                     await asyncio.sleep(backoff(failures))
         finally:
             if sla is not None:
@@ -188,9 +205,15 @@ class SimAgent:
             self.calls.close()
             self.sla.close()
 
+    def _count(self, exc: HttpError) -> None:
+        """An error by route and kind, not by host: ten thousand hosts make one line each."""
+        request, _, why = str(exc).partition(": ")
+        route = UUID.sub("{vm}", request.split("?")[0]).replace(f"/{self.host}/", "/{host}/")
+        self.stats.errors[f"{route}: {why.split(':')[0]}"] += 1
+
     async def _pass(self, until: float) -> None:
         wait = min(self.wait * random.uniform(0.8, 1.0), max(0.0, until - time.monotonic()))
-        headers = {AGENT_HEADER: self.host}
+        headers = {AGENT_HEADER: self.host, **self.said}
         if not self.legacy and self.seen >= 0:
             headers["If-None-Match"] = f'"{self.seen}"'
         status, answer, body = await self.poll.request(
@@ -210,6 +233,7 @@ class SimAgent:
         self.stats.polled[self.host] = now
         launched: set[str] = set()
         if status == 200:
+            self.stats.first_list.setdefault(self.host, now - self.started)
             work = json.loads(body)
             self.items = work["items"]
             for item in self.items:
@@ -247,10 +271,31 @@ class SimAgent:
     async def _call(
         self, method: str, path: str, body: Any, connection: Connection | None = None
     ) -> None:
-        status, _, text = await (connection or self.calls).request(method, path, body)
+        status, _, text = await (connection or self.calls).request(
+            method, path, body, headers=self.said
+        )
         self.stats.statuses[f"{path.rsplit('/', 1)[1]} {status}"] += 1
         if status >= 500 or status in (429, 503):
             raise HttpError(f"{method} {path}: {status} {text[:200]!r}")
+
+    async def _sla(self, until: float) -> None:
+        """The SLA loop of a busy host: its load moved, so a measurement-only report every
+        ``sla_every`` s, the first one at a random moment within that time."""
+        await asyncio.sleep(random.uniform(0, self.sla_every))
+        while time.monotonic() < until:
+            load = round(random.uniform(0.05, 0.95), 2)
+            began = time.monotonic()
+            try:
+                await self._call(
+                    "POST",
+                    f"/hosts/{self.host}/report",
+                    {"usage": {"VCPU": len(self.running)}, "load": {"cpu": load}},
+                    self.sla,
+                )
+                self.stats.sla_ms.append((time.monotonic() - began) * 1000)
+            except HttpError as exc:
+                self._count(exc)
+            await asyncio.sleep(self.sla_every)
 
     async def _legacy_sla(self, until: float) -> None:
         """The old SLA loop: the whole VM list with usage and load every 15 s."""
@@ -259,7 +304,7 @@ class SimAgent:
             try:
                 await self._report(self.sla, usage={"VCPU": len(self.running)}, load={"cpu": 0.1})
             except HttpError as exc:
-                self.stats.errors[f"sla report: {exc}"[:60]] += 1
+                self._count(exc)
             await asyncio.sleep(LEGACY_SLA_REPORT_S)
 
 
@@ -286,6 +331,7 @@ async def run_fleet(
     spread: float = 5.0,
     verbose: bool = False,
     stop_on: int | None = None,
+    sla_every: float = 0.0,
 ) -> FleetStats:
     """Every agent runs until ``duration`` s after ``start_at`` (default now), or the
     signal ``stop_on`` (main thread only), the first polls spread at random over
@@ -296,7 +342,8 @@ async def run_fleet(
 
     async def one(host: str) -> None:
         await asyncio.sleep(max(0.0, begin - time.monotonic()) + random.uniform(0, spread))
-        await SimAgent(url, token, host, stats, wait=wait, legacy=legacy).run(until)
+        agent = SimAgent(url, token, host, stats, wait=wait, legacy=legacy, sla_every=sla_every)
+        await agent.run(until)
 
     async def progress() -> None:
         while True:
@@ -340,6 +387,7 @@ def main() -> None:
     parser.add_argument("--start-at", type=float)
     parser.add_argument("--spread", type=float, default=5.0)
     parser.add_argument("--verbose", action="store_true", help="progress every 10 s")
+    parser.add_argument("--sla-every", type=float, default=0.0, help="SLA reports, s apart")
     args = parser.parse_args()
     from loadmaster.api.server import raise_open_files_limit
 
@@ -356,6 +404,7 @@ def main() -> None:
             spread=args.spread,
             verbose=args.verbose,
             stop_on=signal.SIGTERM,
+            sla_every=args.sla_every,
         )
     )
     json.dump(stats.as_dict(), sys.stdout)

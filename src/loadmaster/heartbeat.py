@@ -5,6 +5,8 @@ Imported by the settings' checks, so it stays free of heavy imports.
 
 from __future__ import annotations
 
+import re
+
 # A server writes a live agent as heard at least this often (``agent_heard_every``): a
 # long-poll it holds open counts once per this interval, and what was heard is written
 # by a flush at most ``MAX_FLUSH_S`` (or the interval, if shorter) later.
@@ -39,6 +41,17 @@ def suspect_after(silent_after: float, heard_every: float) -> float:
 
 # The header by which a long-poll of a host's work list says it is that host's agent.
 AGENT_HEADER = "Loadmaster-Agent"
+# The header by which a host's agent says which run of it speaks: a value drawn anew each
+# time the agent's process starts. A host whose agent announced a run takes VMs only once
+# that run has read the host's work list: a manager that has just (re)started holds no
+# list, and a VM claimed there before its first read would wait on nobody.
+AGENT_RUN_HEADER = "Loadmaster-Agent-Run"
+_RUN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def valid_run(run: str) -> bool:
+    """Whether ``run`` may be an agent's run: 1 to 64 letters, digits, '-' or '_'."""
+    return _RUN.fullmatch(run) is not None
 
 
 def polls_as_agent(bound: str | None, host: str, said: str | None) -> bool:

@@ -483,3 +483,22 @@ def test_metrics_count_the_polls_waiting(served: Served) -> None:
     assert "loadmaster_agent_polls_waiting 40.0" in text, [
         line for line in text.splitlines() if "polls_waiting" in line
     ]
+
+
+def test_metrics_time_the_collectors_pauses(served: Served) -> None:
+    """What bench/fleet.py reads per server process: the collector's pauses, timed."""
+
+    def pauses() -> float:
+        text = httpx.get(f"{served.url}/metrics", timeout=30).text
+        (count,) = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("loadmaster_gc_pause_seconds_count ")
+        ]
+        assert "loadmaster_gc_pause_longest_seconds " in text
+        return count
+
+    before = pauses()
+    for _ in range(3):
+        gc.collect()
+    assert pauses() >= before + 3

@@ -6,6 +6,7 @@ import logging
 import signal
 import socket
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,14 @@ from loadmaster.agent.sla.reporting import MeasurementReporter
 from loadmaster.apiclient import ApiClient as HttpClient
 from loadmaster.apiclient import ApiError, ClientTls
 from loadmaster.errors import InvalidTransition
-from loadmaster.heartbeat import AGENT_HEADER
+from loadmaster.heartbeat import AGENT_HEADER, AGENT_RUN_HEADER
 
 log = logging.getLogger(__name__)
+
+# This process's run, said with each of its hosts' registrations, reports and reads of
+# work lists (``heartbeat.AGENT_RUN_HEADER``): the server learns that the host's manager
+# restarted, and holds no list until it reads one.
+RUN = uuid.uuid4().hex
 
 
 class ApiClient(HttpClient):
@@ -36,8 +42,12 @@ class ApiClient(HttpClient):
         token: str | None = None,
         timeout: float = 5.0,
         tls: ClientTls | None = None,
+        run: str | None = None,
     ) -> None:
+        """``run``: the run said (``AGENT_RUN_HEADER``), by default this process's; the
+        clients of one agent say the same."""
         super().__init__(api_url, token, timeout, tls)
+        self.run = run or RUN
 
     def hint(self, method: str, path: str, status: int) -> str:
         parts = path.split("/")
@@ -56,7 +66,9 @@ class ApiClient(HttpClient):
         return ""
 
     def report(self, host_name: str, payload: dict[str, Any]) -> None:
-        self.post(f"/hosts/{host_name}/report", payload)
+        self.request(
+            "POST", f"/hosts/{host_name}/report", body=payload, headers={AGENT_RUN_HEADER: self.run}
+        )
 
     def request_migration(self, vm_uuid: str, reason: str) -> bool:
         """True: a migration began; False: the VM was already moving (or stopping)."""
@@ -70,7 +82,9 @@ class ApiClient(HttpClient):
         return True
 
     def register(self, host: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = self.put(f"/hosts/{host}/agent", body)
+        answer: dict[str, Any] = self.request(
+            "PUT", f"/hosts/{host}/agent", body=body, headers={AGENT_RUN_HEADER: self.run}
+        )
         return answer
 
     def work(self, host: str, after: int, wait: float) -> dict[str, Any] | None:
@@ -82,7 +96,11 @@ class ApiClient(HttpClient):
             timeout=wait + self.timeout + 5,
             # Only the host's own agent's polls keep the host live (an admin's would too
             # if the header were not there: heartbeat.polls_as_agent).
-            headers={AGENT_HEADER: host, **({"If-None-Match": f'"{after}"'} if after >= 0 else {})},
+            headers={
+                AGENT_HEADER: host,
+                AGENT_RUN_HEADER: self.run,
+                **({"If-None-Match": f'"{after}"'} if after >= 0 else {}),
+            },
         )
         return answer
 

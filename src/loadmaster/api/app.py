@@ -126,7 +126,11 @@ def create_app(
     )
     app.state.lm = service
     # The process's one watcher of host changes, where agents' long-polls wait.
-    app.state.watch = HostWatch(service.store, refresh_s=service.host_agents.heard_every)
+    app.state.watch = HostWatch(
+        service.store,
+        refresh_s=service.host_agents.heard_every,
+        runs_written=service.scheduler.agents_changed,
+    )
     app.state.metrics = Metrics(service, app.state.watch)
     app.state.tokens = TokenTable(auth) if auth is not None else None
     app.state.vm_creates = Batcher(service.vms.create_many)

@@ -13,7 +13,8 @@ are the stack's, once, as for any request.
 
 Only requests the stack would let wait are held (a known token that may read the host's
 list, a version header that parses, an ``Accept`` that admits JSON, a query of nothing
-but well-formed ``after`` and ``wait``, no NUL, a root host that exists); anything else
+but well-formed ``after`` and ``wait``, no NUL, an agent's run well formed if said, a
+root host that exists); anything else
 goes down at once and gets the stack's answer (401, 400, 404, 406), not that answer a
 whole wait later.
 """
@@ -30,7 +31,7 @@ from loadmaster.api import microversion
 from loadmaster.api.auth import AGENT_PREFIX, TokenTable, request_role
 from loadmaster.api.negotiation import refusal
 from loadmaster.errors import LoadmasterError
-from loadmaster.heartbeat import AGENT_HEADER, polls_as_agent
+from loadmaster.heartbeat import AGENT_HEADER, AGENT_RUN_HEADER, polls_as_agent, valid_run
 from loadmaster.hostcontrol import HostWatch
 
 # The longest wait an agent may ask (Nomad's blocking queries: 10 minutes); the shipped
@@ -96,6 +97,9 @@ class HeldPolls:
         if not given.keys() <= PARAMETERS or any("\x00" in v for v in given.values()):
             return None
         if refusal(scope["method"], dict(scope["headers"])) is not None:
+            return None
+        run = _header(scope, AGENT_RUN_HEADER)
+        if run is not None and not valid_run(run):
             return None
         if not (-1 <= after <= MAX_AFTER and 0 < wait <= MAX_WAIT_S and math.isfinite(wait)):
             return None

@@ -17,13 +17,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loadmaster.hostcontrol import HostWatch
 from loadmaster.logs import JsonFormatter as BaseJsonFormatter
 from loadmaster.logs import log_to_stream
+from loadmaster.runtime import GcPauses, gc_pauses
 from loadmaster.scheduler import ScheduleResult
 from loadmaster.service import Loadmaster
 
@@ -91,6 +92,33 @@ class _WaitingPolls(Collector):
         return [waiting]
 
 
+class _GcPauses(Collector):
+    def __init__(self, pauses: GcPauses) -> None:
+        self._pauses = pauses
+
+    def collect(self) -> Iterable[GaugeMetricFamily | HistogramMetricFamily]:
+        pauses = self._pauses
+        within = list(pauses.within)  # counted on by any thread meanwhile
+        histogram = HistogramMetricFamily(
+            "loadmaster_gc_pause_seconds",
+            "The garbage collector's pauses in this server process",
+        )
+        histogram.add_metric(
+            [],
+            [
+                *((str(b), float(n)) for b, n in zip(GcPauses.BUCKETS, within, strict=True)),
+                ("+Inf", float(pauses.count)),
+            ],
+            pauses.total_s,
+        )
+        longest = GaugeMetricFamily(
+            "loadmaster_gc_pause_longest_seconds",
+            "The longest pause of the garbage collector in this server process",
+        )
+        longest.add_metric([], pauses.longest_s)
+        return [histogram, longest]
+
+
 class Metrics:
     def __init__(self, lm: Loadmaster, watch: HostWatch) -> None:
         self.registry = CollectorRegistry()
@@ -131,6 +159,7 @@ class Metrics:
         )
         self.registry.register(_PendingRecords(lm))
         self.registry.register(_WaitingPolls(watch))
+        self.registry.register(_GcPauses(gc_pauses()))
         # Each series' child, looked up once: ``labels()`` takes a lock and builds a key
         # on every call, and every request counts in two series.
         self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+from sqlalchemy import select
 
 from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
 from loadmaster.agent.manager import HostManager, ManagerConfig
@@ -28,6 +30,7 @@ from loadmaster.errors import InvalidTransition
 from loadmaster.microversions import CLIENT_HEADERS
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.service import Loadmaster
+from loadmaster.store.schema import HostAgentRow, HostRow
 
 log = logging.getLogger(__name__)
 ADMIN_TOKEN = "demo-admin"
@@ -183,14 +186,41 @@ class SimulatedCloud:
         host.manager.register()
         if start:
             host.start(self.cycle_s, self.report_s)
+        else:
+            # The first read a manager makes when it starts; the caller drives the rest.
+            host.manager.step()
         self.hosts[plan.name] = host
+        self._until_listed(plan.name)
         return host
+
+    def _until_listed(self, name: str, timeout: float = 60.0) -> None:
+        """Until the host's manager holds its list as the server wrote it, so that the
+        host takes VMs (``live_agent``) from the next placement on."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lm.store.read() as session:
+                runs = session.execute(
+                    select(HostAgentRow.agent_run, HostAgentRow.listed_run)
+                    .join(HostRow, HostRow.id == HostAgentRow.host_id)
+                    .where(HostRow.name == name)
+                ).one_or_none()
+            if runs is not None and runs[0] == runs[1]:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"host {name}: its manager read no work list in {timeout} s")
+            time.sleep(0.02)
+        # Written by the server in this process, which told its scheduler; said again in
+        # case this read saw the commit before the server could.
+        self.lm.scheduler.agents_changed()
 
     def agent_for(self, plan: HostPlan) -> SimHost:
         """A new agent for an existing simulated host (as after a restart)."""
         sim = self.sims[plan.name]
         token = agent_token(plan.name)
-        manager_client = ApiClient(self.url, token, timeout=30.0)
+        # One run per agent, as each real agent is a process of its own: a new agent for
+        # the host is a restart, which holds no work list until it reads one.
+        run = uuid.uuid4().hex
+        manager_client = ApiClient(self.url, token, timeout=30.0, run=run)
         manager = HostManager(
             sim,
             manager_client,
@@ -202,7 +232,7 @@ class SimulatedCloud:
         clients = [manager_client]
         sla = None
         if self.sla:
-            sla_client = ApiClient(self.url, token, timeout=30.0)
+            sla_client = ApiClient(self.url, token, timeout=30.0, run=run)
             clients.append(sla_client)
             sla = Agent(
                 sim,

@@ -24,10 +24,9 @@ from loadmaster.hostcontrol.service import (
     HostControl,
     LaunchFailure,
     Registration,
-    WorkItem,
-    WorkList,
 )
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
+from loadmaster.hostcontrol.worklists import WorkItem, WorkList
 
 __all__ = [
     "ACTIONS",

@@ -17,9 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select
-from sqlalchemy.orm import Session
-
 from loadmaster.cluster import HostRecord, HostService, ResourceClassService, TraitService, lookup
 from loadmaster.cluster.host_rows import parse_inventories
 from loadmaster.cluster.liveness import DEFAULT_SILENT_AFTER_S, agent_live, epoch
@@ -29,28 +26,19 @@ from loadmaster.errors import ConcurrentUpdate, Conflict, NotFound, ValidationEr
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S
 from loadmaster.hostcontrol.pools import PoolMembership, check_pool
 from loadmaster.hostcontrol.watch import HostWatch, WatchedHost
-from loadmaster.images import disk_bytes
+from loadmaster.hostcontrol.worklists import WorkList, read_work_lists
 from loadmaster.pending import Ledger, ReconcileResult, check_as_of
-from loadmaster.quota import Quota, flavor_quota
 from loadmaster.resources import (
     STANDARD_TRAITS,
     Inventory,
     validate_custom_trait,
     validate_trait_name,
 )
-from loadmaster.resources.requirements import VNIC_SPEC
-from loadmaster.resources.tree_fit import NODE_CLASSES
 from loadmaster.scheduler import Placement, RequestSpec, Scheduler, check_measures
 from loadmaster.store import Store
 from loadmaster.store.locking import iso_utc, mark_changed, now
 from loadmaster.store.schema import (
-    AllocationRow,
-    FlavorRow,
     HostAgentRow,
-    HostRow,
-    ImageRow,
-    ResourceClassRow,
-    VmRow,
 )
 
 DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
@@ -58,68 +46,6 @@ DEFAULT_MAX_LAUNCH_ATTEMPTS = 3
 CHILD_SEPARATOR = "_"
 # What each VM on the host's work list asks of its agent.
 ACTIONS = ("launch", "run", "migrate_out", "migrate_in")
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One VM the ledger puts on the host.
-
-    ``launch``: pending here, start it. ``run``: it runs here, keep it (and its tags).
-    ``migrate_out``: it runs here and must move to ``target_uri``. ``migrate_in``: it is on
-    its way here; the source's agent moves it."""
-
-    vm: str
-    name: str
-    action: str
-    memory_mb: int
-    vcpus: int
-    tags: tuple[str, ...]
-    resources: Mapping[str, int]
-    target_host: str | None = None
-    target_uri: str | None = None
-    # A launch's claim on the host's child providers (its devices among them), by provider.
-    providers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # Its disk ({"image", "size_bytes"}; None: no disk) and NICs ([{"network", "mac"}]).
-    disk: Mapping[str, object] | None = None
-    nics: tuple[Mapping[str, str], ...] = ()
-    # Its flavor's quota extra specs (``loadmaster.quota``).
-    quota: Quota = field(default_factory=Quota)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "providers": {p: dict(amounts) for p, amounts in self.providers.items()},
-            "vm": self.vm,
-            "name": self.name,
-            "action": self.action,
-            "memory_mb": self.memory_mb,
-            "vcpus": self.vcpus,
-            "tags": list(self.tags),
-            "resources": dict(self.resources),
-            "target_host": self.target_host,
-            "target_uri": self.target_uri,
-            "disk": dict(self.disk) if self.disk is not None else None,
-            "nics": [dict(n) for n in self.nics],
-            "quota": self.quota.to_dict(),
-        }
-
-
-@dataclass(frozen=True)
-class WorkList:
-    """Everything the ledger puts on ``host`` as of its ``generation``, read in one
-    snapshot: an agent that read generation G knows of every claim stamped G or before."""
-
-    host: str
-    generation: int
-    state: str
-    items: tuple[WorkItem, ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "host": self.host,
-            "generation": self.generation,
-            "state": self.state,
-            "items": [i.to_dict() for i in self.items],
-        }
 
 
 @dataclass(frozen=True)
@@ -225,6 +151,7 @@ class HostControl:
         child_traits: Mapping[str, Sequence[str]] | None = None,
         child_parents: Mapping[str, str] | None = None,
         shared_pool: Mapping[str, object] | None = None,
+        run: str | None = None,
     ) -> Registration:
         """Create the host (and its child providers, e.g. NUMA cells and devices) or find
         it by name, then make its inventories (and its children's traits, for those
@@ -236,7 +163,9 @@ class HostControl:
         its inventory withdrawn the same way (``withdrawn``). ``shared_pool`` (name,
         inventories): the storage pool the host mounts with others, one sharing provider
         in an aggregate with them (``hostcontrol/pools.py``); without it the host leaves
-        the pools it was in."""
+        the pools it was in. ``run``: the run of the
+        agent registering (``heartbeat.AGENT_RUN_HEADER``), which holds no work list yet:
+        the host takes VMs once that run has read one."""
         if not isinstance(hypervisor_uri, str) or not hypervisor_uri or len(hypervisor_uri) > 1024:
             raise ValidationError(
                 "hypervisor_uri must be a libvirt URI of at most 1024 characters",
@@ -304,6 +233,7 @@ class HostControl:
                         registered_at=stamp,
                         last_seen_at=stamp,
                         seen_generation=0,
+                        agent_run=run,
                     )
                 )
                 # A host that can act now: schedulers' snapshots read their agents again
@@ -313,6 +243,10 @@ class HostControl:
             else:
                 agent.hypervisor_uri = hypervisor_uri
                 agent.last_seen_at = stamp
+                if run is not None:
+                    agent.agent_run = run
+        if run is not None:
+            self._scheduler.agents_changed()
         return Registration(self._hosts.get(name), refused, tuple(withdrawn))
 
     @staticmethod
@@ -447,122 +381,7 @@ class HostControl:
             root = lookup.host_row(session, host)
             if root.parent_id is not None:
                 raise ValidationError(f"host {host} is a child provider", field="host")
-            rows = session.scalars(
-                select(VmRow)
-                .where(
-                    or_(VmRow.host_id == root.id, VmRow.target_host_id == root.id),
-                    VmRow.state.in_(("pending", "running", "migrating")),
-                )
-                .order_by(VmRow.id)
-            ).all()
-            if not rows:
-                # Most hosts of an idle fleet: their agents' first reads after a restart.
-                return WorkList(root.name, root.generation, root.state, ())
-            flavors = {
-                f.id: f
-                for f in session.scalars(
-                    select(FlavorRow).where(FlavorRow.id.in_({r.flavor_id for r in rows}))
-                )
-            }
-            others = {r.target_host_id for r in rows} | {r.host_id for r in rows}
-            names = dict(
-                session.execute(
-                    select(HostRow.id, HostRow.name).where(HostRow.id.in_(others))
-                ).all()
-            )
-            uris = dict(
-                session.execute(
-                    select(HostAgentRow.host_id, HostAgentRow.hypervisor_uri).where(
-                        HostAgentRow.host_id.in_(others)
-                    )
-                ).all()
-            )
-            on_children = self._on_children(
-                session,
-                root.id,
-                [
-                    r.consumer_id
-                    for r in rows
-                    if r.state == "pending"
-                    or (
-                        r.flavor_id in flavors
-                        and _may_hold_devices({*flavors[r.flavor_id].resources, *r.overrides})
-                    )
-                ],
-            )
-            images = {r.image for r in rows if r.image}
-            image_bytes = (
-                dict(
-                    session.execute(
-                        select(ImageRow.name, ImageRow.size_bytes).where(ImageRow.name.in_(images))
-                    ).all()
-                )
-                if images
-                else {}
-            )
-            quotas = {i: _quota(f.extra_specs) for i, f in flavors.items()}
-            items = []
-            for r in rows:
-                # A placed VM keeps its flavor (a flavor in use cannot be deleted).
-                flavor = flavors.get(r.flavor_id) if r.flavor_id is not None else None
-                resources = lookup.effective_resources(
-                    flavor.resources if flavor else {}, r.overrides
-                )
-                if r.state == "pending":
-                    action = "launch"
-                elif r.state == "running":
-                    action = "run"
-                elif r.host_id == root.id:
-                    action = "migrate_out"
-                else:
-                    action = "migrate_in"
-                items.append(
-                    WorkItem(
-                        vm=r.uuid,
-                        name=r.name,
-                        action=action,
-                        memory_mb=int(resources.get("MEMORY_MB", 0)),
-                        vcpus=int(resources.get("VCPU", 0)),
-                        tags=tuple(r.tags),
-                        resources=resources,
-                        target_host=names.get(r.target_host_id) if r.target_host_id else None,
-                        target_uri=uris.get(r.target_host_id) if r.target_host_id else None,
-                        providers={}
-                        if action == "migrate_out"
-                        else on_children.get(r.consumer_id, {}),
-                        disk=_disk(r.image, resources, image_bytes),
-                        nics=_nics(r.nics, flavor.extra_specs if flavor else {}),
-                        quota=quotas[flavor.id] if flavor else Quota(),
-                    )
-                )
-            return WorkList(root.name, root.generation, root.state, tuple(items))
-
-    @staticmethod
-    def _on_children(
-        session: Session, root_id: int, consumers: Sequence[int]
-    ) -> dict[int, dict[str, dict[str, int]]]:
-        """Per consumer, its records on the child providers of host ``root_id``: what the
-        agent must give a launching VM of its devices."""
-        if not consumers:
-            return {}
-        out: dict[int, dict[str, dict[str, int]]] = {}
-        for consumer, provider, class_name, amount in session.execute(
-            select(
-                AllocationRow.consumer_id,
-                HostRow.name,
-                ResourceClassRow.name,
-                AllocationRow.amount,
-            )
-            .join(HostRow, HostRow.id == AllocationRow.host_id)
-            .join(ResourceClassRow, ResourceClassRow.id == AllocationRow.resource_class_id)
-            .where(
-                HostRow.root_id == root_id,
-                HostRow.id != root_id,
-                AllocationRow.consumer_id.in_(set(consumers)),
-            )
-        ):
-            out.setdefault(consumer, {}).setdefault(provider, {})[class_name] = int(amount)
-        return out
+            return read_work_lists(session, [root.id])[root.id]
 
     # -- what the agent says ---------------------------------------------------------------
     def report(
@@ -729,35 +548,3 @@ class HostControl:
                 agent.fence_failures,
                 agent.fence_error,
             )
-
-
-def _nics(
-    nics: Sequence[Mapping[str, str]] | None, extra_specs: Mapping[str, str]
-) -> tuple[Mapping[str, str], ...]:
-    """The VM's NICs for its agent; ``vnic_type`` ``direct`` when each is to be one of the
-    VM's VFs (its flavor's ``lm:vnic_type``)."""
-    if extra_specs.get(VNIC_SPEC) == "direct":
-        return tuple({**n, "vnic_type": "direct"} for n in nics or ())
-    return tuple(dict(n) for n in nics or ())
-
-
-def _may_hold_devices(classes: Iterable[str]) -> bool:
-    """Whether a VM asking ``classes`` may hold devices on the host's children: its
-    agent gives a VM that arrived by migration devices under the providers claimed here."""
-    return any(name not in NODE_CLASSES and name != "DISK_GB" for name in classes)
-
-
-def _disk(
-    image: str | None, resources: Mapping[str, int], image_bytes: Mapping[str, int]
-) -> dict[str, object] | None:
-    size = disk_bytes(resources.get("DISK_GB"), image_bytes.get(image) if image else None)
-    return {"image": image, "size_bytes": size} if size else None
-
-
-def _quota(extra_specs: Mapping[str, str]) -> Quota:
-    try:
-        return flavor_quota(extra_specs)
-    except ValidationError:
-        # A flavor made before its quota specs were understood, kept then with a warning
-        # that they are not applied: they still are not, and its VMs still run.
-        return Quota()

@@ -17,6 +17,13 @@ The same query keeps a cache of every root host's generation, so a long-poll tha
 with nothing new to tell waits without reading the database, and one that times out
 answers "unchanged" without reading it either.
 
+Work lists are kept as last read, and answered from memory while their host has not
+moved (neither its generation as cached nor a commit of this process): the lists of
+hosts with no VM are known from the full read of the hosts, so most of a fleet's first
+reads after a restart cost no statement. The others wait for the next batch read, all
+the hosts asked meanwhile plus a statement's worth of hosts with VMs not read yet, in one
+read transaction (``worklists.read_work_lists``).
+
 Liveness: every request of an agent, and every long-poll it holds open (the server keeps
 TCP keep-alive probes on its connections, so a dead peer's connection ends), counts as
 hearing from it. What was heard is written in bulk, one statement per flush for the whole
@@ -29,23 +36,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
 
 from loadmaster.cluster import lookup
-from loadmaster.errors import Busy, ValidationError
+from loadmaster.errors import Busy, NotFound, ValidationError
 from loadmaster.heartbeat import DEFAULT_HEARD_EVERY_S, flush_every
+from loadmaster.hostcontrol.worklists import LISTED_STATES, WorkList, read_work_lists
 from loadmaster.scheduler.reports import write_measurements
 from loadmaster.store import ClockNotices, Store
-from loadmaster.store.chunks import in_chunks
+from loadmaster.store.chunks import IN_LIST_ROWS, in_chunks
 from loadmaster.store.locking import clock_and_changed, now
-from loadmaster.store.schema import HostAgentRow, HostRow
+from loadmaster.store.schema import HostAgentRow, HostRow, VmRow
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +67,20 @@ DEFAULT_TICK_S = 0.1
 NOTICED_TICKS = 10
 # A wait for a notice is cut in slices this long at most, so that stopping is quick.
 STOP_CHECK_S = 0.5
-# Work lists one process reads at once, and how many more may wait for a turn: past
-# that an agent is told to come back later (503), so a fleet starting together cannot
-# queue the placements and reads of everyone else behind its first reads. Each agent
-# turned away is given a later turn of its own (``Retry-After``), one read-time after the
-# last one given: ten thousand agents refused in the same second come back spread over
-# the time the server needs to read their lists, not all again a second later.
-READS_AT_ONCE = 4
-MAX_QUEUED_READS = 64
+# Hosts whose work lists may wait for the next batch read: past that an agent is told
+# to come back later (503), so a fleet starting together cannot queue the placements and
+# reads of everyone else behind its first reads. Each agent turned away is given a turn
+# of its own (``Retry-After``), one read's measured cost after the last one given and at
+# most this many a second, so that agents refused together come back spread over the
+# time the server needs to read their lists and find room when they do.
+MAX_QUEUED_READS = 2048
+# Hosts with VMs whose lists this process has never read are read ahead with each batch,
+# this many at most (a statement's worth): the first agents of a fleet starting together
+# bring in the lists of those that follow, which are then answered from memory.
+READ_AHEAD = IN_LIST_ROWS
+# A batch of this many hosts or more counts fully in the estimate of a read's cost; a
+# smaller one (a single wake-up) counts less, its fixed cost spread over fewer hosts.
+FULL_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -82,10 +98,14 @@ class HostWatch:
         *,
         tick_s: float = DEFAULT_TICK_S,
         refresh_s: float = DEFAULT_HEARD_EVERY_S,
+        runs_written: Callable[[], None] | None = None,
     ) -> None:
         """``refresh_s``: a held long-poll is written as heard this often
-        (``agent_heard_every``); what was heard is flushed as ``heartbeat.flush_every``."""
+        (``agent_heard_every``); what was heard is flushed as ``heartbeat.flush_every``.
+        ``runs_written``: called once a flush wrote news of managers' runs (the process's
+        scheduler reads the agents again)."""
         self._store = store
+        self._runs_written = runs_written
         self.tick_s = tick_s
         self.flush_s = flush_every(refresh_s)
         self.refresh_s = refresh_s
@@ -102,10 +122,16 @@ class HostWatch:
         self._generations: dict[int, int] = {}
         self._waiters: dict[int, set[asyncio.Future[str]]] = {}
         self._heard: set[int] = set()
-        self._reads = asyncio.Semaphore(READS_AT_ONCE)
-        self._queued = 0
-        # How long a work list takes to read (moving average), and the latest turn given.
-        self._read_s = 0.005
+        # Work lists as last read, with ``commits`` as taken before the read: still the
+        # host's list while the host has moved neither in the database nor by a commit of
+        # this process. Hosts whose lists wait for the next batch read, and its reader.
+        self._lists: dict[int, tuple[WorkList, int]] = {}
+        self._pending: dict[int, list[asyncio.Future[WorkList]]] = {}
+        # Hosts with VMs whose lists this process has not read yet (read ahead).
+        self._unread: set[int] = set()
+        self._reader: asyncio.Task[None] | None = None
+        # What one host's list costs in a batch (moving average), and the latest turn given.
+        self._read_s = 0.001
         self._next_turn = 0.0
         # Per host: commits of this process that stamped it, and how many of them the
         # last read of its work list had seen.
@@ -115,15 +141,25 @@ class HostWatch:
         self._held: dict[int, int] = {}
         self._written: dict[int, float] = {}
         # Measurements heard since the last flush, host id -> (usage, load): written with
-        # liveness, in bulk. Reports arrive on the API's threads, hence the lock.
+        # liveness, in bulk. Reports arrive on the API's threads, hence the lock (which
+        # guards managers' runs below as well).
         self._measured: dict[int, tuple[Mapping[str, float], Mapping[str, float]]] = {}
-        self._measured_lock = threading.Lock()
+        self._said_lock = threading.Lock()
+        # Per host, the run of its manager last heard and the run that last read its work
+        # list, as this process knows them; and those not written yet (under the lock).
+        self._runs: dict[int, str] = {}
+        self._listed_runs: dict[int, str] = {}
+        self._runs_due: dict[int, str] = {}
+        self._listed_due: dict[int, str] = {}
+        # Set when a manager's first read must be written at once (``ran``).
+        self._flush_now: asyncio.Event | None = None
         # The server is stopping: no wait lasts (``release``).
         self._released = False
 
     # -- life -----------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._flush_now = asyncio.Event()
         await asyncio.to_thread(self._poll)
         self._unlisten = self._store.listen(self._committed)
         # The tick runs in a thread of its own, not as a task handing each poll to a
@@ -134,19 +170,18 @@ class HostWatch:
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._ticker is not None:
             await asyncio.to_thread(self._ticker.join)
         if callable(self._unlisten):
             self._unlisten()
         self.release()
         with contextlib.suppress(Exception):  # the database may be what is going away
-            await asyncio.to_thread(
-                self._write_heard, self._due(time.monotonic()), self._take_measured()
-            )
+            await self._flush()
 
     def release(self) -> None:
         """The server starts to stop: every wait ends now, as if its time ran out, and
@@ -171,27 +206,82 @@ class HostWatch:
         hosts[found.name] = hosts[uuid] = found
         return found
 
-    @contextlib.asynccontextmanager
-    async def reading(self) -> AsyncIterator[None]:
-        """A turn to read a work list, or ``Busy`` when too many wait for one."""
-        if self._queued >= MAX_QUEUED_READS:
-            raise Busy(
-                f"{self._queued} work lists are waiting to be read; come back later",
-                retry_after_s=self._later_turn(),
-            )
-        self._queued += 1
-        try:
-            async with self._reads:
-                started = time.monotonic()
-                yield
-                self._read_s += 0.1 * (time.monotonic() - started - self._read_s)
-        finally:
-            self._queued -= 1
+    async def work_list(self, host: WatchedHost) -> WorkList:
+        """The host's work list: as this process last read it while the host has not moved
+        since, else read with every other list asked meanwhile in one batch; ``Busy``
+        when too many hosts wait for one."""
+        kept = self._lists.get(host.id)
+        if kept is not None and self._still(host.id, *kept):
+            # As a read would: the caller has seen every commit the list has.
+            self.saw(host.id, kept[0].generation, kept[1])
+            return kept[0]
+        waiting = self._pending.get(host.id)
+        if waiting is None:
+            if len(self._pending) >= MAX_QUEUED_READS:
+                raise Busy(
+                    f"{len(self._pending)} work lists are waiting to be read; come back later",
+                    retry_after_s=self._later_turn(),
+                )
+            waiting = self._pending[host.id] = []
+        assert self._loop is not None, "HostWatch.start() first"
+        future: asyncio.Future[WorkList] = self._loop.create_future()
+        waiting.append(future)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read_batches(), name="host-watch-reads")
+        return await future
+
+    def _still(self, host_id: int, work_list: WorkList, commits: int) -> bool:
+        """Whether ``work_list``, read after ``commits`` commits of this process had
+        stamped the host, is still the host's."""
+        return (
+            self._generations.get(host_id, -1) <= work_list.generation
+            and self._commits.get(host_id, 0) == commits
+        )
+
+    async def _read_batches(self) -> None:
+        """Reads the lists of every host waiting, a batch at a time, until none waits."""
+        while self._pending:
+            batch, self._pending = self._pending, {}
+            ahead = list(itertools.islice(self._unread - batch.keys(), READ_AHEAD))
+            commits = {h: self._commits.get(h, 0) for h in itertools.chain(batch, ahead)}
+            try:
+                lists, took = await asyncio.to_thread(self._read_lists, list(commits))
+            except Exception as exc:  # the database away: each caller hears why
+                for futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc)
+                continue
+            # Timed in the reading thread: the read alone, not its wait for a thread.
+            weight = len(commits) / (len(commits) + FULL_BATCH)
+            self._read_s += weight * (took / len(commits) - self._read_s)
+            for host_id, listed in lists.items():
+                self.saw(host_id, listed.generation, commits[host_id])
+                self._lists[host_id] = (listed, commits[host_id])
+            self._unread.difference_update(commits)
+            for host_id, futures in batch.items():
+                work_list = lists.get(host_id)
+                for future in futures:
+                    if future.done():
+                        continue
+                    if work_list is None:
+                        future.set_exception(
+                            NotFound(f"host {host_id}: no such host", field="host")
+                        )
+                    else:
+                        future.set_result(work_list)
+
+    def _read_lists(self, host_ids: list[int]) -> tuple[dict[int, WorkList], float]:
+        started = time.perf_counter()
+        with self._store.read() as session:
+            lists = read_work_lists(session, host_ids)
+        return lists, time.perf_counter() - started
 
     def _later_turn(self) -> int:
         """Seconds until a turn no other refused agent was given (at least 1)."""
         current = time.monotonic()
-        self._next_turn = max(self._next_turn, current + 1) + self._read_s / READS_AT_ONCE
+        spacing = max(self._read_s, 1 / MAX_QUEUED_READS)
+        self._next_turn = max(self._next_turn, current + 1) + spacing
         return math.ceil(self._next_turn - current)
 
     def maybe_newer(self, host_id: int, after: int) -> bool:
@@ -287,14 +377,30 @@ class HostWatch:
         """The host's agent measured ``usage`` and ``load`` (checked; either may be empty:
         its figures keep their last value): written with the next flush, the latest
         report of each host only."""
-        with self._measured_lock:
+        with self._said_lock:
             earlier = self._measured.get(host_id)
             if earlier is not None:
                 usage, load = usage or earlier[0], load or earlier[1]
             self._measured[host_id] = (usage, load)
 
+    def ran(self, host_id: int, run: str, *, listed: bool = False) -> None:
+        """The host's manager of run ``run`` (``heartbeat.AGENT_RUN_HEADER``) spoke;
+        ``listed``: it was answered its work list (or that the list it holds is current).
+        Written with the next flush when it is news, at once for a run's first list: the
+        host takes VMs from then on (from any thread)."""
+        with self._said_lock:
+            if self._runs.get(host_id) != run:
+                self._runs[host_id] = self._runs_due[host_id] = run
+            first = listed and self._listed_runs.get(host_id) != run
+            if first:
+                self._listed_runs[host_id] = self._listed_due[host_id] = run
+        loop, flush_now = self._loop, self._flush_now
+        if first and loop is not None and flush_now is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(flush_now.set)
+
     def _take_measured(self) -> dict[int, tuple[Mapping[str, float], Mapping[str, float]]]:
-        with self._measured_lock:
+        with self._said_lock:
             taken, self._measured = self._measured, {}
         return taken
 
@@ -347,32 +453,70 @@ class HostWatch:
         return noticed
 
     async def _flush_every(self) -> None:
+        flush_now = self._flush_now
+        assert flush_now is not None
         while True:
-            await asyncio.sleep(self.flush_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flush_now.wait(), self.flush_s)
+            flush_now.clear()
             try:
-                await asyncio.to_thread(
-                    self._write_heard, self._due(time.monotonic()), self._take_measured()
-                )
+                await self._flush()
             except Exception as exc:  # liveness written with the next flush
                 log.warning("host watch: liveness and measurements not written: %s", exc)
 
+    async def _flush(self) -> None:
+        with self._said_lock:
+            runs, self._runs_due = self._runs_due, {}
+            listed, self._listed_due = self._listed_due, {}
+        try:
+            await asyncio.to_thread(
+                self._write_heard,
+                self._due(time.monotonic()),
+                self._take_measured(),
+                runs,
+                listed,
+            )
+        except Exception:
+            # What managers said of their runs is said once: kept for the next flush,
+            # unless newer news came meanwhile.
+            with self._said_lock:
+                self._runs_due = {**runs, **self._runs_due}
+                self._listed_due = {**listed, **self._listed_due}
+            raise
+
     def _poll(self) -> list[tuple[int, int]]:
         """(host id, generation) of the root hosts stamped since the last poll; the whole
-        set of root hosts again when providers were added, removed or moved."""
+        set of root hosts again when providers were added, removed or moved, and the
+        (empty) work list of each that has no VM on it."""
+        commits = dict(self._commits)
         with self._store.read() as session:
             (seq, layout), changed = clock_and_changed(session, self._since)
             if layout != self._layout:
                 hosts: dict[str, WatchedHost] = {}
                 generations: dict[int, int] = {}
-                for host_id, name, uuid, generation in session.execute(
-                    select(HostRow.id, HostRow.name, HostRow.uuid, HostRow.generation).where(
-                        HostRow.parent_id.is_(None)
-                    )
-                ):
+                empty: dict[int, tuple[WorkList, int]] = {}
+                roots = session.execute(
+                    select(
+                        HostRow.id, HostRow.name, HostRow.uuid, HostRow.generation, HostRow.state
+                    ).where(HostRow.parent_id.is_(None))
+                ).all()
+                # Read after the generations: a VM placed in between moved its host past
+                # the generation read, so no host is taken for empty at a generation at
+                # which it was not.
+                busy = _hosts_with_vms(session)
+                for host_id, name, uuid, generation, state in roots:
                     hosts[name] = hosts[uuid] = WatchedHost(host_id, name)
                     generations[host_id] = generation
+                    if host_id not in busy:
+                        empty[host_id] = (
+                            WorkList(name, generation, state),
+                            commits.get(host_id, 0),
+                        )
                 # Replaced whole (one assignment each): the event loop reads them meanwhile.
                 self._hosts, self._generations = hosts, generations
+                self._lists.update(empty)
+                # ``list()`` copies at once what the event loop may add to meanwhile.
+                self._unread = busy.difference(list(self._lists))
                 self._layout = layout
         self._since = seq
         return [(host_id, generation) for host_id, _seq, generation in changed]
@@ -419,8 +563,10 @@ class HostWatch:
         self,
         ids: list[int],
         measured: Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]],
+        runs: Mapping[int, str],
+        listed: Mapping[int, str],
     ) -> None:
-        if not ids and not measured:
+        if not (ids or measured or runs or listed):
             return
         at = now()
         with self._store.write() as session:
@@ -428,6 +574,14 @@ class HostWatch:
                 session.execute(_HEARD, {"hosts": chunk, "at": at})
             if measured:
                 write_measurements(session, measured)
+            # Heard as well: schedulers read again the agents heard since their last read.
+            for statement, news in ((_RAN, runs), (_LISTED, listed)):
+                if news:
+                    session.execute(
+                        statement, [{"host": h, "run": r, "at": at} for h, r in news.items()]
+                    )
+        if (runs or listed) and self._runs_written is not None:
+            self._runs_written()
 
     def _read_host(self, ident: str) -> tuple[WatchedHost, str]:
         """The root host ``ident`` and its uuid as stored."""
@@ -437,6 +591,17 @@ class HostWatch:
                 raise ValidationError(f"host {ident} is a child provider", field="host")
             self.saw(row.id, row.generation)
             return WatchedHost(row.id, row.name), row.uuid
+
+
+def _hosts_with_vms(session: Session) -> set[int]:
+    """The hosts some VM's work is listed on (as its host or its migration's target)."""
+    listed = VmRow.state.in_(LISTED_STATES)
+    return {
+        int(host_id)
+        for column in (VmRow.host_id, VmRow.target_host_id)
+        for host_id in session.scalars(select(column).where(listed, column.is_not(None)).distinct())
+        if host_id is not None
+    }
 
 
 def _settle(future: asyncio.Future[str], outcome: str, *_: object) -> None:
@@ -453,4 +618,14 @@ _HEARD = (
     update(_AGENTS)
     .where(_AGENTS.c.host_id.in_(bindparam("hosts", expanding=True)))
     .values(last_seen_at=bindparam("at"))
+)
+_RAN = (
+    update(_AGENTS)
+    .where(_AGENTS.c.host_id == bindparam("host"))
+    .values(agent_run=bindparam("run"), last_seen_at=bindparam("at"))
+)
+_LISTED = (
+    update(_AGENTS)
+    .where(_AGENTS.c.host_id == bindparam("host"))
+    .values(listed_run=bindparam("run"), last_seen_at=bindparam("at"))
 )

@@ -309,6 +309,13 @@ class Scheduler:
         with self._lock:
             self._source.refresh()
 
+    def agents_changed(self) -> None:
+        """This process wrote which run of a host's manager holds its list (or has just
+        started): the next placement reads the agents again, not up to a second later."""
+        for scheduler in (self, self._reader):
+            if scheduler is not None:
+                scheduler._source.agents_changed()
+
     def record_report(
         self,
         host: str,

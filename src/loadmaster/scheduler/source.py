@@ -200,6 +200,7 @@ class SnapshotSource:
         snap.vm_count = np.zeros(len(roots), np.int64)
         snap.load = np.full(len(roots), np.nan)
         snap.agent_seen = np.full(len(roots), np.nan)
+        snap.agent_listed = np.ones(len(roots), np.bool_)
         self._reports_seen = None
         self._agents_seen = None
         self._agents_read = None
@@ -261,6 +262,10 @@ class SnapshotSource:
         snap.derive()
         return True
 
+    def agents_changed(self) -> None:
+        """An agent's row was written through this process: the next refresh reads it."""
+        self._agents_read = None
+
     def reported(self) -> None:
         """A report was recorded through this scheduler: the next refresh reads it."""
         self._reports_read = None
@@ -303,16 +308,23 @@ class SnapshotSource:
         snap.agent_silent_after = self.agent_silent_after
         if self._agents_read is not None and time.monotonic() - self._agents_read < _AGENTS_EVERY_S:
             return  # a cloud without agents at all is not read again each call either
-        query = select(HostAgentRow.host_id, HostAgentRow.last_seen_at)
+        query = select(
+            HostAgentRow.host_id,
+            HostAgentRow.last_seen_at,
+            HostAgentRow.agent_run,
+            HostAgentRow.listed_run,
+        )
         if self._agents_seen is not None:
             query = query.where(HostAgentRow.last_seen_at > self._agents_seen - _STAMP_MARGIN)
         self._agents_read = time.monotonic()
-        for host_id, last_seen in execute_core(session, query):
+        for host_id, last_seen, agent_run, listed_run in execute_core(session, query):
             row = snap.row_of.get(host_id)
             if row is None:
                 continue
             snap = self._thaw()
             snap.agent_seen[snap.root_of[row]] = epoch(last_seen)
+            # A manager that never said its run is judged by its silence alone.
+            snap.agent_listed[snap.root_of[row]] = agent_run is None or listed_run == agent_run
             snap.agents_in_use = True
             if self._agents_seen is None or last_seen > self._agents_seen:
                 self._agents_seen = last_seen

@@ -291,3 +291,8 @@ class HostAgentRow(Base):
     # last one failed (NULL once one succeeds).
     fence_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     fence_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The run of the host's manager (drawn at each start, ``AGENT_RUN_HEADER``) last heard,
+    # and the run that last read the host's work list: the host takes VMs only while they
+    # are the same (NULL: a manager that never said its run, judged by silence alone).
+    agent_run: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    listed_run: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
@@ -24,8 +23,9 @@ from loadmaster.api.responses import (
     WorkListOut,
 )
 from loadmaster.api.schemas import AgentRegistration, HostFailure, HostReport
-from loadmaster.heartbeat import AGENT_HEADER, polls_as_agent
-from loadmaster.hostcontrol import HostWatch, WatchedHost, WorkList
+from loadmaster.errors import ValidationError
+from loadmaster.heartbeat import AGENT_HEADER, AGENT_RUN_HEADER, polls_as_agent, valid_run
+from loadmaster.hostcontrol import HostWatch, WorkList
 from loadmaster.service import Loadmaster
 
 router = APIRouter(tags=["host agents"])
@@ -56,6 +56,17 @@ def _polls_as_agent(request: Request, host: str) -> bool:
     return polls_as_agent(bound, host, request.headers.get(AGENT_HEADER))
 
 
+def _run(request: Request) -> str | None:
+    """The run the caller says it is of the host's agent (``AGENT_RUN_HEADER``)."""
+    run = request.headers.get(AGENT_RUN_HEADER)
+    if run is not None and not valid_run(run):
+        raise ValidationError(
+            f"header {AGENT_RUN_HEADER} must be 1 to 64 letters, digits, '-' or '_'",
+            field=f"header.{AGENT_RUN_HEADER.lower()}",
+        )
+    return run
+
+
 def _check_host_of_agent(request: Request, host: str) -> None:
     bound = agent_host(request)
     if bound is not None and bound != host:
@@ -74,6 +85,7 @@ def register(lm: LM, request: Request, host_name: str, body: AgentRegistration) 
     fields = body.model_dump()
     registration = lm.host_agents.register(
         host_name,
+        run=_run(request),
         hypervisor_uri=fields["hypervisor_uri"],
         inventories=fields["inventories"],
         children=fields["children"],
@@ -118,27 +130,24 @@ async def work(
     of the middleware stack (``api/longpoll.py``) until the process's ``HostWatch`` says
     the host may have changed or the wait ran out, and a client that hangs up ends it at
     once. Here, the wait is over."""
-    lm: Loadmaster = request.app.state.lm
     watch: HostWatch = request.app.state.watch
+    run = _run(request)
     host = await watch.host(host_name)
-    if _polls_as_agent(request, host.name):
+    agent = _polls_as_agent(request, host.name)
+    if agent:
         watch.heard(host.id)
     work_list = None
     if watch.maybe_newer(host.id, after):
-        work_list = await _work_list(lm, watch, host)
-        if work_list.generation > after:
-            return _answer(response, work_list)
-    if request.headers.get("if-none-match") == _etag(after):
-        return Response(status_code=304, headers={"ETag": _etag(after)})
-    return _answer(response, work_list or await _work_list(lm, watch, host))
-
-
-async def _work_list(lm: Loadmaster, watch: HostWatch, host: WatchedHost) -> WorkList:
-    async with watch.reading():
-        commits = watch.commits(host.id)
-        work_list = await run_in_threadpool(lm.host_agents.work, host.name)
-    watch.saw(host.id, work_list.generation, commits)
-    return work_list
+        work_list = await watch.work_list(host)
+    if work_list is None or work_list.generation <= after:
+        if request.headers.get("if-none-match") == _etag(after):
+            if agent and run is not None:
+                watch.ran(host.id, run, listed=True)  # the list it holds is current
+            return Response(status_code=304, headers={"ETag": _etag(after)})
+        work_list = work_list or await watch.work_list(host)
+    if agent and run is not None:
+        watch.ran(host.id, run, listed=True)
+    return _answer(response, work_list)
 
 
 def _answer(response: Response, work_list: WorkList) -> dict[str, Any]:
@@ -156,6 +165,7 @@ def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> d
     with the VMs the host runs (pending ones seen there become active; see
     ``Ledger.reconcile`` for which missing VMs count as ended)."""
     _check_host_of_agent(request, host_name)
+    run = _run(request)
     result = lm.host_agents.report(
         host_name,
         body.running_vms,
@@ -165,6 +175,11 @@ def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> d
         usage=body.usage,
         load=body.load,
     )
+    watch: HostWatch = request.app.state.watch
+    host = watch.cached_host(host_name)
+    if run is not None and host is not None:
+        # A report says the run lives, never that it holds the host's list.
+        watch.ran(host.id, run)
     return views.reconcile(result)
 
 

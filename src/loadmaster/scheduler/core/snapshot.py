@@ -51,6 +51,7 @@ ARRAYS = (
     "vm_count",
     "load",
     "agent_seen",
+    "agent_listed",
 )
 
 
@@ -74,6 +75,8 @@ class SyntheticHost:
     generation: int = 0
     # When its agent was last heard from (seconds since the epoch); None: no agent.
     agent_seen: float | None = None
+    # Whether its agent's host manager has read its work list since it started.
+    agent_listed: bool = True
 
 
 class Snapshot:
@@ -118,6 +121,9 @@ class Snapshot:
         # no agent; whether any host has an agent (a deployment without agents schedules
         # on every host); the time the snapshot was taken and the agents' silence limit.
         self.agent_seen: Floats = np.zeros(0, np.float64)
+        # Per host: whether its host manager read its work list since it (re)started
+        # (True for an agent that never said which run it is).
+        self.agent_listed: Bools = np.zeros(0, np.bool_)
         self.agents_in_use = False
         # A working copy: whether any host reported a load (None: not worked out).
         self.any_load: bool | None = None
@@ -206,6 +212,7 @@ class Snapshot:
         snap.agent_seen = np.array(
             [np.nan if h.agent_seen is None else h.agent_seen for h in hosts], np.float64
         )
+        snap.agent_listed = np.array([h.agent_listed for h in hosts], np.bool_)
         snap.agents_in_use = any(h.agent_seen is not None for h in hosts)
         snap.taken_at = time.time()
         for group, members in (groups or {}).items():

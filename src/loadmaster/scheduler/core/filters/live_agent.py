@@ -1,6 +1,8 @@
 """Only hosts whose agent is live take VMs, as Nova's ComputeFilter skips compute services
 that are down: a VM placed on a host with no agent, or a silent one, would stay pending
-(or half migrated) for ever.
+(or half migrated) for ever. Nor do hosts whose host manager has (re)started and not yet
+read its work list: it would learn of the VM only at its first read, however long that
+takes, and an SLA loop's measurements say nothing of that.
 
 A deployment uses agents once any host has one registered; until then (the scheduling
 API alone, Placement clients, simulations) this filter keeps every host.
@@ -17,13 +19,16 @@ from loadmaster.scheduler.core.snapshot import Bools, Snapshot
 
 NO_AGENT = "no agent"
 SILENT = "agent silent"
+UNLISTED = "its host manager has not read its work list since it started"
 
 
 class LiveAgentVerdict(Verdict):
     """Blames a silent host on its silence since when, worked out only when asked."""
 
     def __init__(self, hosts: Snapshot, has_agent: Bools, live: Bools) -> None:
-        super().__init__([(has_agent, NO_AGENT), (live, SILENT)], hosts.size)
+        super().__init__(
+            [(has_agent, NO_AGENT), (live, SILENT), (hosts.agent_listed, UNLISTED)], hosts.size
+        )
         self._seen = hosts.agent_seen
 
     def _since(self, host: int) -> str:
