@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from loadmaster.scheduler.filters.live_agent import UNLISTED
 
 from harness import wait_until
 from loadmaster.agent import runner
@@ -16,6 +15,7 @@ from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.apiclient import ApiError
 from loadmaster.heartbeat import AGENT_RUN_HEADER
 from loadmaster.scheduler import RequestSpec
+from loadmaster.scheduler.core.filters.live_agent import UNLISTED
 from loadmaster.service import Loadmaster
 
 NODE = {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 16384}}
