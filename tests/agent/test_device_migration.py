@@ -164,17 +164,18 @@ def test_a_failed_migration_keeps_the_vf_at_its_source_and_frees_the_destination
         c.assert_consistent()
 
 
-def test_a_destination_agent_short_of_devices_refuses_the_migration() -> None:
-    """The ledger counts a provider's devices; were the agent's view shorter (a device
-    gone unseen), the destination refuses before anything moves and keeps nothing."""
-    from test_agent_devices import PF0, VF, WorkApi, launch
+def simulated_manager(numa_nodes: int = 1) -> tuple[Any, Any, Any]:
+    """A host manager on a simulated host with the fixture's devices, talking to a
+    ``WorkApi`` the test fills."""
+    from test_agent_devices import WorkApi
 
-    from loadmaster.agent.hypervisor import GuestSpec
     from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
     from loadmaster.agent.manager import HostManager
 
     nodes = LibvirtDevices(DEVICES_URI).node_device_xmls()
-    sim = SimulatedHypervisor([], host_memory_kib=64 * GIB, node_devices=nodes)
+    sim = SimulatedHypervisor(
+        [], host_memory_kib=64 * GIB, node_devices=nodes, numa_nodes=numa_nodes
+    )
     api = WorkApi()
     manager = HostManager(
         sim,
@@ -184,6 +185,17 @@ def test_a_destination_agent_short_of_devices_refuses_the_migration() -> None:
         hypervisor_uri="x",
         device_source=sim,
     )
+    return sim, api, manager
+
+
+def test_a_destination_agent_short_of_devices_refuses_the_migration() -> None:
+    """The ledger counts a provider's devices; were the agent's view shorter (a device
+    gone unseen), the destination refuses before anything moves and keeps nothing."""
+    from test_agent_devices import PF0, VF, launch
+
+    from loadmaster.agent.hypervisor import GuestSpec
+
+    sim, api, manager = simulated_manager()
     try:
         manager.register()
         items = [launch(i, {PF0: {VF: 1}}) for i in range(4)]
@@ -285,23 +297,11 @@ def test_an_evacuated_vm_gets_a_vf_of_its_new_host(db_url: str) -> None:
 def test_a_running_vm_whose_claim_holds_no_device_here_is_not_said_up_again() -> None:
     """A run item naming only a NUMA node of the host (a custom class at the root made
     the server name its providers) gives nothing to plug in: no up at every pass."""
-    from test_agent_devices import WorkApi, launch
+    from test_agent_devices import launch
 
     from loadmaster.agent.hypervisor import GuestSpec
-    from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
-    from loadmaster.agent.manager import HostManager
 
-    nodes = LibvirtDevices(DEVICES_URI).node_device_xmls()
-    sim = SimulatedHypervisor([], host_memory_kib=64 * GIB, node_devices=nodes, numa_nodes=2)
-    api = WorkApi()
-    manager = HostManager(
-        sim,
-        api,  # type: ignore[arg-type]
-        CONFIG,
-        host_name="h",
-        hypervisor_uri="x",
-        device_source=sim,
-    )
+    sim, api, manager = simulated_manager(numa_nodes=2)
     try:
         manager.register()
         item = {**launch(30, {"h_numa0": {"VCPU": 1}}), "action": "run"}
