@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, aliased
 from loadmaster.resources import Inventory
 from loadmaster.resources.traits import SHARING_TRAIT
 from loadmaster.resources.tree_fit import NODE_CLASSES, numa_nodes
-from loadmaster.store import Prepared, run
+from loadmaster.store import Prepared, run, run_chunked
 from loadmaster.store.chunks import in_chunks
 from loadmaster.store.locking import execute_core
 from loadmaster.store.schema import (
@@ -237,30 +237,36 @@ def with_roots(session: Transaction, host_ids: set[int]) -> set[int]:
     return set(host_ids) | {root for _, root in rows if root}
 
 
+_MINE = aliased(HostRow)
+_THEIRS = aliased(HostAggregateRow)
+# Built once: a claim asks it for every batch, and building it took longer than running it.
+_SHARING_REACHED = Prepared(
+    select(func.coalesce(_MINE.root_id, _MINE.id), *PROVIDER_COLUMNS)
+    .distinct()
+    .join(HostAggregateRow, HostAggregateRow.host_id == _MINE.id)
+    .join(_THEIRS, _THEIRS.aggregate == HostAggregateRow.aggregate)
+    .join(HostRow, HostRow.id == _THEIRS.host_id)
+    .join(HostTraitRow, HostTraitRow.host_id == HostRow.id)
+    .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
+    .where(
+        func.coalesce(_MINE.root_id, _MINE.id).in_(IDS),
+        TraitRow.name == SHARING_TRAIT,
+        func.coalesce(HostRow.root_id, HostRow.id) != func.coalesce(_MINE.root_id, _MINE.id),
+    )
+    .order_by(HostRow.id)
+)
+
+
 def sharing_reached(session: Transaction, root_ids: set[int]) -> dict[int, list[ProviderRow]]:
     """Per root: the sharing providers (``SHARING_TRAIT``) of other trees in an aggregate
     with a provider of its tree, in id order (roots reaching none are left out)."""
-    mine = aliased(HostRow)
-    theirs = aliased(HostAggregateRow)
-    rows = execute_core(
-        session,
-        select(func.coalesce(mine.root_id, mine.id), *PROVIDER_COLUMNS)
-        .distinct()
-        .join(HostAggregateRow, HostAggregateRow.host_id == mine.id)
-        .join(theirs, theirs.aggregate == HostAggregateRow.aggregate)
-        .join(HostRow, HostRow.id == theirs.host_id)
-        .join(HostTraitRow, HostTraitRow.host_id == HostRow.id)
-        .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
-        .where(
-            func.coalesce(mine.root_id, mine.id).in_(root_ids),
-            TraitRow.name == SHARING_TRAIT,
-            func.coalesce(HostRow.root_id, HostRow.id) != func.coalesce(mine.root_id, mine.id),
-        )
-        .order_by(HostRow.id),
-    ).all()
     out: dict[int, list[ProviderRow]] = {}
-    for root, *provider in rows:
+    if not root_ids:
+        return out
+    for root, *provider in run_chunked(session, _SHARING_REACHED, "ids", sorted(root_ids)):
         out.setdefault(root, []).append(ProviderRow(*provider))
+    for providers in out.values():
+        providers.sort(key=lambda p: p.id)
     return out
 
 
