@@ -94,7 +94,10 @@ class Connection:
         self, method: str, path: str, body: Any, headers: dict[str, str] | None
     ) -> tuple[int, dict[str, str], bytes]:
         await self.connect()
-        assert self._reader is not None and self._writer is not None
+        # Held here: the agent's stop may close the connection (``close``) while this
+        # exchange waits, which then ends in a reset, not in a reader gone from under it.
+        reader, writer = self._reader, self._writer
+        assert reader is not None and writer is not None
         payload = json.dumps(body).encode() if body is not None else b""
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self.auth}"
@@ -107,15 +110,15 @@ class Connection:
             )
             + "\r\n"
         )
-        self._writer.write(head.encode() + payload)
-        status_line = await self._reader.readuntil(b"\r\n")
+        writer.write(head.encode() + payload)
+        status_line = await reader.readuntil(b"\r\n")
         status = int(status_line.split(b" ", 2)[1])
         answer: dict[str, str] = {}
-        while (line := await self._reader.readuntil(b"\r\n")) != b"\r\n":
+        while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
             name, _, value = line.decode("latin-1").partition(":")
             answer[name.strip().lower()] = value.strip()
         length = int(answer.get("content-length", "0"))
-        data = await self._reader.readexactly(length) if length else b""
+        data = await reader.readexactly(length) if length else b""
         if answer.get("connection", "").lower() == "close":
             self.close()
         return status, answer, data

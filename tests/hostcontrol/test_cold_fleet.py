@@ -29,7 +29,7 @@ HOSTS = 2200
 BUSY_EVERY = 4
 # Hosts whose lists may wait for a batch read here: small enough that the fleet's first
 # reads overflow it and agents are turned away.
-QUEUED = 128
+QUEUED = 16
 
 
 @dataclass
