@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from email.utils import parsedate_to_datetime
@@ -26,8 +27,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import loadmaster
 from loadmaster.api import AuthConfig, create_app, pipeline
-from loadmaster.api.direct import HOT_PATHS, DirectRoutes
+from loadmaster.api.direct import HOT_PATHS, THREAD_PREFIX, DirectRoutes
 from loadmaster.api.observability import JsonFormatter
+from loadmaster.heartbeat import AGENT_RUN_HEADER
 from loadmaster.microversions import CLIENT_HEADERS
 
 ADMIN, READER, MEMBER, AGENT = "adm-tok", "rdr-tok", "mbr-tok", "agt-tok"
@@ -41,6 +43,9 @@ VM_A = str(uuid.UUID(int=1))
 VM_B = str(uuid.UUID(int=2))
 VM_C = str(uuid.UUID(int=3))
 NEW_VM = json.dumps({"name": "c", "flavor": "small", "uuid": VM_C}).encode()
+MEASURED = json.dumps({"usage": {"VCPU": 2}, "load": {"cpu": 0.25}}).encode()
+# Starting both: nothing the report says ends a claim.
+FULL_REPORT = json.dumps({"running_vms": [], "launching": [VM_A, VM_B]}).encode()
 
 
 def _direct_routes(client: TestClient) -> DirectRoutes:
@@ -185,6 +190,13 @@ REQUESTS: list[tuple[str, str, dict[str, str], bytes | None]] = [
     ("POST", f"/vms/{VM_B}/start", {"Authorization": f"Bearer {AGENT}"}, None),
     ("POST", f"/vms/{VM_B}/stop", {}, None),
     ("POST", f"/vms/{VM_B}/start", {}, b'{"host": "h0"}'),
+    ("POST", "/hosts/h0/report", {}, MEASURED),
+    ("POST", "/hosts/h0/report", {"Authorization": f"Bearer {AGENT}"}, MEASURED),
+    ("POST", "/hosts/h0/report", {AGENT_RUN_HEADER: "not a run"}, MEASURED),
+    ("POST", "/hosts/h1/report", {"Authorization": f"Bearer {AGENT}"}, MEASURED),
+    ("POST", "/hosts/no-such-host/report", {}, MEASURED),
+    ("POST", "/hosts/h0/report", {}, b'{"load": {"cpu": 1.5}}'),
+    ("POST", "/hosts/h0/report", {}, FULL_REPORT),
 ]
 
 # Each request's status, and whether the direct path answered it (else the stack did).
@@ -232,10 +244,19 @@ EXPECTED = [
     (403, False),
     (200, False),
     (200, True),
+    (200, True),
+    (200, True),
+    (400, True),
+    (403, False),
+    (404, True),
+    (400, False),
+    (200, True),
 ]
 
 
 def _template(path: str) -> str:
+    if path.endswith("/report"):
+        return "/hosts/{host_name}/report"
     return "/vms/{uuid}/start" if path.endswith("/start") else path
 
 
@@ -355,6 +376,27 @@ def test_a_stage_added_to_the_pipeline_is_on_the_direct_path_too(
     for _, _, headers, logged in answered:
         assert ("x-dummy-stage", "seen") in headers
         assert [r["dummy_path"] for r in logged if r["logger"] == "loadmaster.api.dummy"]
+
+
+def test_a_report_of_measurements_only_is_answered_without_a_thread(
+    pair: tuple[TestClient, TestClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    direct, _ = pair
+    agents = direct.app.state.lm.host_agents  # type: ignore[attr-defined]
+    threads: list[str] = []
+    report = agents.report
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return report(*args, **kwargs)
+
+    monkeypatch.setattr(agents, "report", noted)
+    ok(direct.post("/hosts/h0/report", json=json.loads(MEASURED)))
+    ok(direct.post("/hosts/h0/report", json=json.loads(FULL_REPORT)))
+    measured, full = threads
+    # The measurements go to memory, on the event loop; a reconciliation reads the
+    # ledger, in a thread of the direct path's pool.
+    assert not measured.startswith(THREAD_PREFIX) and full.startswith(THREAD_PREFIX)
 
 
 def test_every_hot_path_is_answered_directly(tmp_path: Path) -> None:

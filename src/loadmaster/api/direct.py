@@ -1,5 +1,6 @@
-"""The placement path's endpoints, answered without FastAPI's router: ``POST /schedule``,
-``POST /vms`` and ``POST /vms/{uuid}/start`` (``HOT_PATHS``).
+"""The endpoints called most, answered without FastAPI's router: the placement path's
+``POST /schedule``, ``POST /vms`` and ``POST /vms/{uuid}/start``, and the agents'
+``POST /hosts/{host_name}/report`` (``HOT_PATHS``).
 
 ``DirectEndpoints`` is the innermost layer of the request pipeline (``api.pipeline``):
 a request reaches it only after every stage has done its work, as for any request (its
@@ -7,7 +8,8 @@ id, log line and metrics, its version, its token, its body's size, its media typ
 catching of unexpected errors). What it skips is FastAPI's routing: its exception
 middleware, the router, the solving of dependencies and two hops to the thread pool
 (the endpoint, then the answer's validation). A request that takes the common way is
-answered here with one hop to a thread:
+answered here with one hop to a thread, or none for arguments its endpoint answers
+without any I/O (``inline_when``: an agent's measurements, kept in memory):
 
 - the endpoint function is called with the arguments FastAPI would build, found from its
   signature: the dependencies that take only the request (the app's services), the
@@ -41,7 +43,7 @@ import types
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
-from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import pydantic
 from fastapi import FastAPI, Request, Response
@@ -56,14 +58,36 @@ from loadmaster.errors import LoadmasterError
 log = logging.getLogger("loadmaster.api")
 
 # (method, path template) of the routes answered here.
-HOT_PATHS = (("POST", "/schedule"), ("POST", "/vms"), ("POST", "/vms/{uuid}/start"))
+HOT_PATHS = (
+    ("POST", "/schedule"),
+    ("POST", "/vms"),
+    ("POST", "/vms/{uuid}/start"),
+    ("POST", "/hosts/{host_name}/report"),
+)
 # As many threads as Starlette's pool lends sync endpoints (anyio's default limiter):
 # concurrent placements wait in the scheduler together, which decides them as one batch.
 THREADS = 40
+THREAD_PREFIX = "loadmaster-api"
 _JSON = "application/json"
 _REQUIRED = object()
 
 RequestDependency = Callable[[Request], Awaitable[Any]]
+# Whether an endpoint answers these arguments without I/O (see ``inline_when``).
+InlineTest = Callable[[dict[str, Any]], bool]
+_INLINE = "_answered_inline_when"
+_Endpoint = TypeVar("_Endpoint", bound=Callable[..., Any])
+
+
+def inline_when(test: InlineTest) -> Callable[[_Endpoint], _Endpoint]:
+    """Mark a sync endpoint whose call, for arguments ``test`` accepts, neither reads nor
+    writes anything but memory and takes no lock held across I/O: the direct path then
+    calls it on the event loop. A thread hop costs more than such a call does."""
+
+    def mark(endpoint: _Endpoint) -> _Endpoint:
+        setattr(endpoint, _INLINE, test)
+        return endpoint
+
+    return mark
 
 
 class _Refused(Exception):
@@ -137,6 +161,7 @@ class _Direct:
         self.checks = [_request_only(d.dependency, where) for d in (*checks, *route.dependencies)]
         self.answers: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(model)
         self.status = route.status_code or 200
+        self.inline: InlineTest | None = getattr(endpoint, _INLINE, None)
 
     async def arguments(
         self, request: Request, path_params: dict[str, str], body: bytes
@@ -167,7 +192,7 @@ class _Direct:
         return kwargs
 
     def answer(self, kwargs: dict[str, Any]) -> Response:
-        """The endpoint's answer (in a worker thread)."""
+        """The endpoint's answer (in a worker thread, or inline: ``inline_when``)."""
         route = self.route
         raw = route.endpoint(**kwargs)
         if isinstance(raw, Response):
@@ -226,7 +251,7 @@ class DirectRoutes:
 
     def executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix="loadmaster-api")
+            self._pool = ThreadPoolExecutor(THREADS, thread_name_prefix=THREAD_PREFIX)
         return self._pool
 
 
@@ -258,9 +283,12 @@ class DirectEndpoints:
             await self.app(scope, _replay(messages, receive), send)
             return
         try:
-            response = await asyncio.get_running_loop().run_in_executor(
-                self.routes.executor(), contextvars.copy_context().run, direct.answer, kwargs
-            )
+            if direct.inline is not None and direct.inline(kwargs):
+                response = direct.answer(kwargs)
+            else:
+                response = await asyncio.get_running_loop().run_in_executor(
+                    self.routes.executor(), contextvars.copy_context().run, direct.answer, kwargs
+                )
         except Exception as exc:
             response = await self._handled(request, exc)
         await response(scope, receive, send)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from loadmaster.api import views
 from loadmaster.api.deps import LM
+from loadmaster.api.direct import inline_when
 from loadmaster.api.errors import Forbidden
 from loadmaster.api.longpoll import MAX_AFTER, MAX_WAIT_S
 from loadmaster.api.responses import (
@@ -159,7 +160,18 @@ def _etag(generation: int) -> str:
     return f'"{generation}"'
 
 
+def _measurements_only(arguments: dict[str, Any]) -> bool:
+    """A report of measurements only, of a host this process watches: kept in memory and
+    written with liveness (``HostAgents.report``), so answered without a thread."""
+    watch: HostWatch = arguments["request"].app.state.watch
+    return (
+        arguments["body"].running_vms is None
+        and watch.cached_host(arguments["host_name"]) is not None
+    )
+
+
 @router.post("/hosts/{host_name}/report", response_model=ReconcileOut)
+@inline_when(_measurements_only)
 def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> dict[str, Any]:
     """An agent's report: measurements for the load weigher, then the ledger is reconciled
     with the VMs the host runs (pending ones seen there become active; see
