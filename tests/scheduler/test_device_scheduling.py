@@ -196,6 +196,7 @@ def test_a_device_class_nobody_offers_is_refused_naming_it(dlm: Loadmaster) -> N
     [
         ("{", "pci_aliases", "not JSON"),
         ('{"name": "a"}', "pci_aliases", "JSON list"),
+        ('["a"]', "pci_aliases[0]", "must be an object"),
         ('[{"name": "a", "vendor": "8086"}]', "pci_aliases[0].vendor", "not an alias field"),
         ('[{"name": "a", "vendor_id": "8086"}]', "pci_aliases[0].product_id", "four hex digits"),
         ('[{"name": "a b", "resource_class": "VGPU"}]', "pci_aliases[0].name", "letters"),
