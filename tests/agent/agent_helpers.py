@@ -6,10 +6,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
-from loadmaster.agent.sla import Agent
-from loadmaster.agent.sla.collectors import default_guest_collectors
-from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
 from loadmaster.policy import PolicyError
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
@@ -39,13 +35,3 @@ class FakePolicy:
 
     def loader(self, _directory: Path) -> FakePolicy:
         return self
-
-
-def sim_agent(sim: SimulatedHypervisor, policy_dir: Path, **kwargs: Any) -> Agent:
-    return Agent(
-        sim,
-        policy_dir,
-        host_collectors=simulated_host_collectors(sim),
-        guest_collectors=default_guest_collectors(sim, sim.clock),
-        **kwargs,
-    )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FakePolicy, sim_agent
+from agent_helpers import FakePolicy
 
 from loadmaster.agent.hypervisor.base import (
     NET_LIMIT_MAX,
@@ -26,6 +26,7 @@ from loadmaster.agent.sla.controllers import ControlContext
 from loadmaster.agent.sla.controllers.nettune import NetTuneController, net_limit
 from loadmaster.agent.sla.controllers.numatune import NumaTuneController
 from loadmaster.agent.sla.journal import AppliedJournal
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 Hv = SimulatedHypervisor | LibvirtHypervisor
@@ -240,7 +241,7 @@ def test_net_and_numa_journalled_by_the_agent(tmp_path: Path) -> None:
         guest_controls={"two-nics": {"net_outbound_average": 256, "numa_nodeset": "0"}}
     )
     journal = AppliedJournal(tmp_path / "state")
-    agent = sim_agent(hv, tmp_path, policy_loader=policy.loader, journal=journal)
+    agent = simulated_agent(hv, tmp_path, policy_loader=policy.loader, journal=journal)
     first = agent.run_cycle()
     assert first.failures == []
     second = agent.run_cycle()
