@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FakePolicy
+from agent_helpers import FakePolicy, collected_context
 
 from loadmaster.agent.hypervisor.base import (
     NET_LIMIT_MAX,
@@ -27,7 +27,6 @@ from loadmaster.agent.sla.controllers.nettune import NetTuneController, net_limi
 from loadmaster.agent.sla.controllers.numatune import NumaTuneController
 from loadmaster.agent.sla.journal import AppliedJournal
 from loadmaster.agent.sla.simulated import simulated_agent
-from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 Hv = SimulatedHypervisor | LibvirtHypervisor
 
@@ -45,18 +44,8 @@ def sim() -> SimulatedHypervisor:
 
 def context(hv: Hv, guest_controls: Mapping[str, Mapping[str, Any]]) -> ControlContext:
     """A cycle's context whose snapshots come from the real collectors."""
-    guests = {g.name: g for g in hv.list_guests()}
-    snapshots = {}
-    for g in guests.values():
-        stats: dict[str, Any] = {}
-        properties: dict[str, Any] = {}
-        for collector in (GuestNetCollector(hv), GuestNumaCollector(hv)):
-            values, props = collector.collect(g)
-            stats.update(values)
-            properties.update(props)
-        snapshots[g.name] = EntitySnapshot(g.name, stats, (), properties, g.tags)
-    result = CycleResult({}, dict(guest_controls))
-    return ControlContext(result, EntitySnapshot("host", {}), guests, snapshots)
+    collectors = (GuestNetCollector(hv), GuestNumaCollector(hv))
+    return collected_context(hv.list_guests(), collectors, guest_controls)
 
 
 class Calls:

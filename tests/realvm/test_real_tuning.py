@@ -25,6 +25,7 @@ from typing import Any
 import libvirt
 import pytest
 from realvm_helpers import Launched, RealHosts, new_spec, serial, wait_for
+from tests.agent.agent_helpers import collected_context
 
 from loadmaster.agent.hypervisor.base import (
     DEFAULT_GUEST_CMDLINE,
@@ -42,7 +43,6 @@ from loadmaster.agent.sla.controllers import ControlContext
 from loadmaster.agent.sla.controllers.iotune import IoTuneController
 from loadmaster.agent.sla.controllers.nettune import NetTuneController
 from loadmaster.images import GIB
-from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
@@ -67,22 +67,8 @@ def hypervisor(hosts: RealHosts, options: str) -> LibvirtHypervisor:
 
 def context(hv: LibvirtHypervisor, controls: Mapping[str, Mapping[str, Any]]) -> ControlContext:
     """A cycle's context whose snapshots come from the agent's collectors."""
-    guests = {g.name: g for g in hv.list_guests() if g.name in controls}
-    snapshots = {}
-    for g in guests.values():
-        stats: dict[str, Any] = {}
-        properties: dict[str, Any] = {}
-        for collector in (GuestIoCollector(hv), GuestNetCollector(hv)):
-            values, props = collector.collect(g)
-            stats.update(values)
-            properties.update(props)
-        snapshots[g.name] = EntitySnapshot(g.name, stats, (), properties, g.tags)
-    return ControlContext(
-        CycleResult({}, {k: dict(v) for k, v in controls.items()}),
-        EntitySnapshot("host", {}),
-        guests,
-        snapshots,
-    )
+    guests = [g for g in hv.list_guests() if g.name in controls]
+    return collected_context(guests, (GuestIoCollector(hv), GuestNetCollector(hv)), controls)
 
 
 # -- IO -------------------------------------------------------------------------------
