@@ -15,9 +15,7 @@ import statistics
 import time
 
 from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
-from loadmaster.agent.sla import Agent
-from loadmaster.agent.sla.collectors import default_guest_collectors
-from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.policy import shipped_policy_dir
 
 
@@ -30,11 +28,9 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
 
     sim = SimulatedHypervisor.mixed(args.guests, seed=args.seed, ramp_steps=80)
-    agent = Agent(
+    agent = simulated_agent(
         sim,
         shipped_policy_dir(),
-        host_collectors=simulated_host_collectors(sim),
-        guest_collectors=default_guest_collectors(sim, sim.clock),
         migration_sender=lambda _uuid, _reason: None,
     )
     for _ in range(30):  # warm up: history fills, host nears pressure

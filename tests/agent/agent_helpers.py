@@ -1,15 +1,14 @@
-"""Shared by the agent tests: fixture paths, a fake policy, an agent on the simulator."""
+"""Shared by the agent tests: fixture paths, a fake policy, a cycle's context for controllers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
-from loadmaster.agent.sla import Agent
-from loadmaster.agent.sla.collectors import default_guest_collectors
-from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
+from loadmaster.agent.hypervisor.base import GuestInfo
+from loadmaster.agent.sla.collectors import GuestCollector
+from loadmaster.agent.sla.controllers import ControlContext
 from loadmaster.policy import PolicyError
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
@@ -41,11 +40,22 @@ class FakePolicy:
         return self
 
 
-def sim_agent(sim: SimulatedHypervisor, policy_dir: Path, **kwargs: Any) -> Agent:
-    return Agent(
-        sim,
-        policy_dir,
-        host_collectors=simulated_host_collectors(sim),
-        guest_collectors=default_guest_collectors(sim, sim.clock),
-        **kwargs,
-    )
+def collected_context(
+    guests: Iterable[GuestInfo],
+    collectors: Sequence[GuestCollector],
+    guest_controls: Mapping[str, Mapping[str, Any]],
+) -> ControlContext:
+    """A cycle's context asking ``guest_controls`` of ``guests``, whose snapshots the
+    agent's ``collectors`` took."""
+    by_name = {g.name: g for g in guests}
+    snapshots = {}
+    for g in by_name.values():
+        stats: dict[str, Any] = {}
+        properties: dict[str, Any] = {}
+        for collector in collectors:
+            values, props = collector.collect(g)
+            stats.update(values)
+            properties.update(props)
+        snapshots[g.name] = EntitySnapshot(g.name, stats, (), properties, g.tags)
+    result = CycleResult({}, {name: dict(c) for name, c in guest_controls.items()})
+    return ControlContext(result, EntitySnapshot("host", {}), by_name, snapshots)

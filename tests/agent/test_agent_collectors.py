@@ -10,11 +10,10 @@ from agent_helpers import FakePolicy
 from loadmaster.agent.hypervisor.base import SysfsKsm
 from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
 from loadmaster.agent.sla import Agent
-from loadmaster.agent.sla.collectors import default_guest_collectors
 from loadmaster.agent.sla.collectors.cpu import HostCpuCollector
 from loadmaster.agent.sla.collectors.ksm import HostKsmCollector
 from loadmaster.agent.sla.collectors.memory import HostMemoryCollector
-from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
+from loadmaster.agent.sla.simulated import simulated_agent
 
 
 def test_host_memory_from_fixture(proc_dir: Path) -> None:
@@ -95,11 +94,9 @@ def test_broken_collector_is_reported_and_the_cycle_goes_on(tmp_path: Path) -> N
 def test_history_is_bounded(tmp_path: Path) -> None:
     sim = SimulatedHypervisor.mixed(2, seed=1)
     policy = FakePolicy()
-    agent = Agent(
+    agent = simulated_agent(
         sim,
         tmp_path,
-        host_collectors=simulated_host_collectors(sim),
-        guest_collectors=default_guest_collectors(sim, sim.clock),
         policy_loader=policy.loader,
         history_length=4,
     )

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import sim_agent
 
 from loadmaster.agent import run_agent
 from loadmaster.agent.hypervisor.base import (
@@ -26,6 +25,7 @@ from loadmaster.agent.hypervisor.base import (
 from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
 from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
 from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.policy import shipped_policy_dir
 
 REAL_KSM = Path("/sys/kernel/mm/ksm")
@@ -159,7 +159,7 @@ def test_the_shipped_policies_on_the_test_driver_and_the_simulator_leave_sys_alo
         hv.close()
     assert report.policy_error is None
     sim = SimulatedHypervisor.mixed(12, seed=3, ramp_steps=5)
-    agent = sim_agent(sim, shipped_policy_dir())
+    agent = simulated_agent(sim, shipped_policy_dir())
     for _ in range(10):
         sim.advance()
         agent.run_cycle()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FakePolicy, sim_agent
+from agent_helpers import FakePolicy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -19,6 +19,7 @@ from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
 from loadmaster.agent.sla import AppliedJournal, JournalError, read_journal
 from loadmaster.agent.sla.controllers import Action
 from loadmaster.agent.sla.journal import JOURNAL_FILE, agent_running, parse_journal
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.cli import app
 from loadmaster.policy import PolicyError
 
@@ -207,7 +208,7 @@ def test_a_control_is_journalled_right_after_its_call_and_only_if_it_succeeded(
     sim.refuse = {guests[1].uuid, guests[4].uuid}
     policy = FakePolicy(guest_controls={g.name: {"balloon_target": GIB} for g in guests})
     journal = AppliedJournal(sim.state_dir)
-    agent = sim_agent(sim, tmp_path, policy_loader=policy.loader, journal=journal)
+    agent = simulated_agent(sim, tmp_path, policy_loader=policy.loader, journal=journal)
     refused_balloon = sim.balloon_info(guests[1].uuid).current
     report = agent.run_cycle()
     journal.close()
@@ -229,7 +230,7 @@ def test_a_journal_that_cannot_be_written_does_not_stop_the_controls(tmp_path: P
     sim = SimulatedHypervisor.mixed(2, seed=3)
     journal = AppliedJournal(tmp_path / "state")
     policy = FakePolicy(guest_controls={"vm-0001": {"balloon_target": GIB}})
-    agent = sim_agent(sim, tmp_path, policy_loader=policy.loader, journal=journal)
+    agent = simulated_agent(sim, tmp_path, policy_loader=policy.loader, journal=journal)
     journal.close()  # every write now fails
     report = agent.run_cycle()
     assert [(a.target, a.value) for a in report.actions] == [("vm-0001", GIB)]
@@ -241,7 +242,7 @@ def test_cycles_that_run_no_controller_are_not_framed(tmp_path: Path) -> None:
     sim = SimulatedHypervisor.mixed(1)
     broken = FakePolicy(error=PolicyError("a.policy", 1, 1, "undefined symbol x"))
     journal = AppliedJournal(tmp_path / "state")
-    agent = sim_agent(sim, tmp_path, policy_loader=broken.loader, journal=journal)
+    agent = simulated_agent(sim, tmp_path, policy_loader=broken.loader, journal=journal)
     assert agent.run_cycle().policy_error is not None
     sim.broken.add("list_guests")
     agent.run_cycle()

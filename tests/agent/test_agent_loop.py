@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FakePolicy, sim_agent
+from agent_helpers import FakePolicy
 
 from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
 from loadmaster.agent.sla.controllers import ControlContext, Controller, Outcome
 from loadmaster.agent.sla.controllers.balloon import BalloonController
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.demo.simulation import simulate_host
 from loadmaster.policy import PolicyError, shipped_policy_dir
 
@@ -33,7 +34,7 @@ def test_policy_error_means_no_controller_runs(tmp_path: Path) -> None:
         guest_controls={"vm-0000": {"balloon_target": GIB}},
         error=PolicyError("02-balloon.policy", 7, 3, "undefined symbol foo"),
     )
-    agent = sim_agent(sim, tmp_path, policy_loader=policy.loader)
+    agent = simulated_agent(sim, tmp_path, policy_loader=policy.loader)
     report = agent.run_cycle()
     assert report.policy_error == "02-balloon.policy:7:3: undefined symbol foo"
     assert report.actions == [] and report.guest_controls == {}
@@ -43,7 +44,7 @@ def test_policy_error_means_no_controller_runs(tmp_path: Path) -> None:
 def test_a_failing_controller_does_not_stop_the_others(tmp_path: Path) -> None:
     sim = SimulatedHypervisor.mixed(2, seed=3)
     policy = FakePolicy(guest_controls={"vm-0001": {"balloon_target": GIB}})
-    agent = sim_agent(
+    agent = simulated_agent(
         sim,
         tmp_path,
         policy_loader=policy.loader,
@@ -59,7 +60,7 @@ def test_a_failing_controller_does_not_stop_the_others(tmp_path: Path) -> None:
 def test_hypervisor_down_is_a_reported_cycle_not_a_crash(tmp_path: Path) -> None:
     sim = SimulatedHypervisor.mixed(2, seed=3)
     sim.broken.add("list_guests")
-    agent = sim_agent(sim, tmp_path, policy_loader=FakePolicy().loader)
+    agent = simulated_agent(sim, tmp_path, policy_loader=FakePolicy().loader)
     report = agent.run_cycle()
     assert report.failures[0].error.startswith("list guests")
 
@@ -67,7 +68,7 @@ def test_hypervisor_down_is_a_reported_cycle_not_a_crash(tmp_path: Path) -> None
 def test_hot_reload_keeps_the_old_policy_when_the_new_one_is_broken(tmp_path: Path) -> None:
     policies = Path(shutil.copytree(shipped_policy_dir(), tmp_path / "policies"))
     sim = SimulatedHypervisor.mixed(6, seed=5)
-    agent = sim_agent(sim, policies)
+    agent = simulated_agent(sim, policies)
     first = agent.run_cycle()
     assert first.policy_error is None and first.rejected_policy is None
     old_policy = agent.watcher.policy
@@ -88,7 +89,7 @@ def test_hot_reload_keeps_the_old_policy_when_the_new_one_is_broken(tmp_path: Pa
 
 def test_touching_files_without_changing_them_does_not_reload(tmp_path: Path) -> None:
     policies = Path(shutil.copytree(shipped_policy_dir(), tmp_path / "policies"))
-    agent = sim_agent(SimulatedHypervisor.mixed(1), policies)
+    agent = simulated_agent(SimulatedHypervisor.mixed(1), policies)
     target = policies / "02-balloon.policy"
     os.utime(target, ns=(1, 1))
     assert not agent.run_cycle().policy_reloaded
@@ -97,7 +98,7 @@ def test_touching_files_without_changing_them_does_not_reload(tmp_path: Path) ->
 def test_agent_refuses_to_start_with_a_broken_policy(tmp_path: Path) -> None:
     (tmp_path / "main.policy").write_text("(+ 1")
     with pytest.raises(PolicyError):
-        sim_agent(SimulatedHypervisor.mixed(1), tmp_path)
+        simulated_agent(SimulatedHypervisor.mixed(1), tmp_path)
 
 
 def test_reports_every_n_cycles_and_survives_a_failing_reporter(tmp_path: Path) -> None:
@@ -118,7 +119,7 @@ def test_reports_every_n_cycles_and_survives_a_failing_reporter(tmp_path: Path) 
         return list_guests()
 
     sim.list_guests = timed_list_guests  # type: ignore[method-assign]
-    agent = sim_agent(
+    agent = simulated_agent(
         sim, tmp_path, policy_loader=FakePolicy().loader, reporter=reporter, report_every=2
     )
     reports = [agent.run_cycle() for _ in range(4)]
@@ -136,7 +137,7 @@ def test_reports_every_n_cycles_and_survives_a_failing_reporter(tmp_path: Path) 
 
 def test_run_forever_stops_on_the_event(tmp_path: Path) -> None:
     sim = SimulatedHypervisor.mixed(1)
-    agent = sim_agent(sim, tmp_path, policy_loader=FakePolicy().loader)
+    agent = simulated_agent(sim, tmp_path, policy_loader=FakePolicy().loader)
     agent.interval = 0.01
     stop = threading.Event()
     thread = threading.Thread(target=agent.run_forever, args=(stop,))

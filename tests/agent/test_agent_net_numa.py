@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FakePolicy, sim_agent
+from agent_helpers import FakePolicy, collected_context
 
 from loadmaster.agent.hypervisor.base import (
     NET_LIMIT_MAX,
@@ -26,7 +26,7 @@ from loadmaster.agent.sla.controllers import ControlContext
 from loadmaster.agent.sla.controllers.nettune import NetTuneController, net_limit
 from loadmaster.agent.sla.controllers.numatune import NumaTuneController
 from loadmaster.agent.sla.journal import AppliedJournal
-from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
+from loadmaster.agent.sla.simulated import simulated_agent
 
 Hv = SimulatedHypervisor | LibvirtHypervisor
 
@@ -44,18 +44,8 @@ def sim() -> SimulatedHypervisor:
 
 def context(hv: Hv, guest_controls: Mapping[str, Mapping[str, Any]]) -> ControlContext:
     """A cycle's context whose snapshots come from the real collectors."""
-    guests = {g.name: g for g in hv.list_guests()}
-    snapshots = {}
-    for g in guests.values():
-        stats: dict[str, Any] = {}
-        properties: dict[str, Any] = {}
-        for collector in (GuestNetCollector(hv), GuestNumaCollector(hv)):
-            values, props = collector.collect(g)
-            stats.update(values)
-            properties.update(props)
-        snapshots[g.name] = EntitySnapshot(g.name, stats, (), properties, g.tags)
-    result = CycleResult({}, dict(guest_controls))
-    return ControlContext(result, EntitySnapshot("host", {}), guests, snapshots)
+    collectors = (GuestNetCollector(hv), GuestNumaCollector(hv))
+    return collected_context(hv.list_guests(), collectors, guest_controls)
 
 
 class Calls:
@@ -240,7 +230,7 @@ def test_net_and_numa_journalled_by_the_agent(tmp_path: Path) -> None:
         guest_controls={"two-nics": {"net_outbound_average": 256, "numa_nodeset": "0"}}
     )
     journal = AppliedJournal(tmp_path / "state")
-    agent = sim_agent(hv, tmp_path, policy_loader=policy.loader, journal=journal)
+    agent = simulated_agent(hv, tmp_path, policy_loader=policy.loader, journal=journal)
     first = agent.run_cycle()
     assert first.failures == []
     second = agent.run_cycle()

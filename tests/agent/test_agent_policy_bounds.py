@@ -10,10 +10,9 @@ import shutil
 import threading
 from pathlib import Path
 
-from agent_helpers import sim_agent
-
 from loadmaster.agent.hypervisor.simulated import SimulatedHypervisor
 from loadmaster.agent.sla import Agent
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.policy import shipped_policy_dir
 
 RUNAWAY = '(defvar s (* "x" 100000))\n(with s a (with s b 0))\n'
@@ -34,7 +33,7 @@ def test_a_runaway_version_is_rejected_and_the_previous_one_keeps_running(
 ) -> None:
     directory = policies(tmp_path)
     (directory / "20-site.policy").write_text(SHARES)
-    agent = sim_agent(SimulatedHypervisor.mixed(4, seed=3), directory)
+    agent = simulated_agent(SimulatedHypervisor.mixed(4, seed=3), directory)
     assert shares(agent.run_cycle()) == {1024}
 
     (directory / "20-site.policy").write_text(RUNAWAY)
@@ -55,7 +54,7 @@ def test_a_runaway_version_is_rejected_and_the_previous_one_keeps_running(
 def test_an_agent_restarted_on_a_runaway_file_runs_the_others(tmp_path: Path) -> None:
     directory = policies(tmp_path)
     (directory / "20-site.policy").write_text(RUNAWAY)
-    agent = sim_agent(SimulatedHypervisor.mixed(4, seed=3), directory)
+    agent = simulated_agent(SimulatedHypervisor.mixed(4, seed=3), directory)
     report = agent.run_cycle()
     assert report.policy_error is None
     assert report.rejected_policy is not None and "20-site.policy:2:" in report.rejected_policy
@@ -70,7 +69,9 @@ def test_a_fifo_in_the_policy_directory_blocks_neither_start_nor_reload(tmp_path
     made: list[Agent] = []
     try:
         thread = threading.Thread(
-            target=lambda: made.append(sim_agent(SimulatedHypervisor.mixed(2, seed=1), directory)),
+            target=lambda: made.append(
+                simulated_agent(SimulatedHypervisor.mixed(2, seed=1), directory)
+            ),
             daemon=True,
         )
         thread.start()

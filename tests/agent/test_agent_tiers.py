@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_helpers import sim_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loadmaster.agent.hypervisor.simulated import GIB, SimGuestSpec, SimulatedHypervisor
 from loadmaster.agent.sla.controllers import ControlContext
 from loadmaster.agent.sla.controllers.stop import StopController
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.demo.simulation import simulate_host
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
@@ -31,7 +31,7 @@ def test_tier_guarantees_and_orders_hold_every_cycle(
     guests: int, seed: int, overcommit: float
 ) -> None:
     sim = SimulatedHypervisor.mixed(guests, seed=seed, overcommit=overcommit, ramp_steps=15)
-    agent = sim_agent(sim, shipped_policy_dir())
+    agent = simulated_agent(sim, shipped_policy_dir())
     for _ in range(30):
         sim.advance()
         running = {g.name: g for g in sim.list_guests()}
@@ -72,7 +72,7 @@ def test_a_gold_vm_tagged_in_the_api_is_not_ballooned_below_75_percent() -> None
         ),
     ]
     sim = SimulatedHypervisor(specs, host_memory_kib=20 * GIB, ramp_steps=10)
-    agent = sim_agent(sim, shipped_policy_dir())
+    agent = simulated_agent(sim, shipped_policy_dir())
     gold = next(g.uuid for g in sim.list_guests() if g.name == "gold")
     lowest = 1.0
     for _ in range(40):

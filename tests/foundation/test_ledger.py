@@ -20,6 +20,14 @@ def two_hosts(lm: Loadmaster) -> Loadmaster:
     return lm
 
 
+def running(lm: Loadmaster, name: str, flavor: str, host: str) -> str:
+    """A new VM running on ``host`` (claimed there, then activated): its uuid."""
+    uuid = lm.vms.create(name, flavor).uuid
+    lm.allocations.claim(uuid, host)
+    lm.allocations.activate(uuid)
+    return uuid
+
+
 def test_claim_is_all_classes_or_none(lm: Loadmaster) -> None:
     lm.hosts.create("h", inventories={"VCPU": {"total": 8}, "MEMORY_MB": {"total": 1024}})
     lm.flavors.create({"name": "big", "resources": {"VCPU": 2, "MEMORY_MB": 2048}})
@@ -63,16 +71,14 @@ def test_release_twice_is_harmless(two_hosts: Loadmaster) -> None:
 
 def test_migration_is_active_on_source_plus_pending_on_destination(two_hosts: Loadmaster) -> None:
     lm = two_hosts
-    vm = lm.vms.create("m", "half")
-    lm.allocations.claim(vm.uuid, "h1")
-    lm.allocations.activate(vm.uuid)
-    lm.allocations.claim(vm.uuid, "h2")
-    record = lm.vms.get(vm.uuid)
+    vm = running(lm, "m", "half", "h1")
+    lm.allocations.claim(vm, "h2")
+    record = lm.vms.get(vm)
     assert (record.state, record.host, record.target_host) == ("migrating", "h1", "h2")
-    assert lm.allocations.pending_for_vm(vm.uuid) == {"h2": {"VCPU": 2, "MEMORY_MB": 2048}}
+    assert lm.allocations.pending_for_vm(vm) == {"h2": {"VCPU": 2, "MEMORY_MB": 2048}}
     assert lm.allocations.usages(["h1"])["h1"]["VCPU"].active == 2
-    lm.allocations.activate(vm.uuid)
-    record = lm.vms.get(vm.uuid)
+    lm.allocations.activate(vm)
+    record = lm.vms.get(vm)
     assert (record.state, record.host, record.target_host) == ("running", "h2", None)
     assert lm.allocations.usages(["h1"])["h1"]["VCPU"].used == 0
     assert lm.allocations.usages(["h2"])["h2"]["VCPU"].active == 2
@@ -80,14 +86,12 @@ def test_migration_is_active_on_source_plus_pending_on_destination(two_hosts: Lo
 
 def test_aborted_migration_keeps_the_source(two_hosts: Loadmaster) -> None:
     lm = two_hosts
-    vm = lm.vms.create("m", "half")
-    lm.allocations.claim(vm.uuid, "h1")
-    lm.allocations.activate(vm.uuid)
-    lm.allocations.claim(vm.uuid, "h2")
+    vm = running(lm, "m", "half", "h1")
+    lm.allocations.claim(vm, "h2")
     with pytest.raises(InvalidTransition):
-        lm.allocations.release(vm.uuid, "h1")  # the source may not vanish mid-flight
-    assert lm.allocations.release(vm.uuid, "h2") == 2
-    record = lm.vms.get(vm.uuid)
+        lm.allocations.release(vm, "h1")  # the source may not vanish mid-flight
+    assert lm.allocations.release(vm, "h2") == 2
+    record = lm.vms.get(vm)
     assert (record.state, record.host, record.target_host) == ("running", "h1", None)
 
 
@@ -109,13 +113,11 @@ def test_illegal_transitions_are_refused(two_hosts: Loadmaster) -> None:
 
 def test_stopped_vm_can_start_again(two_hosts: Loadmaster) -> None:
     lm = two_hosts
-    vm = lm.vms.create("v", "half")
-    lm.allocations.claim(vm.uuid, "h1")
-    lm.allocations.activate(vm.uuid)
-    assert lm.allocations.stop(vm.uuid).state == "stopped"
+    vm = running(lm, "v", "half", "h1")
+    assert lm.allocations.stop(vm).state == "stopped"
     assert lm.allocations.allocations() == []
-    lm.allocations.claim(vm.uuid, "h2")
-    assert lm.vms.get(vm.uuid).state == "pending"
+    lm.allocations.claim(vm, "h2")
+    assert lm.vms.get(vm).state == "pending"
 
 
 def test_no_claims_on_hosts_out_of_service(two_hosts: Loadmaster) -> None:
@@ -200,20 +202,18 @@ def test_reconcile_spares_vms_that_came_up_after_the_report(two_hosts: Loadmaste
 
 def test_reconcile_leaves_a_migration_in_flight_to_its_executor(two_hosts: Loadmaster) -> None:
     lm = two_hosts
-    vm = lm.vms.create("v", "half")
-    lm.allocations.claim(vm.uuid, "h1")
-    lm.allocations.activate(vm.uuid)
-    lm.allocations.claim(vm.uuid, "h2")  # migrating h1 -> h2
-    before = lm.allocations.allocations(vm=vm.uuid)
+    vm = running(lm, "v", "half", "h1")
+    lm.allocations.claim(vm, "h2")  # migrating h1 -> h2
+    before = lm.allocations.allocations(vm=vm)
     # Neither the destination (not switched over yet, or already listing the incoming VM)
     # nor the source (listing it or not) ends the migration.
-    for host, present in (("h2", []), ("h2", [vm.uuid]), ("h1", []), ("h1", [vm.uuid])):
+    for host, present in (("h2", []), ("h2", [vm]), ("h1", []), ("h1", [vm])):
         result = lm.allocations.reconcile(host, present)
         assert result.activated == result.released == result.stopped == ()
-    assert lm.vms.get(vm.uuid).state == "migrating"
-    assert lm.allocations.allocations(vm=vm.uuid) == before
-    lm.allocations.activate(vm.uuid)  # the executor completes it
-    assert lm.vms.get(vm.uuid).host == "h2"
+    assert lm.vms.get(vm).state == "migrating"
+    assert lm.allocations.allocations(vm=vm) == before
+    lm.allocations.activate(vm)  # the executor completes it
+    assert lm.vms.get(vm).host == "h2"
 
 
 def test_child_providers_carry_their_own_classes(lm: Loadmaster) -> None:
@@ -277,12 +277,10 @@ def test_a_migration_claimed_or_aborted_moves_its_source_too(two_hosts: Loadmast
     """The source's work changes (run -> migrate_out, and back on an abort): its agent,
     long-polling the source's generation, must hear of it at once."""
     lm = two_hosts
-    vm = lm.vms.create("v", "half")
-    lm.allocations.claim(vm.uuid, "h1")
-    lm.allocations.activate(vm.uuid)
+    vm = running(lm, "v", "half", "h1")
     before = lm.hosts.get("h1").generation
-    lm.allocations.claim(vm.uuid, "h2")
+    lm.allocations.claim(vm, "h2")
     assert lm.hosts.get("h1").generation == before + 1
-    lm.allocations.release(vm.uuid, "h2")
-    assert lm.vms.get(vm.uuid).state == "running"
+    lm.allocations.release(vm, "h2")
+    assert lm.vms.get(vm).state == "running"
     assert lm.hosts.get("h1").generation == before + 2

@@ -17,6 +17,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from tests.foundation.test_ledger import running
 from tests.foundation.test_ledger_stateful import _wipe
 
 from loadmaster.errors import Conflict, InsufficientCapacity, InvalidTransition, ValidationError
@@ -69,22 +70,20 @@ def test_vms_on_two_hosts_draw_disk_from_the_one_pool(pooled: Loadmaster) -> Non
 
 def test_a_migration_between_hosts_of_the_pool_moves_no_disk(pooled: Loadmaster) -> None:
     lm = pooled
-    vm = lm.vms.create("m", "disk40")
-    lm.allocations.claim(vm.uuid, "h1")
-    lm.allocations.activate(vm.uuid)
-    lm.allocations.claim(vm.uuid, "h2")
-    assert lm.allocations.pending_for_vm(vm.uuid) == {"h2": {"VCPU": 1, "MEMORY_MB": 1024}}
+    vm = running(lm, "m", "disk40", "h1")
+    lm.allocations.claim(vm, "h2")
+    assert lm.allocations.pending_for_vm(vm) == {"h2": {"VCPU": 1, "MEMORY_MB": 1024}}
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 40  # held once
-    lm.allocations.activate(vm.uuid)
+    lm.allocations.activate(vm)
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].active == 40
     assert lm.allocations.usages(["h1"])["h1"]["VCPU"].used == 0
     # Back again, aborted: the disk stays held by the VM, running where it was.
-    lm.allocations.claim(vm.uuid, "h1")
-    lm.allocations.fail(vm.uuid, "h1", "cannot receive")
-    record = lm.vms.get(vm.uuid)
+    lm.allocations.claim(vm, "h1")
+    lm.allocations.fail(vm, "h1", "cannot receive")
+    record = lm.vms.get(vm)
     assert (record.state, record.host) == ("running", "h2")
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].active == 40
-    lm.allocations.release(vm.uuid)
+    lm.allocations.release(vm)
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 0
 
 

@@ -31,6 +31,7 @@ import pytest
 
 from loadmaster.agent.hypervisor.base import GuestInfo, GuestSpec, HypervisorError
 from loadmaster.agent.hypervisor.libvirt import GuestImage, LibvirtHypervisor
+from loadmaster.agent.hypervisor.storage import StorageConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first start of a libvirtd probes the QEMU binary's capabilities (~8 s on 2 cores).
@@ -48,6 +49,11 @@ _held_block: list[tuple[int, IO[bytes]]] = []
 # Where the destination QEMU listens for a migration: both "hosts" are this machine.
 MIGRATION_URI = "tcp://127.0.0.1"
 AGENT_FIXTURES = ROOT / "tests" / "agent" / "fixtures"
+# Every host has it (start_network).
+NETWORK = "default"
+# Where a host's storage pool is as its private libvirtd sees it (its /var/lib/libvirt is
+# BASE/lib on the machine).
+POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
 # Free 10 % of the host: under the shipped 20 % pressure threshold, above the 5 % critical.
 UNDER_PRESSURE = (
     "MemTotal: 32768000 kB\nMemFree: 3276800 kB\nBuffers: 0 kB\nCached: 0 kB\n"
@@ -79,6 +85,15 @@ class RealHosts:
         options: dict[str, object] = {"guest_image": self.image, "migration_uri": MIGRATION_URI}
         options.update(kwargs)
         return LibvirtHypervisor(daemon.uri, **options)  # type: ignore[arg-type]
+
+    @property
+    def images(self) -> Path:
+        """The disk images (busybox.qcow2) built with the guest image."""
+        return self.image.kernel.parent / "images"
+
+    def storage(self, pool_dir: Path = POOL_DIR, shared: str | None = None) -> StorageConfig:
+        """A host's storage: its pool at ``pool_dir``, its disk images ``images``."""
+        return StorageConfig(pool_dir=pool_dir, image_dir=self.images, shared=shared)
 
 
 def fixture_sys(where: Path) -> Path:

@@ -514,7 +514,7 @@ def test_the_agent_command_takes_over_a_host_and_launches_on_qemu(
     image the VM names, found in the agent's --image-dir, and a NIC with the ledger's MAC.
     Last: it ends real-b's manager."""
     cloud.b.halt()
-    images = cloud.real.image.kernel.parent / "images"
+    images = cloud.real.images
     added = CliRunner().invoke(
         app,
         [

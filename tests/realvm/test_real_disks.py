@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from realvm_helpers import (
+    NETWORK,
+    POOL_DIR,
     Launched,
     PrivateLibvirtd,
     RealHosts,
@@ -30,29 +32,17 @@ from realvm_helpers import (
 
 from loadmaster.agent.hypervisor.base import CpuTune, DiskSpec, GuestSpec, HypervisorError, NicSpec
 from loadmaster.agent.hypervisor.libvirt import LibvirtHypervisor
-from loadmaster.agent.hypervisor.storage import StorageConfig
 from loadmaster.images import GIB, POOL_NAME, volume_name
 from loadmaster.quota import flavor_quota
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
-# Every host of tests/realvm has it (realvm_helpers.start_network).
-NETWORK = "default"
 MAC = "52:54:00:5a:17:01"
-# Where the storage pool is as the private libvirtd sees it (its /var/lib/libvirt is
-# BASE/lib on the machine).
-POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
-
-
-def images(real_hosts: RealHosts) -> Path:
-    return real_hosts.image.kernel.parent / "images"
 
 
 @pytest.fixture
 def hv(real_hosts: RealHosts) -> Iterator[LibvirtHypervisor]:
-    h = real_hosts.hypervisor(
-        real_hosts.a, storage=StorageConfig(pool_dir=POOL_DIR, image_dir=images(real_hosts))
-    )
+    h = real_hosts.hypervisor(real_hosts.a, storage=real_hosts.storage())
     yield h
     h.close()
 
@@ -70,7 +60,7 @@ def shared_pools(real_hosts: RealHosts) -> Iterator[tuple[LibvirtHypervisor, Lib
     """Hosts a and b with their pool at one directory of the machine (outside the daemons'
     private /var/lib/libvirt), declared shared; their own pools come back afterwards."""
     shared_dir = Path(tempfile.mkdtemp(prefix="lm-rv-shared-"))
-    storage = StorageConfig(pool_dir=shared_dir, image_dir=images(real_hosts), shared="rv-shared")
+    storage = real_hosts.storage(shared_dir, shared="rv-shared")
     hvs: list[LibvirtHypervisor] = []
     try:
         for daemon in (real_hosts.a, real_hosts.b):
@@ -87,6 +77,16 @@ def shared_pools(real_hosts: RealHosts) -> Iterator[tuple[LibvirtHypervisor, Lib
 
 def with_devices(spec: GuestSpec, disk: DiskSpec | None, *nics: NicSpec) -> GuestSpec:
     return GuestSpec(spec.uuid, spec.name, spec.memory_kib, spec.vcpus, disk=disk, nics=nics)
+
+
+def busybox_guest() -> GuestSpec:
+    """A new guest with a disk of the busybox image and a NIC on the network."""
+    return with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+
+
+def volume_path(h: LibvirtHypervisor, uuid: str) -> str:
+    """The file of the guest's volume in ``h``'s pool."""
+    return str(h.storage.pool().storageVolLookupByName(volume_name(uuid)).path())
 
 
 def volume_file(daemon: PrivateLibvirtd, uuid: str) -> Path:
@@ -204,7 +204,7 @@ def test_pool_capacity_is_the_host_disk(hv: LibvirtHypervisor) -> None:
 def test_live_migration_copies_the_disk_and_removes_the_source_volume(
     real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    spec = busybox_guest()
     launched.launch(hv, spec)
     destination = real_hosts.hypervisor(real_hosts.b)
     try:
@@ -231,7 +231,7 @@ def test_live_migration_copies_the_disk_and_removes_the_source_volume(
 def test_failed_migration_with_the_disk_leaves_it_here_and_nothing_there(
     real_hosts: RealHosts, launched: Launched, hv: LibvirtHypervisor
 ) -> None:
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    spec = busybox_guest()
     launched.launch(hv, spec)
     destination = real_hosts.hypervisor(real_hosts.b)
     # The destination prepared, its disk made there, but unable to receive (an address it
@@ -258,9 +258,9 @@ def test_live_migration_on_a_shared_pool_leaves_the_volume_to_the_destination(
     launched: Launched,
 ) -> None:
     source, destination = shared_pools
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    spec = busybox_guest()
     launched.launch(source, spec)
-    path = source.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
+    path = volume_path(source, spec.uuid)
     inode = os.stat(path).st_ino
     # b's pool, defined before a uploaded the image, finds that upload: not made again.
     base = Path(path).with_name("base-busybox")
@@ -293,10 +293,10 @@ def test_failed_migration_on_a_shared_pool_deletes_nothing(
     launched: Launched,
 ) -> None:
     source, destination = shared_pools
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    spec = busybox_guest()
     launched.uuids.append(spec.uuid)  # removed from both hosts afterwards
     source.launch_guest(spec)  # QEMU has its disk open from the start: no need to boot
-    path = source.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
+    path = volume_path(source, spec.uuid)
     destination.storage.refresh()  # b lists the volume, as after a move there and back
     assert volume_name(spec.uuid) in pool_volumes(destination)
     # b prepared, QEMU started there on the same file, but unable to receive.
@@ -325,10 +325,10 @@ def test_an_evacuated_guest_on_a_shared_pool_boots_from_the_disk_it_had(
     """Host a dies; its agent, back with its host down, removes the guest but leaves its
     disk; b starts the evacuated guest on that very volume, with what was written to it."""
     dead, survivor = shared_pools
-    spec = with_devices(new_spec(128), DiskSpec("busybox", GIB), NicSpec(NETWORK, MAC))
+    spec = busybox_guest()
     launched.uuids.append(spec.uuid)  # removed from both hosts afterwards
     dead.launch_guest(spec)  # QEMU has its disk open from the start: no need to boot
-    path = dead.storage.pool().storageVolLookupByName(volume_name(spec.uuid)).path()
+    path = volume_path(dead, spec.uuid)
     inode = os.stat(path).st_ino
     dead.remove_guest(spec.uuid, keep_disk=True)
     assert Path(path).exists()

@@ -24,7 +24,8 @@ from typing import Any
 
 import libvirt
 import pytest
-from realvm_helpers import Launched, RealHosts, new_spec, serial, wait_for
+from realvm_helpers import NETWORK, Launched, RealHosts, new_spec, serial, wait_for
+from tests.agent.agent_helpers import collected_context
 
 from loadmaster.agent.hypervisor.base import (
     DEFAULT_GUEST_CMDLINE,
@@ -35,19 +36,15 @@ from loadmaster.agent.hypervisor.base import (
 )
 from loadmaster.agent.hypervisor.libvirt import METADATA_NS, LibvirtHypervisor, disk_targets
 from loadmaster.agent.hypervisor.shaping import IFB_PREFIX
-from loadmaster.agent.hypervisor.storage import StorageConfig
 from loadmaster.agent.sla.collectors.io import GuestIoCollector
 from loadmaster.agent.sla.collectors.net import GuestNetCollector
 from loadmaster.agent.sla.controllers import ControlContext
 from loadmaster.agent.sla.controllers.iotune import IoTuneController
 from loadmaster.agent.sla.controllers.nettune import NetTuneController
 from loadmaster.images import GIB
-from loadmaster.policy.snapshot import CycleResult, EntitySnapshot
 
 pytestmark = [pytest.mark.realvm, pytest.mark.xdist_group("realvm")]
 
-NETWORK = "default"
-POOL_DIR = Path("/var/lib/libvirt/images/loadmaster")
 MIB_BYTES = 1024 * 1024
 WRITE_KIB = 2048  # each round of the guest's writer (scripts/guest-image.sh)
 ROUND = re.compile(r"lm-guest: write (\d+) 2048 KiB ([\d.]+) ([\d.]+)")
@@ -61,28 +58,13 @@ TRANSFER_S = 60.0
 def hypervisor(hosts: RealHosts, options: str) -> LibvirtHypervisor:
     """Host a, booting guests with ``options`` on their kernel command line."""
     image = dataclasses.replace(hosts.image, cmdline=f"{DEFAULT_GUEST_CMDLINE} {options}")
-    storage = StorageConfig(pool_dir=POOL_DIR, image_dir=hosts.image.kernel.parent / "images")
-    return hosts.hypervisor(hosts.a, guest_image=image, storage=storage)
+    return hosts.hypervisor(hosts.a, guest_image=image, storage=hosts.storage())
 
 
 def context(hv: LibvirtHypervisor, controls: Mapping[str, Mapping[str, Any]]) -> ControlContext:
     """A cycle's context whose snapshots come from the agent's collectors."""
-    guests = {g.name: g for g in hv.list_guests() if g.name in controls}
-    snapshots = {}
-    for g in guests.values():
-        stats: dict[str, Any] = {}
-        properties: dict[str, Any] = {}
-        for collector in (GuestIoCollector(hv), GuestNetCollector(hv)):
-            values, props = collector.collect(g)
-            stats.update(values)
-            properties.update(props)
-        snapshots[g.name] = EntitySnapshot(g.name, stats, (), properties, g.tags)
-    return ControlContext(
-        CycleResult({}, {k: dict(v) for k, v in controls.items()}),
-        EntitySnapshot("host", {}),
-        guests,
-        snapshots,
-    )
+    guests = [g for g in hv.list_guests() if g.name in controls]
+    return collected_context(guests, (GuestIoCollector(hv), GuestNetCollector(hv)), controls)
 
 
 # -- IO -------------------------------------------------------------------------------

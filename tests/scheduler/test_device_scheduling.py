@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,14 @@ def dlm(db_url: str) -> Any:
         service.close()
 
 
+def alias_flavor(
+    alias: str, name: str = "x", specs: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A flavor of one VCPU asking ``alias`` (``pci_passthrough:alias``) and ``specs``."""
+    extra = {"pci_passthrough:alias": alias, **(specs or {})}
+    return {"name": name, "resources": {"VCPU": 1}, "extra_specs": extra}
+
+
 def vms(lm: Loadmaster, n: int, flavor: str = "vf") -> list[str]:
     return [lm.vms.create(f"{flavor}-{i}", flavor).uuid for i in range(n)]
 
@@ -77,13 +86,7 @@ def used_vfs(lm: Loadmaster) -> list[int]:
 
 def test_an_alias_becomes_its_class_and_traits(dlm: Loadmaster) -> None:
     assert dlm.flavors.get("vf").resources == {"VCPU": 1, "MEMORY_MB": 512, VF: 1}
-    made = dlm.flavors.create(
-        {
-            "name": "two",
-            "resources": {"VCPU": 1},
-            "extra_specs": {"pci_passthrough:alias": "vf-physnet1:2"},
-        }
-    )
+    made = dlm.flavors.create(alias_flavor("vf-physnet1:2", "two"))
     assert made.resources == {"VCPU": 1, VF: 2}
     assert made.required_traits == ("CUSTOM_PHYSNET1",)
 
@@ -152,33 +155,19 @@ def test_two_schedulers_racing_never_overfill_a_pf(dlm: Loadmaster, db_url: str)
 def test_an_alias_nobody_defines_is_refused_naming_it(dlm: Loadmaster) -> None:
     before = [f.name for f in dlm.flavors.list()]
     with pytest.raises(ValidationError) as err:
-        dlm.flavors.create(
-            {
-                "name": "x",
-                "resources": {"VCPU": 1},
-                "extra_specs": {"pci_passthrough:alias": "gpu:1"},
-            }
-        )
+        dlm.flavors.create(alias_flavor("gpu:1"))
     assert err.value.field == "extra_specs.pci_passthrough:alias"
     assert "no PCI alias gpu" in str(err.value)
     for bad in ("vf:0", "vf:two", ":1"):
         with pytest.raises(ValidationError):
-            dlm.flavors.create(
-                {
-                    "name": "x",
-                    "resources": {"VCPU": 1},
-                    "extra_specs": {"pci_passthrough:alias": bad},
-                }
-            )
+            dlm.flavors.create(alias_flavor(bad))
     assert [f.name for f in dlm.flavors.list()] == before
 
 
 def test_a_device_class_nobody_offers_is_refused_naming_it(dlm: Loadmaster) -> None:
     before = [f.name for f in dlm.flavors.list()]
     with pytest.raises(NotFound) as err:
-        dlm.flavors.create(
-            {"name": "x", "resources": {"VCPU": 1}, "extra_specs": {"pci_passthrough:alias": "nic"}}
-        )
+        dlm.flavors.create(alias_flavor("nic"))
     assert err.value.field == "extra_specs.pci_passthrough:alias"
     assert "alias nic asks for CUSTOM_NO_HOST_HAS_IT" in str(err.value)
     with pytest.raises(NotFound) as err:
@@ -196,6 +185,7 @@ def test_a_device_class_nobody_offers_is_refused_naming_it(dlm: Loadmaster) -> N
     [
         ("{", "pci_aliases", "not JSON"),
         ('{"name": "a"}', "pci_aliases", "JSON list"),
+        ('["a"]', "pci_aliases[0]", "must be an object"),
         ('[{"name": "a", "vendor": "8086"}]', "pci_aliases[0].vendor", "not an alias field"),
         ('[{"name": "a", "vendor_id": "8086"}]', "pci_aliases[0].product_id", "four hex digits"),
         ('[{"name": "a b", "resource_class": "VGPU"}]', "pci_aliases[0].name", "letters"),
@@ -359,13 +349,7 @@ def test_an_aliass_traits_bind_the_provider_its_devices_come_from(dlm: Loadmaste
     """Only PF0 has CUSTOM_PHYSNET1: VMs asking vf-physnet1 take PF0's VFs and no other,
     though PF1 has VFs of the same class free; a plain vf takes what is left anywhere."""
     dlm.hosts.set_traits(PFS[1], ["COMPUTE_MANAGED_PCI_DEVICE"])
-    dlm.flavors.create(
-        {
-            "name": "physnet1",
-            "resources": {"VCPU": 1},
-            "extra_specs": {"pci_passthrough:alias": "vf-physnet1:1"},
-        }
-    )
+    dlm.flavors.create(alias_flavor("vf-physnet1:1", "physnet1"))
     assert dlm.flavors.get("physnet1").class_traits == {VF: ("CUSTOM_PHYSNET1",)}
     # A plain VF first: it lands on PF0, the first with room, leaving PF0 three.
     [plain] = vms(dlm, 1)
@@ -507,13 +491,7 @@ def kinds(db_url: str) -> Any:
 def test_an_aliass_device_type_takes_only_that_kind_of_device(kinds: Loadmaster) -> None:
     placed = {}
     for alias in ("vf", "pf", "any"):
-        kinds.flavors.create(
-            {
-                "name": alias,
-                "resources": {"VCPU": 1},
-                "extra_specs": {"pci_passthrough:alias": f"{alias}:1"},
-            }
-        )
+        kinds.flavors.create(alias_flavor(f"{alias}:1", alias))
         vm = kinds.vms.create(f"{alias}-vm", alias).uuid
         kinds.scheduler.schedule([RequestSpec(vms=[vm])])
         placed[alias] = sorted(
@@ -530,29 +508,14 @@ def test_an_aliass_device_type_takes_only_that_kind_of_device(kinds: Loadmaster)
 
 
 def test_an_aliass_numa_policy_is_the_flavors_unless_it_sets_its_own(kinds: Loadmaster) -> None:
-    made = kinds.flavors.create(
-        {"name": "near", "resources": {"VCPU": 1}, "extra_specs": {"pci_passthrough:alias": "near"}}
-    )
+    made = kinds.flavors.create(alias_flavor("near", "near"))
     assert made.extra_specs["hw:pci_numa_affinity_policy"] == "required"
     own = kinds.flavors.create(
-        {
-            "name": "own",
-            "resources": {"VCPU": 1},
-            "extra_specs": {
-                "pci_passthrough:alias": "near",
-                "hw:pci_numa_affinity_policy": "legacy",
-            },
-        }
+        alias_flavor("near", "own", {"hw:pci_numa_affinity_policy": "legacy"})
     )
     assert own.extra_specs["hw:pci_numa_affinity_policy"] == "legacy"
     with pytest.raises(ValidationError) as err:
-        kinds.flavors.create(
-            {
-                "name": "both",
-                "resources": {"VCPU": 1},
-                "extra_specs": {"pci_passthrough:alias": "near,loose"},
-            }
-        )
+        kinds.flavors.create(alias_flavor("near,loose", "both"))
     assert err.value.field == "extra_specs.pci_passthrough:alias"
     assert "different NUMA policies (loose preferred, near required)" in str(err.value)
 

@@ -21,8 +21,7 @@ from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
 from loadmaster.agent.manager import HostManager, ManagerConfig
 from loadmaster.agent.runner import ApiClient
 from loadmaster.agent.sla import Agent
-from loadmaster.agent.sla.collectors import default_guest_collectors
-from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.api import AuthConfig, create_app
 from loadmaster.api.server import ThreadedServer, serve_in_thread
 from loadmaster.apiclient import ApiError
@@ -234,12 +233,10 @@ class SimulatedCloud:
         if self.sla:
             sla_client = ApiClient(self.url, token, timeout=30.0, run=run)
             clients.append(sla_client)
-            sla = Agent(
+            sla = simulated_agent(
                 sim,
                 shipped_policy_dir(),
-                sim.step_seconds,
-                host_collectors=simulated_host_collectors(sim),
-                guest_collectors=default_guest_collectors(sim, sim.clock),
+                interval=sim.step_seconds,
                 reporter=sla_client.report,
                 host_name=plan.name,
                 migration_sender=self._sender(sla_client, plan.name),

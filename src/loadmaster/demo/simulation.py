@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadmaster.agent.hypervisor.simulated import GIB, SimulatedHypervisor
-from loadmaster.agent.sla import Agent
-from loadmaster.agent.sla.collectors import default_guest_collectors
-from loadmaster.agent.sla.collectors.simulated import simulated_host_collectors
+from loadmaster.agent.sla.simulated import simulated_agent
 from loadmaster.policy import shipped_policy_dir
 from loadmaster.tiers import TIERS
 
@@ -82,12 +80,10 @@ def simulate_host(guests: int, steps: int, seed: int, out_dir: Path) -> Simulati
     with_policy = SimulatedHypervisor.mixed(guests, seed=seed, ramp_steps=ramp)
     without = SimulatedHypervisor.mixed(guests, seed=seed, ramp_steps=ramp)
     migrations: list[tuple[str, str]] = []
-    agent = Agent(
+    agent = simulated_agent(
         with_policy,
         shipped_policy_dir(),
-        with_policy.step_seconds,
-        host_collectors=simulated_host_collectors(with_policy),
-        guest_collectors=default_guest_collectors(with_policy, with_policy.clock),
+        interval=with_policy.step_seconds,
         host_name="simulated-host",
         migration_sender=lambda uuid, reason: migrations.append((uuid, reason)),
     )

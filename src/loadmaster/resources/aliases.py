@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from loadmaster.errors import ValidationError
 from loadmaster.resources.classes import STANDARD_BY_NAME, validate_custom_name
@@ -74,14 +75,7 @@ def parse_aliases(text: str, where: str = "pci_aliases") -> dict[str, PciAlias]:
     aliases: dict[str, PciAlias] = {}
     for i, entry in enumerate(raw):
         at = f"{where}[{i}]"
-        if not isinstance(entry, dict):
-            raise ValidationError(f"{at} must be an object", field=at)
-        unknown = sorted(set(entry) - set(_KEYS))
-        if unknown:
-            raise ValidationError(
-                f"{at}.{unknown[0]} is not an alias field (known: {', '.join(_KEYS)})",
-                field=f"{at}.{unknown[0]}",
-            )
+        entry = checked_entry(entry, _KEYS, at, shape="an object", what="an alias")
         name = entry.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValidationError(
@@ -125,6 +119,24 @@ def parse_aliases(text: str, where: str = "pci_aliases") -> dict[str, PciAlias]:
             name, resource_class, frozenset(named), _numa_policy(entry, f"{at}.numa_policy")
         )
     return aliases
+
+
+def checked_entry(
+    entry: object, known: Sequence[str], at: str, *, shape: str, what: str, where: str = ""
+) -> Mapping[str, Any]:
+    """One entry of a list of PCI settings (an alias, an agent's device spec) as a mapping
+    of ``known`` fields only; else an error naming ``at`` (``shape``: what it must be) or
+    its first unknown field. ``where``, when given, opens the message (the file)."""
+    opening = f"{where}: " if where else ""
+    if not isinstance(entry, Mapping):
+        raise ValidationError(f"{opening}{at} must be {shape}", field=at)
+    unknown = sorted(set(entry) - set(known))
+    if unknown:
+        raise ValidationError(
+            f"{opening}{at}.{unknown[0]} is not {what} field (known: {', '.join(known)})",
+            field=f"{at}.{unknown[0]}",
+        )
+    return entry
 
 
 def _numa_policy(entry: Mapping[str, object], where: str) -> Affinity | None:

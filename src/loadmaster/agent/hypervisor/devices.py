@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from loadmaster.errors import ValidationError
 from loadmaster.resources import STANDARD_BY_NAME, STANDARD_TRAITS
-from loadmaster.resources.aliases import DEVICE_TYPE_TRAITS
+from loadmaster.resources.aliases import DEVICE_TYPE_TRAITS, checked_entry
 
 MANAGED_TRAIT = "COMPUTE_MANAGED_PCI_DEVICE"
 DEFAULT_MDEV_CLASS = "VGPU"
@@ -223,15 +223,9 @@ def parse_device_config(
     specs = []
     for i, entry in enumerate(raw):
         at = f"pci.device_spec[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ValidationError(f"{where}: {at} must be a table", field=at)
-        unknown = sorted(set(entry) - set(_SPEC_KEYS))
-        if unknown:
-            raise ValidationError(
-                f"{where}: {at}.{unknown[0]} is not a device spec field "
-                f"(known: {', '.join(_SPEC_KEYS)})",
-                field=f"{at}.{unknown[0]}",
-            )
+        entry = checked_entry(
+            entry, _SPEC_KEYS, at, shape="a table", what="a device spec", where=where
+        )
         vendor = _hex_id(entry, "vendor_id", at)
         product = _hex_id(entry, "product_id", at)
         address = _text(entry, "address", at)

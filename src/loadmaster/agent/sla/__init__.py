@@ -8,6 +8,7 @@ its controls, report.
 - ``journal``: every control applied, recorded as soon as its call succeeded.
 - ``reporting``: the host's usage sent to the API; ``narration``: the cycles told in
   the agent's log.
+- ``simulated``: an agent on the simulator, as the demos, benchmarks and tests run it.
 """
 
 from loadmaster.agent.sla.journal import AppliedJournal, JournalError, read_journal

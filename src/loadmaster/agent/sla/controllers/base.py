@@ -4,8 +4,9 @@ registered ones."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from loadmaster.agent.hypervisor.base import GuestInfo, Hypervisor, HypervisorError
@@ -48,6 +49,14 @@ class ControlContext:
 
     def outcome(self) -> Outcome:
         return Outcome(on_applied=self.on_applied)
+
+    def guest_controls(self) -> Iterator[tuple[GuestInfo, Mapping[str, Any], EntitySnapshot]]:
+        """Each guest the cycle computed controls for, with them and its snapshot; a guest
+        gone since it was sampled is left out."""
+        for name, controls in self.result.guest_controls.items():
+            guest = self.guests.get(name)
+            if guest is not None:
+                yield guest, controls, self.snapshots[name]
 
 
 @dataclass
@@ -130,13 +139,28 @@ class Controller:
     def _guest_controls(
         self, ctx: ControlContext, control: str
     ) -> list[tuple[GuestInfo, EntitySnapshot, Any]]:
-        found = []
-        for name, controls in ctx.result.guest_controls.items():
-            value = controls.get(control)
-            guest = ctx.guests.get(name)
-            if value is not None and guest is not None:
-                found.append((guest, ctx.snapshots[name], value))
-        return found
+        return [
+            (guest, snapshot, controls[control])
+            for guest, controls, snapshot in ctx.guest_controls()
+            if controls.get(control) is not None
+        ]
+
+    def _send_changed(
+        self,
+        out: Outcome,
+        guest: GuestInfo,
+        wanted: Mapping[str, Any],
+        sampled: Mapping[str, Any],
+        call: Callable[..., object],
+        keywords: Mapping[str, str],
+    ) -> None:
+        """The controls of ``wanted`` that differ from what is in force, sent together as
+        ``call(guest.uuid, **{keywords[control]: value})``, the unchanged ones as None;
+        nothing is sent when none changed."""
+        changed = self._changed(guest, wanted, sampled)
+        if changed:
+            values = {keyword: changed.get(control) for control, keyword in keywords.items()}
+            self._carry_out(out, guest, partial(call, guest.uuid, **values), changed)
 
 
 class HypervisorController(Controller):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from loadmaster.agent.hypervisor.base import (
     PERIOD_MAX,
     PERIOD_MIN,
@@ -38,36 +36,23 @@ class CpuTuneController(HypervisorController):
     accepts, sent together in one call when any of them changed."""
 
     name = "cputune"
+    # control, its translation, and the keyword it is sent as
     _CONTROLS = (
-        ("vcpu_quota", libvirt_quota),
-        ("vcpu_period", libvirt_period),
-        ("vcpu_shares", libvirt_shares),
+        ("vcpu_quota", libvirt_quota, "quota"),
+        ("vcpu_period", libvirt_period, "period"),
+        ("vcpu_shares", libvirt_shares, "shares"),
     )
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
-        for name, controls in ctx.result.guest_controls.items():
-            guest = ctx.guests.get(name)
-            if guest is None:
-                continue
+        keywords = {control: keyword for control, _, keyword in self._CONTROLS}
+        for guest, controls, snapshot in ctx.guest_controls():
             wanted = {
                 control: translate(controls[control])
-                for control, translate in self._CONTROLS
+                for control, translate, _ in self._CONTROLS
                 if controls.get(control) is not None
             }
-            changed = self._changed(guest, wanted, ctx.snapshots[name].stats)
-            if not changed:
-                continue
-            self._carry_out(
-                out,
-                guest,
-                partial(
-                    self.hypervisor.set_cpu_tune,
-                    guest.uuid,
-                    quota=changed.get("vcpu_quota"),
-                    period=changed.get("vcpu_period"),
-                    shares=changed.get("vcpu_shares"),
-                ),
-                changed,
+            self._send_changed(
+                out, guest, wanted, snapshot.stats, self.hypervisor.set_cpu_tune, keywords
             )
         return out

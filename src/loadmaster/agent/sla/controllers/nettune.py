@@ -44,11 +44,8 @@ class NetTuneController(HypervisorController):
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
-        for name, controls in ctx.result.guest_controls.items():
-            guest = ctx.guests.get(name)
-            if guest is None:
-                continue
-            sampled = ctx.snapshots[name].properties.get("net_bandwidth") or {}
+        for guest, controls, snapshot in ctx.guest_controls():
+            sampled = snapshot.properties.get("net_bandwidth") or {}
             for interface in guest.interfaces:
                 self._apply_interface(guest, interface, controls, sampled.get(interface, {}), out)
         return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from loadmaster.agent.hypervisor.base import NUMA_MODES, format_nodeset, parse_nodeset
@@ -25,29 +24,22 @@ class NumaTuneController(HypervisorController):
 
     def apply(self, ctx: ControlContext) -> Outcome:
         out = ctx.outcome()
-        for name, controls in ctx.result.guest_controls.items():
-            guest = ctx.guests.get(name)
+        for guest, controls, snapshot in ctx.guest_controls():
             mode, nodeset = controls.get("numa_mode"), controls.get("numa_nodeset")
-            if guest is None or (mode is None and nodeset is None):
+            if mode is None and nodeset is None:
                 continue
             try:
                 wanted = self._wanted(mode, nodeset)
             except ValueError as exc:
                 out.failures.append(Failure(self.name, guest.name, f"refused: {exc}"))
                 continue
-            changed = self._changed(guest, wanted, ctx.snapshots[name].properties)
-            if not changed:
-                continue
-            self._carry_out(
+            self._send_changed(
                 out,
                 guest,
-                partial(
-                    self.hypervisor.set_numa_tune,
-                    guest.uuid,
-                    mode=changed.get("numa_mode"),
-                    nodeset=changed.get("numa_nodeset"),
-                ),
-                changed,
+                wanted,
+                snapshot.properties,
+                self.hypervisor.set_numa_tune,
+                {"numa_mode": "mode", "numa_nodeset": "nodeset"},
             )
         return out
 

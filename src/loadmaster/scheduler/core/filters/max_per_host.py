@@ -3,26 +3,15 @@ never puts more than N members on one host. (Hard anti-affinity applies it itsel
 
 from __future__ import annotations
 
-from loadmaster.scheduler.core.plugins import Verdict
-from loadmaster.scheduler.core.request import VmRequest
-from loadmaster.scheduler.core.snapshot import Ints, Snapshot
+from loadmaster.cluster.records import GroupRecord
+from loadmaster.scheduler.core.filters.group_cap import GroupCapFilter
 
 
-class MaxPerHostFilter:
+class MaxPerHostFilter(GroupCapFilter):
     name = "max_per_host"
-    order = 60
-    dynamic = True
-    reads = ("group",)
 
-    def mask(self, hosts: Snapshot, request: VmRequest) -> Verdict | None:
-        return self.mask_at(hosts, request, None)
+    def limit(self, group: GroupRecord) -> int | None:
+        return None if group.policy == "anti-affinity" else group.max_per_host
 
-    def mask_at(self, hosts: Snapshot, request: VmRequest, at: Ints | None) -> Verdict | None:
-        group = request.group
-        if group is None or group.max_per_host is None or group.policy == "anti-affinity":
-            return None
-        members = hosts.group_members[group.name]
-        return Verdict.one_reason(
-            (members if at is None else members[at]) < group.max_per_host,
-            f"max-per-host(group {group.name}: {group.max_per_host})",
-        )
+    def reason(self, group: GroupRecord) -> str:
+        return f"max-per-host(group {group.name}: {group.max_per_host})"

@@ -1,18 +1,12 @@
-"""Soft anti-affinity: prefer hosts holding fewer members of the VM's group (pending too)."""
+"""Soft anti-affinity: prefer hosts holding fewer members of the VM's group (pending too):
+the mirror image of soft affinity."""
 
 from __future__ import annotations
 
-from loadmaster.scheduler.core.request import VmRequest
-from loadmaster.scheduler.core.snapshot import Floats, Ints, Snapshot
+from loadmaster.scheduler.core.weighers.soft_affinity import SoftAffinityWeigher
 
 
-class SoftAntiAffinityWeigher:
+class SoftAntiAffinityWeigher(SoftAffinityWeigher):
     name = "soft_anti_affinity"
-    host_local = True  # a candidate's score depends on its own row only
-    reads = ("group",)
-
-    def weigh(self, hosts: Snapshot, request: VmRequest, candidates: Ints) -> Floats | None:
-        group = request.group
-        if group is None or group.policy != "soft-anti-affinity":
-            return None
-        return -hosts.group_members[group.name][candidates].astype(float)
+    policy = "soft-anti-affinity"
+    sign = -1.0
