@@ -121,9 +121,12 @@ class Result:
     audit_problems: int = 0
     agents_back: int = 0
     settle_s: float = 0.0
-    # Seconds from each agent's start to its first work list; SLA reports' latencies.
+    # Seconds from each agent's start to its first work list; SLA reports' latencies, of
+    # all and of those sent in the steady window (the idle time and the placements with
+    # the fleet: neither the start nor the restart).
     first_list_s: list[float] = field(default_factory=list)
     sla_ms: list[float] = field(default_factory=list)
+    sla_steady_ms: list[float] = field(default_factory=list)
     # Per server process: the collector's pauses (count, total s, longest s) until the
     # placements with the fleet ended.
     gc_pauses: list[tuple[int, float, float]] = field(default_factory=list)
@@ -373,6 +376,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         before = seconds_by_route(apis)
         result.schedule_fleet_ms, failed_later = place(apis, uuids[placements:], started)
         after = seconds_by_route(apis)
+        steady = (t0, time.monotonic())
         spent = {key: after[key] - before[key] for key in after}
         result.busy_routes = {
             route: (int(n), 1000 * spent[route, "sum"] / n)
@@ -395,7 +399,10 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         woken: dict[str, float] = {}
         for n, out in enumerate(outputs):
             result.first_list_s.extend(out.get("first_list", {}).values())
-            result.sla_ms.extend(out.get("sla_ms", []))
+            for sent, ms in out.get("sla_ms", []):
+                result.sla_ms.append(ms)
+                if steady[0] <= sent <= steady[1]:
+                    result.sla_steady_ms.append(ms)
             for vm, at in out["woken"].items():
                 woken[vm] = at
                 began, via = started.get(vm, (None, 0))
@@ -486,7 +493,8 @@ def report(results: list[Result]) -> None:
         if r.sla_ms:
             print(
                 f"{'':>6} SLA reports: {len(r.sla_ms)}, p50 {q(r.sla_ms, 50)} ms, "
-                f"p99 {q(r.sla_ms, 99)} ms"
+                f"p99 {q(r.sla_ms, 99)} ms; in the steady window {len(r.sla_steady_ms)}, "
+                f"p50 {q(r.sla_steady_ms, 50)} ms, p99 {q(r.sla_steady_ms, 99)} ms"
             )
         if r.errors:
             print(f"{'':>6} errors: {r.errors}")

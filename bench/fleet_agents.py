@@ -140,8 +140,9 @@ class FleetStats:
     reports: int = 0
     # Host -> seconds from its agent's start to its first work list.
     first_list: dict[str, float] = field(default_factory=dict)
-    # Milliseconds each SLA report took to be answered.
-    sla_ms: list[float] = field(default_factory=list)
+    # Each SLA report: when it was sent (time.monotonic, system-wide), and the
+    # milliseconds it took to be answered.
+    sla_ms: list[tuple[float, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -295,7 +296,7 @@ class SimAgent:
                     {"usage": {"VCPU": len(self.running)}, "load": {"cpu": load}},
                     self.sla,
                 )
-                self.stats.sla_ms.append((time.monotonic() - began) * 1000)
+                self.stats.sla_ms.append((began, (time.monotonic() - began) * 1000))
             except HttpError as exc:
                 self._count(exc)
             await asyncio.sleep(self.sla_every)
