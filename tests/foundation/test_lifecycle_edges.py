@@ -124,7 +124,7 @@ def test_a_host_deleted_between_two_reads_is_not_found(
     lm = cluster
     vm = lm.vms.create("v", "small").uuid
     # What READ COMMITTED lets happen: the host row was read, then its tree was gone.
-    monkeypatch.setattr(claims_module, "load_trees", lambda *_a: {})
+    monkeypatch.setattr(claims_module, "load_trees", lambda *_a, **_k: {})
     with pytest.raises(NotFound, match="deleted meanwhile"):
         lm.allocations.claim(vm, "h1")
     outcomes: Any = lm.allocations.claim_many([claims_module.Claim(vm, "h1")], all_or_nothing=False)

@@ -6,6 +6,7 @@ overcommitted, and a migration between two of them moves none of it."""
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -17,6 +18,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from sqlalchemy import event
 from tests.foundation.test_ledger import running
 from tests.foundation.test_ledger_stateful import _wipe
 
@@ -44,6 +46,7 @@ def pooled_setup(lm: Loadmaster) -> Loadmaster:
     lm.flavors.create(
         {"name": "disk40", "resources": {"VCPU": 1, "MEMORY_MB": 1024, "DISK_GB": 40}}
     )
+    lm.flavors.create({"name": "small", "resources": {"VCPU": 1, "MEMORY_MB": 1024}})
     return lm
 
 
@@ -66,6 +69,34 @@ def test_vms_on_two_hosts_draw_disk_from_the_one_pool(pooled: Loadmaster) -> Non
     lm.allocations.fail(a.uuid, "h1", "no room for the guest")
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 40
     lm.allocations.claim(c.uuid, "h1")
+
+
+@pytest.mark.parametrize("on_the_pool", [True, False])
+def test_a_claim_reads_the_sharing_providers_with_its_trees(
+    pooled: Loadmaster, on_the_pool: bool
+) -> None:
+    """One statement reads a claim's trees and the sharing providers they reach: a query
+    of its own was a round trip more for every placement, mostly finding none."""
+    lm = pooled
+    if not on_the_pool:
+        lm.hosts.set_aggregates("h1", [])
+    vm = lm.vms.create("a", "disk40" if on_the_pool else "small")
+    reads: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "host_aggregates" in statement:
+            reads.append(statement)
+
+    event.listen(lm.store.engine, "before_cursor_execute", note)
+    try:
+        lm.allocations.claim(vm.uuid, "h1")
+    finally:
+        event.remove(lm.store.engine, "before_cursor_execute", note)
+    assert len(reads) == 1 and "FROM inventories" in reads[0], reads
+    expected = {"h1": {"VCPU": 1, "MEMORY_MB": 1024}}
+    if on_the_pool:
+        expected["pool"] = {"DISK_GB": 40}
+    assert lm.allocations.pending_for_vm(vm.uuid) == expected
 
 
 def test_a_migration_between_hosts_of_the_pool_moves_no_disk(pooled: Loadmaster) -> None:

@@ -116,7 +116,9 @@ def claim(
     } | groups.evacuating
     watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
     hosts, providers = _hosts_by_ident(session, {c.host for c in claims})
-    trees = load_trees(session, {h.root_id or h.id for h in hosts.values()}, providers)
+    trees = load_trees(
+        session, {h.root_id or h.id for h in hosts.values()}, providers, reaching=True
+    )
     add_sharing(session, trees)
     # Only a class some tree has inventory of can be planned on it.
     class_ids = {name: id_ for tree in trees.values() for name, id_ in tree.class_ids.items()}

@@ -94,6 +94,9 @@ class ProviderTree:
     provider_traits: dict[int, set[str]] = field(default_factory=dict)
     # The ids of the classes the tree has inventory of, by name.
     class_ids: dict[str, int] = field(default_factory=dict)
+    # The sharing providers of other trees in an aggregate with a provider of this one:
+    # id -> its root's id (read only when asked: ``load_trees(reaching=True)``).
+    reaches: dict[int, int] = field(default_factory=dict)
 
     def numa_nodes(self) -> list[int | None] | None:
         """``tree_fit.numa_nodes`` of the tree (None for a tree of one provider)."""
@@ -122,11 +125,16 @@ class ProviderTree:
 
 
 def load_trees(
-    session: Transaction, root_ids: set[int], providers: Sequence[ProviderRow] | None = None
+    session: Transaction,
+    root_ids: set[int],
+    providers: Sequence[ProviderRow] | None = None,
+    *,
+    reaching: bool = False,
 ) -> dict[int, ProviderTree]:
     """The trees of these roots, with their inventories, usage and traits. ``providers``:
     the trees' host rows, already read by the caller (every provider of each root, in id
-    order); else they are read here."""
+    order); else they are read here. ``reaching``: each tree's ``reaches`` too, read in
+    the same statement (a claim's: one round trip fewer than a query of its own)."""
     if providers is None:
         providers = provider_rows(
             execute_core(
@@ -145,10 +153,12 @@ def load_trees(
         # Inventories (with their class names), usage summed from the records, and traits:
         # one statement, told apart by ``kind``.
         for kind, host_id, class_id, name, a, b, c, d, e, ratio in run(
-            session, _TREE_CONTENTS, {"ids": chunk}
+            session, _TREE_CONTENTS_REACHING if reaching else _TREE_CONTENTS, {"ids": chunk}
         ):
             tree = trees[root_of[host_id]]
-            if kind == INVENTORY:
+            if kind == SHARES:
+                tree.reaches[a] = class_id
+            elif kind == INVENTORY:
                 tree.inventories[(host_id, class_id)] = Inventory(a, b, c, d, e, ratio)
                 tree.class_ids[name] = class_id
             elif kind == USED:
@@ -162,6 +172,9 @@ def load_trees(
 
 
 INVENTORY, USED, TRAIT = 0, 1, 2
+# A provider of the tree shares an aggregate with a sharing provider of another tree
+# (``a``: its id; ``class_id``: its root's).
+SHARES = 3
 IDS: BindParameter[Any] = bindparam("ids", expanding=True)
 NO_INT = cast(null(), BigInteger)
 
@@ -239,20 +252,45 @@ def with_roots(session: Transaction, host_ids: set[int]) -> set[int]:
 
 _MINE = aliased(HostRow)
 _THEIRS = aliased(HostAggregateRow)
-# Built once: a claim asks it for every batch, and building it took longer than running it.
-_SHARING_REACHED = Prepared(
-    select(func.coalesce(_MINE.root_id, _MINE.id), *PROVIDER_COLUMNS)
-    .distinct()
-    .join(HostAggregateRow, HostAggregateRow.host_id == _MINE.id)
-    .join(_THEIRS, _THEIRS.aggregate == HostAggregateRow.aggregate)
-    .join(HostRow, HostRow.id == _THEIRS.host_id)
-    .join(HostTraitRow, HostTraitRow.host_id == HostRow.id)
-    .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
-    .where(
-        func.coalesce(_MINE.root_id, _MINE.id).in_(IDS),
-        TraitRow.name == SHARING_TRAIT,
-        func.coalesce(HostRow.root_id, HostRow.id) != func.coalesce(_MINE.root_id, _MINE.id),
+
+
+def _reaching(*columns: Any) -> Select[Any]:
+    """``columns`` of each pair of a provider (``_MINE``) and a sharing provider
+    (``HostRow``) of another tree in an aggregate with it."""
+    return (
+        select(*columns)
+        .distinct()
+        .join(HostAggregateRow, HostAggregateRow.host_id == _MINE.id)
+        .join(_THEIRS, _THEIRS.aggregate == HostAggregateRow.aggregate)
+        .join(HostRow, HostRow.id == _THEIRS.host_id)
+        .join(HostTraitRow, HostTraitRow.host_id == HostRow.id)
+        .join(TraitRow, TraitRow.id == HostTraitRow.trait_id)
+        .where(
+            TraitRow.name == SHARING_TRAIT,
+            func.coalesce(HostRow.root_id, HostRow.id) != func.coalesce(_MINE.root_id, _MINE.id),
+        )
     )
+
+
+# Built once: a claim asks them for every batch, and building one took longer than
+# running it.
+_TREE_CONTENTS_REACHING = Prepared(
+    union_all(
+        *TREE_BRANCHES,
+        _reaching(
+            *sparse_row(
+                SHARES,
+                _MINE.id,
+                TraitRow.name,
+                class_id=func.coalesce(HostRow.root_id, HostRow.id),
+                a=cast(HostRow.id, BigInteger),
+            )
+        ).where(_MINE.id.in_(IDS)),
+    )
+)
+_SHARING_REACHED = Prepared(
+    _reaching(func.coalesce(_MINE.root_id, _MINE.id), *PROVIDER_COLUMNS)
+    .where(func.coalesce(_MINE.root_id, _MINE.id).in_(IDS))
     .order_by(HostRow.id)
 )
 
@@ -274,18 +312,18 @@ def add_sharing(session: Transaction, trees: Mapping[int, ProviderTree]) -> None
     """Each tree takes, after its own providers, the sharing providers it reaches, with
     their inventories and usage: a class no provider of the tree offers is claimed there,
     as Placement's allocation candidates take it. Trees reaching one sharing provider
-    share its usage, so the claims of one batch see each other's."""
-    reached = sharing_reached(session, set(trees))
-    if not reached:
+    share its usage, so the claims of one batch see each other's. ``trees``: read with
+    ``reaching``."""
+    roots = {root for tree in trees.values() for root in tree.reaches.values()}
+    if not roots:
         return
-    sharing = {p.id: p for providers in reached.values() for p in providers}
-    contents = load_trees(session, {p.root_id or p.id for p in sharing.values()})
+    contents = load_trees(session, roots)
     for tree in contents.values():
         for key in tree.inventories:
             tree.used.setdefault(key, {"active": 0, "pending": 0})
-    for root, providers in reached.items():
-        tree = trees[root]
-        for provider in providers:
+    sharing = {p.id: p for source in contents.values() for p in source.providers}
+    for tree in trees.values():
+        for provider in (sharing[i] for i in sorted(tree.reaches)):
             source = contents[provider.root_id or provider.id]
             tree.providers.append(provider)
             for key, inventory in source.inventories.items():
