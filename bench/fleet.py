@@ -130,6 +130,8 @@ class Result:
     # Per server process: the collector's pauses (count, total s, longest s) until the
     # placements with the fleet ended.
     gc_pauses: list[tuple[int, float, float]] = field(default_factory=list)
+    # Per server process: its pauses over SLOW_PAUSE_S within the steady window.
+    slow_pauses_steady: list[int] = field(default_factory=list)
     shed: int = 0
     # The placements with the fleet: route -> (requests, mean ms) the servers answered
     # meanwhile, long-polls left out (their time is waiting).
@@ -211,6 +213,22 @@ def gc_pauses(api: ServedApi) -> tuple[int, float, float]:
         values.get("loadmaster_gc_pause_seconds_sum", 0.0),
         values.get("loadmaster_gc_pause_longest_seconds", 0.0),
     )
+
+
+# A pause longer than this is a full collection's at 10,000 agents, not a young one's.
+SLOW_PAUSE_S = 0.05
+
+
+def slow_pauses(api: ServedApi) -> int:
+    """How many of the server's collector pauses so far took longer than SLOW_PAUSE_S."""
+    lines = metrics_text(api).splitlines()
+    count = within = 0.0
+    for line in lines:
+        if line.startswith("loadmaster_gc_pause_seconds_count "):
+            count = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f'loadmaster_gc_pause_seconds_bucket{{le="{SLOW_PAUSE_S}"}} '):
+            within = float(line.rsplit(" ", 1)[1])
+    return int(count - within)
 
 
 def polls_waiting(api: ServedApi) -> float:
@@ -367,6 +385,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
             result.settle_s = settle(apis, hosts, timeout=settle_limit)
         time.sleep(5)
         req0 = sum(map(requests_answered, apis))
+        slow0 = [slow_pauses(api) for api in apis] if not build.legacy else []
         cpu0, t0 = cpu_seconds(pids), time.monotonic()
         time.sleep(args.idle)
         seconds = time.monotonic() - t0
@@ -386,6 +405,9 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         result.rss_mib = peak_rss_mib(pids)
         if not build.legacy:
             result.gc_pauses = [gc_pauses(api) for api in apis]
+            result.slow_pauses_steady = [
+                slow_pauses(api) - before for api, before in zip(apis, slow0, strict=True)
+            ]
         if not build.legacy:
             mine = sum(
                 len(names[p :: args.processes]) for p in range(args.processes) if p % len(apis) == 0
@@ -490,6 +512,10 @@ def report(results: list[Result]) -> None:
                 for n, (count, total, longest) in enumerate(r.gc_pauses)
             )
             print(f"{'':>6} GC pauses: {each}")
+            print(
+                f"{'':>6} GC pauses over {1000 * SLOW_PAUSE_S:.0f} ms in the steady window, "
+                f"per server: {r.slow_pauses_steady}"
+            )
         if r.sla_ms:
             print(
                 f"{'':>6} SLA reports: {len(r.sla_ms)}, p50 {q(r.sla_ms, 50)} ms, "
