@@ -118,6 +118,34 @@ def test_a_migration_between_hosts_of_the_pool_moves_no_disk(pooled: Loadmaster)
     assert lm.allocations.usages(["pool"])["pool"]["DISK_GB"].used == 0
 
 
+def test_the_source_of_a_migration_within_the_pool_is_not_released_before_its_end(
+    pooled: Loadmaster,
+) -> None:
+    """Found by ``test_pool_invariants``: releasing the source of a migration whose
+    destination was still pending left the VM running on the source with only its disk
+    (the pool's record, active, hid that every other record left was pending)."""
+    lm = pooled
+    vm = lm.vms.create("a", "disk40").uuid
+    lm.allocations.claim(vm, "h2")
+    lm.allocations.activate(vm)
+    lm.allocations.claim(vm, "h1")
+    with pytest.raises(InvalidTransition, match=r"finish \(activate\) or abort"):
+        lm.allocations.release(vm, "h2")
+    record = lm.vms.get(vm)
+    assert (record.state, record.host, record.target_host) == ("migrating", "h2", "h1")
+    assert audit(lm.store) == []
+    # Aborting is releasing the destination: the VM runs on its source with all it had.
+    lm.allocations.release(vm, "h1")
+    assert lm.allocations.pending_for_vm(vm) == {}
+    assert {(a.host, a.resource_class) for a in lm.allocations.allocations(vm=vm)} == {
+        ("h2", "VCPU"),
+        ("h2", "MEMORY_MB"),
+        ("pool", "DISK_GB"),
+    }
+    assert lm.vms.get(vm).state == "running"
+    assert audit(lm.store) == []
+
+
 def test_the_scheduler_places_on_hosts_of_the_pool_within_its_capacity(
     pooled: Loadmaster,
 ) -> None:

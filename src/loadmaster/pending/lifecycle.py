@@ -118,7 +118,14 @@ def release_row(
             )
         )
     )
-    if row.state == "migrating" and left and all(r.state == "pending" for r in left):
+    # The source's records, while the destination's are still pending. Read from what
+    # goes and what stays, not from what stays alone: a disk on a sharing provider both
+    # hosts reach stays active through the move.
+    if (
+        row.state == "migrating"
+        and all(r.state == "active" for r in doomed)
+        and any(r.state == "pending" for r in left)
+    ):
         raise InvalidTransition(
             f"VM {row.uuid} is migrating; finish (activate) or abort (release the destination) first",
             field="host",
