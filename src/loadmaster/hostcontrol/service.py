@@ -453,6 +453,12 @@ class HostControl:
         self._heard(host)
         return result
 
+    def keeps_in_memory(self, host: str, running: Sequence[str] | None) -> bool:
+        """Whether ``report(host, running, ...)`` touches nothing but memory: a report of
+        measurements only (``running`` None), of a host this process's watcher holds, is
+        kept for the watcher's next bulk write."""
+        return running is None and self._watched(host) is not None
+
     def _generation_now(self, host: str) -> tuple[int, int]:
         """The host's generation, and how many commits of this process stamped it: from
         the watcher's cache in a server (one tick behind other processes at most; a

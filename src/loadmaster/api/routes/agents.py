@@ -160,18 +160,15 @@ def _etag(generation: int) -> str:
     return f'"{generation}"'
 
 
-def _measurements_only(arguments: dict[str, Any]) -> bool:
-    """A report of measurements only, of a host this process watches: kept in memory and
-    written with liveness (``HostAgents.report``), so answered without a thread."""
-    watch: HostWatch = arguments["request"].app.state.watch
-    return (
-        arguments["body"].running_vms is None
-        and watch.cached_host(arguments["host_name"]) is not None
-    )
+def _in_memory(arguments: dict[str, Any]) -> bool:
+    """A report the service keeps in memory (``HostAgents.keeps_in_memory``): answered
+    without a thread."""
+    lm: Loadmaster = arguments["lm"]
+    return lm.host_agents.keeps_in_memory(arguments["host_name"], arguments["body"].running_vms)
 
 
 @router.post("/hosts/{host_name}/report", response_model=ReconcileOut)
-@inline_when(_measurements_only)
+@inline_when(_in_memory)
 def host_report(lm: LM, request: Request, host_name: str, body: HostReport) -> dict[str, Any]:
     """An agent's report: measurements for the load weigher, then the ledger is reconciled
     with the VMs the host runs (pending ones seen there become active; see
