@@ -127,9 +127,9 @@ class Result:
     first_list_s: list[float] = field(default_factory=list)
     sla_ms: list[float] = field(default_factory=list)
     sla_steady_ms: list[float] = field(default_factory=list)
-    # Per server process: the collector's pauses (count, total s, longest s) until the
-    # placements with the fleet ended.
-    gc_pauses: list[tuple[int, float, float]] = field(default_factory=list)
+    # Per server process: the collector's pauses (count, total s, longest s, how many over
+    # SLOW_PAUSE_S) until the placements with the fleet ended.
+    gc_pauses: list[tuple[int, float, float, int]] = field(default_factory=list)
     # Per server process: its pauses over SLOW_PAUSE_S within the steady window.
     slow_pauses_steady: list[int] = field(default_factory=list)
     shed: int = 0
@@ -195,40 +195,28 @@ def seconds_by_route(apis: list[ServedApi]) -> defaultdict[tuple[str, str], floa
     return totals
 
 
-def gc_pauses(api: ServedApi) -> tuple[int, float, float]:
-    """The server's garbage-collector pauses so far (its /metrics): how many, their total
-    and the longest, in seconds."""
-    values = {
-        name: float(line.rsplit(" ", 1)[1])
-        for line in metrics_text(api).splitlines()
-        for name in (
-            "loadmaster_gc_pause_seconds_count",
-            "loadmaster_gc_pause_seconds_sum",
-            "loadmaster_gc_pause_longest_seconds",
-        )
-        if line.startswith(name + " ")
-    }
-    return (
-        int(values.get("loadmaster_gc_pause_seconds_count", 0)),
-        values.get("loadmaster_gc_pause_seconds_sum", 0.0),
-        values.get("loadmaster_gc_pause_longest_seconds", 0.0),
-    )
-
-
 # A pause longer than this is a full collection's at 10,000 agents, not a young one's.
 SLOW_PAUSE_S = 0.05
 
 
-def slow_pauses(api: ServedApi) -> int:
-    """How many of the server's collector pauses so far took longer than SLOW_PAUSE_S."""
-    lines = metrics_text(api).splitlines()
-    count = within = 0.0
-    for line in lines:
-        if line.startswith("loadmaster_gc_pause_seconds_count "):
-            count = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(f'loadmaster_gc_pause_seconds_bucket{{le="{SLOW_PAUSE_S}"}} '):
-            within = float(line.rsplit(" ", 1)[1])
-    return int(count - within)
+def gc_pauses(api: ServedApi) -> tuple[int, float, float, int]:
+    """The server's garbage-collector pauses so far (its /metrics): how many, their total
+    and the longest, in seconds, and how many took longer than SLOW_PAUSE_S."""
+    wanted = {
+        "count": "loadmaster_gc_pause_seconds_count ",
+        "sum": "loadmaster_gc_pause_seconds_sum ",
+        "longest": "loadmaster_gc_pause_longest_seconds ",
+        "within": f'loadmaster_gc_pause_seconds_bucket{{le="{SLOW_PAUSE_S}"}} ',
+    }
+    values = {
+        key: float(line.rsplit(" ", 1)[1])
+        for line in metrics_text(api).splitlines()
+        for key, head in wanted.items()
+        if line.startswith(head)
+    }
+    count = int(values.get("count", 0))
+    slow = count - int(values.get("within", 0))
+    return count, values.get("sum", 0.0), values.get("longest", 0.0), slow
 
 
 def polls_waiting(api: ServedApi) -> float:
@@ -385,7 +373,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
             result.settle_s = settle(apis, hosts, timeout=settle_limit)
         time.sleep(5)
         req0 = sum(map(requests_answered, apis))
-        slow0 = [slow_pauses(api) for api in apis] if not build.legacy else []
+        slow0 = [gc_pauses(api)[3] for api in apis] if not build.legacy else []
         cpu0, t0 = cpu_seconds(pids), time.monotonic()
         time.sleep(args.idle)
         seconds = time.monotonic() - t0
@@ -406,7 +394,7 @@ def run(args: argparse.Namespace, build: Build, backend: str, hosts: int, work: 
         if not build.legacy:
             result.gc_pauses = [gc_pauses(api) for api in apis]
             result.slow_pauses_steady = [
-                slow_pauses(api) - before for api, before in zip(apis, slow0, strict=True)
+                pauses[3] - before for pauses, before in zip(result.gc_pauses, slow0, strict=True)
             ]
         if not build.legacy:
             mine = sum(
@@ -509,7 +497,7 @@ def report(results: list[Result]) -> None:
         if r.gc_pauses:
             each = "; ".join(
                 f"server {n}: {count} pauses, {total:.2f} s in all, longest {1000 * longest:.0f} ms"
-                for n, (count, total, longest) in enumerate(r.gc_pauses)
+                for n, (count, total, longest, _) in enumerate(r.gc_pauses)
             )
             print(f"{'':>6} GC pauses: {each}")
             print(
