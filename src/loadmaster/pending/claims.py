@@ -34,7 +34,6 @@ from loadmaster.pending.trees import (
     PROVIDER_COLUMNS,
     ProviderRow,
     ProviderTree,
-    add_sharing,
     load_trees,
     provider_rows,
     with_roots,
@@ -117,9 +116,8 @@ def claim(
     watched = {v.group_id for v in vms.values() if v.id in moving} - set(groups.split_groups())
     hosts, providers = _hosts_by_ident(session, {c.host for c in claims})
     trees = load_trees(
-        session, {h.root_id or h.id for h in hosts.values()}, providers, reaching=True
+        session, {h.root_id or h.id for h in hosts.values()}, providers, sharing=True
     )
-    add_sharing(session, trees)
     # Only a class some tree has inventory of can be planned on it.
     class_ids = {name: id_ for tree in trees.values() for name, id_ in tree.class_ids.items()}
     class_names = {v: k for k, v in class_ids.items()}

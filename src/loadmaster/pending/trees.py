@@ -95,7 +95,7 @@ class ProviderTree:
     # The ids of the classes the tree has inventory of, by name.
     class_ids: dict[str, int] = field(default_factory=dict)
     # The sharing providers of other trees in an aggregate with a provider of this one:
-    # id -> its root's id (read only when asked: ``load_trees(reaching=True)``).
+    # id -> its root's id (read only when asked: ``load_trees(sharing=True)``).
     reaches: dict[int, int] = field(default_factory=dict)
 
     def numa_nodes(self) -> list[int | None] | None:
@@ -129,12 +129,13 @@ def load_trees(
     root_ids: set[int],
     providers: Sequence[ProviderRow] | None = None,
     *,
-    reaching: bool = False,
+    sharing: bool = False,
 ) -> dict[int, ProviderTree]:
     """The trees of these roots, with their inventories, usage and traits. ``providers``:
     the trees' host rows, already read by the caller (every provider of each root, in id
-    order); else they are read here. ``reaching``: each tree's ``reaches`` too, read in
-    the same statement (a claim's: one round trip fewer than a query of its own)."""
+    order); else they are read here. ``sharing``: each tree also takes the sharing
+    providers it reaches (``_add_sharing``), found in the same statement (a claim's: one
+    round trip fewer than a query of its own)."""
     if providers is None:
         providers = provider_rows(
             execute_core(
@@ -153,7 +154,7 @@ def load_trees(
         # Inventories (with their class names), usage summed from the records, and traits:
         # one statement, told apart by ``kind``.
         for kind, host_id, class_id, name, a, b, c, d, e, ratio in run(
-            session, _TREE_CONTENTS_REACHING if reaching else _TREE_CONTENTS, {"ids": chunk}
+            session, _TREE_CONTENTS_REACHING if sharing else _TREE_CONTENTS, {"ids": chunk}
         ):
             tree = trees[root_of[host_id]]
             if kind == SHARES:
@@ -168,6 +169,8 @@ def load_trees(
             else:
                 tree.traits.add(name)
                 tree.provider_traits.setdefault(host_id, set()).add(name)
+    if sharing:
+        _add_sharing(session, trees)
     return trees
 
 
@@ -308,12 +311,11 @@ def sharing_reached(session: Transaction, root_ids: set[int]) -> dict[int, list[
     return out
 
 
-def add_sharing(session: Transaction, trees: Mapping[int, ProviderTree]) -> None:
+def _add_sharing(session: Transaction, trees: Mapping[int, ProviderTree]) -> None:
     """Each tree takes, after its own providers, the sharing providers it reaches, with
     their inventories and usage: a class no provider of the tree offers is claimed there,
     as Placement's allocation candidates take it. Trees reaching one sharing provider
-    share its usage, so the claims of one batch see each other's. ``trees``: read with
-    ``reaching``."""
+    share its usage, so the claims of one batch see each other's."""
     roots = {root for tree in trees.values() for root in tree.reaches.values()}
     if not roots:
         return
